@@ -1,0 +1,34 @@
+"""The `bertology` command. Each subcommand lives in its own module with `register(subparsers)`; this file only
+collects them. Commands parse arguments and call the Python API, nothing more."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bertology.errors import BertologyError
+
+# Modules under bertology.cli that each define `register(subparsers) -> None`.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertology", description=__doc__.split("\n")[0])
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"bertology.cli.{name}").register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except BertologyError as error:
+        print(f"bertology {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

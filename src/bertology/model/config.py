@@ -1,0 +1,123 @@
+"""The encoder's configuration: one dataclass covers BERT, RoBERTa, XLM-R, ELECTRA, ALBERT and DistilBERT."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bertology.errors import ConfigError
+
+Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"]
+FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+
+
+@dataclass
+class EncoderConfig:
+    """Shape and behaviour of a bidirectional transformer encoder (post-LayerNorm, as all these families are)."""
+
+    family: Family = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    # Number of segment (token type) embeddings; 0 means the model has none (DistilBERT).
+    type_vocab_size: int = 2
+    # Width of the token embeddings when a projection to hidden_size follows them (ELECTRA small, ALBERT);
+    # None: embeddings are hidden_size wide and nothing is projected.
+    embedding_size: int | None = None
+    # ALBERT's cross-layer sharing: depth is num_layers, but only num_layer_groups x inner_group_size layers exist.
+    num_layer_groups: int | None = None
+    inner_group_size: int = 1
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    # RoBERTa and XLM-R number positions from pad_token_id + 1 (fairseq's convention); BERT from 0.
+    positions_after_padding: bool = False
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    classifier_dropout: float | None = None
+    pooler: bool = True
+    initializer_range: float = 0.02
+    # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown model family {self.family!r}; expected one of {', '.join(FAMILIES)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"unknown activation {self.hidden_act!r}; expected one of {', '.join(ACTIVATIONS)}")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.num_layer_groups is not None and self.num_layers % self.num_layer_groups:
+            raise ConfigError(
+                f"num_layers {self.num_layers} is not divisible by num_layer_groups {self.num_layer_groups}"
+            )
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def token_embedding_size(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def num_unique_layers(self) -> int:
+        if self.num_layer_groups is None:
+            return self.num_layers
+        return self.num_layer_groups * self.inner_group_size
+
+    def layer_plan(self) -> list[tuple[int, ...]]:
+        """For each step of depth, the indices of the (possibly shared) layers it runs, in order."""
+        if self.num_layer_groups is None:
+            return [(i,) for i in range(self.num_layers)]
+        per_group = self.num_layers // self.num_layer_groups
+        plan = []
+        for depth in range(self.num_layers):
+            group = depth // per_group
+            start = group * self.inner_group_size
+            plan.append(tuple(range(start, start + self.inner_group_size)))
+        return plan
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("extra")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown encoder config key(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+# The model sizes of the BERT paper and of Turc et al. (2019) "Well-Read Students Learn Better": (layers, hidden).
+PRESET_SIZES: dict[str, tuple[int, int]] = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+
+def preset(name: str, **overrides: Any) -> EncoderConfig:
+    """A BERT config of a published size: hidden/64 heads and a 4 x hidden feed-forward, as in the papers."""
+    if name not in PRESET_SIZES:
+        raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(PRESET_SIZES)}")
+    layers, hidden = PRESET_SIZES[name]
+    values: dict[str, Any] = dict(
+        num_layers=layers, hidden_size=hidden, num_heads=hidden // 64, intermediate_size=4 * hidden
+    )
+    values.update(overrides)
+    return EncoderConfig(**values)

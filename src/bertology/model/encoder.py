@@ -1,0 +1,376 @@
+"""The bidirectional transformer encoder: every family (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT) in one file.
+
+    x_0 = LayerNorm(E_word[w] + E_pos[p] + E_type[t])        (then a linear projection if embedding_size != hidden)
+    a   = softmax(Q K^T / sqrt(d_k)) V, per head, Q K V = x W_qkv
+    x'  = LayerNorm(x + a W_o)
+    x'' = LayerNorm(x' + act(x' W_1) W_2)
+
+Padding costs nothing: the real tokens of a padded [B, L] batch are packed into [T, H] for every linear layer, and
+attention runs per sequence (sequences of equal length share one call). `packed=False` runs the classic padded
+computation instead; both give the same outputs at real tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.model.config import EncoderConfig
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return functools.partial(F.gelu, approximate="tanh")
+    return {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh}[name]
+
+
+@dataclass
+class EncoderOutput:
+    """What a forward pass returns, named as in transformers. Padded layout [B, L, ...]; zeros at padding when packed."""
+
+    last_hidden_state: Tensor
+    pooler_output: Tensor | None = None
+    hidden_states: tuple[Tensor, ...] | None = None  # embedding output, then every layer's output
+    attentions: tuple[Tensor, ...] | None = None  # attention probabilities [B, heads, L, L], one per layer
+    logits: Tensor | None = None  # the primary head's logits (a head model's task)
+    head_logits: dict[str, Tensor] = field(default_factory=dict)  # every head's logits by head name
+
+
+class Layout:
+    """Where the real tokens of a padded batch are, and how to pack them into [T] and scatter them back."""
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        self.batch_size, self.seq_len = attention_mask.shape
+        mask = attention_mask.reshape(-1).bool()
+        self.flat_index = mask.nonzero().squeeze(1)
+        lengths = attention_mask.sum(1)
+        starts = torch.cumsum(lengths, 0) - lengths
+        self.num_tokens = int(self.flat_index.numel())
+        # Sequences of equal length run through attention together: one [n, len] gather index per distinct length.
+        self.groups: list[Tensor] = []
+        for length in torch.unique(lengths).tolist():
+            if length == 0:
+                continue
+            rows = (lengths == length).nonzero().squeeze(1)
+            self.groups.append(starts[rows, None] + torch.arange(length, device=attention_mask.device))
+
+    def pack(self, padded: Tensor) -> Tensor:
+        return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])[self.flat_index]
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        out = packed.new_zeros(self.batch_size * self.seq_len, *packed.shape[1:])
+        out[self.flat_index] = packed
+        return out.view(self.batch_size, self.seq_len, *packed.shape[1:])
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool):
+    """Scaled dot-product attention on [..., heads, len, head_dim]; `mask` is True where a key may be attended."""
+    if not need_weights:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout), None
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(-1)
+    return F.dropout(probs, dropout, training=dropout > 0) @ v, probs
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        hidden, eps = config.hidden_size, config.layer_norm_eps
+        self.num_heads = config.num_heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key and value fused in one matmul
+        self.attn_out = nn.Linear(hidden, hidden)
+        self.attn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.ffn_in = nn.Linear(hidden, config.intermediate_size)
+        self.ffn_out = nn.Linear(config.intermediate_size, hidden)
+        self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.act = activation(config.hidden_act)
+        self.dropout = config.hidden_dropout
+        self.attention_dropout = config.attention_dropout
+
+    def forward(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool = False):
+        """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, 1, 1, L]."""
+        a, probs = self.attention(x, layout, key_mask, need_weights)
+        x = self.attn_norm(x + F.dropout(self.attn_out(a), self.dropout, self.training))
+        h = self.ffn_out(self.act(self.ffn_in(x)))
+        return self.ffn_norm(x + F.dropout(h, self.dropout, self.training)), probs
+
+    def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool):
+        heads, head_dim = self.num_heads, x.shape[-1] // self.num_heads
+        p = self.attention_dropout if self.training else 0.0
+        qkv = self.qkv(x)
+        if layout is None:  # padded: [B, L, 3, heads, d] -> three [B, heads, L, d]
+            q, k, v = qkv.unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
+            out, probs = attend(q, k, v, key_mask, p, need_weights)
+            return out.transpose(1, 2).flatten(2), probs
+        out = torch.empty_like(x)
+        probs_by_group = []
+        for index in layout.groups:  # index: [n, len] positions in the packed tokens of n sequences of one length
+            q, k, v = qkv[index].unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
+            o, probs = attend(q, k, v, None, p, need_weights)
+            out[index] = o.transpose(1, 2).flatten(2)
+            probs_by_group.append(probs)
+        return out, (scatter_attention(probs_by_group, layout) if need_weights else None)
+
+
+def scatter_attention(probs_by_group: list[Tensor], layout: Layout) -> Tensor:
+    """Per-group attention probabilities back into the padded [B, heads, L, L] layout (zeros at padding)."""
+    heads = probs_by_group[0].shape[1]
+    out = probs_by_group[0].new_zeros(layout.batch_size, heads, layout.seq_len, layout.seq_len)
+    for index, probs in zip(layout.groups, probs_by_group):
+        positions = layout.flat_index[index]  # flat positions in [B * L]; one row per sequence
+        rows, cols = positions[:, 0] // layout.seq_len, positions % layout.seq_len
+        length = cols.shape[1]
+        out[rows[:, None, None], :, cols[:, :, None], cols[:, None, :]] = probs.permute(0, 2, 3, 1).reshape(
+            len(rows), length, length, heads
+        )
+    return out
+
+
+class Embeddings(nn.Module):
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        width = config.token_embedding_size
+        self.word = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
+        self.position = nn.Embedding(config.max_position_embeddings, width)
+        self.token_type = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size > 0 else None
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.project = nn.Linear(width, config.hidden_size) if config.embedding_size is not None else None
+        self.dropout = config.hidden_dropout
+
+    def forward(self, input_ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        x = self.word(input_ids) + self.position(position_ids)
+        if self.token_type is not None:
+            x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
+        x = F.dropout(self.norm(x), self.dropout, self.training)
+        return self.project(x) if self.project is not None else x
+
+
+class Encoder(nn.Module):
+    """Embeddings, a stack of (possibly shared) layers, and the optional [CLS] pooler."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = Embeddings(config)
+        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_unique_layers))
+        self.plan = config.layer_plan()
+        self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
+
+    def position_ids(self, input_ids: Tensor) -> Tensor:
+        if self.config.positions_after_padding:  # fairseq: real tokens count from pad + 1, padding sits at pad
+            real = input_ids.ne(self.config.pad_token_id).long()
+            return torch.cumsum(real, 1) * real + self.config.pad_token_id
+        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        packed: bool = True,
+    ) -> EncoderOutput:
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if position_ids is None:
+            position_ids = self.position_ids(input_ids)
+        layout = Layout(attention_mask) if packed else None
+        key_mask = None if packed else attention_mask.bool()[:, None, None, :]
+        if layout is not None:
+            tt = layout.pack(token_type_ids) if token_type_ids is not None else None
+            x = self.embeddings(layout.pack(input_ids), layout.pack(position_ids), tt)
+        else:
+            x = self.embeddings(input_ids, position_ids, token_type_ids)
+
+        to_padded = layout.unpack if layout is not None else (lambda t: t)
+        hidden_states = [to_padded(x)] if output_hidden_states else None
+        attentions = [] if output_attentions else None
+        for step in self.plan:
+            for index in step:
+                x, probs = self.layers[index](x, layout, key_mask, output_attentions)
+                if attentions is not None:
+                    attentions.append(probs)
+            if hidden_states is not None:
+                hidden_states.append(to_padded(x))
+
+        last = hidden_states[-1] if hidden_states is not None else to_padded(x)
+        pooled = torch.tanh(self.pooler(last[:, 0])) if self.pooler is not None else None
+        return EncoderOutput(
+            last_hidden_state=last,
+            pooler_output=pooled,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+            attentions=tuple(attentions) if attentions is not None else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Heads. Which kind each family uses for each task, and the weight names, are data in bertology.model.checkpoint.
+
+HeadKind = Literal["masked_lm", "pooled", "first_token", "token", "token_mlp"]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head on the encoder. `name` keys it in `EncoderModel.heads` and in `EncoderOutput.head_logits`."""
+
+    name: str  # "mlm", "nsp", "sop", "rtd", "classifier", "token_classifier", "qa", or a user's own
+    kind: HeadKind
+    num_labels: int = 2
+    activation: str = "gelu"
+
+
+class MaskedLMHead(nn.Module):
+    """dense -> act -> LayerNorm -> vocabulary logits, the decoder tied to the input embeddings (plus a bias)."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        width = config.token_embedding_size
+        self.dense = nn.Linear(config.hidden_size, width)
+        self.act = activation(spec.activation)
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, h: Tensor, word_embeddings: Tensor) -> Tensor:
+        return F.linear(self.norm(self.act(self.dense(h))), word_embeddings, self.bias)
+
+
+class PooledHead(nn.Module):
+    """A linear layer on the pooled [CLS] vector: NSP, SOP, BERT and ALBERT sequence classification."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.out(F.dropout(pooled, self.dropout, self.training))
+
+
+class FirstTokenHead(nn.Module):
+    """dense -> act -> out on the first token: RoBERTa (tanh), ELECTRA (gelu), DistilBERT (relu) classification."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(spec.activation)
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+
+    def forward(self, h: Tensor) -> Tensor:
+        x = self.act(self.dense(F.dropout(h[:, 0], self.dropout, self.training)))
+        return self.out(F.dropout(x, self.dropout, self.training))
+
+
+class TokenHead(nn.Module):
+    """A linear layer on every token: token classification, QA start/end (num_labels=2)."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(F.dropout(h, self.dropout, self.training))
+
+
+class TokenMLPHead(nn.Module):
+    """dense -> act -> one logit per token: ELECTRA's replaced-token discriminator."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(spec.activation)
+        self.out = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.out(self.act(self.dense(h))).squeeze(-1)
+
+
+HEAD_CLASSES: dict[str, type[nn.Module]] = {
+    "masked_lm": MaskedLMHead,
+    "pooled": PooledHead,
+    "first_token": FirstTokenHead,
+    "token": TokenHead,
+    "token_mlp": TokenMLPHead,
+}
+
+
+class EncoderModel(nn.Module):
+    """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
+
+    def __init__(self, config: EncoderConfig, heads: Sequence[HeadSpec] = ()) -> None:
+        super().__init__()
+        self.config = config
+        self.encoder = Encoder(config)
+        self.head_specs = tuple(heads)
+        self.heads = nn.ModuleDict({spec.name: HEAD_CLASSES[spec.kind](config, spec) for spec in heads})
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        masked_positions: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_attentions: bool = False,
+        packed: bool = True,
+    ) -> EncoderOutput:
+        """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position."""
+        out = self.encoder(
+            input_ids,
+            attention_mask,
+            token_type_ids,
+            position_ids,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            packed=packed,
+        )
+        h = out.last_hidden_state
+        for spec in self.head_specs:
+            head = self.heads[spec.name]
+            if spec.kind == "masked_lm":
+                at = h[masked_positions[:, 0], masked_positions[:, 1]] if masked_positions is not None else h
+                out.head_logits[spec.name] = head(at, self.encoder.embeddings.word.weight)
+            elif spec.kind == "pooled":
+                if out.pooler_output is None:
+                    raise ValueError(f"head {spec.name!r} needs the pooler, which this encoder does not have")
+                out.head_logits[spec.name] = head(out.pooler_output)
+            else:
+                out.head_logits[spec.name] = head(h)
+        if self.head_specs:
+            out.logits = out.head_logits[self.head_specs[0].name]
+        return out
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorms, zero padding row."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+                module.weight[module.padding_idx].zero_()
+            if isinstance(module, nn.LayerNorm):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+        for head in self.heads.values():
+            if isinstance(head, MaskedLMHead):
+                head.bias.zero_()

@@ -1,0 +1,193 @@
+"""Building blocks shared by loading and training: special-token sets, post-processors, and the transformers
+tokenizer class (plus its options) that rebuilds a given pipeline exactly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import tokenizers
+from tokenizers import processors
+
+from bertology.errors import TokenizerError
+
+KINDS: tuple[str, ...] = ("wordpiece", "bpe", "unigram")
+STYLES: tuple[str, ...] = ("bert", "roberta")
+
+# The backend model type (tokenizer.json "model.type") for each kind.
+MODEL_TYPE_TO_KIND: dict[str, str] = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}
+
+# config.json model_type -> special-token style.
+MODEL_TYPE_STYLE: dict[str, str] = {
+    "bert": "bert",
+    "electra": "bert",
+    "distilbert": "bert",
+    "albert": "bert",
+    "roberta": "roberta",
+    "xlm-roberta": "roberta",
+}
+
+# tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.
+CLASS_STYLE: dict[str, str] = {
+    "BertTokenizer": "bert",
+    "ElectraTokenizer": "bert",
+    "DistilBertTokenizer": "bert",
+    "AlbertTokenizer": "bert",
+    "RobertaTokenizer": "roberta",
+    "XLMRobertaTokenizer": "roberta",
+}
+
+# A class that makes transformers load tokenizer.json as it is, for pipelines no family class rebuilds.
+GENERIC_CLASS = "PreTrainedTokenizerFast"
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The five special tokens every BERT-family tokenizer has."""
+
+    cls: str
+    sep: str
+    pad: str
+    mask: str
+    unk: str
+
+    def as_list(self) -> list[str]:
+        """Distinct tokens in a fixed order (cls, sep, pad, mask, unk)."""
+        return list(dict.fromkeys([self.cls, self.sep, self.pad, self.mask, self.unk]))
+
+
+BERT_SPECIALS = SpecialTokens(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
+ALBERT_SPECIALS = SpecialTokens(cls="[CLS]", sep="[SEP]", pad="<pad>", mask="[MASK]", unk="<unk>")
+ROBERTA_SPECIALS = SpecialTokens(cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>")
+
+
+def default_specials(style: str, kind: str) -> SpecialTokens:
+    """The special tokens of the reference model of this style and kind (BERT, ALBERT, RoBERTa, XLM-R)."""
+    if style == "roberta":
+        return ROBERTA_SPECIALS
+    return ALBERT_SPECIALS if kind == "unigram" else BERT_SPECIALS
+
+
+# Training vocabularies start with the specials in the order of the reference checkpoints, so that the ids
+# transformers hard-codes (XLM-R <unk>=3, ALBERT <unk>=1) hold.
+TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
+    ("wordpiece", "bert"): ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
+    ("bpe", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    ("unigram", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    ("unigram", "bert"): ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+}
+
+
+def post_processor(
+    style: str, kind: str, specials: SpecialTokens, ids: dict[str, int], *, trim_offsets: bool, add_prefix_space: bool
+) -> tokenizers.processors.PostProcessor:
+    """The post-processor transformers' tokenizer for this style uses: BERT pairs get type ids 0/1, RoBERTa-style
+    pairs are ``<s> A </s></s> B </s>`` with type ids all 0 (byte-level BPE also trims offsets, like RoBERTa)."""
+    cls, sep = specials.cls, specials.sep
+    if style == "bert":
+        return processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0",
+            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
+        )
+    if kind == "bpe":
+        return processors.RobertaProcessing((sep, ids[sep]), (cls, ids[cls]), trim_offsets, add_prefix_space)
+    return processors.TemplateProcessing(
+        single=[cls, "$A", sep],
+        pair=[cls, "$A", sep, sep, "$B", sep],
+        special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
+    )
+
+
+def find_components(node: Any, type_name: str) -> list[dict]:
+    """Every JSON object with ``"type": type_name`` inside a tokenizer.json component (Sequences included)."""
+    found: list[dict] = []
+    if isinstance(node, dict):
+        if node.get("type") == type_name:
+            found.append(node)
+        for value in node.values():
+            found.extend(find_components(value, type_name))
+    elif isinstance(node, list):
+        for value in node:
+            found.extend(find_components(value, type_name))
+    return found
+
+
+def with_byte_level_prefix_space(backend: tokenizers.Tokenizer, add_prefix_space: bool) -> tokenizers.Tokenizer:
+    """A copy of ``backend`` whose ByteLevel pre-tokenizer adds (or does not add) a space before the text."""
+    state = json.loads(backend.to_str())
+    for component in find_components(state.get("pre_tokenizer"), "ByteLevel"):
+        component["add_prefix_space"] = add_prefix_space
+    return tokenizers.Tokenizer.from_str(json.dumps(state))
+
+
+def byte_level_prefix_space(state: dict) -> bool:
+    """Whether the ByteLevel pre-tokenizer in a tokenizer.json state adds a prefix space (False when absent)."""
+    return any(c.get("add_prefix_space", False) for c in find_components(state.get("pre_tokenizer"), "ByteLevel"))
+
+
+def _types(node: Any) -> list[str]:
+    """The component types of a (possibly Sequence) normalizer or pre-tokenizer, in order."""
+    if node is None:
+        return []
+    if node.get("type") == "Sequence":
+        inner = node.get("normalizers", node.get("pretokenizers", []))
+        return [t for child in inner for t in _types(child)]
+    return [node["type"]]
+
+
+def transformers_class(state: dict, kind: str, style: str, trim_offsets: bool) -> tuple[str, dict[str, Any]]:
+    """The ``tokenizer_class`` and tokenizer_config.json options with which transformers rebuilds this exact
+    pipeline. Family classes (BertTokenizer, ...) rebuild normaliser and pre-tokeniser from their options and ignore
+    those in tokenizer.json, so a family class is named only when its rebuild matches; otherwise the generic class,
+    which loads tokenizer.json as it is."""
+    normalizer, pre_tokenizer = state.get("normalizer"), state.get("pre_tokenizer")
+    norm_types, pre_types = _types(normalizer), _types(pre_tokenizer)
+    if kind == "wordpiece" and style == "bert" and norm_types == ["BertNormalizer"] and pre_types == ["BertPreTokenizer"]:
+        if normalizer.get("clean_text", True):
+            return "BertTokenizer", {
+                "do_lower_case": bool(normalizer.get("lowercase", True)),
+                "strip_accents": normalizer.get("strip_accents"),
+                "tokenize_chinese_chars": bool(normalizer.get("handle_chinese_chars", True)),
+            }
+    if kind == "bpe" and style == "roberta" and not norm_types and pre_types == ["ByteLevel"]:
+        if pre_tokenizer.get("use_regex", True):
+            return "RobertaTokenizer", {
+                "add_prefix_space": bool(pre_tokenizer.get("add_prefix_space", False)),
+                "trim_offsets": trim_offsets,
+            }
+    if kind == "unigram" and pre_types == ["WhitespaceSplit", "Metaspace"]:
+        metaspace = find_components(pre_tokenizer, "Metaspace")[0]
+        scheme = metaspace.get("prepend_scheme", "always")
+        if metaspace.get("replacement", "▁") == "▁" and scheme in ("always", "never"):
+            prefix = {"add_prefix_space": scheme == "always"}
+            if style == "roberta" and norm_types in ([], ["Precompiled"]):
+                return "XLMRobertaTokenizer", prefix
+            if style == "bert":
+                options = _albert_options(normalizer)
+                if options is not None:
+                    return "AlbertTokenizer", {**options, **prefix, "trim_offsets": trim_offsets}
+    return GENERIC_CLASS, {}
+
+
+def _albert_options(normalizer: dict | None) -> dict[str, bool] | None:
+    """do_lower_case / keep_accents when the normaliser is the one AlbertTokenizer builds, else None."""
+    types = _types(normalizer)
+    if types[-1:] == ["Precompiled"]:
+        types = types[:-1]
+    if types[:2] != ["Replace", "Replace"]:
+        return None
+    rest = types[2:]
+    for lower in (False, True):
+        for keep_accents in (False, True):
+            expected = ([] if keep_accents else ["NFKD", "StripAccents"]) + (["Lowercase"] if lower else [])
+            if rest == expected:
+                return {"do_lower_case": lower, "keep_accents": keep_accents}
+    return None
+
+
+def check_choice(value: str, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise TokenizerError(f"unknown {what} {value!r}; expected one of {', '.join(choices)}")
+    return value

@@ -1,0 +1,368 @@
+"""The Tokenizer: a typed wrapper over a ``tokenizers.Tokenizer`` that encodes texts, pairs and pre-split words with
+offsets and word ids, pads batches into tensors, and saves in the Hugging Face file layout."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+import torch
+
+from bertology.errors import TokenizerError
+from bertology.io import atomic_write
+from bertology.tokenization._pipeline import (
+    KINDS,
+    MODEL_TYPE_TO_KIND,
+    STYLES,
+    SpecialTokens,
+    byte_level_prefix_space,
+    check_choice,
+    post_processor,
+    transformers_class,
+    with_byte_level_prefix_space,
+)
+
+TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second")
+PADDING_STRATEGIES: tuple[str, ...] = ("longest", "max_length")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """One encoded text or text pair. ``offsets`` are character offsets into the text each token came from (for
+    pre-split words: into that word); specials have offset (0, 0), word id None and sequence id None."""
+
+    ids: list[int]
+    tokens: list[str]
+    type_ids: list[int]
+    offsets: list[tuple[int, int]]
+    word_ids: list[int | None]
+    sequence_ids: list[int | None]
+    special_tokens_mask: list[int]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def from_backend(cls, encoding: tokenizers.Encoding) -> Encoding:
+        return cls(
+            ids=list(encoding.ids),
+            tokens=list(encoding.tokens),
+            type_ids=list(encoding.type_ids),
+            offsets=[(int(a), int(b)) for a, b in encoding.offsets],
+            word_ids=list(encoding.word_ids),
+            sequence_ids=list(encoding.sequence_ids),
+            special_tokens_mask=list(encoding.special_tokens_mask),
+        )
+
+
+@dataclass
+class Batch:
+    """A right-padded batch: ``input_ids``, ``attention_mask`` (1 = real token), ``token_type_ids``, all [B, L]."""
+
+    input_ids: torch.LongTensor
+    attention_mask: torch.LongTensor
+    token_type_ids: torch.LongTensor
+    encodings: list[Encoding]
+
+
+class Tokenizer:
+    """Encodes text for a BERT-family model. ``style`` fixes how specials wrap a text or pair:
+    "bert" gives ``[CLS] a [SEP] b [SEP]`` with type ids 0/1, "roberta" gives ``<s> a </s></s> b </s>`` with
+    type ids 0. Padding and truncation are chosen per call; none is baked into the backend."""
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        style: str,
+        specials: SpecialTokens,
+        model_max_length: int | None = None,
+        trim_offsets: bool = True,
+    ) -> None:
+        self.style = check_choice(style, STYLES, "tokenizer style")
+        model_type = type(backend.model).__name__
+        if model_type not in MODEL_TYPE_TO_KIND:
+            raise TokenizerError(f"unsupported tokenizer model {model_type!r}; expected WordPiece, BPE or Unigram")
+        self.kind: str = MODEL_TYPE_TO_KIND[model_type]
+        assert self.kind in KINDS
+        missing = [t for t in specials.as_list() if backend.token_to_id(t) is None]
+        if missing:
+            raise TokenizerError(f"special token(s) {', '.join(map(repr, missing))} not in the vocabulary")
+        self.specials = specials
+        self.model_max_length = model_max_length
+        self.trim_offsets = trim_offsets
+        # Specials must be matched whole in raw text (never split or lower-cased), as transformers does.
+        registered = {t.content for t in backend.get_added_tokens_decoder().values() if t.special}
+        backend.add_special_tokens(
+            [tokenizers.AddedToken(t, special=True, normalized=False) for t in specials.as_list() if t not in registered]
+        )
+        backend.no_padding()
+        backend.no_truncation()
+        ids = {t: backend.token_to_id(t) for t in specials.as_list()}
+        state = json.loads(backend.to_str())
+        self._add_prefix_space = byte_level_prefix_space(state)
+        backend.post_processor = post_processor(
+            self.style, self.kind, specials, ids, trim_offsets=trim_offsets, add_prefix_space=self._add_prefix_space
+        )
+        self.backend = backend
+        self._word_backend: tokenizers.Tokenizer | None = None
+        self._truncation: tuple[int, str] | None = None
+
+    # ----------------------------------------------------------------- vocabulary
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def cls_token(self) -> str:
+        return self.specials.cls
+
+    @property
+    def sep_token(self) -> str:
+        return self.specials.sep
+
+    @property
+    def pad_token(self) -> str:
+        return self.specials.pad
+
+    @property
+    def mask_token(self) -> str:
+        return self.specials.mask
+
+    @property
+    def unk_token(self) -> str:
+        return self.specials.unk
+
+    @property
+    def cls_id(self) -> int:
+        return self.backend.token_to_id(self.specials.cls)
+
+    @property
+    def sep_id(self) -> int:
+        return self.backend.token_to_id(self.specials.sep)
+
+    @property
+    def pad_id(self) -> int:
+        return self.backend.token_to_id(self.specials.pad)
+
+    @property
+    def mask_id(self) -> int:
+        return self.backend.token_to_id(self.specials.mask)
+
+    @property
+    def unk_id(self) -> int:
+        return self.backend.token_to_id(self.specials.unk)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        added = {i for i, token in self.backend.get_added_tokens_decoder().items() if token.special}
+        return frozenset(added | {self.backend.token_to_id(t) for t in self.specials.as_list()})
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, id: int) -> str | None:
+        return self.backend.id_to_token(id) if 0 <= id < self.vocab_size else None
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(kind={self.kind!r}, style={self.style!r}, vocab_size={self.vocab_size})"
+
+    # ----------------------------------------------------------------- encoding
+    def encode(
+        self,
+        text: str,
+        pair: str | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: str = "longest_first",
+    ) -> Encoding:
+        """Encode a text or a text pair. With ``max_length`` the result (specials included) is truncated to it."""
+        _check_text(text, "text")
+        if pair is not None:
+            _check_text(pair, "pair")
+        self._set_truncation(max_length, truncation, has_pair=pair is not None)
+        try:
+            encoding = self.backend.encode(text, pair, add_special_tokens=add_special_tokens)
+        except Exception as error:  # the Rust library raises plain Exceptions
+            raise TokenizerError(f"cannot encode (max_length={max_length}, truncation={truncation}): {error}") from None
+        return Encoding.from_backend(encoding)
+
+    def encode_words(
+        self,
+        words: Sequence[str],
+        pair: Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: str = "longest_first",
+    ) -> Encoding:
+        """Encode pre-split words; ``word_ids`` index ``words`` (and ``pair``) and offsets are into each word.
+        Byte-level BPE encodes every word as if preceded by a space (transformers' ``add_prefix_space=True``)."""
+        for name, value in (("words", words), ("pair", pair)):
+            if value is None:
+                continue
+            if isinstance(value, str) or not all(isinstance(w, str) for w in value):
+                raise TokenizerError(f"encode_words: {name} must be a list of strings, got {type(value).__name__}")
+        backend = self._words_backend()
+        self._set_truncation(max_length, truncation, has_pair=pair is not None, backend=backend)
+        try:
+            encoding = backend.encode(list(words), list(pair) if pair is not None else None, is_pretokenized=True,
+                                      add_special_tokens=add_special_tokens)
+        except Exception as error:
+            raise TokenizerError(f"cannot encode words (max_length={max_length}, truncation={truncation}): {error}") from None
+        return Encoding.from_backend(encoding)
+
+    def encode_batch(
+        self,
+        texts: Sequence[str],
+        pairs: Sequence[str] | None = None,
+        *,
+        add_special_tokens: bool = True,
+        max_length: int | None = None,
+        truncation: str = "longest_first",
+        padding: str = "longest",
+        pad_to_multiple_of: int | None = None,
+    ) -> Batch:
+        """Encode texts (or text pairs) and right-pad them into [B, L] tensors. ``padding="longest"`` pads to the
+        longest row, ``"max_length"`` to ``max_length``; ``pad_to_multiple_of`` then rounds L up."""
+        check_choice(padding, PADDING_STRATEGIES, "padding")
+        if isinstance(texts, str):
+            raise TokenizerError("encode_batch: texts must be a list of strings, not one string (use encode)")
+        texts = list(texts)
+        if not texts:
+            raise TokenizerError("encode_batch: no texts given")
+        for i, text in enumerate(texts):
+            _check_text(text, f"texts[{i}]")
+        if pairs is not None:
+            if isinstance(pairs, str):
+                raise TokenizerError("encode_batch: pairs must be a list of strings, not one string")
+            pairs = list(pairs)
+            if len(pairs) != len(texts):
+                raise TokenizerError(f"encode_batch: {len(texts)} texts but {len(pairs)} pairs")
+            for i, pair in enumerate(pairs):
+                _check_text(pair, f"pairs[{i}]")
+        if padding == "max_length" and max_length is None:
+            raise TokenizerError('encode_batch: padding="max_length" needs max_length')
+        if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+            raise TokenizerError(f"encode_batch: pad_to_multiple_of must be >= 1, got {pad_to_multiple_of}")
+        self._set_truncation(max_length, truncation, has_pair=pairs is not None)
+        inputs: list[Any] = texts if pairs is None else list(zip(texts, pairs))
+        try:
+            raw = self.backend.encode_batch(inputs, add_special_tokens=add_special_tokens)
+        except Exception as error:
+            raise TokenizerError(f"cannot encode batch (max_length={max_length}, truncation={truncation}): {error}") from None
+        encodings = [Encoding.from_backend(e) for e in raw]
+        length = max(len(e) for e in encodings) if padding == "longest" else max_length
+        if pad_to_multiple_of:
+            length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
+        input_ids = torch.full((len(encodings), length), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encodings), length), dtype=torch.long)
+        token_type_ids = torch.zeros((len(encodings), length), dtype=torch.long)
+        for row, encoding in enumerate(encodings):
+            n = len(encoding)
+            input_ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.long)
+            attention_mask[row, :n] = 1
+            token_type_ids[row, :n] = torch.tensor(encoding.type_ids, dtype=torch.long)
+        return Batch(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                     encodings=encodings)
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        """Turn ids back into text."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise TokenizerError(f"decode: id {bad[0]} is outside the vocabulary (size {self.vocab_size})")
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def _set_truncation(
+        self, max_length: int | None, truncation: str, *, has_pair: bool, backend: tokenizers.Tokenizer | None = None
+    ) -> None:
+        check_choice(truncation, TRUNCATION_STRATEGIES, "truncation")
+        if truncation == "only_second" and not has_pair and max_length is not None:
+            raise TokenizerError('truncation="only_second" needs a text pair')
+        if max_length is not None and (not isinstance(max_length, int) or max_length < 1):
+            raise TokenizerError(f"max_length must be a positive integer, got {max_length!r}")
+        backend = backend or self.backend
+        if max_length is None:
+            if backend.truncation is not None:
+                backend.no_truncation()
+        else:
+            wanted = {"max_length": max_length, "strategy": truncation, "stride": 0}
+            current = backend.truncation
+            if current is None or any(current.get(k) != v for k, v in wanted.items()):
+                backend.enable_truncation(max_length, stride=0, strategy=truncation)
+
+    def _words_backend(self) -> tokenizers.Tokenizer:
+        """Pre-split words need a space before each word for byte-level BPE to see word starts."""
+        if self.kind != "bpe" or self._add_prefix_space:
+            return self.backend
+        if self._word_backend is None:
+            backend = with_byte_level_prefix_space(self.backend, True)
+            ids = {t: backend.token_to_id(t) for t in self.specials.as_list()}
+            backend.post_processor = post_processor(
+                self.style, self.kind, self.specials, ids, trim_offsets=self.trim_offsets, add_prefix_space=True
+            )
+            self._word_backend = backend
+        return self._word_backend
+
+    # ----------------------------------------------------------------- saving
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and the vocabulary files of the
+        kind (vocab.txt for WordPiece, vocab.json + merges.txt for BPE); transformers' AutoTokenizer loads them
+        to the same ids. Other files in ``directory`` are left alone."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        state = json.loads(self.backend.to_str())
+        with atomic_write(directory / "tokenizer.json", "w", encoding="utf-8") as handle:
+            handle.write(self.backend.to_str(pretty=True))
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        by_id = sorted(vocab.items(), key=lambda item: item[1])
+        if self.kind == "wordpiece":
+            _check_dense(by_id)
+            with atomic_write(directory / "vocab.txt", "w", encoding="utf-8") as handle:
+                handle.writelines(f"{token}\n" for token, _ in by_id)
+        elif self.kind == "bpe":
+            with atomic_write(directory / "vocab.json", "w", encoding="utf-8") as handle:
+                json.dump(dict(by_id), handle, ensure_ascii=False)
+            merges = [m if isinstance(m, str) else " ".join(m) for m in state["model"]["merges"]]
+            with atomic_write(directory / "merges.txt", "w", encoding="utf-8") as handle:
+                handle.write("#version: 0.2\n")
+                handle.writelines(f"{merge}\n" for merge in merges)
+        tokenizer_class, options = transformers_class(state, self.kind, self.style, self.trim_offsets)
+        special_map = {
+            "cls_token": self.specials.cls,
+            "sep_token": self.specials.sep,
+            "pad_token": self.specials.pad,
+            "mask_token": self.specials.mask,
+            "unk_token": self.specials.unk,
+        }
+        if self.style == "roberta":
+            special_map.update(bos_token=self.specials.cls, eos_token=self.specials.sep)
+        elif self.kind == "unigram":  # ALBERT names [CLS]/[SEP] its bos/eos
+            special_map.update(bos_token=self.specials.cls, eos_token=self.specials.sep)
+        config: dict[str, Any] = {"tokenizer_class": tokenizer_class, **options, **special_map}
+        if self.model_max_length is not None:
+            config["model_max_length"] = self.model_max_length
+        with atomic_write(directory / "tokenizer_config.json", "w", encoding="utf-8") as handle:
+            json.dump(config, handle, indent=2, ensure_ascii=False)
+        with atomic_write(directory / "special_tokens_map.json", "w", encoding="utf-8") as handle:
+            json.dump(special_map, handle, indent=2, ensure_ascii=False)
+
+
+def _check_text(text: Any, name: str) -> None:
+    if not isinstance(text, str):
+        raise TokenizerError(f"{name} must be a string, got {type(text).__name__}")
+
+
+def _check_dense(by_id: list[tuple[str, int]]) -> None:
+    """vocab.txt stores ids as line numbers, so they must run 0..n-1 without gaps."""
+    for expected, (token, index) in enumerate(by_id):
+        if index != expected:
+            raise TokenizerError(f"cannot write vocab.txt: token {token!r} has id {index}, expected {expected} (gap)")

@@ -179,10 +179,9 @@ def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 raise DataError(f"training glob {str(item)!r} matches no files")
             files.extend(found)
         else:
-            raise DataError(
-                f"training input {str(item)!r} does not exist (a list of paths is read as files; "
-                "to train from a list of texts pass iter(texts))"
-            )
+            # A list of texts passed where paths are expected shows up here; say how to pass texts.
+            hint = " (to train from a list of texts, pass iter(texts))" if any(c.isspace() for c in str(item)) else ""
+            raise DataError(f"training input {str(item)!r} does not exist{hint}")
     return files
 
 

@@ -1,0 +1,186 @@
+"""The pretraining dataset: instances of an epoch, shuffled, split across ranks, collated and masked.
+
+Epoch ``e`` uses the instance list of duplicate ``e % dupe_factor`` (a deterministic function of the seed), visits
+it in an order seeded by ``(seed, e)`` and masks each instance with keys from ``masking_seeds``; so a batch is a
+pure function of ``(epoch, batch index, rank, world_size)`` and a run resumes exactly from ``(epoch, batch)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+import torch
+
+from bertology.data.instances import (
+    DocumentSource,
+    Instance,
+    InstanceConfig,
+    InstanceStats,
+    SpecialTokens,
+    create_instances,
+    derive_seed,
+)
+from bertology.data.masking import Masker, masking_seeds
+from bertology.errors import ConfigError
+
+# Random streams derived from the user seed (instances.py uses 1).
+_ORDER_STREAM = 2
+_BUCKET_STREAM = 3
+
+
+@dataclass
+class PretrainingBatch:
+    """One collated, masked batch (right padding with ``pad_id``; ``attention_mask`` 1 at real tokens)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    token_type_ids: torch.Tensor
+    masked_positions: torch.Tensor
+    mlm_labels: torch.Tensor
+    next_sentence_labels: torch.Tensor | None = None  # 0 = B follows A, 1 = B is random (BERT's convention)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        return PretrainingBatch(**{k: None if v is None else v.to(device, non_blocking=non_blocking)
+                                   for k, v in moved.items()})
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class PackedInstances:
+    """Instances of one duplicate as flat arrays plus offsets, so that batches are gathered without Python loops."""
+
+    def __init__(self, instances: Sequence[Instance]) -> None:
+        lengths = np.array([len(x) for x in instances], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        self.lengths = lengths
+        self.input_ids = np.concatenate([x.input_ids for x in instances]).astype(np.int64)
+        self.token_type_ids = np.concatenate([x.token_type_ids for x in instances]).astype(np.int8)
+        self.word_starts = np.concatenate([x.word_starts for x in instances]).astype(bool)
+        # -1 where the instance has no next-sentence label.
+        self.random_next = np.array([-1 if x.is_random_next is None else int(x.is_random_next) for x in instances],
+                                    dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def collate(self, indices: np.ndarray, pad_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Padded ``(input_ids, attention_mask, token_type_ids, word_starts)`` ``[B, max length]``."""
+        lengths = self.lengths[indices]
+        width = int(lengths.max())
+        columns = np.arange(width)
+        real = columns[None, :] < lengths[:, None]
+        flat = np.where(real, self.offsets[indices][:, None] + columns[None, :], 0)
+        input_ids = np.where(real, self.input_ids[flat], pad_id)
+        token_type_ids = np.where(real, self.token_type_ids[flat], 0).astype(np.int64)
+        word_starts = real & self.word_starts[flat]
+        return input_ids, real.astype(np.int64), token_type_ids, word_starts
+
+
+class PretrainingDataset:
+    """Batches of masked pretraining instances; see the module docstring for the determinism contract."""
+
+    def __init__(self, source: DocumentSource, special: SpecialTokens, config: InstanceConfig, masker: Masker) -> None:
+        if masker.special != special:
+            raise ConfigError(f"PretrainingDataset: the masker's special tokens {masker.special} differ from "
+                              f"{special}")
+        self.source = source
+        self.special = special
+        self.config = config
+        self.masker = masker
+        self._duplicate = -1
+        self._packed: PackedInstances | None = None
+        self._stats: InstanceStats | None = None
+        self._load(0)  # fail early on a corpus that gives no instance
+
+    def _load(self, epoch: int) -> PackedInstances:
+        duplicate = epoch % self.config.dupe_factor
+        if duplicate != self._duplicate or self._packed is None:
+            instances, stats = create_instances(self.source, self.config, self.special, duplicate)
+            self._packed, self._stats, self._duplicate = PackedInstances(instances), stats, duplicate
+        return self._packed
+
+    def num_instances(self, epoch: int) -> int:
+        return len(self._load(epoch))
+
+    def stats(self, epoch: int) -> InstanceStats:
+        """What instance creation for this epoch's duplicate counted (skipped sentences, forced random next, ...)."""
+        self._load(epoch)
+        assert self._stats is not None
+        return self._stats
+
+    def _check(self, epoch: int, batch_size: int, rank: int, world_size: int) -> None:
+        if epoch < 0:
+            raise ConfigError(f"PretrainingDataset: epoch must be >= 0, got {epoch}")
+        if batch_size < 1:
+            raise ConfigError(f"PretrainingDataset: batch_size must be >= 1, got {batch_size}")
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"PretrainingDataset: need 0 <= rank < world_size, got rank {rank}, "
+                              f"world_size {world_size}")
+
+    def rank_indices(self, epoch: int, rank: int = 0, world_size: int = 1, batch_size: int = 1,
+                     drop_last: bool = True) -> np.ndarray:
+        """Instance ids this rank visits in ``epoch``, in order.
+
+        The epoch's shuffled order is dealt round-robin over the ranks, so ranks are disjoint. With ``drop_last``
+        the order is first cut to a multiple of ``batch_size * world_size`` (every rank gets the same number of
+        full batches); without it every instance is visited once across ranks, and ranks may differ by a batch.
+        """
+        self._check(epoch, batch_size, rank, world_size)
+        count = self.num_instances(epoch)
+        order = np.random.default_rng(derive_seed(self.config.seed, _ORDER_STREAM, epoch)).permutation(count)
+        if drop_last:
+            order = order[: count // (batch_size * world_size) * batch_size * world_size]
+        return order[rank::world_size]
+
+    def _batch_indices(self, epoch: int, batch_size: int, rank: int, world_size: int, drop_last: bool,
+                       bucket_window: int) -> list[np.ndarray]:
+        indices = self.rank_indices(epoch, rank, world_size, batch_size, drop_last)
+        if bucket_window < 0:
+            raise ConfigError(f"PretrainingDataset: bucket_window must be >= 0, got {bucket_window}")
+        if bucket_window <= 1:
+            return [indices[i:i + batch_size] for i in range(0, len(indices), batch_size)]
+        # Sort by length inside windows of bucket_window batches, then shuffle the batches of each window, so
+        # batches pad less but their order stays random.
+        lengths = self._load(epoch).lengths
+        rng = np.random.default_rng(derive_seed(self.config.seed, _BUCKET_STREAM, epoch, rank, world_size))
+        batches: list[np.ndarray] = []
+        span = bucket_window * batch_size
+        for begin in range(0, len(indices), span):
+            window = indices[begin:begin + span]
+            window = window[np.argsort(lengths[window], kind="stable")]
+            chunks = [window[i:i + batch_size] for i in range(0, len(window), batch_size)]
+            batches.extend(chunks[k] for k in rng.permutation(len(chunks)))
+        return batches
+
+    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    drop_last: bool = True) -> int:
+        size = len(self.rank_indices(epoch, rank, world_size, batch_size, drop_last))
+        return -(-size // batch_size)
+
+    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
+                drop_last: bool = True, bucket_window: int = 0) -> Iterator[PretrainingBatch]:
+        """Masked batches of ``epoch`` for ``rank``, from batch ``start_batch`` on (to resume exactly).
+
+        ``bucket_window`` > 1 groups instances of similar length (within windows of that many batches) to cut
+        padding; it changes which instances share a batch, not the set of instances of an epoch.
+        """
+        if start_batch < 0:
+            raise ConfigError(f"PretrainingDataset: start_batch must be >= 0, got {start_batch}")
+        packed = self._load(epoch)
+        plan = self._batch_indices(epoch, batch_size, rank, world_size, drop_last, bucket_window)
+        dynamic = self.masker.config.dynamic
+        for indices in plan[start_batch:]:
+            input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.pad_id)
+            input_ids_t = torch.from_numpy(input_ids)
+            attention_t = torch.from_numpy(attention_mask)
+            seeds = masking_seeds(self.config.seed, indices, epoch, self.config.dupe_factor, dynamic)
+            masked = self.masker(input_ids_t, attention_t, torch.from_numpy(word_starts), seeds=seeds)
+            labels = None
+            if self.config.nsp:
+                labels = torch.from_numpy(packed.random_next[indices].copy())
+            yield PretrainingBatch(masked.input_ids, attention_t, torch.from_numpy(token_type_ids),
+                                   masked.masked_positions, masked.mlm_labels, labels)

@@ -1,0 +1,418 @@
+"""Pretraining instances from tokenised documents.
+
+Four kinds:
+
+* ``nsp``: BERT segment pairs with next-sentence prediction, following the logic of BERT's
+  ``create_pretraining_data.py``: a target length per document (short with probability ``short_seq_prob``),
+  sentences gathered into a chunk up to that length, a random split point into A and B, B replaced by text from a
+  random other document half of the time (the unused sentences of the chunk are put back), and pair truncation
+  from the longer side, front or back at random.
+* ``segment-pair``: the same chunks without the random-next replacement (plain MLM, or sentence order later);
+  a chunk of one sentence becomes a single-segment instance.
+* ``full-sentences`` (RoBERTa): contiguous sentences packed up to ``max_seq_length - 2`` tokens, crossing document
+  boundaries with an extra separator between documents.
+* ``doc-sentences`` (RoBERTa): the same packing, never crossing a document boundary.
+
+Everything is deterministic given ``(seed, duplicate)``; the document order is shuffled per duplicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from bertology.data._config import check_type, config_from_dict
+from bertology.errors import ConfigError, DataError
+
+STYLES = ("bert", "roberta")
+KINDS = ("nsp", "segment-pair", "full-sentences", "doc-sentences")
+
+# Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
+_INSTANCE_STREAM = 1
+
+
+def derive_seed(*parts: int) -> int:
+    """A 64-bit seed that is a deterministic function of non-negative integers ``parts``."""
+    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, dtype=np.uint32)
+    return int(state[0]) << 32 | int(state[1])
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids of the special tokens and the family layout of a pair.
+
+    ``bert``: ``[CLS] A [SEP] B [SEP]`` with segment ids 0 / 1; ``roberta``: ``<s> A </s></s> B </s>``, all 0.
+    """
+
+    cls_id: int
+    sep_id: int
+    pad_id: int
+    mask_id: int
+    style: str = "bert"
+
+    def __post_init__(self) -> None:
+        for key in ("cls_id", "sep_id", "pad_id", "mask_id"):
+            value = getattr(self, key)
+            check_type("SpecialTokens", key, value, (int, np.integer))
+            if value < 0:
+                raise ConfigError(f"SpecialTokens.{key}: must be >= 0, got {value}")
+        if self.style not in STYLES:
+            raise ConfigError(f"SpecialTokens.style: expected one of {STYLES}, got {self.style!r}")
+
+    @property
+    def ids(self) -> frozenset[int]:
+        return frozenset({int(self.cls_id), int(self.sep_id), int(self.pad_id), int(self.mask_id)})
+
+    @property
+    def pair_overhead(self) -> int:
+        """Number of special tokens around a segment pair."""
+        return 3 if self.style == "bert" else 4
+
+
+@runtime_checkable
+class DocumentSource(Protocol):
+    """Random access to tokenised documents (sentences of token ids without specials)."""
+
+    def __len__(self) -> int: ...
+
+    def document(self, i: int) -> list[np.ndarray]: ...
+
+    def word_starts(self, i: int) -> list[np.ndarray]: ...
+
+
+class InMemoryDocuments:
+    """A DocumentSource over Python lists; ``word_starts`` defaults to every token starting a word."""
+
+    def __init__(
+        self,
+        documents: Sequence[Sequence[Sequence[int] | np.ndarray]],
+        word_starts: Sequence[Sequence[Sequence[bool] | np.ndarray]] | None = None,
+    ) -> None:
+        self._docs = [[np.asarray(s, dtype=np.int64).reshape(-1) for s in doc] for doc in documents]
+        if word_starts is None:
+            self._starts = [[np.ones(len(s), dtype=bool) for s in doc] for doc in self._docs]
+        else:
+            if len(word_starts) != len(self._docs):
+                raise DataError(f"word_starts: {len(word_starts)} documents for {len(self._docs)} documents of ids")
+            self._starts = [[np.asarray(s, dtype=bool).reshape(-1) for s in doc] for doc in word_starts]
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def document(self, i: int) -> list[np.ndarray]:
+        return self._docs[i]
+
+    def word_starts(self, i: int) -> list[np.ndarray]:
+        return self._starts[i]
+
+
+@dataclass
+class Instance:
+    """One pretraining sequence with its specials; ``word_starts`` is False at specials."""
+
+    input_ids: np.ndarray
+    token_type_ids: np.ndarray
+    word_starts: np.ndarray
+    is_random_next: bool | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class InstanceConfig:
+    """How instances are cut from documents.
+
+    ``nsp`` defaults from ``kind`` (True for ``nsp``, False otherwise); ``segment-pair`` with ``nsp=True`` is the
+    same as ``nsp``. ``short_seq_prob`` only applies to the segment-pair kinds. ``dupe_factor`` is the number of
+    distinct instance lists (and static masks) cycled through across epochs.
+    """
+
+    kind: str = "nsp"
+    max_seq_length: int = 128
+    short_seq_prob: float = 0.1
+    nsp: bool | None = None
+    dupe_factor: int = 1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        where = "InstanceConfig"
+        if self.kind not in KINDS:
+            raise ConfigError(f"{where}.kind: expected one of {KINDS}, got {self.kind!r}")
+        check_type(where, "max_seq_length", self.max_seq_length, int)
+        check_type(where, "short_seq_prob", self.short_seq_prob, (int, float))
+        check_type(where, "dupe_factor", self.dupe_factor, int)
+        check_type(where, "seed", self.seed, int)
+        if self.nsp is None:
+            self.nsp = self.kind == "nsp"
+        check_type(where, "nsp", self.nsp, bool)
+        if self.kind == "nsp" and not self.nsp:
+            raise ConfigError(f"{where}.nsp: kind 'nsp' needs nsp=True (use kind 'segment-pair' without NSP)")
+        if self.nsp and self.kind not in ("nsp", "segment-pair"):
+            raise ConfigError(f"{where}.nsp: next-sentence prediction needs segment pairs, not kind {self.kind!r}")
+        # Pairs need room for 4 specials (RoBERTa layout) and two tokens of text.
+        if self.max_seq_length < 6:
+            raise ConfigError(f"{where}.max_seq_length: must be >= 6, got {self.max_seq_length}")
+        if not 0.0 <= self.short_seq_prob <= 1.0:
+            raise ConfigError(f"{where}.short_seq_prob: must be in [0, 1], got {self.short_seq_prob}")
+        if self.dupe_factor < 1:
+            raise ConfigError(f"{where}.dupe_factor: must be >= 1, got {self.dupe_factor}")
+        if self.seed < 0:
+            raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:
+        return config_from_dict(cls, data, "InstanceConfig")
+
+
+@dataclass
+class InstanceStats:
+    """Counts from one pass of instance creation (what was skipped and why)."""
+
+    documents: int = 0
+    empty_documents: int = 0  # no tokens at all: skipped, as BERT does
+    empty_sentences: int = 0  # zero-length sentences: skipped
+    single_sentence_documents: int = 0
+    # Chunks of one sentence: under NSP their B is always a random next segment (as in BERT), else they are
+    # single-segment instances.
+    single_sentence_chunks: int = 0
+    short_targets: int = 0  # documents that drew a short target length
+    split_sentences: int = 0  # sentences longer than the packing budget, split into pieces
+    truncated_tokens: int = 0
+    instances: int = 0
+    random_next: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+# A document: (token ids, word starts) per non-empty sentence.
+_Document = list[tuple[np.ndarray, np.ndarray]]
+
+
+def _source_name(source: DocumentSource) -> str:
+    path = getattr(source, "path", None)
+    return f"{path}: " if path is not None else ""
+
+
+def load_documents(source: DocumentSource, stats: InstanceStats) -> list[_Document]:
+    """Read and check every document; empty sentences and documents are dropped and counted."""
+    name = _source_name(source)
+    documents: list[_Document] = []
+    for i in range(len(source)):
+        sentences = source.document(i)
+        starts = source.word_starts(i)
+        if len(sentences) != len(starts):
+            raise DataError(f"{name}document {i}: {len(sentences)} sentences but {len(starts)} word-start arrays")
+        doc: _Document = []
+        for j, (ids, ws) in enumerate(zip(sentences, starts)):
+            ids = np.asarray(ids)
+            ws = np.asarray(ws)
+            if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
+                raise DataError(f"{name}document {i} sentence {j}: token ids must be a 1-D integer array, "
+                                f"got shape {ids.shape} dtype {ids.dtype}")
+            if ws.shape != ids.shape:
+                raise DataError(f"{name}document {i} sentence {j}: {ids.shape[0]} token ids but "
+                                f"{ws.reshape(-1).shape[0]} word starts")
+            if len(ids) and ids.min() < 0:
+                raise DataError(f"{name}document {i} sentence {j}: negative token id {int(ids.min())}")
+            if len(ids) == 0:
+                stats.empty_sentences += 1
+                continue
+            doc.append((ids.astype(np.int64, copy=False), ws.astype(bool, copy=False)))
+        stats.documents += 1
+        if not doc:
+            stats.empty_documents += 1
+            continue
+        if len(doc) == 1:
+            stats.single_sentence_documents += 1
+        documents.append(doc)
+    return documents
+
+
+def create_instances(
+    source: DocumentSource, config: InstanceConfig, special: SpecialTokens, duplicate: int = 0
+) -> tuple[list[Instance], InstanceStats]:
+    """All instances of one duplicate (a deterministic function of ``config.seed`` and ``duplicate``).
+
+    Instances come in shuffled document order; shuffling the instances themselves is left to the reader.
+    Raises DataError when the corpus cannot give any (useful) instance, saying why.
+    """
+    stats = InstanceStats()
+    documents = load_documents(source, stats)
+    name = _source_name(source)
+    if not documents:
+        raise DataError(f"{name}the corpus has no tokens: {stats.documents} document(s), "
+                        f"{stats.empty_documents} empty, {stats.empty_sentences} empty sentence(s)")
+    if config.nsp:
+        if len(documents) < 2:
+            raise DataError(f"{name}NSP needs at least two non-empty documents to draw random next segments; "
+                            f"the corpus has {len(documents)}")
+        if stats.single_sentence_documents == len(documents):
+            raise DataError(f"{name}every document has one sentence; NSP needs two (the label would always be "
+                            f"'random next'). Mark document boundaries with blank lines only between documents.")
+    rng = random.Random(derive_seed(config.seed, _INSTANCE_STREAM, duplicate))
+    rng.shuffle(documents)
+    instances: list[Instance] = []
+    if config.kind in ("nsp", "segment-pair"):
+        for index in range(len(documents)):
+            _segment_pairs(documents, index, config, special, rng, stats, instances)
+    else:
+        _pack(documents, config, special, stats, instances, cross_documents=config.kind == "full-sentences")
+    stats.instances = len(instances)
+    stats.random_next = sum(1 for inst in instances if inst.is_random_next)
+    return instances, stats
+
+
+def _concat(sentences: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([s[0] for s in sentences]), np.concatenate([s[1] for s in sentences])
+
+
+def _truncate_pair(len_a: int, len_b: int, max_tokens: int, rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
+    """BERT's truncation as (front, back) cut counts per segment: one token at a time from the longer segment
+    (B on ties), from the front or the back with equal probability."""
+    cuts = [[0, 0], [0, 0]]
+    lengths = [len_a, len_b]
+    while lengths[0] + lengths[1] > max_tokens:
+        side = 0 if lengths[0] > lengths[1] else 1
+        cuts[side][0 if rng.random() < 0.5 else 1] += 1
+        lengths[side] -= 1
+    return (cuts[0][0], cuts[0][1]), (cuts[1][0], cuts[1][1])
+
+
+def _cut(ids: np.ndarray, starts: np.ndarray, cut: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    end = len(ids) - cut[1]
+    return ids[cut[0]:end], starts[cut[0]:end]
+
+
+def _build(special: SpecialTokens, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None,
+           is_random_next: bool | None) -> Instance:
+    """Put the family's specials around one or two segments."""
+    cls = np.array([special.cls_id], dtype=np.int64)
+    sep = np.array([special.sep_id], dtype=np.int64)
+    if b is None:
+        ids = np.concatenate([cls, a[0], sep])
+        types = np.zeros(len(ids), dtype=np.int64)
+        starts = np.concatenate([[False], a[1], [False]])
+        return Instance(ids, types, starts, is_random_next)
+    middle = sep if special.style == "bert" else np.concatenate([sep, sep])
+    ids = np.concatenate([cls, a[0], middle, b[0], sep])
+    types = np.zeros(len(ids), dtype=np.int64)
+    if special.style == "bert":
+        types[2 + len(a[0]):] = 1
+    no = np.zeros(len(middle), dtype=bool)
+    starts = np.concatenate([[False], a[1], no, b[1], [False]])
+    return Instance(ids, types, starts, is_random_next)
+
+
+def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfig, special: SpecialTokens,
+                   rng: random.Random, stats: InstanceStats, out: list[Instance]) -> None:
+    """Instances of document ``index``: BERT's create_instances_from_document."""
+    document = documents[index]
+    max_num_tokens = config.max_seq_length - special.pair_overhead
+    # Mostly fill the whole sequence; sometimes (short_seq_prob) use a shorter one so that pretraining also sees
+    # the short inputs of fine-tuning. Drawn once per document, as in BERT.
+    target = max_num_tokens
+    if rng.random() < config.short_seq_prob:
+        target = rng.randint(2, max_num_tokens)
+        stats.short_targets += 1
+    chunk: list[tuple[np.ndarray, np.ndarray]] = []
+    length = 0
+    i = 0
+    while i < len(document):
+        chunk.append(document[i])
+        length += len(document[i][0])
+        if i == len(document) - 1 or length >= target:
+            a_end = rng.randint(1, len(chunk) - 1) if len(chunk) >= 2 else 1
+            a = _concat(chunk[:a_end])
+            if len(chunk) == 1:
+                stats.single_sentence_chunks += 1
+            b: tuple[np.ndarray, np.ndarray] | None
+            is_random_next: bool | None = None
+            if config.nsp and (len(chunk) == 1 or rng.random() < 0.5):
+                is_random_next = True
+                b = _random_segment(documents, index, target - len(a[0]), rng)
+                # The sentences of this chunk that B did not use start the next chunk.
+                i -= len(chunk) - a_end
+            elif len(chunk) >= 2:
+                is_random_next = False if config.nsp else None
+                b = _concat(chunk[a_end:])
+            else:
+                b = None
+            if b is None:
+                budget = config.max_seq_length - 2
+                cut, _ = _truncate_pair(len(a[0]), 0, budget, rng)
+                stats.truncated_tokens += sum(cut)
+                out.append(_build(special, _cut(*a, cut), None, None))
+            else:
+                cut_a, cut_b = _truncate_pair(len(a[0]), len(b[0]), max_num_tokens, rng)
+                stats.truncated_tokens += sum(cut_a) + sum(cut_b)
+                out.append(_build(special, _cut(*a, cut_a), _cut(*b, cut_b), is_random_next))
+            chunk = []
+            length = 0
+        i += 1
+
+
+def _random_segment(documents: list[_Document], index: int, target_length: int,
+                    rng: random.Random) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences of a random other document from a random start, up to ``target_length`` tokens (at least one)."""
+    other = index
+    for _ in range(10):  # BERT's retries
+        other = rng.randint(0, len(documents) - 1)
+        if other != index:
+            break
+    if other == index:
+        # BERT would use the same document here; a "random next" from it would be a wrong label.
+        other = rng.randint(0, len(documents) - 2)
+        other += other >= index
+    document = documents[other]
+    taken: list[tuple[np.ndarray, np.ndarray]] = []
+    length = 0
+    for j in range(rng.randint(0, len(document) - 1), len(document)):
+        taken.append(document[j])
+        length += len(document[j][0])
+        if length >= target_length:
+            break
+    return _concat(taken)
+
+
+def _pack(documents: list[_Document], config: InstanceConfig, special: SpecialTokens, stats: InstanceStats,
+          out: list[Instance], cross_documents: bool) -> None:
+    """RoBERTa FULL-SENTENCES (``cross_documents``) or DOC-SENTENCES packing, greedy in corpus order."""
+    budget = config.max_seq_length - 2
+    separator = (np.array([special.sep_id], dtype=np.int64), np.zeros(1, dtype=bool))
+    pieces: list[tuple[np.ndarray, np.ndarray]] = []
+    length = 0
+
+    def emit() -> None:
+        nonlocal pieces, length
+        if pieces:
+            out.append(_build(special, _concat(pieces), None, None))
+        pieces, length = [], 0
+
+    for document in documents:
+        starts_document = True
+        for ids, starts in document:
+            if len(ids) > budget:
+                stats.split_sentences += 1
+            for begin in range(0, len(ids), budget):
+                piece = (ids[begin:begin + budget], starts[begin:begin + budget])
+                # The extra separator marks a document boundary inside a sequence, never at its start.
+                needs_separator = starts_document and length > 0
+                if length + needs_separator + len(piece[0]) > budget:
+                    emit()
+                    needs_separator = False
+                if needs_separator:
+                    pieces.append(separator)
+                    length += 1
+                pieces.append(piece)
+                length += len(piece[0])
+                starts_document = False
+        if not cross_documents:
+            emit()
+    emit()

@@ -164,7 +164,7 @@ class Encoder(nn.Module):
         self.config = config
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_unique_layers))
-        self.plan = config.layer_plan()
+        self.plan = [index for step in config.layer_plan() for index in step]  # unique-layer index per call
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
 
     def position_ids(self, input_ids: Tensor) -> Tensor:
@@ -199,12 +199,11 @@ class Encoder(nn.Module):
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for step in self.plan:
-            for index in step:
-                x, probs = self.layers[index](x, layout, key_mask, output_attentions)
-                if attentions is not None:
-                    attentions.append(probs)
-            if hidden_states is not None:
+        for index in self.plan:
+            x, probs = self.layers[index](x, layout, key_mask, output_attentions)
+            if attentions is not None:
+                attentions.append(probs)
+            if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
                 hidden_states.append(to_padded(x))
 
         last = hidden_states[-1] if hidden_states is not None else to_padded(x)

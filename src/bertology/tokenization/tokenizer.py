@@ -183,7 +183,8 @@ class Tokenizer:
         max_length: int | None = None,
         truncation: str = "longest_first",
     ) -> Encoding:
-        """Encode a text or a text pair. With ``max_length`` the result (specials included) is truncated to it."""
+        """Encode a text or a text pair. With ``max_length`` the result (specials included) is truncated to it.
+        An empty ``pair`` still gives the pair layout (``[CLS] a [SEP] [SEP]``); transformers would drop it."""
         _check_text(text, "text")
         if pair is not None:
             _check_text(pair, "pair")

@@ -1,5 +1,6 @@
 """Corpus readers, pretraining instance creation, masking and memory-mapped shards."""
 
+from bertology.data.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
 from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset
 from bertology.data.instances import (
     DocumentSource,
@@ -11,8 +12,11 @@ from bertology.data.instances import (
     create_instances,
 )
 from bertology.data.masking import MaskedInputs, Masker, MaskingConfig, masking_seeds
+from bertology.data.sentences import split_sentences
+from bertology.data.shards import TokenizedCorpus, prepare_corpus, tokenizer_fingerprint
 
 __all__ = [
+    "CORPUS_FORMATS",
     "DocumentSource",
     "InMemoryDocuments",
     "Instance",
@@ -25,6 +29,12 @@ __all__ = [
     "PretrainingBatch",
     "PretrainingDataset",
     "SpecialTokens",
+    "TokenizedCorpus",
     "create_instances",
+    "list_corpus_files",
     "masking_seeds",
+    "prepare_corpus",
+    "read_documents",
+    "split_sentences",
+    "tokenizer_fingerprint",
 ]

@@ -40,6 +40,7 @@ class PretrainingBatch:
     masked_positions: torch.Tensor
     mlm_labels: torch.Tensor
     next_sentence_labels: torch.Tensor | None = None  # 0 = B follows A, 1 = B is random (BERT's convention)
+    instance_ids: torch.Tensor | None = None  # [B] ids in the epoch's instance list (for logging and checks)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -183,4 +184,5 @@ class PretrainingDataset:
             if self.config.nsp:
                 labels = torch.from_numpy(packed.random_next[indices].copy())
             yield PretrainingBatch(masked.input_ids, attention_t, torch.from_numpy(token_type_ids),
-                                   masked.masked_positions, masked.mlm_labels, labels)
+                                   masked.masked_positions, masked.mlm_labels, labels,
+                                   torch.from_numpy(indices.astype(np.int64)))

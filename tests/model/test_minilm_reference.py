@@ -60,3 +60,24 @@ def test_sentence_embedding(model, reference):
     mean = (h * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
     sentence = torch.nn.functional.normalize(mean, dim=-1).numpy()
     assert np.abs(sentence - reference["sentence_embedding"]).max() <= TOL
+
+
+def test_load_gives_model_and_tokenizer_matching_reference(minilm_path, reference, reference_dir):
+    import json
+
+    from bertology import load
+
+    texts = json.loads((reference_dir / "inputs.json").read_text(encoding="utf-8"))
+    pretrained = load(minilm_path)
+    assert not pretrained.model.training
+    batch = pretrained.tokenizer.encode_batch(texts)
+    width = reference["input_ids"].shape[1]
+    assert batch.input_ids.shape[1] <= width
+    ids = np.full_like(reference["input_ids"], pretrained.tokenizer.pad_id)
+    ids[:, : batch.input_ids.shape[1]] = batch.input_ids.numpy()
+    assert (ids == reference["input_ids"]).all()
+    with torch.no_grad():
+        out = pretrained.model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    real = batch.attention_mask.bool().numpy()
+    want = reference["last_hidden_state"][:, : batch.input_ids.shape[1]]
+    assert np.abs(out.last_hidden_state.numpy()[real] - want[real]).max() <= TOL

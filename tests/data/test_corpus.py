@@ -145,8 +145,7 @@ def test_non_utf8_names_file_line_and_byte_offset(tmp_path: Path) -> None:
         list(read_documents(path))
     message = str(info.value)
     assert str(path) in message and "line 3" in message
-    assert "byte offset 27" in message and "0xff" in message
-    assert path.read_bytes()[27] == 0xFF
+    assert f"byte offset {path.read_bytes().index(0xFF)}" in message and "0xff" in message
 
 
 def test_invalid_json_line(tmp_path: Path) -> None:

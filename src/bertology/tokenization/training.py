@@ -47,7 +47,8 @@ def train_tokenizer(
     of texts. ``style``: "bert" or "roberta"; WordPiece is always BERT-style and byte-level BPE RoBERTa-style,
     Unigram is XLM-R-style by default and ALBERT-style with "bert". ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
-    to Unigram.
+    to Unigram. BPE training is deterministic; WordPiece and Unigram ids can differ between runs on the same
+    text, because the tokenizers library breaks count ties in hash-map order: save the result, do not retrain.
     """
     check_choice(kind, KINDS, "tokenizer kind")
     style = check_choice(style or _DEFAULT_STYLE[kind], STYLES, "tokenizer style")

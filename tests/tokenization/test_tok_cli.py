@@ -9,7 +9,7 @@ import pytest
 from bertology.cli.main import main
 from bertology.tokenization import load_tokenizer
 
-from conftest import CORPUS
+from tok_data import CORPUS
 
 
 @pytest.mark.parametrize(("kind", "files"), [("wordpiece", ["vocab.txt"]), ("bpe", ["vocab.json", "merges.txt"]),

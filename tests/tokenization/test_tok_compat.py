@@ -12,7 +12,7 @@ import pytest
 
 from bertology.tokenization import Encoding, Tokenizer, load_tokenizer
 
-from conftest import KINDS, PAIRS, SHARED, TEXTS
+from tok_data import KINDS, PAIRS, SHARED, TEXTS
 
 transformers = pytest.importorskip("transformers")
 

@@ -11,7 +11,7 @@ import pytest
 from bertology.errors import BertologyError, DataError, TokenizerError
 from bertology.tokenization import load_tokenizer, train_tokenizer
 
-from conftest import CORPUS
+from tok_data import CORPUS
 
 
 def train(source, kind: str = "wordpiece", size: int = 200, **kwargs):

@@ -54,7 +54,7 @@ class Encoding:
             ids=list(encoding.ids),
             tokens=list(encoding.tokens),
             type_ids=list(encoding.type_ids),
-            offsets=[(int(a), int(b)) for a, b in encoding.offsets],
+            offsets=encoding.offsets,  # already a list of (int, int) tuples
             word_ids=list(encoding.word_ids),
             sequence_ids=list(encoding.sequence_ids),
             special_tokens_mask=list(encoding.special_tokens_mask),
@@ -263,14 +263,11 @@ class Tokenizer:
         length = max(len(e) for e in encodings) if padding == "longest" else max_length
         if pad_to_multiple_of:
             length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
-        input_ids = torch.full((len(encodings), length), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(encodings), length), dtype=torch.long)
-        token_type_ids = torch.zeros((len(encodings), length), dtype=torch.long)
-        for row, encoding in enumerate(encodings):
-            n = len(encoding)
-            input_ids[row, :n] = torch.tensor(encoding.ids, dtype=torch.long)
-            attention_mask[row, :n] = 1
-            token_type_ids[row, :n] = torch.tensor(encoding.type_ids, dtype=torch.long)
+        # One tensor from nested lists is much faster than filling rows one at a time.
+        pads = [length - len(e) for e in encodings]
+        input_ids = torch.tensor([e.ids + [self.pad_id] * p for e, p in zip(encodings, pads)], dtype=torch.long)
+        token_type_ids = torch.tensor([e.type_ids + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
+        attention_mask = torch.tensor([[1] * len(e) + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
         return Batch(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                      encodings=encodings)
 

@@ -208,15 +208,15 @@ def test_packed_instances_collate():
 def test_dataset_errors():
     ds = dataset()
     with pytest.raises(ConfigError, match="need 0 <= rank < world_size, got rank 2, world_size 2"):
-        next(ds.batches(0, 4, rank=2, world_size=2))
+        ds.batches(0, 4, rank=2, world_size=2)
     with pytest.raises(ConfigError, match="batch_size must be >= 1"):
-        next(ds.batches(0, 0))
+        ds.batches(0, 0)
     with pytest.raises(ConfigError, match="start_batch must be >= 0"):
-        next(ds.batches(0, 4, start_batch=-1))
+        ds.batches(0, 4, start_batch=-1)
     with pytest.raises(ConfigError, match="epoch must be >= 0"):
-        next(ds.batches(-1, 4))
+        ds.batches(-1, 4)
     with pytest.raises(ConfigError, match="bucket_window must be >= 0"):
-        next(ds.batches(0, 4, bucket_window=-2))
+        ds.batches(0, 4, bucket_window=-2)
     roberta = SpecialTokens(cls_id=1, sep_id=2, pad_id=0, mask_id=3, style="roberta")
     with pytest.raises(ConfigError, match="masker's special tokens"):
         PretrainingDataset(source(), roberta, InstanceConfig(), Masker(MaskingConfig(), SPECIAL, VOCAB))

@@ -171,10 +171,14 @@ class PretrainingDataset:
         """
         if start_batch < 0:
             raise ConfigError(f"PretrainingDataset: start_batch must be >= 0, got {start_batch}")
-        packed = self._load(epoch)
+        # Checked and planned here, not lazily, so that bad arguments fail at the call.
         plan = self._batch_indices(epoch, batch_size, rank, world_size, drop_last, bucket_window)
+        return self._iterate(epoch, plan[start_batch:])
+
+    def _iterate(self, epoch: int, plan: list[np.ndarray]) -> Iterator[PretrainingBatch]:
+        packed = self._load(epoch)
         dynamic = self.masker.config.dynamic
-        for indices in plan[start_batch:]:
+        for indices in plan:
             input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.pad_id)
             input_ids_t = torch.from_numpy(input_ids)
             attention_t = torch.from_numpy(attention_mask)

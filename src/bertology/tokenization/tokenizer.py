@@ -17,7 +17,6 @@ import torch
 from bertology.errors import TokenizerError
 from bertology.io import atomic_write
 from bertology.tokenization._pipeline import (
-    KINDS,
     MODEL_TYPE_TO_KIND,
     STYLES,
     SpecialTokens,
@@ -74,7 +73,10 @@ class Batch:
 class Tokenizer:
     """Encodes text for a BERT-family model. ``style`` fixes how specials wrap a text or pair:
     "bert" gives ``[CLS] a [SEP] b [SEP]`` with type ids 0/1, "roberta" gives ``<s> a </s></s> b </s>`` with
-    type ids 0. Padding and truncation are chosen per call; none is baked into the backend."""
+    type ids 0. Padding and truncation are chosen per call; none is baked into the backend.
+
+    The ``backend`` is taken over: its post-processor, padding and truncation are replaced. Truncation is set on it
+    per call, so one Tokenizer must not be used from several threads at once."""
 
     def __init__(
         self,
@@ -90,7 +92,6 @@ class Tokenizer:
         if model_type not in MODEL_TYPE_TO_KIND:
             raise TokenizerError(f"unsupported tokenizer model {model_type!r}; expected WordPiece, BPE or Unigram")
         self.kind: str = MODEL_TYPE_TO_KIND[model_type]
-        assert self.kind in KINDS
         missing = [t for t in specials.as_list() if backend.token_to_id(t) is None]
         if missing:
             raise TokenizerError(f"special token(s) {', '.join(map(repr, missing))} not in the vocabulary")
@@ -105,14 +106,13 @@ class Tokenizer:
         backend.no_padding()
         backend.no_truncation()
         ids = {t: backend.token_to_id(t) for t in specials.as_list()}
-        state = json.loads(backend.to_str())
-        self._add_prefix_space = byte_level_prefix_space(state)
+        # Only byte-level BPE has a prefix-space setting; serialising a big vocabulary to find it is not free.
+        self._add_prefix_space = self.kind == "bpe" and byte_level_prefix_space(json.loads(backend.to_str()))
         backend.post_processor = post_processor(
             self.style, self.kind, specials, ids, trim_offsets=trim_offsets, add_prefix_space=self._add_prefix_space
         )
         self.backend = backend
         self._word_backend: tokenizers.Tokenizer | None = None
-        self._truncation: tuple[int, str] | None = None
 
     # ----------------------------------------------------------------- vocabulary
     @property

@@ -220,3 +220,40 @@ def test_dataset_errors():
     roberta = SpecialTokens(cls_id=1, sep_id=2, pad_id=0, mask_id=3, style="roberta")
     with pytest.raises(ConfigError, match="masker's special tokens"):
         PretrainingDataset(source(), roberta, InstanceConfig(), Masker(MaskingConfig(), SPECIAL, VOCAB))
+
+
+def test_end_to_end_on_tokenized_shards(tmp_path, data_dir, minilm_path):
+    """Real text: Brown files tokenised into shards by the corpus pipeline, read through the DocumentSource API."""
+    from bertology.data import TokenizedCorpus, prepare_corpus
+    from bertology.tokenization import load_tokenizer
+
+    files = sorted((data_dir / "brown-nltk").glob("ca0*"))
+    if not files:
+        pytest.skip(f"no Brown files under {data_dir / 'brown-nltk'}")
+    tokenizer = load_tokenizer(minilm_path)
+    corpus = prepare_corpus(files, tokenizer, tmp_path / "shards", format="brown", show_progress=False)
+    assert isinstance(corpus, TokenizedCorpus)
+    special = SpecialTokens(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id)
+    masker = Masker(MaskingConfig(whole_word=True, replacement="unigram"), special, corpus.vocab_size,
+                    {tokenizer.unk_id}, corpus.unigram_counts)
+    ds = PretrainingDataset(corpus, special, InstanceConfig(kind="nsp", max_seq_length=128), masker)
+    stats = ds.stats(0)
+    assert stats.documents == len(corpus) == len(files) and stats.instances > 100
+    text = np.concatenate([np.concatenate(corpus.document(i)) for i in range(len(corpus))])
+    batches = list(ds.batches(0, 16))
+    for batch in batches:
+        original = unmasked(batch)
+        for row in range(len(batch)):
+            ids = original[row, : int(batch.attention_mask[row].sum())].numpy()
+            seps = np.flatnonzero(ids == special.sep_id)
+            assert ids[0] == special.cls_id and len(seps) == 2 and seps[1] == len(ids) - 1
+            segment = ids[1 : seps[0]]
+            # Segment A is a contiguous run of the corpus text.
+            starts = np.flatnonzero(text[: len(text) - len(segment) + 1] == segment[0])
+            assert any(np.array_equal(text[s : s + len(segment)], segment) for s in starts)
+    positions = torch.cat([b.masked_positions for b in batches])
+    tokens = sum(int(b.attention_mask.sum()) - 3 * len(b) for b in batches)
+    assert abs(len(positions) / tokens - 0.15) < 0.01
+    replaced = torch.cat([b.input_ids[b.masked_positions[:, 0], b.masked_positions[:, 1]] for b in batches])
+    replaced = replaced[replaced != special.mask_id].numpy()
+    assert len(replaced) > 0.15 * len(positions) and (corpus.unigram_counts[replaced] > 0).all()

@@ -196,7 +196,7 @@ _Document = list[tuple[np.ndarray, np.ndarray]]
 
 
 def _source_name(source: DocumentSource) -> str:
-    path = getattr(source, "path", None)
+    path = getattr(source, "path", None) or getattr(source, "directory", None)
     return f"{path}: " if path is not None else ""
 
 

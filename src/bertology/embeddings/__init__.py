@@ -1,0 +1,20 @@
+"""Contextual embeddings: layer choice, subword pooling, sentence vectors, long-text windows."""
+
+from bertology.embeddings.embed import embed, word_vector
+from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
+from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, pool
+from bertology.embeddings.windows import max_context_window, plan_windows
+
+__all__ = [
+    "EmbeddingError",
+    "Embeddings",
+    "LayerSelection",
+    "Pieces",
+    "embed",
+    "max_context_window",
+    "parse_layers",
+    "plan_windows",
+    "pool",
+    "select_layers",
+    "word_vector",
+]

@@ -1,0 +1,319 @@
+"""Contextual embeddings against direct forwards of the encoder: layers, pooling, sentence vectors, windows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from bertology.embeddings import (
+    EmbeddingError,
+    embed,
+    max_context_window,
+    parse_layers,
+    plan_windows,
+    select_layers,
+    word_vector,
+)
+from bertology.errors import ConfigError, TokenizerError
+from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+
+TEXTS = [
+    "The bank raised its rates.",
+    "An unaffable clerk stamped the form twice, then left.",
+    "Hi",
+    "She sat on the river bank and watched the water rush past the old mill.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path) -> Pretrained:
+    return load(minilm_path)
+
+
+@pytest.fixture(scope="module")
+def small(minilm) -> Pretrained:
+    """A randomly initialised 4-layer encoder with MiniLM's tokenizer: cheap enough for very long texts."""
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=minilm.config.vocab_size, hidden_size=32, num_layers=4, num_heads=2,
+                           intermediate_size=64, max_position_embeddings=64)
+    model = EncoderModel(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    return Pretrained(model=model.eval(), tokenizer=minilm.tokenizer)
+
+
+def direct(pretrained: Pretrained, texts: list[str]):
+    """Hidden states of a plain padded forward, and the batch."""
+    batch = pretrained.tokenizer.encode_batch(texts)
+    with torch.no_grad():
+        out = pretrained.model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+                               output_hidden_states=True)
+    return [h.numpy() for h in out.hidden_states], batch
+
+
+def test_tokens_and_sentences_equal_the_direct_forward(minilm):
+    result = embed(minilm, TEXTS)
+    hidden, batch = direct(minilm, TEXTS)
+    last = hidden[-1]
+    assert result.sentences.dtype == np.float32 and result.sentences.shape == (len(TEXTS), 384)
+    for i, encoding in enumerate(batch.encodings):
+        n = len(encoding.ids)
+        rows = result.tokens.rows(i)
+        np.testing.assert_allclose(result.tokens.vectors[rows], last[i, 1: n - 1], atol=1e-5)
+        assert result.tokens.strings[rows] == encoding.tokens[1:-1]
+        assert result.tokens.ids[rows].tolist() == encoding.ids[1:-1]
+        assert list(zip(result.tokens.start[rows], result.tokens.end[rows])) == encoding.offsets[1:-1]
+        np.testing.assert_allclose(result.sentences[i], last[i, :n].mean(0), atol=1e-5)
+    cls = embed(minilm, TEXTS, sentence="cls", levels=("sentence",))
+    np.testing.assert_allclose(cls.sentences, last[:, 0], atol=1e-5)
+    assert cls.tokens is None and cls.words is None
+
+
+def test_sentence_mean_matches_sentence_transformers_reference(minilm, reference_dir):
+    import json
+
+    texts = json.loads((reference_dir / "inputs.json").read_text(encoding="utf-8"))
+    expected = np.load(reference_dir / "reference_outputs.npz")["sentence_embedding"]
+    got = embed(minilm, texts, levels=("sentence",)).sentences
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("layers", "combine", "build"),
+    [
+        ("last", None, lambda h: h[6]),
+        ("sum-last-four", None, lambda h: h[3] + h[4] + h[5] + h[6]),
+        ("mean", None, lambda h: sum(h) / 7),
+        ("concat", None, lambda h: np.concatenate([h[3], h[4], h[5], h[6]], -1)),
+        (0, None, lambda h: h[0]),
+        ([0, -1], "sum", lambda h: h[0] + h[6]),
+        ([2, 5], None, lambda h: (h[2] + h[5]) / 2),
+        ([5, 1], "concat", lambda h: np.concatenate([h[5], h[1]], -1)),
+    ],
+)
+def test_layer_choices(minilm, layers, combine, build):
+    texts = TEXTS[:2]
+    hidden, batch = direct(minilm, texts)
+    expected = build(hidden)
+    result = embed(minilm, texts, layers=layers, combine=combine)
+    assert result.dim == expected.shape[-1]
+    for i, encoding in enumerate(batch.encodings):
+        n = len(encoding.ids)
+        np.testing.assert_allclose(result.tokens.vectors[result.tokens.rows(i)], expected[i, 1: n - 1], atol=1e-4)
+
+
+def test_select_layers_resolution():
+    assert select_layers("sum-last-four", None, 12).indices == (9, 10, 11, 12)
+    assert select_layers([-1, 0], "concat", 6).indices == (6, 0)
+    assert select_layers("mean", None, 2).indices == (0, 1, 2)
+    assert parse_layers("-4,-3, -2") == [-4, -3, -2]
+    assert parse_layers("concat") == "concat"
+
+
+@pytest.mark.parametrize(
+    ("layers", "combine", "message"),
+    [
+        ("top", None, "unknown preset 'top'"),
+        ("last", "sum", "applies to an explicit list"),
+        ([7], None, "index 7 is out of range"),
+        ([-8], None, "index -8 is out of range"),
+        ([1, -6], None, "names the same hidden state twice"),
+        ([], None, "non-empty list"),
+        ([1.5], None, "non-empty list of ints"),
+        ([1], "max", "unknown combination 'max'"),
+    ],
+)
+def test_bad_layer_specs(layers, combine, message):
+    with pytest.raises(ConfigError, match=message):
+        select_layers(layers, combine, 6)
+
+
+def test_last_four_needs_four_layers():
+    with pytest.raises(ConfigError, match="needs at least 4 layers; this model has 2"):
+        select_layers("sum-last-four", None, 2)
+    with pytest.raises(ConfigError, match="comma-separated integers"):
+        parse_layers("last,2")
+
+
+def test_word_pooling(minilm):
+    text = "An unaffable clerk"
+    result = {p: embed(minilm, [text], pooling=p) for p in ("first", "mean", "last")}
+    tokens = result["mean"].tokens
+    assert tokens.strings == ["an", "una", "##ffa", "##ble", "clerk"]
+    assert tokens.word_index.tolist() == [0, 1, 1, 1, 2]
+    words = result["mean"].words
+    assert words.strings == ["An", "unaffable", "clerk"]
+    assert list(zip(words.start.tolist(), words.end.tolist())) == [(0, 2), (3, 12), (13, 18)]
+    piece = tokens.vectors[1:4]
+    np.testing.assert_allclose(result["first"].words.vectors[1], piece[0], atol=1e-6)
+    np.testing.assert_allclose(result["last"].words.vectors[1], piece[2], atol=1e-6)
+    np.testing.assert_allclose(result["mean"].words.vectors[1], piece.mean(0), atol=1e-6)
+    for p in ("first", "mean", "last"):  # one-token words are the token itself
+        np.testing.assert_allclose(result[p].words.vectors[[0, 2]], tokens.vectors[[0, 4]], atol=1e-6)
+
+
+def test_order_is_restored_after_length_sorting(minilm):
+    texts = ["short", TEXTS[3], "a b", TEXTS[1], "", TEXTS[0]]
+    together = embed(minilm, texts, batch_size=2)
+    assert together.words.text_index.tolist() == sorted(together.words.text_index.tolist())
+    for i, text in enumerate(texts):
+        alone = embed(minilm, [text])
+        np.testing.assert_allclose(together.sentences[i], alone.sentences[0], atol=1e-5)
+        np.testing.assert_allclose(together.tokens.vectors[together.tokens.rows(i)], alone.tokens.vectors, atol=1e-5)
+        assert together.words.strings[together.words.rows(i)] == alone.words.strings
+
+
+def test_empty_and_whitespace_texts_have_no_words_and_a_specials_sentence_vector(minilm):
+    result = embed(minilm, ["", "   \t\n ", "\u200b\u200b", "ok"])
+    hidden, _ = direct(minilm, [""])
+    specials_mean = hidden[-1][0, :2].mean(0)
+    for i in range(3):
+        assert result.tokens.rows(i) == slice(0, 0) and result.words.rows(i) == slice(0, 0)
+        np.testing.assert_allclose(result.sentences[i], specials_mean, atol=1e-5)
+    assert result.words.strings == ["ok"] and result.words.text_index.tolist() == [3]
+    assert embed(minilm, []).sentences.shape == (0, 384)
+
+
+def test_awkward_characters(minilm):
+    long_word = "x" * 101  # past WordPiece's 100-character limit: one [UNK] spanning the whole word
+    text = f"tab\there bell\x07ring zero\u200bwidth 😀 {long_word} {'y' * 100}"
+    result = embed(minilm, [text])
+    words = result.words
+    assert "zero\u200bwidth" in words.strings and "😀" in words.strings and long_word in words.strings
+    for word in words.strings:
+        assert text.count(word) >= 1
+    unk = words.strings.index(long_word)
+    assert (words.start[unk], words.end[unk]) == (text.index(long_word), text.index(long_word) + 101)
+    assert "[UNK]" in result.tokens.strings
+    assert np.isfinite(result.tokens.vectors).all()
+    hundred = words.strings.index("y" * 100)  # exactly 100 characters is still split into word pieces
+    assert (result.tokens.word_index == hundred).sum() > 1
+
+
+def test_text_that_fits_is_one_window_equal_to_direct_forward(small):
+    text = " ".join(f"w{i}" for i in range(20))
+    hidden, batch = direct(small, [text])
+    n = len(batch.encodings[0].ids)
+    assert n <= 64
+    result = embed(small, [text], max_length=n)
+    np.testing.assert_allclose(result.tokens.vectors, hidden[-1][0, 1: n - 1], atol=1e-5)
+    np.testing.assert_allclose(result.sentences[0], hidden[-1][0, :n].mean(0), atol=1e-5)
+
+
+def test_long_text_takes_each_token_from_its_max_context_window(small):
+    text = " ".join(["the cat sat on a mat"] * 12)  # 72 content tokens
+    max_length, stride = 20, 7
+    capacity = max_length - 2
+    result = embed(small, [text], max_length=max_length, stride=stride)
+    encoding = small.tokenizer.encode(text)
+    n = len(encoding.ids) - 2
+    assert len(result.tokens) == n == 72
+    # Windows built here independently: starts 0, 7, 14, ... ; the last ends at the text's end.
+    starts = list(range(0, n, stride))
+    starts = starts[: next(k for k, s in enumerate(starts) if s + capacity >= n) + 1]
+    outputs = {}
+    for s in starts:
+        ids = [encoding.ids[0], *encoding.ids[1 + s: 1 + min(s + capacity, n)], encoding.ids[-1]]
+        with torch.no_grad():
+            out = small.model(torch.tensor([ids]), output_hidden_states=True)
+        outputs[s] = out.hidden_states[-1][0].numpy()
+    moved = 0
+    for p in range(n):
+        holders = [s for s in starts if s <= p < min(s + capacity, n)]
+        score = {s: min(p - s, min(s + capacity, n) - 1 - p) + 0.01 * (min(s + capacity, n) - s) for s in holders}
+        best = max(holders, key=lambda s: (score[s], -s))
+        np.testing.assert_allclose(result.tokens.vectors[p], outputs[best][1 + p - best], atol=1e-5)
+        others = [s for s in holders if s != best]
+        if others and holders[0] != best:
+            moved += 1
+            assert not np.allclose(outputs[others[0]][1 + p - others[0]], outputs[best][1 + p - best], atol=1e-3)
+    assert moved > 20  # many tokens are not taken from the first window that holds them
+    np.testing.assert_allclose(result.sentences[0], np.concatenate(
+        [outputs[0][:1], result.tokens.vectors, outputs[starts[-1]][-1:]]).mean(0), atol=1e-5)
+
+
+def test_window_planning():
+    assert plan_windows(0, 5, 2) == [(0, 0)]
+    assert plan_windows(5, 5, 2) == [(0, 5)]
+    assert plan_windows(9, 5, 2) == [(0, 5), (2, 7), (4, 9)]
+    assert plan_windows(6, 5, 5) == [(0, 5), (5, 6)]
+    # token 4: window 0 gives it no right context, window 1 two on each side, window 2 no left context;
+    # token 3 scores min(3, 1) in window 0 and min(1, 3) in window 1: a tie, which the earlier window wins.
+    assert max_context_window([(0, 5), (2, 7), (4, 9)], 9).tolist() == [0, 0, 0, 0, 1, 1, 2, 2, 2]
+    with pytest.raises(ConfigError, match="stride must be between 1 and the window's 5"):
+        plan_windows(9, 5, 6)
+
+
+def test_ten_thousand_token_text(small):
+    text = " ".join(["alpha beta gamma delta epsilon"] * 2000)
+    result = embed(small, [text, "short one"], batch_size=64)
+    tokens = result.tokens
+    assert len(tokens.vectors[tokens.rows(0)]) == 10_000
+    assert result.words.strings[:3] == ["alpha", "beta", "gamma"] and result.words.bounds[1] == 10_000
+    assert np.isfinite(tokens.vectors).all() and (np.abs(tokens.vectors).sum(1) > 0).all()
+    assert tokens.end[tokens.rows(0)][-1] == len(text)
+    assert result.window_length == 64 and result.stride == 31
+
+
+def test_word_vector_and_lookup(minilm):
+    text = "I record the record."
+    result = embed(minilm, [text])
+    first, second = result.find(0, "record", 0), result.find(0, "record", 1)
+    assert (first, second) == ((2, 8), (13, 19))
+    v = word_vector(minilm, text, "record", occurrence=1)
+    np.testing.assert_allclose(v, result.tokens.vectors[3], atol=1e-5)
+    np.testing.assert_allclose(word_vector(minilm, text, (13, 19)), v, atol=1e-6)
+    assert not np.allclose(result.vector(0, "record"), v, atol=1e-2)  # verb and noun differ
+    with pytest.raises(EmbeddingError, match="occurs 2 time"):
+        result.find(0, "record", 2)
+    with pytest.raises(EmbeddingError, match="'rec' occurs 0 time"):
+        result.find(0, "rec")
+    with pytest.raises(EmbeddingError, match="no token overlaps characters 1:2"):
+        result.span(0, 1, 2)
+    with pytest.raises(EmbeddingError, match="span 5:99 is not a non-empty span of its 20 characters"):
+        result.span(0, 5, 99)
+    with pytest.raises(EmbeddingError, match="text index 3 is out of range for 1 texts"):
+        result.span(3, 0, 1)
+    with pytest.raises(EmbeddingError, match="token level was not computed"):
+        embed(minilm, [text], levels=("word",)).span(0, 0, 1)
+
+
+def test_bad_arguments(minilm, small):
+    with pytest.raises(ConfigError, match="pooling: unknown 'max'"):
+        embed(minilm, ["a"], pooling="max")
+    with pytest.raises(ConfigError, match="sentence: unknown 'pooler'"):
+        embed(minilm, ["a"], sentence="pooler")
+    with pytest.raises(ConfigError, match="levels"):
+        embed(minilm, ["a"], levels=("chars",))
+    with pytest.raises(ConfigError, match="batch_size must be a positive integer"):
+        embed(minilm, ["a"], batch_size=0)
+    with pytest.raises(ConfigError, match="max_length 513 exceeds the model's 512 positions"):
+        embed(minilm, ["a"], max_length=513)
+    with pytest.raises(ConfigError, match="max_length must be an integer of at least 3"):
+        embed(minilm, ["a"], max_length=2)
+    with pytest.raises(ConfigError, match="stride must be between 1 and the window's 8"):
+        embed(minilm, ["a"], max_length=10, stride=9)
+    with pytest.raises(ConfigError, match="stride must be between 1"):
+        embed(minilm, ["a"], stride=0)
+    with pytest.raises(EmbeddingError, match=r"texts\[1\] is a int, expected a string"):
+        embed(minilm, ["a", 3])
+    with pytest.raises(EmbeddingError, match="needs a tokenizer"):
+        embed(minilm.model, ["a"])
+    with pytest.raises(EmbeddingError, match="got str"):
+        embed("model", ["a"])
+    tiny = EncoderModel(EncoderConfig(vocab_size=100, hidden_size=8, num_layers=1, num_heads=1, intermediate_size=8))
+    with pytest.raises(TokenizerError, match="30522 tokens but the model's vocabulary only 100"):
+        embed(tiny, ["a"], tokenizer=minilm.tokenizer)
+
+
+def test_model_mode_is_restored_and_plain_models_work(minilm, small):
+    model = small.model
+    model.train()
+    try:
+        a = embed(model, ["same text"], tokenizer=small.tokenizer).sentences
+        b = embed(model.encoder, "same text", tokenizer=small.tokenizer).sentences
+        np.testing.assert_array_equal(a, b)  # no dropout while embedding
+        assert model.training
+    finally:
+        model.eval()

@@ -36,14 +36,14 @@ def write(path: Path, text: str | bytes) -> Path:
         ("Mrs. Weston and St. Paul agreed.", ["Mrs. Weston and St. Paul agreed."]),
         ("It costs $3.50 or 2.5% more. Fine.", ["It costs $3.50 or 2.5% more.", "Fine."]),
         ("Use tools, e.g. Hammers and i.e. Nails. Done.", ["Use tools, e.g. Hammers and i.e. Nails.", "Done."]),
-        ("J. R. R. Tolkien wrote it. So did I. Then we left.", ["J. R. R. Tolkien wrote it.", "So did I.", "Then we left."]),
-        ("The U.S. Army moved. It was in the U.S. The end.", ["The U.S. Army moved.", "It was in the U.S.", "The end."]),
+        ("J. R. R. Tolkien wrote it. So did I. Go.", ["J. R. R. Tolkien wrote it.", "So did I.", "Go."]),
+        ("The U.S. Army moved. He was in the U.S. The end.", ["The U.S. Army moved.", "He was in the U.S.", "The end."]),
         ("We met at 5 p.m. The talk began.", ["We met at 5 p.m.", "The talk began."]),
         ('"Stop!" he cried. "Now!" She ran.', ['"Stop!" he cried.', '"Now!"', "She ran."]),
         ('He said "it is late." Then he left.', ['He said "it is late."', "Then he left."]),
         ("It ended (as planned.) Next came more.", ["It ended (as planned.)", "Next came more."]),
         ("See No. 5 and Fig. 3 here. Good.", ["See No. 5 and Fig. 3 here.", "Good."]),
-        ("Wait... What was that? Nothing... nothing at all.", ["Wait...", "What was that?", "Nothing... nothing at all."]),
+        ("Wait... What was that? Nothing... nothing.", ["Wait...", "What was that?", "Nothing... nothing."]),
         ("Wait\u2026 Then go.", ["Wait\u2026", "Then go."]),
         ("Oh! said he. Where? asked she", ["Oh! said he.", "Where? asked she"]),
         ("It was 1999. 2000 came next.", ["It was 1999.", "2000 came next."]),
@@ -217,7 +217,8 @@ def test_gutenberg_text() -> None:
     assert len(docs) == len(files) == 13
     emma = docs[0]
     assert emma[:3] == ["[Emma by Jane Austen 1816]", "VOLUME I", "CHAPTER I"]
-    assert emma[3].startswith("Emma Woodhouse, handsome, clever, and rich,") and emma[3].endswith("to distress or vex her.")
+    assert emma[3].startswith("Emma Woodhouse, handsome, clever, and rich,")
+    assert emma[3].endswith("with very little to distress or vex her.")
     # Titles never end a sentence; Emma has hundreds of them before names.
     assert not any(s.endswith((" Mr.", " Mrs.", " Dr.")) for doc in docs for s in doc)
     assert sum(" Mr. " in s for s in emma) > 500

@@ -20,14 +20,17 @@ shards; sentences that tokenise to nothing and documents left without sentences 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import hashlib
 import json
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from tqdm import tqdm
@@ -59,7 +62,9 @@ def _backend(tokenizer: Any):
     """The ``tokenizers.Tokenizer`` behind a bertology ``Tokenizer`` (or the backend itself)."""
     backend = getattr(tokenizer, "backend", tokenizer)
     if not (hasattr(backend, "encode_batch") and hasattr(backend, "to_str")):
-        raise TokenizerError(f"expected a bertology Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}")
+        raise TokenizerError(
+            f"expected a bertology Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+        )
     return backend
 
 
@@ -124,10 +129,9 @@ class TokenizedCorpus:
             raise DataError(f"{path}: invalid metadata: {error}") from None
         if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
             raise DataError(f"{path}: not a {FORMAT_NAME} metadata file")
-        if metadata.get("format_version") != FORMAT_VERSION:
-            raise DataError(
-                f"{path}: format_version {metadata.get('format_version')!r} is not supported (expected {FORMAT_VERSION})"
-            )
+        version = metadata.get("format_version")
+        if version != FORMAT_VERSION:
+            raise DataError(f"{path}: format_version {version!r} is not supported (expected {FORMAT_VERSION})")
         for key in ("vocab_size", "tokenizer_sha256", "num_documents", "num_sentences", "num_tokens", "shards"):
             if key not in metadata:
                 raise DataError(f"{path}: missing key {key!r}")
@@ -413,6 +417,48 @@ def _batches(documents: Iterator[list[str]]) -> Iterator[list[list[str]]]:
         yield group
 
 
+_T = TypeVar("_T")
+
+
+def _prefetched(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
+    """Yield ``items`` produced by a background thread, so that reading and splitting the corpus (Python) overlaps
+    tokenising (Rust, which releases the GIL). A producer error is re-raised here; closing stops the producer."""
+    slots: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(entry: tuple[bool, Any]) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((True, item)):
+                    return
+            put((False, None))
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            put((False, error))
+
+    thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            more, value = slots.get()
+            if not more:
+                if value is not None:
+                    raise value
+                return
+            yield value
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _check_output(out_dir: Path, overwrite: bool) -> None:
     """Refuse to replace anything but an earlier shards directory, and that only with ``overwrite``."""
     if not out_dir.exists():
@@ -508,8 +554,10 @@ def prepare_corpus(
             (tmp / HELDOUT_DIR).mkdir()
             heldout = _SplitWriter(tmp / HELDOUT_DIR, dtype, vocab_size, shard_size_tokens)
         seen = 0
-        with tqdm(total=total, unit="doc", desc="tokenising", disable=not show_progress) as progress:
-            for group in _batches(read_sources(sources)):
+        groups = _prefetched(_batches(read_sources(sources)))
+        progress = tqdm(total=total, unit="doc", desc="tokenising", disable=not show_progress)
+        with contextlib.closing(groups), progress:
+            for group in groups:
                 batch, kept = _tokenize(backend, group, dtype)
                 if heldout is not None:
                     chosen = heldout_mask[seen : seen + len(group)][kept]

@@ -1,0 +1,21 @@
+"""Pretraining: the run config (dataclasses), the trainer, atomic checkpoints, DDP/FSDP."""
+
+from bertology.training.checkpoint import TrainingState, latest_checkpoint, list_checkpoints
+from bertology.training.config import PretrainConfig, apply_overrides, load_config
+from bertology.training.distributed import DistEnv, init_distributed
+from bertology.training.trainer import StepReport, Trainer, plot_metrics, read_metrics
+
+__all__ = [
+    "DistEnv",
+    "PretrainConfig",
+    "StepReport",
+    "Trainer",
+    "TrainingState",
+    "apply_overrides",
+    "init_distributed",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_config",
+    "plot_metrics",
+    "read_metrics",
+]

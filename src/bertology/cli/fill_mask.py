@@ -1,0 +1,35 @@
+"""`bertology fill-mask`: the top predictions of a masked-LM model at each mask token of a text."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "fill-mask",
+        help="predict the tokens at the mask tokens of a text",
+        description="Print the most probable tokens (with probabilities) at each mask token of TEXT; use the "
+        "model's own mask token ([MASK] for BERT, <mask> for RoBERTa).",
+    )
+    parser.add_argument("text", metavar="TEXT")
+    parser.add_argument("--model", required=True, metavar="PATH", help="model directory with its tokenizer")
+    parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default: 5)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertology.errors import CheckpointError
+    from bertology.model.checkpoint import load
+    from bertology.objectives.fill_mask import fill_mask
+
+    pretrained = load(args.model)
+    if pretrained.tokenizer is None:
+        raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
+    results = fill_mask(pretrained.model, pretrained.tokenizer, args.text, top_k=args.top_k)
+    for number, predictions in enumerate(results, start=1):
+        if len(results) > 1:
+            print(f"mask {number}:")
+        for prediction in predictions:
+            print(f"{prediction.probability:.4f}\t{prediction.token}\t{prediction.sequence}")
+    return 0

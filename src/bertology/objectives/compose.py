@@ -1,0 +1,62 @@
+"""Objectives composed into one module: one forward pass of the model, every objective's loss from its output."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bertology.model.encoder import EncoderModel
+from bertology.objectives.base import Objective
+
+
+class PretrainingLoss(nn.Module):
+    """``model`` plus ``objectives``; ``forward(batch, units)`` returns (weighted loss, detached stats).
+
+    ``units[name]`` is the number of prediction units of objective ``name`` in the whole effective batch (all
+    micro-batches and ranks), divided by ``scale`` — the factor by which gradients are later averaged (the world
+    size under DDP) — so that the summed gradients equal those of the effective-batch mean.
+    """
+
+    def __init__(self, model: EncoderModel, objectives: Sequence[Objective]) -> None:
+        super().__init__()
+        if not objectives:
+            raise ValueError("PretrainingLoss needs at least one objective")
+        self.model = model
+        self.objectives = tuple(objectives)
+        # Objectives with parameters of their own are registered so that they train and checkpoint with the model.
+        self.objective_modules = nn.ModuleDict({o.name: o for o in objectives if isinstance(o, nn.Module)})
+
+    def units(self, batch: Any) -> dict[str, Tensor]:
+        return {o.name: o.units(batch) for o in self.objectives}
+
+    def forward(self, batch: Any, units: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        kwargs: dict[str, Any] = {}
+        for objective in self.objectives:
+            kwargs.update(objective.forward_kwargs(batch))
+        output = self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids, **kwargs)
+        total: Tensor | None = None
+        stats: dict[str, Tensor] = {}
+        for objective in self.objectives:
+            result = objective(output, batch)
+            term = result.loss_sum * (objective.weight / units[objective.name].clamp(min=1))
+            total = term if total is None else total + term
+            stats.update(result.stats)
+        assert total is not None
+        return total, stats
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        """Readable metrics of every objective, plus ``loss``: the weighted sum of the objectives' mean losses."""
+        metrics: dict[str, float] = {}
+        loss = 0.0
+        for objective in self.objectives:
+            metrics.update(objective.summarize(totals))
+            loss += objective.weight * metrics[f"{objective.name}_loss"]
+        return {"loss": loss, **metrics}
+
+
+def stats_to_vector(stats: Mapping[str, Tensor], keys: Sequence[str]) -> Tensor:
+    """Stats as one float64 vector in ``keys`` order, for summing over micro-batches and one all-reduce."""
+    return torch.stack([stats[k].detach().to(torch.float64) for k in keys])

@@ -1,0 +1,65 @@
+"""Fill-mask: the masked-LM head's most probable tokens at each mask token of a text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bertology.errors import BertologyError, CheckpointError
+from bertology.model.encoder import EncoderModel
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One candidate for one mask: the token, its id, its probability and the text with the mask filled in."""
+
+    token: str
+    token_id: int
+    probability: float
+    sequence: str
+
+
+@torch.no_grad()
+def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) -> list[list[Prediction]]:
+    """Top-``top_k`` predictions for every mask token in ``text`` (the tokenizer's own mask token, e.g. ``[MASK]``
+    or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are."""
+    if "mlm" not in model.heads:
+        raise CheckpointError("fill-mask needs a model with a masked-LM head; this one has "
+                              f"{', '.join(model.heads) or 'no head'}")
+    if top_k < 1:
+        raise BertologyError(f"top_k must be >= 1, got {top_k}")
+    mask = tokenizer.mask_token
+    if mask not in text:
+        raise BertologyError(f"no mask token in the input: write {mask!r} where a word should be predicted "
+                             f"(e.g. {('Please turn your homework ' + mask + '.')!r})")
+    encoding = tokenizer.encode(text)
+    ids = torch.tensor([encoding.ids])
+    positions = (ids[0] == tokenizer.mask_id).nonzero().squeeze(1)
+    if positions.numel() == 0:  # the mask token's text was there but the tokenizer split it
+        raise BertologyError(f"the tokenizer did not keep {mask!r} as one token in {text!r}")
+    limit = model.config.max_position_embeddings
+    if ids.shape[1] > limit:
+        raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    was_training = model.training
+    model.eval()
+    try:
+        index = torch.stack([torch.zeros_like(positions), positions], dim=1)
+        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids]), masked_positions=index)
+    finally:
+        model.train(was_training)
+    probs = out.head_logits["mlm"].float().softmax(-1)
+    top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
+    frame = torch.tensor([tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id])
+    results: list[list[Prediction]] = []
+    for row, position in enumerate(positions.tolist()):
+        candidates = []
+        for p, token_id in zip(top.values[row].tolist(), top.indices[row].tolist()):
+            filled = ids[0].clone()
+            filled[position] = token_id
+            kept = filled[~torch.isin(filled, frame)]  # drop [CLS]/[SEP] but keep any other mask
+            sequence = tokenizer.decode(kept, skip_special_tokens=False).strip()
+            candidates.append(Prediction(tokenizer.id_to_token(token_id) or "", token_id, p, sequence))
+        results.append(candidates)
+    return results

@@ -1,0 +1,68 @@
+"""Masked language modelling: L = mean over the selected tokens i of -log P(x_i | corrupted input).
+
+The model computes vocabulary logits only at the selected positions (``masked_positions [N, 2]``), so the cost of
+the output layer is N x V, not B x L x V.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bertology.model.encoder import EncoderOutput, HeadSpec
+from bertology.objectives.base import ObjectiveOutput, ratio, safe_exp
+
+
+def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of ``logits [N, V]`` (only at selected positions) against the original ids ``labels [N]``.
+
+    Computed in float32 whatever the autocast dtype, since a bf16 log-softmax over a large vocabulary loses
+    precision. An empty selection gives 0 (sum) rather than NaN.
+    """
+    if logits.shape[0] == 0:
+        return logits.sum() * 0.0
+    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+
+
+@dataclass
+class MaskedLM:
+    """MLM on the ``mlm`` head. Stats: ``mlm_units`` (selected tokens), ``mlm_loss_sum``, ``mlm_correct``."""
+
+    weight: float = 1.0
+    activation: str | None = None  # of the head's transform; None: the model's hidden_act (set by the recipe)
+    name: str = "mlm"
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return (HeadSpec(self.name, "masked_lm", activation=self.activation or "gelu"),)
+
+    def forward_kwargs(self, batch: Any) -> dict[str, Any]:
+        return {"masked_positions": batch.masked_positions}
+
+    def units(self, batch: Any) -> Tensor:
+        return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
+
+    def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
+        logits = output.head_logits[self.name]
+        labels = batch.mlm_labels
+        loss_sum = mlm_loss(logits, labels, reduction="sum")
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == labels).sum()
+        return ObjectiveOutput(loss_sum, {
+            f"{self.name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
+            f"{self.name}_loss_sum": loss_sum.detach().float(),
+            f"{self.name}_correct": correct,
+        })
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        units = totals.get(f"{self.name}_units", 0.0)
+        loss = ratio(totals.get(f"{self.name}_loss_sum", 0.0), units)
+        return {
+            f"{self.name}_loss": loss,
+            f"{self.name}_accuracy": ratio(totals.get(f"{self.name}_correct", 0.0), units),
+            "perplexity": safe_exp(loss),
+        }

@@ -1,0 +1,64 @@
+"""Next-sentence prediction: cross-entropy of the pooled [CLS] head against ``next_sentence_labels``
+(0 = B follows A, 1 = B is random, BERT's convention). SOP reuses this with another head name."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bertology.errors import DataError
+from bertology.model.encoder import EncoderOutput, HeadSpec
+from bertology.objectives.base import ObjectiveOutput, ratio
+
+
+def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of the two-way sentence-relation ``logits [B, 2]`` against ``labels [B]``."""
+    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+
+
+@dataclass
+class NextSentence:
+    """NSP on the pooled head ``nsp``. Stats: ``nsp_units`` (sequences), ``nsp_loss_sum``, ``nsp_correct``."""
+
+    weight: float = 1.0
+    name: str = "nsp"
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return (HeadSpec(self.name, "pooled", num_labels=2),)
+
+    def forward_kwargs(self, batch: Any) -> dict[str, Any]:
+        return {}
+
+    def _labels(self, batch: Any) -> Tensor:
+        labels = batch.next_sentence_labels
+        if labels is None:
+            raise DataError(f"objective {self.name!r} needs next-sentence labels, but the batches have none "
+                            f"(data.instances.kind must be 'nsp')")
+        return labels
+
+    def units(self, batch: Any) -> Tensor:
+        return torch.tensor(self._labels(batch).shape[0], dtype=torch.int64)
+
+    def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
+        logits = output.head_logits[self.name]
+        labels = self._labels(batch)
+        loss_sum = nsp_loss(logits, labels, reduction="sum")
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == labels).sum()
+        return ObjectiveOutput(loss_sum, {
+            f"{self.name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
+            f"{self.name}_loss_sum": loss_sum.detach().float(),
+            f"{self.name}_correct": correct,
+        })
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        units = totals.get(f"{self.name}_units", 0.0)
+        return {
+            f"{self.name}_loss": ratio(totals.get(f"{self.name}_loss_sum", 0.0), units),
+            f"{self.name}_accuracy": ratio(totals.get(f"{self.name}_correct", 0.0), units),
+        }

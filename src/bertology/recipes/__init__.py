@@ -1,0 +1,1 @@
+"""Short recipes composing the components into whole runs."""

@@ -1,0 +1,244 @@
+"""Pretraining from a run config: tokenizer -> shards -> datasets -> model -> trainer.
+
+    from bertology.recipes.pretrain import pretrain
+    from bertology.training import load_config
+    pretrain(load_config("configs/bert-tiny-quickstart.yaml", ["optim.total_steps=200"]))
+
+Under torchrun, rank 0 trains the tokenizer and writes the shards while the others wait, then every rank reads them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertology.data.corpus import CorpusSource, read_documents
+from bertology.data.dataset import PretrainingDataset
+from bertology.data.instances import InstanceConfig, SpecialTokens
+from bertology.data.masking import Masker
+from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
+from bertology.errors import CheckpointError, ConfigError, TokenizerError
+from bertology.model.checkpoint import FAMILY_FIXED, architecture_name, load_model
+from bertology.model.config import EncoderConfig, preset
+from bertology.model.encoder import EncoderModel
+from bertology.objectives import build_objectives
+from bertology.objectives.base import Objective
+from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
+from bertology.training import distributed as D
+from bertology.training.config import PretrainConfig
+from bertology.training.trainer import Hook, Trainer
+
+TOKENIZER_DIR = "tokenizer"
+SHARDS_DIR = "shards"
+
+
+@dataclass
+class PretrainResult:
+    output_dir: Path
+    model_dir: Path
+    metrics: dict[str, float]
+    steps: int
+
+
+def seed_everything(seed: int, rank: int = 0) -> None:
+    """Seed Python, NumPy and torch; ranks get different streams (dropout differs per rank, as it should)."""
+    value = seed + 1_000_003 * rank
+    random.seed(value)
+    np.random.seed(value % 2**32)
+    torch.manual_seed(value)
+
+
+def _on_rank0_first(env: D.DistEnv, make: Any) -> Any:
+    """Run ``make`` on rank 0 while the others wait, then on the others (which then only read its result)."""
+    result = make() if env.is_main else None
+    D.barrier(env)
+    if not env.is_main:
+        result = make()
+    return result
+
+
+def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tokenizer:
+    """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
+    env = env or D.DistEnv()
+    tok = config.tokenizer
+    if tok.path is not None:
+        return load_tokenizer(tok.path)
+    directory = Path(config.run.output_dir) / TOKENIZER_DIR
+
+    def make() -> Tokenizer:
+        if (directory / "tokenizer.json").is_file():
+            return load_tokenizer(directory)
+        if not config.data.corpus:
+            raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
+        documents = read_documents(config.data.corpus, config.data.format, config.data.text_field,
+                                   config.data.encoding)
+        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
+                                    lowercase=tok.lowercase, min_frequency=tok.min_frequency,
+                                    show_progress=False)
+        tokenizer.save(directory)
+        return tokenizer
+
+    return _on_rank0_first(env, make)
+
+
+def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | None = None
+                 ) -> tuple[TokenizedCorpus, TokenizedCorpus | None]:
+    """The training shards and the held-out shards (if any): prepared once, checked against the tokenizer."""
+    env = env or D.DistEnv()
+    data = config.data
+    directory = Path(data.shards) if data.shards is not None else Path(config.run.output_dir) / SHARDS_DIR
+
+    def make() -> TokenizedCorpus:
+        if (directory / "metadata.json").is_file():
+            return TokenizedCorpus(directory, tokenizer)
+        if not data.corpus:
+            raise ConfigError(f"data.corpus: no corpus files given and no shards at {directory}")
+        source = CorpusSource(data.corpus, data.format, data.text_field, data.encoding)
+        return prepare_corpus(source, tokenizer, directory, shard_size_tokens=data.shard_size_tokens,
+                              heldout_documents=data.heldout_documents, seed=config.run.seed,
+                              show_progress=config.run.progress and env.is_main)
+
+    train = _on_rank0_first(env, make)
+    heldout = TokenizedCorpus(directory / HELDOUT_DIR, tokenizer) if (directory / HELDOUT_DIR).is_dir() else None
+    return train, heldout
+
+
+def special_tokens(tokenizer: Tokenizer) -> SpecialTokens:
+    return SpecialTokens(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id,
+                         style=tokenizer.style)
+
+
+def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
+                   heldout: TokenizedCorpus | None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
+    """Training instances (masked as configured) and held-out instances (one fixed, static masking)."""
+    inst = config.data.instances
+    special = special_tokens(tokenizer)
+    masking = config.data.masking
+
+    def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int) -> PretrainingDataset:
+        instance_config = InstanceConfig(kind=inst.kind, max_seq_length=inst.max_seq_length,
+                                         short_seq_prob=inst.short_seq_prob, dupe_factor=dupe_factor,
+                                         seed=config.run.seed)
+        counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
+        masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
+        return PretrainingDataset(corpus, special, instance_config, masker)
+
+    train_data = dataset(train, masking, inst.dupe_factor)
+    eval_data = None
+    if heldout is not None:
+        eval_data = dataset(heldout, dataclasses.replace(masking, dynamic=False), 1)
+    return train_data, eval_data
+
+
+def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig:
+    """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
+    model = config.model
+    overrides = model.overrides()
+    family = overrides.get("family") or ("bert" if tokenizer.style == "bert" else "roberta")
+    values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
+    if tokenizer.style == "roberta":
+        values.update(type_vocab_size=1, layer_norm_eps=1e-5)
+    values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+    values.update(overrides)
+    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
+        if values[key] != actual:
+            raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
+                                 f"not match the model (leave model.{key} unset to take the tokenizer's)")
+    if values.get("positions_after_padding") and "max_position_embeddings" not in overrides:
+        values["max_position_embeddings"] = 512 + values["pad_token_id"] + 1
+    return preset(model.preset, **values) if model.preset is not None else EncoderConfig(**values)
+
+
+def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, config: PretrainConfig,
+                        where: str) -> None:
+    """The tokenizer and sequence length fit the model: same vocabulary size and padding id, positions enough."""
+    problems = []
+    if model_config.vocab_size != tokenizer.vocab_size:
+        problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
+    if model_config.pad_token_id != tokenizer.pad_id:
+        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.pad_id} "
+                        f"({tokenizer.pad_token!r})")
+    if tokenizer.style == "bert" and model_config.type_vocab_size < 2 and config.data.instances.kind in (
+            "nsp", "segment-pair"):
+        problems.append(f"type_vocab_size {model_config.type_vocab_size} < 2, but BERT-style pairs use segment 1")
+    if problems:
+        raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
+    length = config.data.instances.max_seq_length
+    offset = model_config.pad_token_id + 1 if model_config.positions_after_padding else 0
+    if length + offset > model_config.max_position_embeddings:
+        raise ConfigError(f"data.instances.max_seq_length: {length} needs {length + offset} positions, but the "
+                          f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> EncoderModel:
+    """A freshly initialised model (seeded by run.seed) or, with ``model.init_from``, a pretrained one."""
+    if config.model.init_from is not None:
+        source = config.model.init_from
+        pretrained = load_model(source, heads=())
+        model_config = pretrained.config
+        check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
+    else:
+        model_config = encoder_config(config, tokenizer)
+        check_model_matches(model_config, tokenizer, config, "model")
+    for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
+        if getattr(objective, "activation", "") is None:
+            objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    if config.model.init_from is not None:
+        model = EncoderModel(model_config, heads)
+        generator = torch.Generator().manual_seed(config.run.seed)
+        model.init_weights(generator)
+        # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
+        model.encoder.load_state_dict(pretrained.encoder.state_dict())
+        _load_heads(model, source)
+    else:
+        model = EncoderModel(model_config, heads)
+        model.init_weights(torch.Generator().manual_seed(config.run.seed))
+    try:
+        architecture_name(model_config.family, tuple(spec.name for spec in heads))
+    except CheckpointError as error:
+        raise ConfigError(f"objectives: {', '.join(o.name for o in objectives)} on a {model_config.family} model "
+                          f"cannot be saved in the transformers layout: {error}") from None
+    return model
+
+
+def _load_heads(model: EncoderModel, source: str) -> None:
+    """Copy the heads the checkpoint at ``source`` has in common with ``model``."""
+    try:
+        with_heads = load_model(source)
+    except CheckpointError:
+        return
+    for name, head in with_heads.heads.items():
+        if name in model.heads and type(model.heads[name]) is type(head):
+            model.heads[name].load_state_dict(head.state_dict())
+
+
+def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,
+             hooks: list[Hook] | None = None) -> PretrainResult:
+    """Run a whole pretraining from ``config`` (``resume``: continue from the latest checkpoint, if any)."""
+    if plot is not None:
+        config.run.plot = plot
+    env = D.init_distributed(config.speed)
+    try:
+        torch.set_num_threads(config.speed.threads or D.default_threads(env))
+        seed_everything(config.run.seed, env.rank)
+        tokenizer = build_tokenizer(config, env)
+        train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
+        train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus)
+        objectives = build_objectives(config.objectives or {})
+        model = build_model(config, tokenizer, objectives)
+        trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
+        if resume:
+            trainer.resume()
+        metrics = trainer.train()
+        output_dir = Path(config.run.output_dir)
+        return PretrainResult(output_dir, output_dir / "model", metrics, trainer.state.step)
+    finally:
+        D.shutdown()

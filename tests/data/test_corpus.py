@@ -37,7 +37,7 @@ def write(path: Path, text: str | bytes) -> Path:
         ("It costs $3.50 or 2.5% more. Fine.", ["It costs $3.50 or 2.5% more.", "Fine."]),
         ("Use tools, e.g. Hammers and i.e. Nails. Done.", ["Use tools, e.g. Hammers and i.e. Nails.", "Done."]),
         ("J. R. R. Tolkien wrote it. So did I. Go.", ["J. R. R. Tolkien wrote it.", "So did I.", "Go."]),
-        ("The U.S. Army moved. He was in the U.S. The end.", ["The U.S. Army moved.", "He was in the U.S.", "The end."]),
+        ("The U.S. Army left. He was in the U.S. The end.", ["The U.S. Army left.", "He was in the U.S.", "The end."]),
         ("We met at 5 p.m. The talk began.", ["We met at 5 p.m.", "The talk began."]),
         ('"Stop!" he cried. "Now!" She ran.', ['"Stop!" he cried.', '"Now!"', "She ran."]),
         ('He said "it is late." Then he left.', ['He said "it is late."', "Then he left."]),

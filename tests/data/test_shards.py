@@ -4,6 +4,7 @@ tokenizer checks, corrupted directories, and the `bertology data prepare` comman
 from __future__ import annotations
 
 import json
+import pickle
 import threading
 from pathlib import Path
 
@@ -113,6 +114,9 @@ def test_memmap_layout_and_metadata(tmp_path: Path, tokenizer: Tokenizer) -> Non
     assert len(ids) == len(starts) == sentences[-1] == meta["num_tokens"] == corpus.num_tokens
     assert documents[-1] == len(sentences) - 1 == meta["num_sentences"]
     np.testing.assert_array_equal(corpus.unigram_counts, np.bincount(ids, minlength=tokenizer.vocab_size))
+    pickled = pickle.dumps(corpus)
+    assert len(pickled) < 1000  # the directory travels, not the arrays
+    assert [s.tolist() for s in pickle.loads(pickled).document(3)] == [s.tolist() for s in corpus.document(3)]
     assert corpus.unigram_counts.shape == (tokenizer.vocab_size,) and corpus.unigram_counts.dtype == np.int64
     assert not set(np.flatnonzero(corpus.unigram_counts)) & set(tokenizer.special_ids)
 

@@ -228,6 +228,13 @@ class TokenizedCorpus:
         for index in range(len(self)):
             yield self.document(index)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling (e.g. into DataLoader workers) re-opens the maps instead of copying every shard.
+        return {"directory": self.directory}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["directory"])
+
     def __repr__(self) -> str:
         return (
             f"TokenizedCorpus({str(self.directory)!r}, documents={len(self)}, sentences={self.num_sentences}, "

@@ -233,9 +233,10 @@ def test_end_to_end_on_tokenized_shards(tmp_path, data_dir, minilm_path):
     tokenizer = load_tokenizer(minilm_path)
     corpus = prepare_corpus(files, tokenizer, tmp_path / "shards", format="brown", show_progress=False)
     assert isinstance(corpus, TokenizedCorpus)
-    special = SpecialTokens(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id)
+    special = SpecialTokens.from_tokenizer(tokenizer)
+    assert special == SpecialTokens(101, 102, 0, 103, "bert")
     masker = Masker(MaskingConfig(whole_word=True, replacement="unigram"), special, corpus.vocab_size,
-                    {tokenizer.unk_id}, corpus.unigram_counts)
+                    tokenizer.special_ids, corpus.unigram_counts)
     ds = PretrainingDataset(corpus, special, InstanceConfig(kind="nsp", max_seq_length=128), masker)
     stats = ds.stats(0)
     assert stats.documents == len(corpus) == len(files) and stats.instances > 100

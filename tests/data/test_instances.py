@@ -388,4 +388,6 @@ def test_special_tokens_errors():
         SpecialTokens(1, 2, 0, 3, style="xlnet")
     with pytest.raises(ConfigError, match="SpecialTokens.mask_id: must be >= 0"):
         SpecialTokens(1, 2, 0, -3)
+    with pytest.raises(ConfigError, match="the tokenizer has no mask_id, style"):
+        SpecialTokens.from_tokenizer(type("T", (), {"cls_id": 1, "sep_id": 2, "pad_id": 0})())
     assert BERT.ids == {0, 1, 2, 3} and BERT.pair_overhead == 3 and ROBERTA.pair_overhead == 4

@@ -18,7 +18,8 @@ def config_from_dict(cls: type[T], data: Mapping[str, Any], where: str) -> T:
     known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; known keys: {', '.join(sorted(known))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                          f"known keys: {', '.join(sorted(known))}")
     return cls(**data)
 
 

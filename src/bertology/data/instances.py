@@ -64,6 +64,14 @@ class SpecialTokens:
         if self.style not in STYLES:
             raise ConfigError(f"SpecialTokens.style: expected one of {STYLES}, got {self.style!r}")
 
+    @classmethod
+    def from_tokenizer(cls, tokenizer: Any) -> SpecialTokens:
+        """The ids and layout of a ``bertology.tokenization.Tokenizer`` (anything with the same attributes)."""
+        missing = [a for a in ("cls_id", "sep_id", "pad_id", "mask_id", "style") if getattr(tokenizer, a, None) is None]
+        if missing:
+            raise ConfigError(f"SpecialTokens.from_tokenizer: the tokenizer has no {', '.join(missing)}")
+        return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.style)
+
     @property
     def ids(self) -> frozenset[int]:
         return frozenset({int(self.cls_id), int(self.sep_id), int(self.pad_id), int(self.mask_id)})
@@ -273,7 +281,8 @@ def _concat(sentences: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return np.concatenate([s[0] for s in sentences]), np.concatenate([s[1] for s in sentences])
 
 
-def _truncate_pair(len_a: int, len_b: int, max_tokens: int, rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
+def _truncate_pair(len_a: int, len_b: int, max_tokens: int,
+                   rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
     """BERT's truncation as (front, back) cut counts per segment: one token at a time from the longer segment
     (B on ties), from the front or the back with equal probability."""
     cuts = [[0, 0], [0, 0]]

@@ -118,7 +118,7 @@ def test_memmap_layout_and_metadata(tmp_path: Path, tokenizer: Tokenizer) -> Non
     assert len(pickled) < 1000  # the directory travels, not the arrays
     assert [s.tolist() for s in pickle.loads(pickled).document(3)] == [s.tolist() for s in corpus.document(3)]
     assert corpus.unigram_counts.shape == (tokenizer.vocab_size,) and corpus.unigram_counts.dtype == np.int64
-    assert not set(np.flatnonzero(corpus.unigram_counts)) & set(tokenizer.special_ids)
+    assert not set(np.flatnonzero(corpus.unigram_counts)) & (set(tokenizer.special_ids) - {tokenizer.unk_id})
 
 
 def test_shards_split_at_document_boundaries(tmp_path: Path, tokenizer: Tokenizer) -> None:
@@ -142,6 +142,16 @@ def test_empty_sentences_and_documents_are_dropped(tmp_path: Path, tokenizer: To
     corpus = prepare_corpus(source, tokenizer, tmp_path / "shards", show_progress=False)
     assert len(corpus) == 2 and corpus.num_sentences == 3
     assert [len(d) for d in corpus] == [2, 1]
+
+
+def test_special_token_strings_in_text_stay_text(tmp_path: Path, tokenizer: Tokenizer) -> None:
+    source = write_bert(tmp_path / "c.txt", [["The [MASK] fox [SEP] [CLS] jumps."]])
+    corpus = prepare_corpus(source, tokenizer, tmp_path / "shards", show_progress=False)
+    ids = corpus.document(0)[0]
+    structural = {tokenizer.mask_id, tokenizer.sep_id, tokenizer.cls_id, tokenizer.pad_id}
+    assert len(ids) > 5 and not set(ids.tolist()) & structural
+    assert tokenizer.backend.encode_special_tokens is False  # the setting is restored
+    assert tokenizer.backend.encode("[MASK]", add_special_tokens=False).ids == [tokenizer.mask_id]
 
 
 def test_large_vocabulary_uses_uint32(tmp_path: Path) -> None:

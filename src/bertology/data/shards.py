@@ -14,7 +14,8 @@ without reading them:
 plus ``unigram_counts.npy`` (``int64 [vocab_size]``, token frequencies over the split) and ``metadata.json``
 (format version, vocabulary size, tokenizer fingerprint, counts, shard list, source). A held-out split, when asked
 for, is a complete shards directory of the same layout in the ``heldout`` subdirectory. Documents never straddle
-shards; sentences that tokenise to nothing and documents left without sentences are dropped.
+shards; sentences that tokenise to nothing and documents left without sentences are dropped. Special-token
+strings in the text (a literal "[SEP]") are tokenised as ordinary text, never as special ids.
 """
 
 from __future__ import annotations
@@ -427,6 +428,21 @@ def _batches(documents: Iterator[list[str]]) -> Iterator[list[list[str]]]:
 _T = TypeVar("_T")
 
 
+@contextlib.contextmanager
+def _specials_as_text(backend: Any) -> Iterator[None]:
+    """Tokenise special-token strings found in the corpus ("[SEP]", "<mask>") as ordinary text, so that corpus
+    text can never inject special ids; the backend's setting is restored afterwards."""
+    if not hasattr(backend, "encode_special_tokens"):  # tokenizers < 0.19
+        yield
+        return
+    previous = backend.encode_special_tokens
+    backend.encode_special_tokens = True
+    try:
+        yield
+    finally:
+        backend.encode_special_tokens = previous
+
+
 def _prefetched(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
     """Yield ``items`` produced by a background thread, so that reading and splitting the corpus (Python) overlaps
     tokenising (Rust, which releases the GIL). A producer error is re-raised here; closing stops the producer."""
@@ -563,7 +579,7 @@ def prepare_corpus(
         seen = 0
         groups = _prefetched(_batches(read_sources(sources)))
         progress = tqdm(total=total, unit="doc", desc="tokenising", disable=not show_progress)
-        with contextlib.closing(groups), progress:
+        with contextlib.closing(groups), progress, _specials_as_text(backend):
             for group in groups:
                 batch, kept = _tokenize(backend, group, dtype)
                 if heldout is not None:

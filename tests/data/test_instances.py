@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bertology.data import InMemoryDocuments, InstanceConfig, SpecialTokens, create_instances
+from bertology.data.instances import truncation_amounts
 from bertology.errors import ConfigError, DataError
 
 BERT = SpecialTokens(cls_id=1, sep_id=2, pad_id=0, mask_id=3, style="bert")
@@ -89,7 +90,7 @@ def test_nsp_segments_come_from_the_right_documents():
 
 
 def test_nsp_random_next_rate_is_one_half():
-    lengths = random_lengths(np.random.default_rng(2), 2000, 14, 10)
+    lengths = random_lengths(np.random.default_rng(2), 2400, 14, 10)
     instances, stats = create_instances(corpus(lengths), InstanceConfig(kind="nsp", max_seq_length=24), BERT)
     # Chunks of one sentence always take a random B (as in BERT); the others toss a fair coin.
     forced = stats.single_sentence_chunks
@@ -142,6 +143,19 @@ def test_pair_truncation_cuts_the_longer_side_from_both_ends():
     mean = float(np.mean(fronts))
     assert abs(mean - 8.0) < 5 * math.sqrt(16 * 0.25 / 400)
     assert min(fronts) < 8 < max(fronts)
+
+
+def test_truncation_amounts_match_berts_one_token_loop():
+    for len_a in range(0, 25):
+        for len_b in range(0, 25):
+            for max_tokens in (2, 5, 13, 30):
+                a, b = len_a, len_b
+                while a + b > max_tokens:
+                    if a > b:
+                        a -= 1
+                    else:
+                        b -= 1
+                assert truncation_amounts(len_a, len_b, max_tokens) == (len_a - a, len_b - b)
 
 
 def test_single_segments_without_nsp_are_truncated_at_random_ends():

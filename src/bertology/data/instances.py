@@ -281,17 +281,26 @@ def _concat(sentences: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndar
     return np.concatenate([s[0] for s in sentences]), np.concatenate([s[1] for s in sentences])
 
 
+def truncation_amounts(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
+    """Tokens BERT's truncate_seq_pair removes from A and from B: one at a time from the longer segment (from B
+    on ties) until the pair fits, in closed form."""
+    excess = max(0, len_a + len_b - max_tokens)
+    gap = min(excess, abs(len_a - len_b))
+    rest = excess - gap  # removed alternately once the lengths are equal, B first
+    if len_a > len_b:
+        return gap + rest // 2, (rest + 1) // 2
+    return rest // 2, gap + (rest + 1) // 2
+
+
 def _truncate_pair(len_a: int, len_b: int, max_tokens: int,
                    rng: random.Random) -> tuple[tuple[int, int], tuple[int, int]]:
-    """BERT's truncation as (front, back) cut counts per segment: one token at a time from the longer segment
-    (B on ties), from the front or the back with equal probability."""
-    cuts = [[0, 0], [0, 0]]
-    lengths = [len_a, len_b]
-    while lengths[0] + lengths[1] > max_tokens:
-        side = 0 if lengths[0] > lengths[1] else 1
-        cuts[side][0 if rng.random() < 0.5 else 1] += 1
-        lengths[side] -= 1
-    return (cuts[0][0], cuts[0][1]), (cuts[1][0], cuts[1][1])
+    """(front, back) cut counts per segment; each removed token is from the front or the back with probability
+    1/2, as in BERT, so the front count is a fair binomial (a popcount of random bits)."""
+    cuts = []
+    for amount in truncation_amounts(len_a, len_b, max_tokens):
+        front = rng.getrandbits(amount).bit_count() if amount else 0
+        cuts.append((front, amount - front))
+    return cuts[0], cuts[1]
 
 
 def _cut(ids: np.ndarray, starts: np.ndarray, cut: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:

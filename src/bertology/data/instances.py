@@ -208,7 +208,7 @@ def _source_name(source: DocumentSource) -> str:
     return f"{path}: " if path is not None else ""
 
 
-def load_documents(source: DocumentSource, stats: InstanceStats) -> list[_Document]:
+def _load_documents(source: DocumentSource, stats: InstanceStats) -> list[_Document]:
     """Read and check every document; empty sentences and documents are dropped and counted."""
     name = _source_name(source)
     documents: list[_Document] = []
@@ -252,7 +252,7 @@ def create_instances(
     Raises DataError when the corpus cannot give any (useful) instance, saying why.
     """
     stats = InstanceStats()
-    documents = load_documents(source, stats)
+    documents = _load_documents(source, stats)
     name = _source_name(source)
     if not documents:
         raise DataError(f"{name}the corpus has no tokens: {stats.documents} document(s), "

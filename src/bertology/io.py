@@ -11,6 +11,12 @@ from pathlib import Path
 from typing import IO
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None = None) -> Iterator[IO]:
     """Open a temporary file beside ``path``; on success it replaces ``path`` atomically, on error it is removed."""
@@ -22,6 +28,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the permissions open() would
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -37,6 +44,7 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700; give the directory the usual permissions
         for child in tmp.iterdir():
             if child.is_file():
                 with open(child, "rb") as handle:

@@ -317,3 +317,32 @@ def test_model_mode_is_restored_and_plain_models_work(minilm, small):
         assert model.training
     finally:
         model.eval()
+
+
+def test_demo_senses_separate_on_minilm(minilm):
+    from bertology.demo import SENSE_EXAMPLES, sense_tables
+
+    tables = sense_tables(minilm)
+    assert [t.word for t in tables] == ["bank", "bat", "play", "record"]
+    for table, (word, pairs) in zip(tables, SENSE_EXAMPLES.items()):
+        assert table.cosine.shape == (len(pairs), len(pairs))
+        np.testing.assert_allclose(np.diag(table.cosine), 1.0, atol=1e-5)
+        assert table.same_sense_mean > table.cross_sense_mean, table.summary()
+        # the vectors are those of the word occurrences, as word_vector gives them
+        v = [word_vector(minilm, s, word, layers="sum-last-four") for _, s in pairs[:2]]
+        expected = v[0] @ v[1] / np.linalg.norm(v[0]) / np.linalg.norm(v[1])
+        assert table.cosine[0, 1] == pytest.approx(expected, abs=1e-5)
+
+
+def test_sense_table_means_and_bad_examples(minilm):
+    from bertology.demo import SenseTable, sense_tables
+
+    cosine = np.array([[1.0, 0.9, 0.2], [0.9, 1.0, 0.4], [0.2, 0.4, 1.0]])
+    table = SenseTable("w", ["a", "a", "b"], ["x", "y", "z"], cosine)
+    assert table.same_sense_mean == pytest.approx(0.9) and table.cross_sense_mean == pytest.approx(0.3)
+    assert table.labels() == ["a1", "a2", "b1"]
+    assert "w: same-sense 0.900 vs cross-sense 0.300 (+0.600, senses separate)" in table.format()
+    with pytest.raises(EmbeddingError, match="'bank' needs two senses"):
+        sense_tables(minilm, {"bank": [("river", "The bank of the river."), ("river", "A river bank.")]})
+    with pytest.raises(EmbeddingError, match="'bank' occurs 0 time"):
+        sense_tables(minilm, {"bank": [("a", "Banks."), ("a", "The bank."), ("b", "A bank.")]})

@@ -1,6 +1,7 @@
 """Contextual embeddings: layer choice, subword pooling, sentence vectors, long-text windows."""
 
 from bertology.embeddings.embed import embed, word_vector
+from bertology.embeddings.files import check_output, read_texts, save_vectors
 from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
 from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, pool
 from bertology.embeddings.windows import max_context_window, plan_windows
@@ -10,11 +11,14 @@ __all__ = [
     "Embeddings",
     "LayerSelection",
     "Pieces",
+    "check_output",
     "embed",
     "max_context_window",
     "parse_layers",
     "plan_windows",
     "pool",
+    "read_texts",
+    "save_vectors",
     "select_layers",
     "word_vector",
 ]

@@ -1,0 +1,76 @@
+"""`bertology embed`: contextual vectors of the texts in a file, written as .npy or .npz."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bertology.embeddings import check_output, embed, parse_layers, read_texts, save_vectors
+from bertology.embeddings.layers import LayerSpec
+from bertology.errors import ConfigError
+from bertology.model import load
+
+
+def layers_argument(text: str) -> LayerSpec:
+    """--layers for argparse, which reports ArgumentTypeError as a usage error."""
+    try:
+        return parse_layers(text)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "embed",
+        help="write contextual sentence, word or token vectors",
+        description="Embed the texts of a file (one per line, or JSON lines) and write sentence vectors to "
+        ".npy ([N, H]) or any level to .npz (vectors plus an index: text, word/token number, string, "
+        "character span). Texts longer than the model's positions are embedded in overlapping windows.",
+    )
+    parser.add_argument("--model", required=True, help="model directory (transformers layout)")
+    parser.add_argument("--input", required=True, help="UTF-8 text file")
+    parser.add_argument("--format", choices=("lines", "jsonl"), default="lines",
+                        help="lines: one text per line (empty lines are empty texts); jsonl: one object per line")
+    parser.add_argument("--text-field", default="text", help="jsonl key holding the text (default: text)")
+    parser.add_argument("--output", required=True, help="OUT.npy (sentence level) or OUT.npz")
+    parser.add_argument("--level", choices=("sentence", "word", "token"), default="sentence")
+    parser.add_argument("--layers", type=layers_argument, default="last",
+                        help="last, sum-last-four, mean, concat, or comma-separated hidden-state indices "
+                        "(0 = embedding output, -1 = last layer; write --layers=-2,-1 when the list starts with a minus); "
+                        "default: last")
+    parser.add_argument("--combine", choices=("sum", "mean", "concat"), default=None,
+                        help="how explicit layer indices are combined (default: mean)")
+    parser.add_argument("--pooling", choices=("first", "mean", "last"), default="mean",
+                        help="subword pooling for word vectors (default: mean)")
+    parser.add_argument("--sentence", choices=("mean", "cls"), default="mean",
+                        help="sentence vector: mean of all tokens, specials included, or the first token")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="tokens per window, specials included (default: the model's positions)")
+    parser.add_argument("--stride", type=int, default=None,
+                        help="step between window starts in content tokens (default: half a window)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_output(args.output, args.level)
+    texts = read_texts(args.input, args.format, args.text_field)
+    pretrained = load(args.model)
+    result = embed(
+        pretrained,
+        texts,
+        layers=args.layers,
+        combine=args.combine,
+        pooling=args.pooling,
+        sentence=args.sentence,
+        levels=(args.level,),
+        batch_size=args.batch_size,
+        max_length=args.max_length,
+        stride=args.stride,
+        show_progress=not args.quiet and sys.stderr.isatty() and len(texts) > args.batch_size,
+    )
+    rows = save_vectors(result, args.output, args.level, meta={"model": str(args.model), "input": str(args.input)})
+    print(f"wrote {rows} {args.level} vectors ({result.dim} dimensions) for {len(texts)} texts to {args.output}",
+          file=sys.stderr)
+    return 0

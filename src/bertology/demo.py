@@ -1,0 +1,156 @@
+"""The same word in different senses gets different contextual vectors: cosine tables for bank, bat, play, record."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bertology.embeddings import embed
+from bertology.embeddings.layers import Combine, LayerSpec
+from bertology.embeddings.result import EmbeddingError, Pooling
+from bertology.model import EncoderModel, Pretrained
+from bertology.tokenization import Tokenizer
+
+# word -> (sense, sentence) pairs; the word occurs once, in lower case, in each sentence.
+SENSE_EXAMPLES: dict[str, list[tuple[str, str]]] = {
+    "bank": [
+        ("river", "We spread a blanket on the grassy bank and watched the river flow by."),
+        ("river", "The canoe drifted towards the muddy bank where the ducks were nesting."),
+        ("river", "After the storm the stream burst its bank and flooded the meadow."),
+        ("money", "She opened a savings account at the bank on the high street."),
+        ("money", "The bank approved his mortgage after checking his salary."),
+        ("money", "I need to withdraw some cash from the bank before it closes."),
+    ],
+    "bat": [
+        ("animal", "A bat flew out of the cave at dusk to hunt for moths."),
+        ("animal", "The tiny bat hung upside down from a beam in the barn."),
+        ("animal", "Every bat in the colony finds insects by echolocation."),
+        ("sport", "He swung the bat and sent the ball over the fence."),
+        ("sport", "She oiled her new cricket bat, made of English willow."),
+        ("sport", "The batter gripped the bat and waited for the pitch."),
+    ],
+    "play": [
+        ("theatre", "We saw a play by Shakespeare at the theatre last night."),
+        ("theatre", "The actors rehearsed the play for weeks before opening night."),
+        ("theatre", "Her first play was staged in a small theatre in Dublin."),
+        ("game", "The children play football in the park after school."),
+        ("game", "Would you like to play chess with me this evening?"),
+        ("game", "On Fridays they play cards with the neighbours."),
+    ],
+    "record": [
+        ("music", "He put the record on the turntable and lowered the needle."),
+        ("music", "My grandfather kept every record the band ever released on vinyl."),
+        ("music", "The record was scratched, so the song kept skipping."),
+        ("best", "She broke the world record for the hundred metres."),
+        ("best", "The team set a new record for wins in a single season."),
+        ("best", "His record of forty goals in one season still stands."),
+    ],
+}
+
+
+@dataclass(frozen=True)
+class SenseTable:
+    """Pairwise cosine similarities of one word's occurrences, each labelled with its sense."""
+
+    word: str
+    senses: list[str]
+    sentences: list[str]
+    cosine: np.ndarray  # [n, n]
+
+    def _pairs(self, same: bool) -> np.ndarray:
+        labels = np.array(self.senses)
+        mask = (labels[:, None] == labels[None, :]) == same
+        np.fill_diagonal(mask, False)
+        return self.cosine[mask]
+
+    @property
+    def same_sense_mean(self) -> float:
+        return float(self._pairs(True).mean())
+
+    @property
+    def cross_sense_mean(self) -> float:
+        return float(self._pairs(False).mean())
+
+    def labels(self) -> list[str]:
+        """"river1", "river2", "money1", ...: the sense and the occurrence's number within it."""
+        seen: dict[str, int] = {}
+        out = []
+        for sense in self.senses:
+            seen[sense] = seen.get(sense, 0) + 1
+            out.append(f"{sense}{seen[sense]}")
+        return out
+
+    def summary(self) -> str:
+        same, cross = self.same_sense_mean, self.cross_sense_mean
+        verdict = "senses separate" if same > cross else "senses do NOT separate"
+        return f"{self.word}: same-sense {same:.3f} vs cross-sense {cross:.3f} ({same - cross:+.3f}, {verdict})"
+
+    def format(self) -> str:
+        labels = self.labels()
+        width = max(6, *(len(label) for label in labels))
+        lines = [f"{self.word!r}"]
+        for label, sentence in zip(labels, self.sentences):
+            lines.append(f"  {label:<{width}}  {highlight(sentence, self.word)}")
+        lines.append("")
+        lines.append(" " * (width + 2) + "".join(f"{label:>{width + 1}}" for label in labels))
+        for i, label in enumerate(labels):
+            cells = []
+            for j in range(len(labels)):
+                if i == j:
+                    cell = "-"
+                else:
+                    # a star marks pairs of the same sense, so the blocks stand out without colour
+                    cell = f"{self.cosine[i, j]:.2f}" + ("*" if self.senses[i] == self.senses[j] else " ")
+                cells.append(f"{cell:>{width + 1}}")
+            lines.append(f"  {label:<{width}}" + "".join(cells))
+        lines.append("")
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+
+def highlight(sentence: str, word: str) -> str:
+    """The sentence with the first whole-word occurrence of `word` in brackets."""
+    return re.sub(rf"(?<!\w){re.escape(word)}(?!\w)", f"[{word}]", sentence, count=1)
+
+
+def sense_tables(
+    model: Pretrained | EncoderModel,
+    examples: Mapping[str, Sequence[tuple[str, str]]] | None = None,
+    *,
+    tokenizer: Tokenizer | None = None,
+    layers: LayerSpec = "sum-last-four",
+    combine: Combine | None = None,
+    pooling: Pooling = "mean",
+) -> list[SenseTable]:
+    """One SenseTable per word of `examples` (default: SENSE_EXAMPLES). Each occurrence's vector pools its subword
+    tokens; all sentences are embedded in one call."""
+    examples = SENSE_EXAMPLES if examples is None else examples
+    flat = [(word, sense, sentence) for word, pairs in examples.items() for sense, sentence in pairs]
+    if not flat:
+        raise EmbeddingError("sense_tables: no example sentences")
+    result = embed(model, [s for _, _, s in flat], tokenizer=tokenizer, layers=layers, combine=combine,
+                   pooling=pooling, levels=("token",))
+    vectors = np.stack([result.vector(i, word) for i, (word, _, _) in enumerate(flat)])
+    tables = []
+    first = 0
+    for word, pairs in examples.items():
+        v = vectors[first: first + len(pairs)]
+        first += len(pairs)
+        senses = [sense for sense, _ in pairs]
+        if len(set(senses)) < 2 or all(senses.count(s) < 2 for s in senses):
+            raise EmbeddingError(f"sense_tables: {word!r} needs two senses and two sentences of one of them")
+        unit = v / np.linalg.norm(v, axis=1, keepdims=True)
+        tables.append(SenseTable(word, senses, [s for _, s in pairs], unit @ unit.T))
+    return tables
+
+
+def format_report(tables: Sequence[SenseTable], header: str = "") -> str:
+    """All tables, then one summary line per word."""
+    blocks = [header] if header else []
+    blocks.extend(table.format() for table in tables)
+    blocks.append("summary (mean cosine of same-sense pairs vs pairs of different senses; * = same sense)\n"
+                  + "\n".join("  " + table.summary() for table in tables))
+    return "\n\n".join(blocks)

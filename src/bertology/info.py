@@ -1,0 +1,139 @@
+"""What a checkpoint is: architecture, parameter counts (unique and as run, for ALBERT's shared layers) and tokenizer."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from torch import nn
+
+from bertology.errors import CheckpointError
+from bertology.model import EncoderConfig, Pretrained, load
+from bertology.model.checkpoint import architecture_name
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    total: int  # unique parameters (tied and shared weights counted once)
+    embeddings: int  # token, position and type embeddings, their LayerNorm and projection
+    layers: int  # unique transformer layers
+    layers_as_run: int  # every layer call counted: differs from `layers` when layers are shared (ALBERT)
+    pooler: int
+    heads: int
+
+    @property
+    def shared(self) -> bool:
+        return self.layers_as_run != self.layers
+
+
+@dataclass(frozen=True)
+class TokenizerFacts:
+    kind: str  # wordpiece, bpe, unigram
+    style: str  # bert or roberta special-token layout
+    vocab_size: int
+    specials: dict[str, tuple[str, int]]  # role -> (token, id)
+    lowercase: bool
+    model_max_length: int | None
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    source: str
+    config: EncoderConfig
+    architecture: str | None
+    task_heads: tuple[str, ...]
+    parameters: ParameterCounts
+    tokenizer: TokenizerFacts | None
+
+    @property
+    def usable_positions(self) -> int:
+        """Tokens per sequence, specials included: RoBERTa-style positions start after the padding index."""
+        c = self.config
+        return c.max_position_embeddings - (c.pad_token_id + 1 if c.positions_after_padding else 0)
+
+    def format(self) -> str:
+        c, p = self.config, self.parameters
+        depth = str(c.num_layers)
+        if c.num_layer_groups is not None:
+            depth += (f" layer calls over {c.num_unique_layers} unique layer(s) "
+                      f"({c.num_layer_groups} group(s) of {c.inner_group_size})")
+        rows = [
+            ("model", self.source),
+            ("family", f"{c.family}" + (f" ({self.architecture})" if self.architecture else "")),
+            ("layers", depth),
+            ("hidden size", str(c.hidden_size)),
+            ("attention heads", f"{c.num_heads} (head size {c.head_dim})"),
+            ("intermediate", f"{c.intermediate_size} ({c.hidden_act})"),
+            ("embedding size", str(c.token_embedding_size)
+             + (" (projected to the hidden size)" if c.embedding_size is not None else "")),
+            ("positions", f"{c.max_position_embeddings} ({self.usable_positions} usable per sequence)"),
+            ("vocabulary", str(c.vocab_size)),
+            ("token types", str(c.type_vocab_size)),
+            ("pooler", "yes" if c.pooler else "no"),
+            ("task heads", ", ".join(self.task_heads) or "none"),
+        ]
+        lines = [f"{key:<16}{value}" for key, value in rows]
+        lines += ["", "parameters"]
+        counts = [("total", p.total), ("embeddings", p.embeddings), ("layers", p.layers)]
+        if p.shared:
+            counts.append(("layers as run", p.layers_as_run))
+        counts += [("pooler", p.pooler), ("heads", p.heads)]
+        lines += [f"  {key:<14}{value:>14,}" for key, value in counts]
+        if p.shared:
+            lines.append(f"  (layers are shared: {p.layers:,} unique weights do the work of {p.layers_as_run:,})")
+        lines += ["", "tokenizer"]
+        t = self.tokenizer
+        if t is None:
+            lines.append("  none (no tokenizer files in the directory)")
+        else:
+            lines += [
+                f"  {'kind':<14}{t.kind}",
+                f"  {'style':<14}{t.style}",
+                f"  {'vocabulary':<14}{t.vocab_size}",
+                f"  {'lowercases':<14}{'yes' if t.lowercase else 'no'}",
+                f"  {'max length':<14}{t.model_max_length if t.model_max_length is not None else 'not set'}",
+                f"  {'specials':<14}" + "  ".join(f"{role}={token!r} ({i})" for role, (token, i) in t.specials.items()),
+            ]
+            if t.vocab_size != c.vocab_size:
+                lines.append(f"  note: the tokenizer has {t.vocab_size} tokens, the model's vocabulary {c.vocab_size}")
+        return "\n".join(lines)
+
+
+def count(module: nn.Module | None) -> int:
+    return sum(p.numel() for p in module.parameters()) if module is not None else 0
+
+
+def describe(model: str | os.PathLike | Pretrained) -> ModelInfo:
+    """Architecture, parameter counts and tokenizer facts of a model directory or a loaded checkpoint."""
+    source = str(model) if not isinstance(model, Pretrained) else "(in memory)"
+    pretrained = model if isinstance(model, Pretrained) else load(model)
+    encoder_model, config = pretrained.model, pretrained.model.config
+    encoder = encoder_model.encoder
+    per_layer = [count(layer) for layer in encoder.layers]
+    heads = tuple(spec.name for spec in encoder_model.head_specs)
+    try:
+        architecture = architecture_name(config.family, heads)
+    except CheckpointError:  # a head combination transformers has no class for
+        architecture = None
+    parameters = ParameterCounts(
+        total=count(encoder_model),
+        embeddings=count(encoder.embeddings),
+        layers=sum(per_layer),
+        layers_as_run=sum(per_layer[i] for i in encoder.plan),
+        pooler=count(encoder.pooler),
+        heads=count(encoder_model.heads),
+    )
+    return ModelInfo(source, config, architecture, heads, parameters, tokenizer_facts(pretrained.tokenizer))
+
+
+def tokenizer_facts(tokenizer) -> TokenizerFacts | None:
+    if tokenizer is None:
+        return None
+    normalizer = tokenizer.backend.normalizer
+    lowercase = normalizer is not None and normalizer.normalize_str("A") == "a"
+    specials = {
+        role: (getattr(tokenizer, f"{role}_token"), getattr(tokenizer, f"{role}_id"))
+        for role in ("cls", "sep", "pad", "mask", "unk")
+    }
+    return TokenizerFacts(tokenizer.kind, tokenizer.style, tokenizer.vocab_size, specials, lowercase,
+                          tokenizer.model_max_length)

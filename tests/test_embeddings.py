@@ -346,3 +346,34 @@ def test_sense_table_means_and_bad_examples(minilm):
         sense_tables(minilm, {"bank": [("river", "The bank of the river."), ("river", "A river bank.")]})
     with pytest.raises(EmbeddingError, match="'bank' occurs 0 time"):
         sense_tables(minilm, {"bank": [("a", "Banks."), ("a", "The bank."), ("b", "A bank.")]})
+
+
+def test_roberta_style_byte_level_bpe():
+    from bertology.tokenization import train_tokenizer
+
+    corpus = ["the cat sat on the mat", "the bank of the river is muddy", "she went to the bank to deposit money"]
+    tokenizer = train_tokenizer(iter(corpus), "bpe", 300, min_frequency=1, show_progress=False)
+    assert tokenizer.style == "roberta"
+    torch.manual_seed(0)
+    config = EncoderConfig(family="roberta", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=2,
+                           num_heads=2, intermediate_size=32, max_position_embeddings=22,
+                           pad_token_id=tokenizer.pad_id, positions_after_padding=True, type_vocab_size=1)
+    model = EncoderModel(config).eval()
+    texts = ["the bank of the river, muddy mat!", "  spaced   words  ", "   "]
+    result = embed(model, texts, tokenizer=tokenizer)
+    assert result.window_length == 20  # 22 positions, less the padding index and the one before it
+    assert result.words.strings == ["the", "bank", "of", "the", "river", ",", "muddy", "mat", "!", "spaced", "words"]
+    assert result.words.text_index.tolist()[-2:] == [1, 1] and result.tokens.bounds[3] > result.tokens.bounds[2]
+    batch = tokenizer.encode_batch(texts)
+    with torch.no_grad():
+        last = model(batch.input_ids, batch.attention_mask, output_hidden_states=True).hidden_states[-1].numpy()
+    for i, encoding in enumerate(batch.encodings):
+        n = len(encoding.ids)
+        np.testing.assert_allclose(result.tokens.vectors[result.tokens.rows(i)], last[i, 1: n - 1], atol=1e-5)
+        np.testing.assert_allclose(result.sentences[i], last[i, :n].mean(0), atol=1e-5)
+    spaced = result.find(1, "spaced")
+    np.testing.assert_allclose(result.vector(1, spaced), result.words.vectors[9], atol=1e-6)
+    long_text = "the bank of the river " * 5
+    long = embed(model, [long_text], tokenizer=tokenizer, stride=3)
+    assert len(long.tokens) == len(tokenizer.encode(long_text).ids) - 2 > 18  # several windows
+    assert len(long.words) == 25 and long.words.strings[:2] == ["the", "bank"]

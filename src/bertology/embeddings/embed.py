@@ -50,8 +50,10 @@ def embed(
     """Contextual vectors of `texts` (one string counts as a list of one), as float32 numpy arrays.
 
     - tokens: every content token (specials excluded) with its character offsets and vocabulary id.
-    - words: the tokenizer's pre-tokenised words (grouped by word id); each word's vector pools its subword tokens
-      by `pooling` ("first", "mean" or "last"), its span runs from its first token's start to its last token's end.
+    - words: the tokenizer's pre-tokenised words, grouped by word id from the tokens that cover more than
+      whitespace (so byte-level BPE's runs of spaces make no words); each word's vector pools its subword tokens
+      by `pooling` ("first", "mean" or "last"), and its span runs from its first token's start to its last
+      token's end.
     - sentences: `sentence="mean"` averages every token the model saw, [CLS]/[SEP] included (sentence-transformers'
       mean pooling); `"cls"` takes the first token. An empty or whitespace-only text has no tokens and no words,
       and its sentence vector comes from its specials alone.
@@ -235,6 +237,10 @@ class _Collector:
         content = slice(1, 1 + n)
         offsets = np.asarray(enc.offsets[content], dtype=np.int64).reshape(n, 2)
         raw_words = np.asarray([-1 if w is None else w for w in enc.word_ids[content]], dtype=np.int64)
+        # Tokens covering only whitespace (byte-level BPE's lone "Ġ", whose trimmed span is empty) belong to no
+        # word, so runs of spaces make no words and a word's vector and span come from its visible pieces.
+        source = self.texts[doc.index]
+        raw_words[np.asarray([not source[a:b].strip() for a, b in enc.offsets[content]], dtype=bool)] = -1
         # Word numbers in order of first appearance, so they run 0..m-1 whatever the tokenizer's numbering.
         valid = np.flatnonzero(raw_words >= 0)
         unique, first = np.unique(raw_words[valid], return_index=True)

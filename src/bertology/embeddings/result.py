@@ -87,8 +87,8 @@ class Embeddings:
         return matches[occurrence]
 
     def span(self, text: int, start: int, end: int, pooling: Pooling | None = None) -> np.ndarray:
-        """Vector of characters start:end of a text: the subword tokens overlapping the span, pooled by `pooling`
-        (default: the pooling words were made with). Needs the token level."""
+        """Vector of characters start:end of a text: the subword tokens overlapping it (those that cover more
+        than whitespace), pooled by `pooling` (default: the pooling words were made with). Needs the token level."""
         source = self._text(text)
         if self.tokens is None:
             raise EmbeddingError("span: the token level was not computed (embed with levels including 'token')")
@@ -97,7 +97,8 @@ class Embeddings:
                                  f"{len(source)} characters")
         rows = self.tokens.rows(text)
         starts, ends = self.tokens.start[rows], self.tokens.end[rows]
-        hit = np.flatnonzero((starts < end) & (ends > start))
+        visible = self.tokens.word_index[rows] >= 0  # tokens of nothing but whitespace never count
+        hit = np.flatnonzero((starts < end) & (ends > start) & visible)
         if hit.size == 0:
             raise EmbeddingError(f"texts[{text}]: no token overlaps characters {start}:{end} "
                                  f"({source[start:end]!r})")

@@ -1,0 +1,64 @@
+"""A small corpus, tokenizer and shards for the trainer tests, and a config factory for tiny, fast runs."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+from bertology.data.shards import prepare_corpus
+from bertology.tokenization import train_tokenizer
+from bertology.training.config import PretrainConfig
+
+WORDS = ("the cat dog bird sat ran flew over under near house tree river stone red blue green small large old "
+         "young quick slow happy sad morning evening city garden road window light dark water fire").split()
+
+
+def write_corpus(path: Path, documents: int = 24, seed: int = 0, sentences: tuple[int, int] = (3, 6)) -> Path:
+    """A corpus in the BERT format (a sentence per line, a blank line between documents)."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(documents):
+        for _ in range(rng.randint(*sentences)):
+            lines.append(" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))) + " .")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def make_assets(root: Path, heldout: int = 3) -> dict[str, Path]:
+    """Corpus, WordPiece tokenizer and shards (with ``heldout`` held-out documents) under ``root``."""
+    corpus = write_corpus(root / "corpus.txt")
+    tokenizer = train_tokenizer([str(corpus)], "wordpiece", 120, show_progress=False, min_frequency=1)
+    tokenizer.save(root / "tokenizer")
+    prepare_corpus(str(corpus), tokenizer, root / "shards", heldout_documents=heldout, show_progress=False)
+    return {"corpus": corpus, "tokenizer": root / "tokenizer", "shards": root / "shards"}
+
+
+def tiny_config(assets: dict[str, Path], output_dir: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    """A raw config for a 2-layer, 32-wide model: a few steps take well under a second."""
+    config: dict[str, Any] = {
+        "model": {"preset": None, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64,
+                  "max_position_embeddings": 64},
+        "tokenizer": {"path": str(assets["tokenizer"])},
+        "data": {"shards": str(assets["shards"]), "instances": {"kind": "nsp", "max_seq_length": 48}},
+        "optim": {"batch_size": 4, "total_steps": 6, "lr": 1e-3, "warmup_steps": 2},
+        "run": {"seed": 0, "output_dir": str(output_dir), "log_every": 1, "eval_every": 3, "eval_batches": 2,
+                "checkpoint_every": 2, "keep_last": 2, "progress": False},
+        "speed": {"threads": 1, "prefetch": 0},
+    }
+    for name, values in sections.items():
+        _merge(config.setdefault(name, {}), values)
+    return config
+
+
+def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def build(raw: dict[str, Any]) -> PretrainConfig:
+    return PretrainConfig.from_dict(raw)

@@ -1,0 +1,195 @@
+"""The trainer end to end on a tiny model: metrics, checkpoints loadable by transformers, keep-last-k, atomic
+writes under failure, and exact resumption after SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertology.errors import CheckpointError
+from bertology.recipes.pretrain import pretrain
+from bertology.training import checkpoint as ckpt
+from bertology.training import latest_checkpoint, list_checkpoints, read_metrics
+from bertology.training.config import PretrainConfig
+from bertology.training.optim import lr_lambda, parameter_groups
+from pretrain_helpers import build, tiny_config
+
+HERE = Path(__file__).resolve().parent
+
+
+def test_run_writes_metrics_checkpoints_and_model(assets, tmp_path):
+    out = tmp_path / "run"
+    result = pretrain(build(tiny_config(assets, out, run={"plot": True})))
+    assert result.steps == 6
+    records = read_metrics(out / "metrics.jsonl")
+    train = [r for r in records if r["kind"] == "train"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in evals] == [3, 6]
+    for r in evals:
+        assert {"mlm_loss", "perplexity", "mlm_accuracy", "nsp_accuracy"} <= set(r)
+        assert r["perplexity"] == pytest.approx(torch.tensor(r["mlm_loss"]).exp().item(), rel=1e-6)
+        assert 0.0 <= r["mlm_accuracy"] <= 1.0
+    assert train[-1]["tokens_per_s"] > 0 and train[0]["lr"] > 0
+    # Keep-last 2 of the checkpoints at steps 2, 4, 6.
+    assert [step for step, _ in list_checkpoints(out)] == [4, 6]
+    assert (out / "curves.png").stat().st_size > 1000
+    state = json.loads((latest_checkpoint(out) / "trainer_state.json").read_text())
+    assert state["step"] == 6 and state["config"]["optim"]["total_steps"] == 6
+    assert result.metrics == {k: v for k, v in evals[-1].items() if k not in ("kind", "step", "epoch", "tokens")}
+
+
+def test_checkpoint_loads_in_transformers(assets, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "run"
+    pretrain(build(tiny_config(assets, out, optim={"total_steps": 2})))
+    path = latest_checkpoint(out)
+    ours = load_file(path / "model.safetensors")
+    for cls in (transformers.BertForPreTraining, transformers.BertForMaskedLM):
+        model = cls.from_pretrained(path).eval()
+        theirs = model.state_dict()
+        assert torch.equal(theirs["bert.embeddings.word_embeddings.weight"],
+                           ours["bert.embeddings.word_embeddings.weight"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    assert tokenizer.mask_token == "[MASK]"
+    # The final model directory is the same kind of checkpoint.
+    model = transformers.BertForPreTraining.from_pretrained(out / "model")
+    assert model.config.vocab_size == tokenizer.vocab_size
+
+
+def test_weight_decay_groups_and_schedule():
+    from bertology.model import EncoderModel, HeadSpec, preset
+
+    model = EncoderModel(preset("tiny", vocab_size=50, num_layers=1), [HeadSpec("mlm", "masked_lm")])
+    decay, no_decay = parameter_groups(model, 0.01)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(names[id(p)].endswith("weight") and p.ndim == 2 for p in decay["params"])
+    assert any("norm" in names[id(p)] for p in no_decay["params"])
+    assert all(p.ndim == 1 for p in no_decay["params"]) and no_decay["weight_decay"] == 0.0
+    config = PretrainConfig.from_dict({"optim": {"total_steps": 10, "warmup_steps": 4}})
+    f = lr_lambda(config.optim)
+    assert [round(f(s), 4) for s in range(4)] == [0.2, 0.4, 0.6, 0.8]
+    assert f(4) == 1.0 and f(7) == pytest.approx(0.5) and f(10) == 0.0
+    cosine = lr_lambda(PretrainConfig.from_dict({"optim": {"total_steps": 10, "warmup_steps": 0,
+                                                           "schedule": "cosine"}}).optim)
+    assert cosine(0) == 1.0 and cosine(5) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
+
+
+def test_gradient_accumulation_matches_one_large_batch(assets, tmp_path):
+    """Effective batch 8 as one micro-batch of 8 or as 2 x 4: the same updates (dropout off)."""
+    no_dropout = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+    a = tiny_config(assets, tmp_path / "a", model=no_dropout, optim={"batch_size": 8, "total_steps": 3},
+                    run={"eval_every": 0, "checkpoint_every": 0})
+    b = tiny_config(assets, tmp_path / "b", model=no_dropout,
+                    optim={"batch_size": 4, "grad_accumulation": 2, "total_steps": 3},
+                    run={"eval_every": 0, "checkpoint_every": 0})
+    pretrain(build(a))
+    pretrain(build(b))
+    wa = load_file(tmp_path / "a" / "model" / "model.safetensors")
+    wb = load_file(tmp_path / "b" / "model" / "model.safetensors")
+    for key in wa:
+        torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5)
+
+
+def test_failed_checkpoint_write_leaves_previous_intact(assets, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    config = tiny_config(assets, out, optim={"total_steps": 4}, run={"eval_every": 0})
+    calls = {"n": 0}
+    real = ckpt.write_trainer_state
+
+    def failing(directory, state, trainer_state):
+        calls["n"] += 1
+        if state.step == 4:  # the model and tokenizer files are already in the temporary directory
+            real(directory, state, trainer_state)
+            raise OSError("disk full (simulated)")
+        real(directory, state, trainer_state)
+
+    monkeypatch.setattr(ckpt, "write_trainer_state", failing)
+    with pytest.raises(OSError, match="simulated"):
+        pretrain(build(config))
+    assert [step for step, _ in list_checkpoints(out)] == [2]
+    leftovers = [p.name for p in (out / "checkpoints").iterdir()]
+    assert leftovers == ["step-0000002"], leftovers
+    monkeypatch.setattr(ckpt, "write_trainer_state", real)
+    result = pretrain(build(config), resume=True)
+    assert result.steps == 4 and [s for s, _ in list_checkpoints(out)] == [2, 4]
+
+
+KILLED_RUN = textwrap.dedent("""
+    import json, os, signal, sys
+    sys.path.insert(0, {helpers!r})
+    from bertology.recipes.pretrain import pretrain
+    from bertology.training import checkpoint as ckpt
+    from pretrain_helpers import build
+    config = build(json.loads(open({config!r}).read()))
+    mode = sys.argv[1]
+    if mode == "mid-write":  # die inside the checkpoint write of step 4, after the model files are written
+        real = ckpt.write_trainer_state
+        def dying(directory, state, trainer_state):
+            if state.step == 4:
+                os.kill(os.getpid(), signal.SIGKILL)
+            real(directory, state, trainer_state)
+        ckpt.write_trainer_state = dying
+    def hook(trainer, report):
+        if mode == "after-step" and report.step == 5:
+            os.kill(os.getpid(), signal.SIGKILL)
+    pretrain(config, hooks=[hook])
+""")
+
+
+@pytest.mark.parametrize("mode,expected", [("after-step", [2, 4]), ("mid-write", [2])])
+def test_sigkill_then_resume_is_bitwise_identical(assets, tmp_path, mode, expected):
+    settings = dict(optim={"total_steps": 7}, run={"eval_every": 0, "checkpoint_every": 2, "keep_last": 3},
+                    model={"hidden_dropout": 0.1})
+    reference = tiny_config(assets, tmp_path / "reference", **settings)
+    pretrain(build(reference))
+
+    killed = tiny_config(assets, tmp_path / "killed", **settings)
+    config_path = tmp_path / "killed.json"
+    config_path.write_text(json.dumps(killed))
+    script = KILLED_RUN.format(helpers=str(HERE), config=str(config_path))
+    proc = subprocess.run([sys.executable, "-c", script, mode], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    out = tmp_path / "killed"
+    assert [s for s, _ in list_checkpoints(out)] == expected
+    assert not (out / "model").exists()
+    # Resume through the command line, as a user would.
+    cli = subprocess.run([sys.executable, "-m", "bertology.cli.main", "pretrain", "--config", str(config_path),
+                          "--resume"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    ours = load_file(out / "model" / "model.safetensors")
+    theirs = load_file(tmp_path / "reference" / "model" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+    # The metrics file holds each step once, as the uninterrupted run's does.
+    steps = [r["step"] for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == list(range(1, 8))
+    assert not list((out / "checkpoints").glob(".step-*"))  # the half-written directory was cleaned up
+
+
+def test_resume_refuses_a_different_run(assets, tmp_path):
+    out = tmp_path / "run"
+    pretrain(build(tiny_config(assets, out, optim={"total_steps": 2})))
+    changed = tiny_config(assets, out, optim={"total_steps": 4}, data={"masking": {"mlm_probability": 0.3}})
+    with pytest.raises(Exception, match="data.masking"):
+        pretrain(build(changed), resume=True)
+
+
+def test_read_checkpoint_rejects_a_model_directory(assets, tmp_path):
+    out = tmp_path / "run"
+    pretrain(build(tiny_config(assets, out, optim={"total_steps": 2})))
+    from bertology.model import load_model
+
+    model = load_model(out / "model")
+    with pytest.raises(CheckpointError, match="not a training checkpoint"):
+        ckpt.read_checkpoint(out / "model", model)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -377,3 +379,17 @@ def test_roberta_style_byte_level_bpe():
     long = embed(model, [long_text], tokenizer=tokenizer, stride=3)
     assert len(long.tokens) == len(tokenizer.encode(long_text).ids) - 2 > 18  # several windows
     assert len(long.words) == 25 and long.words.strings[:2] == ["the", "bank"]
+
+
+def test_chunked_runs_keep_input_order(minilm, monkeypatch, capsys):
+    module = sys.modules["bertology.embeddings.core"]
+
+    texts = [TEXTS[3], "x", TEXTS[1], "", TEXTS[0], "two words"]
+    whole = embed(minilm, texts)
+    monkeypatch.setattr(module, "CHUNK_WINDOWS", 2)  # three chunks of two texts
+    chunked = embed(minilm, texts, batch_size=3, show_progress=True)
+    assert "6/6" in capsys.readouterr().err  # the progress bar counts finished texts
+    np.testing.assert_allclose(chunked.sentences, whole.sentences, atol=1e-5)
+    np.testing.assert_allclose(chunked.words.vectors, whole.words.vectors, atol=1e-5)
+    assert chunked.words.strings == whole.words.strings
+    assert chunked.tokens.bounds.tolist() == whole.tokens.bounds.tolist()

@@ -1,6 +1,6 @@
 """Contextual embeddings: layer choice, subword pooling, sentence vectors, long-text windows."""
 
-from bertology.embeddings.embed import embed, word_vector
+from bertology.embeddings.core import embed, word_vector
 from bertology.embeddings.files import check_output, read_texts, save_vectors
 from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
 from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, pool

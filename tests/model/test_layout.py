@@ -1,0 +1,87 @@
+"""The packed layout: sequences sorted by length so each group of equal-length sequences is one contiguous slice.
+Packed and padded computations must agree on batches with many distinct lengths, empty rows and no padding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bertology.model import EncoderConfig, EncoderModel
+from bertology.model.encoder import Layout
+
+TOL = 1e-5
+
+
+def right_padded_mask(lengths: list[int], width: int | None = None) -> torch.Tensor:
+    width = width or max(lengths)
+    return (torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]).long()
+
+
+@pytest.fixture(scope="module")
+def model() -> EncoderModel:
+    torch.manual_seed(0)
+    config = EncoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    model = EncoderModel(config).eval()
+    model.init_weights(torch.Generator().manual_seed(0))
+    return model
+
+
+def test_groups_are_contiguous_runs_of_equal_length():
+    lengths = [3, 9, 0, 3, 5, 9, 9, 1]
+    mask = right_padded_mask(lengths)
+    layout = Layout(mask)
+    assert layout.num_tokens == sum(lengths)
+    assert [(count, length) for _, count, length in layout.groups] == [(1, 1), (2, 3), (1, 5), (3, 9)]
+    starts = [start for start, _, _ in layout.groups]
+    assert starts == [0, 1, 7, 12]
+    # every group's slice holds whole sequences, in order, each of the group's length
+    for start, count, length in layout.groups:
+        flat = layout.flat_index[start:start + count * length].view(count, length)
+        rows, cols = flat // layout.seq_len, flat % layout.seq_len
+        assert (rows == rows[:, :1]).all()
+        assert torch.equal(cols, torch.arange(length).expand(count, length))
+        assert all(lengths[r] == length for r in rows[:, 0].tolist())
+    # pack then unpack is the identity at real tokens and zero at padding
+    values = torch.randn(len(lengths), mask.shape[1], 2)
+    back = layout.unpack(layout.pack(values))
+    assert torch.equal(back[mask.bool()], values[mask.bool()])
+    assert back[~mask.bool()].abs().max() == 0
+
+
+def test_unpadded_batch_packs_as_a_view():
+    mask = torch.ones(3, 6, dtype=torch.long)
+    layout = Layout(mask)
+    assert layout.full and layout.groups == [(0, 3, 6)]
+    values = torch.randn(3, 6, 4)
+    packed = layout.pack(values)
+    assert packed.data_ptr() == values.data_ptr()
+    assert layout.unpack(packed).data_ptr() == values.data_ptr()
+
+
+@pytest.mark.parametrize("lengths", [[17, 2, 9, 17, 0, 5, 9, 1, 30, 4], [6, 6, 6], [1], [12, 0, 0]])
+def test_packed_matches_padded(model, lengths):
+    torch.manual_seed(1)
+    mask = right_padded_mask(lengths)
+    ids = torch.randint(1, 64, mask.shape).masked_fill(mask == 0, 0)
+    types = torch.randint(0, 2, mask.shape) * mask
+    real = mask.bool()
+    with torch.no_grad():
+        a = model(ids, mask, types, output_hidden_states=True, output_attentions=True, packed=True)
+        b = model(ids, mask, types, output_hidden_states=True, output_attentions=True, packed=False)
+    for x, y in zip(a.hidden_states, b.hidden_states):
+        assert (x[real] - y[real]).abs().max() <= TOL
+        assert x[~real].abs().sum() == 0
+    pair = real[:, None, :, None] & real[:, None, None, :]  # (query, key) both real
+    for x, y in zip(a.attentions, b.attentions):
+        assert (x - y).masked_fill(~pair, 0).abs().max() <= TOL
+        assert x.masked_fill(pair, 0).abs().sum() == 0
+    nonempty = real.any(1)
+    assert (a.pooler_output[nonempty] - b.pooler_output[nonempty]).abs().max() <= TOL
+
+
+def test_batch_without_real_tokens(model):
+    mask = torch.zeros(2, 4, dtype=torch.long)
+    with torch.no_grad():
+        out = model(torch.zeros_like(mask), mask)
+    assert out.last_hidden_state.shape == (2, 4, 32)
+    assert out.last_hidden_state.abs().sum() == 0

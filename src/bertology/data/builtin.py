@@ -11,8 +11,8 @@ gensim (LGPL-2.1) ships, in ``gensim/test/test_data``, two texts that make a sma
 
 The files are read where pip put them, found with :func:`importlib.util.find_spec` and never imported: gensim's
 own dependencies (scipy, smart_open) are not needed, so ``pip install --no-deps gensim`` is enough.
-:func:`write_builtin_corpus` writes the texts as JSONL corpus files (``{"text": ...}`` per document, paragraphs
-separated by blank lines) that every bertology command reads with ``--format jsonl``.
+:func:`write_builtin_corpus` writes the texts as corpus files in the ``"bert"`` format (one sentence per line, a
+blank line between documents), which ``bertology tokenizer train`` and ``bertology data prepare`` read as they are.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from __future__ import annotations
 import bz2
 import html
 import importlib.util
-import json
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertology.data.sentences import split_sentences
 from bertology.errors import DataError
 from bertology.io import atomic_write
 
@@ -153,6 +153,7 @@ _LINK = re.compile(r"\[\[([^\[\]]*)\]\]")
 _NON_PROSE_LINK = re.compile(r"^\s*:?\s*(file|image|media|category|wikipedia|wp|wikt|wiktionary|template|help|portal|"
                              r"special|commons|s|q|n|b|v|[a-z]{2,3}(-[a-z]+)?|simple)\s*:", re.I)
 _FILE_LINK = re.compile(r"\[\[\s*:?\s*(?:file|image|media)\s*:", re.I)
+_STRAY_BRACKETS = re.compile(r"\[\[|\]\]")
 _EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:)?//[^\s\]]+(?:\s+([^\]]*))?\]")
 _BARE_URL = re.compile(r"https?://\S+")
 _EMPHASIS = re.compile(r"'{2,}")
@@ -250,6 +251,7 @@ def wikitext_to_text(wikitext: str) -> str:
     text = _remove_nested(text, _TEMPLATE, _template_text)
     text = _remove_file_links(text)
     text = _remove_links(text)
+    text = _STRAY_BRACKETS.sub("", text)  # halves of links the editors left unclosed
     text = _TAG.sub("", text)
     text = _MAGIC.sub("", text)
     paragraphs = []
@@ -331,8 +333,9 @@ class BuiltinCorpusFile:
 def write_builtin_corpus(directory: str | Path, names: Sequence[str] = ("news", "wikipedia"),
                          max_documents: int | None = None, data_dir: str | Path | None = None
                          ) -> list[BuiltinCorpusFile]:
-    """Write each bundled text in ``names`` to ``<directory>/<name>.jsonl`` (``{"text": ...}`` per document);
-    ``max_documents`` keeps only the first documents of each (a small slice for tests)."""
+    """Write each bundled text in ``names`` to ``<directory>/<name>.txt`` in the ``"bert"`` corpus format (one
+    sentence per line, a blank line after each document), so the files serve as they are for ``bertology tokenizer
+    train`` and ``bertology data prepare``. ``max_documents`` keeps only the first documents of each text."""
     if not names:
         raise DataError("no bundled text named; expected some of " + ", ".join(BUILTIN_TEXTS))
     for name in names:
@@ -343,13 +346,16 @@ def write_builtin_corpus(directory: str | Path, names: Sequence[str] = ("news", 
     source = Path(data_dir) if data_dir is not None else gensim_data_dir()
     written = []
     for name in names:
-        path = Path(directory) / f"{name}.jsonl"
+        path = Path(directory) / f"{name}.txt"
         documents = words = 0
         with atomic_write(path, "w", encoding="utf-8") as handle:
             for text in _first(builtin_documents(name, source), max_documents):
-                handle.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+                sentences = [s for paragraph in text.split("\n\n") for s in split_sentences(paragraph)]
+                if not sentences:
+                    continue
+                handle.write("\n".join(sentences) + "\n\n")
                 documents += 1
-                words += len(text.split())
+                words += sum(len(sentence.split()) for sentence in sentences)
         if documents == 0:
             raise DataError(f"{source}: the bundled {name} text has no documents")
         written.append(BuiltinCorpusFile(name, path, documents, words))

@@ -72,3 +72,23 @@ def safe_exp(x: float) -> float:
 
 def count(n: int | Tensor) -> Tensor:
     return n.detach().to(torch.int64) if isinstance(n, Tensor) else torch.tensor(n, dtype=torch.int64)
+
+
+def classification_output(name: str, logits: Tensor, labels: Tensor, loss_sum: Tensor) -> ObjectiveOutput:
+    """The stats every classification-style objective reports: ``{name}_units``, ``_loss_sum``, ``_correct``."""
+    with torch.no_grad():
+        correct = (logits.argmax(-1) == labels).sum()
+    return ObjectiveOutput(loss_sum, {
+        f"{name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
+        f"{name}_loss_sum": loss_sum.detach().float(),
+        f"{name}_correct": correct,
+    })
+
+
+def classification_summary(name: str, totals: Mapping[str, float]) -> dict[str, float]:
+    """Mean loss and accuracy from the summed stats of ``classification_output``."""
+    units = totals.get(f"{name}_units", 0.0)
+    return {
+        f"{name}_loss": ratio(totals.get(f"{name}_loss_sum", 0.0), units),
+        f"{name}_accuracy": ratio(totals.get(f"{name}_correct", 0.0), units),
+    }

@@ -15,7 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.model.encoder import EncoderOutput, HeadSpec
-from bertology.objectives.base import ObjectiveOutput, ratio, safe_exp
+from bertology.objectives.base import (
+    ObjectiveOutput,
+    classification_output,
+    classification_summary,
+    safe_exp,
+)
 
 
 def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -48,21 +53,10 @@ class MaskedLM:
 
     def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
         logits = output.head_logits[self.name]
-        labels = batch.mlm_labels
-        loss_sum = mlm_loss(logits, labels, reduction="sum")
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == labels).sum()
-        return ObjectiveOutput(loss_sum, {
-            f"{self.name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
-            f"{self.name}_loss_sum": loss_sum.detach().float(),
-            f"{self.name}_correct": correct,
-        })
+        return classification_output(self.name, logits, batch.mlm_labels,
+                                     mlm_loss(logits, batch.mlm_labels, reduction="sum"))
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
-        units = totals.get(f"{self.name}_units", 0.0)
-        loss = ratio(totals.get(f"{self.name}_loss_sum", 0.0), units)
-        return {
-            f"{self.name}_loss": loss,
-            f"{self.name}_accuracy": ratio(totals.get(f"{self.name}_correct", 0.0), units),
-            "perplexity": safe_exp(loss),
-        }
+        metrics = classification_summary(self.name, totals)
+        metrics["perplexity"] = safe_exp(metrics[f"{self.name}_loss"])
+        return metrics

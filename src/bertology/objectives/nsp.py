@@ -13,7 +13,7 @@ from torch import Tensor
 
 from bertology.errors import DataError
 from bertology.model.encoder import EncoderOutput, HeadSpec
-from bertology.objectives.base import ObjectiveOutput, ratio
+from bertology.objectives.base import ObjectiveOutput, classification_output, classification_summary
 
 
 def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -47,18 +47,7 @@ class NextSentence:
     def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
         logits = output.head_logits[self.name]
         labels = self._labels(batch)
-        loss_sum = nsp_loss(logits, labels, reduction="sum")
-        with torch.no_grad():
-            correct = (logits.argmax(-1) == labels).sum()
-        return ObjectiveOutput(loss_sum, {
-            f"{self.name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
-            f"{self.name}_loss_sum": loss_sum.detach().float(),
-            f"{self.name}_correct": correct,
-        })
+        return classification_output(self.name, logits, labels, nsp_loss(logits, labels, reduction="sum"))
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
-        units = totals.get(f"{self.name}_units", 0.0)
-        return {
-            f"{self.name}_loss": ratio(totals.get(f"{self.name}_loss_sum", 0.0), units),
-            f"{self.name}_accuracy": ratio(totals.get(f"{self.name}_correct", 0.0), units),
-        }
+        return classification_summary(self.name, totals)

@@ -9,7 +9,6 @@ import socket
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file

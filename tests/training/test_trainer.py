@@ -4,7 +4,6 @@ writes under failure, and exact resumption after SIGKILL."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

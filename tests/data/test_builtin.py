@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bertology.data import read_documents
-from bertology.data import builtin
+from bertology.data import builtin, read_documents
 from bertology.data.builtin import (
     GENSIM_INSTALL,
     NEWS_FILES,
@@ -54,9 +53,9 @@ def dump(pages: list[tuple[str, str, str, bool]]) -> str:
 
     parts = ['<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/" version="0.10">']
     for title, ns, text, redirect in pages:
-        parts.append(f"<page><title>{escape(title)}</title><ns>{ns}</ns>"
-                     + ('<redirect title="X" />' if redirect else "")
-                     + f'<revision><text xml:space="preserve">{escape(text)}</text></revision></page>')
+        redirect_element = '<redirect title="X" />' if redirect else ""
+        parts.append(f"<page><title>{escape(title)}</title><ns>{ns}</ns>{redirect_element}"
+                     f'<revision><text xml:space="preserve">{escape(text)}</text></revision></page>')
     parts.append("</mediawiki>")
     return "\n".join(parts)
 
@@ -149,8 +148,9 @@ def fake_data_dir(root: Path) -> Path:
     (root / NEWS_FILES[0]).write_text("Rain fell on Sydney. Crops recovered fast.\nA second story ran today.\n",
                                       encoding="ascii")
     (root / NEWS_FILES[1]).write_bytes(b"A third story cost \xa35 to print.\n")
-    xml = dump([("Alpha", "0", "'''Alpha''' is a [[letter]]. It comes first in the alphabet.\n\n"
-                 "Alpha also names the brightest star of a constellation.", False)])
+    article = ("'''Alpha''' is a [[letter]]. It comes first in the alphabet.\n\n"
+               "Alpha also names the brightest star of a constellation.")
+    xml = dump([("Alpha", "0", article, False)])
     (root / WIKIPEDIA_FILE).write_bytes(bz2.compress(xml.encode("utf-8")))
     return root
 

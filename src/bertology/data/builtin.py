@@ -139,20 +139,20 @@ def read_wikipedia_dump(path: str | Path) -> Iterator[WikiPage]:
 _END_SECTION_NAMES = {"references", "notes", "footnotes", "citations", "sources", "bibliography", "further reading",
                       "external links", "see also", "works cited", "notes and references", "references and notes",
                       "primary sources", "secondary sources", "general references"}
-_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.S)
+_COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 # Elements whose content is not prose: dropped whole (self-closing <ref .../> too).
 _DROPPED_ELEMENTS = re.compile(
     r"<(ref|math|gallery|timeline|table|source|syntaxhighlight|score|imagemap|pre|code|chem|hiero|graph|mapframe)"
-    r"\b[^>]*?(?:/>|>.*?</\1\s*>)", re.S | re.I)
-_UNCLOSED_REF = re.compile(r"<ref\b[^>]*>", re.I)
+    r"\b[^>]*?(?:/>|>.*?</\1\s*>)", re.DOTALL | re.IGNORECASE)
+_UNCLOSED_REF = re.compile(r"<ref\b[^>]*>", re.IGNORECASE)
 _TAG = re.compile(r"</?[a-zA-Z][^>]*?/?>")
 _TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
 _PARAMETER = re.compile(r"\{\{\{[^{}]*\}\}\}")
 _LINK = re.compile(r"\[\[([^\[\]]*)\]\]")
 # Namespaced links that are not prose: files, categories, interlanguage and interwiki links.
 _NON_PROSE_LINK = re.compile(r"^\s*:?\s*(file|image|media|category|wikipedia|wp|wikt|wiktionary|template|help|portal|"
-                             r"special|commons|s|q|n|b|v|[a-z]{2,3}(-[a-z]+)?|simple)\s*:", re.I)
-_FILE_LINK = re.compile(r"\[\[\s*:?\s*(?:file|image|media)\s*:", re.I)
+                             r"special|commons|s|q|n|b|v|[a-z]{2,3}(-[a-z]+)?|simple)\s*:", re.IGNORECASE)
+_FILE_LINK = re.compile(r"\[\[\s*:?\s*(?:file|image|media)\s*:", re.IGNORECASE)
 _STRAY_BRACKETS = re.compile(r"\[\[|\]\]")
 _EXTERNAL_LINK = re.compile(r"\[(?:https?:|ftp:)?//[^\s\]]+(?:\s+([^\]]*))?\]")
 _BARE_URL = re.compile(r"https?://\S+")
@@ -275,7 +275,7 @@ def _remove_file_links(text: str) -> str:
     """Drop ``[[File:...]]`` / ``[[Image:...]]`` whole, captions included, matching nested brackets by depth
     (captions hold links, and sometimes a stray bracket that defeats the innermost-first rule)."""
     out, position = [], 0
-    for start in iter(lambda: _FILE_LINK.search(text, position), None):
+    while (start := _FILE_LINK.search(text, position)) is not None:
         out.append(text[position:start.start()])
         depth, index = 0, start.start()
         while index < len(text):

@@ -10,7 +10,9 @@ import sys
 from bertology.errors import BertologyError
 
 # Modules under bertology.cli that each define `register(subparsers) -> None`.
-COMMAND_MODULES: tuple[str, ...] = ("tokenizer", "data", "pretrain", "fill_mask", "embed", "info", "demo", "quickstart")
+COMMAND_MODULES: tuple[str, ...] = (
+    "tokenizer", "data", "pretrain", "fill_mask", "embed", "info", "demo", "quickstart",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

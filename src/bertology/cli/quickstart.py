@@ -18,7 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="runs/quickstart", metavar="DIR",
                         help="output directory (default: runs/quickstart; a previous quickstart there is replaced)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps (default: 600, a few minutes on two cores; 20 with --quick)")
+                        help="optimizer steps (default: 1000, a few minutes on two cores; 20 with --quick)")
     parser.add_argument("--preset", default="tiny", help="model size: tiny, mini, small, medium, base, large "
                         "(default: tiny, 2 layers of 128)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data order, masking and initialisation")

@@ -85,3 +85,18 @@ def test_batch_without_real_tokens(model):
         out = model(torch.zeros_like(mask), mask)
     assert out.last_hidden_state.shape == (2, 4, 32)
     assert out.last_hidden_state.abs().sum() == 0
+
+
+def test_all_padding_rows_give_zeros_and_zero_attention():
+    from bertology.model import EncoderConfig, EncoderModel
+
+    model = EncoderModel(EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+                                       intermediate_size=20)).eval()
+    ids, mask = torch.tensor([[2, 3, 4], [0, 0, 0]]), torch.tensor([[1, 1, 1], [0, 0, 0]])
+    with torch.no_grad():
+        out = model(ids, mask, output_attentions=True)
+        empty = model(ids[1:], mask[1:], output_attentions=True)
+    assert out.last_hidden_state[1].abs().max() == 0
+    assert out.attentions[0][1].abs().max() == 0
+    assert torch.allclose(out.attentions[0][0].sum(-1), torch.ones(2, 3))
+    assert empty.attentions[0].abs().max() == 0 and empty.last_hidden_state.abs().max() == 0

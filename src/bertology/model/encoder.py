@@ -128,13 +128,12 @@ class EncoderLayer(nn.Module):
             outs.append(o.transpose(1, 2).reshape(count * length, -1))
             probs_by_group.append(probs)
         out = outs[0] if len(outs) == 1 else torch.cat(outs or [x[:0]])  # one group: no copy; none: no tokens
-        return out, (scatter_attention(probs_by_group, layout) if need_weights else None)
+        return out, (scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 
 
-def scatter_attention(probs_by_group: list[Tensor], layout: Layout) -> Tensor:
+def scatter_attention(probs_by_group: list[Tensor], layout: Layout, heads: int, like: Tensor) -> Tensor:
     """Per-group attention probabilities back into the padded [B, heads, L, L] layout (zeros at padding)."""
-    heads = probs_by_group[0].shape[1]
-    out = probs_by_group[0].new_zeros(layout.batch_size, heads, layout.seq_len, layout.seq_len)
+    out = like.new_zeros(layout.batch_size, heads, layout.seq_len, layout.seq_len)
     for (start, count, length), probs in zip(layout.groups, probs_by_group):
         positions = layout.flat_index[start:start + count * length].view(count, length)  # flat positions in [B * L]
         rows, cols = positions[:, 0] // layout.seq_len, positions % layout.seq_len

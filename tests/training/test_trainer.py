@@ -47,6 +47,14 @@ def test_run_writes_metrics_checkpoints_and_model(assets, tmp_path):
     assert result.metrics == {k: v for k, v in evals[-1].items() if k not in ("kind", "step", "epoch", "tokens")}
 
 
+def test_eval_at_start_records_the_untrained_baseline(assets, tmp_path):
+    out = tmp_path / "run"
+    pretrain(build(tiny_config(assets, out, run={"eval_at_start": True})))
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [0, 3, 6]
+    assert evals[0]["tokens"] == 0 and evals[0]["mlm_loss"] > evals[-1]["mlm_loss"]
+
+
 def test_checkpoint_loads_in_transformers(assets, tmp_path):
     transformers = pytest.importorskip("transformers")
     out = tmp_path / "run"

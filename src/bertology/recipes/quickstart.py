@@ -19,8 +19,6 @@ Every stage is an ordinary bertology API call, and each maps onto a command a us
 from __future__ import annotations
 
 import importlib.util
-import json
-import math
 import os
 import shlex
 import shutil
@@ -156,6 +154,7 @@ def quickstart_config(options: QuickstartOptions, corpus: Sequence[str | os.Path
             "output_dir": options.out,
             "log_every": max(1, min(10, steps // 20)),
             "eval_every": 0 if quick else max(1, steps // evaluations),
+            "eval_at_start": True,
             "eval_batches": 4 if quick else 25,
             "checkpoint_every": 0,
             "keep_last": 1,
@@ -214,14 +213,6 @@ def _clear_previous_run(out: Path) -> None:
     for name in entries:
         path = out / name
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
-
-
-def _log_eval(path: Path, step: int, metrics: dict[str, float]) -> None:
-    """Append a held-out evaluation record in the trainer's metrics format (kind, step, epoch, tokens, ...)."""
-    record = {"kind": "eval", "step": step, "epoch": 0, "tokens": 0,
-              **{k: (v if math.isfinite(v) else None) for k, v in metrics.items()}}
-    with atomic_write(path, "w", encoding="utf-8") as handle:  # the first record: the file does not exist yet
-        handle.write(json.dumps(record) + "\n")
 
 
 def format_eval(metrics: dict[str, float]) -> str:
@@ -297,10 +288,9 @@ def quickstart(options: QuickstartOptions, echo: Echo = print) -> QuickstartResu
          f"{parameters / 1e6:.1f}M parameters), MLM + NSP, sequences of {config.data.instances.max_seq_length}, "
          f"{optim.total_steps} steps of {optim.batch_size} ({train_data.num_instances(0):,} training instances "
          "an epoch)")
-    first = trainer.evaluate()
-    _log_eval(trainer.metrics_path, 0, first)
-    echo(f"      held-out before training: {format_eval(first)}")
     last = trainer.train()
+    first = next(record for record in trainer.history if record["kind"] == "eval")  # run.eval_at_start: step 0
+    echo(f"      held-out before training: {format_eval(first)}")
     if "mlm_loss" not in last:  # the final step always evaluates when there is held-out data
         last = trainer.evaluate()
     echo(f"      held-out after {trainer.state.step} steps: {format_eval(last)}")

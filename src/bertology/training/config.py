@@ -183,6 +183,7 @@ class RunConfig:
     output_dir: str = "runs/pretrain"
     log_every: int = 10
     eval_every: int = 0
+    eval_at_start: bool = False  # evaluate the untrained model before the first step (step 0 in the metrics)
     eval_batches: int | None = None  # cap on held-out batches per evaluation (None: all)
     checkpoint_every: int = 0
     keep_last: int = 2

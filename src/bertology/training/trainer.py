@@ -101,7 +101,9 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
+        """Stop and wait for the thread: one left running inside torch at interpreter exit aborts the process."""
         self._stop.set()
+        self._thread.join()
 
 
 class Trainer:
@@ -182,6 +184,8 @@ class Trainer:
         if self.env.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_config()
+        if self.state.step == 0 and cfg.run.eval_at_start and self.eval_data is not None:
+            self._log("eval", self.evaluate())  # the untrained baseline, so curves start where learning starts
         stream: Iterator = self._stream(self.state.epoch, self.state.batch)
         prefetcher = None
         if cfg.speed.prefetch > 0:

@@ -1,0 +1,22 @@
+"""Every config file shipped in configs/ parses into a valid run config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bertology.training.config import load_config
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_there_are_shipped_configs():
+    assert len(CONFIGS) >= 3
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_config_loads(path):
+    config = load_config(path)
+    assert config.optim.total_steps > 0
+    assert config.data.instances.max_seq_length <= 512

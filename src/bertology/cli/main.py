@@ -12,7 +12,8 @@ import sys
 # descheduled partner whenever another process shares the cores (measured: 2-10x slower). Override by setting it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from bertology.errors import BertologyError  # noqa: E402  (after the environment is set)
+from bertology import __version__  # noqa: E402  (after the environment is set)
+from bertology.errors import BertologyError  # noqa: E402
 
 # Modules under bertology.cli that each define `register(subparsers) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
@@ -21,7 +22,11 @@ COMMAND_MODULES: tuple[str, ...] = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertology", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="bertology",
+        description="BERT-family encoders: Hugging Face checkpoints, pretraining, contextual embeddings.",
+    )
+    parser.add_argument("--version", action="version", version=f"bertology {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(f"bertology.cli.{name}").register(subparsers)

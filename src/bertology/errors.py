@@ -21,3 +21,7 @@ class DataError(BertologyError):
 
 class TokenizerError(BertologyError):
     """A tokenizer cannot be loaded, trained, or does not match the model."""
+
+
+class InputError(BertologyError, ValueError):
+    """Tensors given to a model do not fit it (too long for its positions, ids outside its vocabulary)."""

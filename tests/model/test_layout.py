@@ -100,3 +100,24 @@ def test_all_padding_rows_give_zeros_and_zero_attention():
     assert out.attentions[0][1].abs().max() == 0
     assert torch.allclose(out.attentions[0][0].sum(-1), torch.ones(2, 3))
     assert empty.attentions[0].abs().max() == 0 and empty.last_hidden_state.abs().max() == 0
+
+
+def test_inputs_that_do_not_fit_the_model_are_named():
+    from bertology.errors import InputError
+    from bertology.model import EncoderConfig, EncoderModel
+
+    model = EncoderModel(EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                                       intermediate_size=20, max_position_embeddings=8)).eval()
+    with pytest.raises(InputError, match="a sequence of 9 tokens is longer than the model's 8 positions"):
+        model(torch.ones(1, 9, dtype=torch.long))
+    with pytest.raises(InputError, match=r"token ids must lie in \[0, 50\), got \[1, 50\]"):
+        model(torch.tensor([[1, 50]]))
+    with pytest.raises(InputError, match=r"input_ids must be \[batch, length\]"):
+        model(torch.tensor([1, 2]))
+    roberta = EncoderModel(EncoderConfig(family="roberta", vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+                                         intermediate_size=20, max_position_embeddings=10, pad_token_id=1,
+                                         positions_after_padding=True)).eval()
+    assert roberta.encoder.max_length == 8
+    roberta(torch.full((1, 8), 5))
+    with pytest.raises(InputError, match="longer than the model's 8 positions"):
+        roberta(torch.full((1, 9), 5))

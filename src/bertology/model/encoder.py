@@ -114,6 +114,34 @@ class EncoderLayer(nn.Module):
         h = self.ffn_out(self.act(self.ffn_in(x)))
         return self.ffn_norm(x + F.dropout(h, self.dropout, self.training)), probs
 
+    def forward_at(self, x: Tensor, layout: Layout, queries: Tensor) -> Tensor:
+        """The layer's output only at the packed tokens `queries` (sorted): keys and values still come from every
+        token, but the query projection, attention output and feed-forward run on the selected rows alone."""
+        hidden = x.shape[-1]
+        heads, head_dim = self.num_heads, hidden // self.num_heads
+        p = self.attention_dropout if self.training else 0.0
+        w, b = self.qkv.weight, self.qkv.bias
+        kv = layout.unpack(F.linear(x, w[hidden:], b[hidden:]))  # [B, L, 2H], padded for one batched call
+        q_rows = x[queries]
+        q = F.linear(q_rows, w[:hidden], b[:hidden])
+        # Each sequence's selected queries side by side: [B, Q_max, H], slots past a row's count are zeros. A
+        # sequence's tokens are contiguous in packed order, so its queries form one run of `queries`.
+        row = layout.flat_index[queries] // layout.seq_len
+        position = torch.arange(len(queries), device=x.device)
+        run_start = torch.ones_like(row, dtype=torch.bool)
+        run_start[1:] = row[1:] != row[:-1]
+        slot = position - torch.cummax(torch.where(run_start, position, 0), 0).values
+        q_padded = q.new_zeros(layout.batch_size, int(slot.max()) + 1 if len(queries) else 0, hidden)
+        q_padded[row, slot] = q
+        k, v = kv.unflatten(-1, (2, heads, head_dim)).permute(2, 0, 3, 1, 4)
+        mask = (layout.unpack(torch.ones(len(x), dtype=torch.bool, device=x.device)))[:, None, None, :]
+        o = F.scaled_dot_product_attention(q_padded.unflatten(-1, (heads, head_dim)).transpose(1, 2), k, v,
+                                           attn_mask=mask, dropout_p=p)
+        a = o.transpose(1, 2).flatten(2)[row, slot]
+        h = self.attn_norm(q_rows + F.dropout(self.attn_out(a), self.dropout, self.training))
+        f = self.ffn_out(self.act(self.ffn_in(h)))
+        return self.ffn_norm(h + F.dropout(f, self.dropout, self.training))
+
     def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool):
         heads, head_dim = self.num_heads, x.shape[-1] // self.num_heads
         p = self.attention_dropout if self.training else 0.0
@@ -206,7 +234,10 @@ class Encoder(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         packed: bool = True,
+        last_layer_at: Tensor | None = None,
     ) -> EncoderOutput:
+        """`last_layer_at` (flat indices into [B * L], packed path only, without hidden states or attentions): run
+        the last layer only at these positions; `last_hidden_state` is then zero everywhere else."""
         self.check_inputs(input_ids)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
@@ -223,14 +254,28 @@ class Encoder(nn.Module):
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
-        for index in self.plan:
+        plan = self.plan
+        prune = last_layer_at is not None and layout is not None and not (output_hidden_states or output_attentions)
+        if prune:
+            plan = plan[:-1]
+        for index in plan:
             x, probs = self.layers[index](x, layout, key_mask, output_attentions)
             if attentions is not None:
                 attentions.append(probs)
             if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
                 hidden_states.append(to_padded(x))
 
-        last = hidden_states[-1] if hidden_states is not None else to_padded(x)
+        if prune:
+            assert layout is not None and last_layer_at is not None
+            packed_of_flat = torch.empty(layout.batch_size * layout.seq_len, dtype=torch.long, device=x.device)
+            packed_of_flat[layout.flat_index] = torch.arange(layout.num_tokens, device=x.device)
+            real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
+            queries = torch.unique(packed_of_flat[real])  # sorted, each once
+            out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
+            out[layout.flat_index[queries]] = self.layers[self.plan[-1]].forward_at(x, layout, queries)
+            last = out.view(layout.batch_size, layout.seq_len, -1)
+        else:
+            last = hidden_states[-1] if hidden_states is not None else to_padded(x)
         pooled = torch.tanh(self.pooler(last[:, 0])) if self.pooler is not None else None
         return EncoderOutput(
             last_hidden_state=last,
@@ -332,6 +377,10 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
+# Heads that read only the masked positions and the first token, so the last layer can skip every other token.
+SPARSE_HEAD_KINDS = frozenset({"masked_lm", "pooled", "first_token"})
+
+
 class EncoderModel(nn.Module):
     """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
 
@@ -353,8 +402,18 @@ class EncoderModel(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         packed: bool = True,
+        heads_only: bool = False,
     ) -> EncoderOutput:
-        """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position."""
+        """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
+
+        `heads_only`: when every head reads only the masked positions and the first token (MLM, NSP/SOP, sentence
+        classification), run the last layer only there, as pretraining needs; `last_hidden_state` is then zero
+        elsewhere. Ignored when a head reads every token or hidden states or attentions are requested."""
+        last_layer_at = None
+        if heads_only and masked_positions is not None and all(s.kind in SPARSE_HEAD_KINDS for s in self.head_specs):
+            width = input_ids.shape[1]
+            first = torch.arange(input_ids.shape[0], device=input_ids.device) * width
+            last_layer_at = torch.cat([masked_positions[:, 0] * width + masked_positions[:, 1], first])
         out = self.encoder(
             input_ids,
             attention_mask,
@@ -363,6 +422,7 @@ class EncoderModel(nn.Module):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             packed=packed,
+            last_layer_at=last_layer_at,
         )
         h = out.last_hidden_state
         for spec in self.head_specs:

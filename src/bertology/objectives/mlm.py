@@ -46,7 +46,8 @@ class MaskedLM:
         return (HeadSpec(self.name, "masked_lm", activation=self.activation or "gelu"),)
 
     def forward_kwargs(self, batch: Any) -> dict[str, Any]:
-        return {"masked_positions": batch.masked_positions}
+        # heads_only: the last layer runs only at the masked positions and [CLS], the only rows the heads read.
+        return {"masked_positions": batch.masked_positions, "heads_only": True}
 
     def units(self, batch: Any) -> Tensor:
         return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bertology.data.corpus import CORPUS_FORMATS, CorpusSource
+from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
-from bertology.errors import ConfigError
 from bertology.tokenization import load_tokenizer
 
 
@@ -18,15 +17,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "prepare",
         help="tokenise a corpus into memory-mapped shards",
         description="Read a corpus (files, directories or globs), tokenise every sentence once and write shards "
-        "to --out. A FILE may start with FORMAT: (e.g. brown:../shared/data/brown-nltk) to read it in another "
-        "format than --format, so one run can mix corpora.",
+        f"to --out. {PREFIX_HELP}",
     )
-    prepare.add_argument("files", nargs="+", metavar="FILE", help="[FORMAT:]file, directory or glob")
     prepare.add_argument("--tokenizer", required=True, metavar="DIR", help="tokenizer directory")
     prepare.add_argument("--out", required=True, metavar="DIR", help="output shards directory")
-    prepare.add_argument("--format", choices=CORPUS_FORMATS, default="bert", help="corpus format (default: bert)")
-    prepare.add_argument("--text-field", default="text", help="JSON field holding the text (jsonl format)")
-    prepare.add_argument("--encoding", default="utf-8", help="text encoding of the files (default: utf-8)")
+    add_corpus_arguments(prepare)
     prepare.add_argument("--shard-size-tokens", type=int, default=1 << 24, help="tokens per shard (default: 2^24)")
     prepare.add_argument(
         "--heldout-documents",
@@ -48,25 +43,10 @@ def _count_or_fraction(text: str) -> int | float:
         raise argparse.ArgumentTypeError(f"expected a document count or a fraction, got {text!r}") from None
 
 
-def _sources(args: argparse.Namespace) -> list[CorpusSource]:
-    """Sources in command-line order, one per run of entries in the same format; FORMAT: overrides --format."""
-    runs: list[tuple[str, list[str]]] = []
-    for entry in args.files:
-        prefix, colon, rest = entry.partition(":")
-        fmt, path = (prefix, rest) if colon and prefix in CORPUS_FORMATS else (args.format, entry)
-        if not path:
-            raise ConfigError(f"{entry!r}: no path after the format prefix")
-        if runs and runs[-1][0] == fmt:
-            runs[-1][1].append(path)
-        else:
-            runs.append((fmt, [path]))
-    return [CorpusSource(paths, fmt, args.text_field, args.encoding) for fmt, paths in runs]
-
-
 def run_prepare(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.tokenizer)
     corpus = prepare_corpus(
-        _sources(args),
+        sources_from_args(args),
         tokenizer,
         args.out,
         shard_size_tokens=args.shard_size_tokens,

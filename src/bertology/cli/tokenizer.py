@@ -1,10 +1,13 @@
-"""`bertology tokenizer train`: train a tokenizer from text files and write it in the Hugging Face layout."""
+"""`bertology tokenizer train`: train a tokenizer on a corpus and write it in the Hugging Face layout."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from itertools import chain
 
+from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
+from bertology.data.corpus import read_sources
 from bertology.tokenization import train_tokenizer
 
 
@@ -14,13 +17,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train = actions.add_parser(
         "train",
         help="train a WordPiece, byte-level BPE or Unigram tokenizer",
-        description="Train a tokenizer on UTF-8 text files (globs and directories are expanded) and write "
-        "tokenizer.json, tokenizer_config.json, special_tokens_map.json and the vocabulary files to --out.",
+        description="Train a tokenizer on the sentences of a corpus (files, directories or globs, read as "
+        "`data prepare` reads them) and write tokenizer.json, tokenizer_config.json, special_tokens_map.json and "
+        f"the vocabulary files to --out. {PREFIX_HELP}",
     )
-    train.add_argument("files", nargs="+", metavar="FILE", help="text files, directories or globs")
     train.add_argument("--kind", required=True, choices=("wordpiece", "bpe", "unigram"))
     train.add_argument("--vocab-size", required=True, type=int)
     train.add_argument("--out", required=True, help="output directory")
+    add_corpus_arguments(train)
     train.add_argument("--style", choices=("bert", "roberta"), default=None,
                        help="special-token style (default: bert for wordpiece, roberta otherwise)")
     case = train.add_mutually_exclusive_group()
@@ -33,8 +37,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_train(args: argparse.Namespace) -> int:
+    # Every source is resolved (missing paths, unknown encodings) before training starts; the sentences then
+    # stream from the readers, so the corpus never has to fit in memory.
+    sentences = chain.from_iterable(read_sources(sources_from_args(args)))
     tokenizer = train_tokenizer(
-        args.files,
+        sentences,
         args.kind,
         args.vocab_size,
         style=args.style,

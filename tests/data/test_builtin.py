@@ -129,7 +129,7 @@ def test_read_news_one_article_per_line(tmp_path):
 def test_read_news_decoding_error_names_line_and_byte_offset(tmp_path):
     path = tmp_path / "news.cor"
     path.write_bytes(b"ok line\nbad \xa3 here\n")
-    with pytest.raises(DataError, match=r"news\.cor: line 2 \(byte offset 12\): not utf-8"):
+    with pytest.raises(DataError, match=r"news\.cor: line 2: cannot decode as utf-8 at byte offset 12"):
         list(read_news(path, encoding="utf-8"))
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bertology.data.corpus import read_lines
 from bertology.data.sentences import split_sentences
 from bertology.errors import DataError
 from bertology.io import atomic_write
@@ -78,19 +79,10 @@ def _text_file(directory: Path, name: str) -> Path:
 # ---------------------------------------------------------------------------------------------------------- news
 def read_news(path: str | Path, encoding: str = NEWS_ENCODING) -> Iterator[str]:
     """The articles of a Lee corpus file: one article per line (blank lines skipped)."""
-    path = Path(path)
-    offset = 0
-    with open(path, "rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode(encoding)
-            except UnicodeDecodeError as error:
-                raise DataError(f"{path}: line {number} (byte offset {offset + error.start}): not {encoding} "
-                                f"({error.reason})") from None
-            offset += len(raw)
-            text = " ".join(line.split())
-            if text:
-                yield text
+    for _, line in read_lines(Path(path), encoding):
+        text = " ".join(line.split())
+        if text:
+            yield text
 
 
 # ---------------------------------------------------------------------------------------------------------- wikipedia

@@ -100,7 +100,24 @@ def _check_encoding(encoding: str) -> None:
         raise DataError(f"encoding {encoding!r} is not ASCII-compatible; corpus files must be (e.g. utf-8)")
 
 
-def _read_lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
+def jsonl_text(line: str, path: Path, number: int, text_field: str) -> str:
+    """The string under ``text_field`` of one JSONL line; errors name the file, the line and what is wrong."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
+    if text_field not in record:
+        keys = ", ".join(map(repr, record)) or "none"
+        raise DataError(f"{path}: line {number}: missing field {text_field!r} (fields: {keys})")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise DataError(f"{path}: line {number}: field {text_field!r} is {type(text).__name__}, not a string")
+    return text
+
+
+def read_lines(path: Path, encoding: str) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, text)`` without the line ending; a decoding error names the byte offset."""
     offset = 0
     with open(path, "rb") as handle:
@@ -128,7 +145,7 @@ def _split_text(text: str) -> list[str]:
 
 def _bert_documents(path: Path, encoding: str) -> Iterator[list[str]]:
     document: list[str] = []
-    for _, line in _read_lines(path, encoding):
+    for _, line in read_lines(path, encoding):
         line = line.strip()
         if line:
             document.append(line)
@@ -142,7 +159,7 @@ def _bert_documents(path: Path, encoding: str) -> Iterator[list[str]]:
 def _text_documents(path: Path, encoding: str) -> Iterator[list[str]]:
     document: list[str] = []
     paragraph: list[str] = []
-    for _, line in _read_lines(path, encoding):
+    for _, line in read_lines(path, encoding):
         if line.strip():
             paragraph.append(line)
         elif paragraph:
@@ -154,20 +171,10 @@ def _text_documents(path: Path, encoding: str) -> Iterator[list[str]]:
 
 
 def _jsonl_documents(path: Path, encoding: str, text_field: str) -> Iterator[list[str]]:
-    for number, line in _read_lines(path, encoding):
+    for number, line in read_lines(path, encoding):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
-        if text_field not in record:
-            raise DataError(f"{path}: line {number}: missing field {text_field!r}")
-        text = record[text_field]
-        if not isinstance(text, str):
-            raise DataError(f"{path}: line {number}: field {text_field!r} is {type(text).__name__}, not a string")
+        text = jsonl_text(line, path, number, text_field)
         document = _split_text(text)
         if document:
             yield document
@@ -190,7 +197,7 @@ def _detokenize(words: list[str]) -> str:
 
 def _brown_documents(path: Path, encoding: str) -> Iterator[list[str]]:
     document: list[str] = []
-    for number, line in _read_lines(path, encoding):
+    for number, line in read_lines(path, encoding):
         tokens = line.split()
         if not tokens:
             continue

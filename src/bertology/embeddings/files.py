@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bertology.data.corpus import jsonl_text
 from bertology.embeddings.result import LEVELS, Embeddings, Level
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
@@ -43,18 +44,7 @@ def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_fiel
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{path}: line {number}, column {error.colno}: invalid JSON: {error.msg}") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
-            if text_field not in record:
-                raise DataError(f"{path}: line {number}: no key {text_field!r} (keys: {', '.join(map(repr, record))})")
-            if not isinstance(record[text_field], str):
-                raise DataError(f"{path}: line {number}: key {text_field!r} holds a "
-                                f"{type(record[text_field]).__name__}, expected a string")
-            texts.append(record[text_field])
+            texts.append(jsonl_text(line, path, number, text_field))
     if not texts:
         raise DataError(f"{path}: no texts")
     return texts

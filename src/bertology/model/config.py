@@ -65,6 +65,11 @@ class EncoderConfig:
         return self.hidden_size // self.num_heads
 
     @property
+    def head_dropout(self) -> float:
+        """Dropout before classification heads: classifier_dropout when set, else hidden_dropout (as transformers)."""
+        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
+
+    @property
     def token_embedding_size(self) -> int:
         return self.embedding_size or self.hidden_size
 

@@ -322,7 +322,7 @@ class PooledHead(nn.Module):
     def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
         super().__init__()
         self.out = nn.Linear(config.hidden_size, spec.num_labels)
-        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        self.dropout = config.head_dropout
 
     def forward(self, pooled: Tensor) -> Tensor:
         return self.out(F.dropout(pooled, self.dropout, self.training))
@@ -336,7 +336,7 @@ class FirstTokenHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = activation(spec.activation)
         self.out = nn.Linear(config.hidden_size, spec.num_labels)
-        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        self.dropout = config.head_dropout
 
     def forward(self, h: Tensor) -> Tensor:
         x = self.act(self.dense(F.dropout(h[:, 0], self.dropout, self.training)))
@@ -349,7 +349,7 @@ class TokenHead(nn.Module):
     def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
         super().__init__()
         self.out = nn.Linear(config.hidden_size, spec.num_labels)
-        self.dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout
+        self.dropout = config.head_dropout
 
     def forward(self, h: Tensor) -> Tensor:
         return self.out(F.dropout(h, self.dropout, self.training))

@@ -393,7 +393,7 @@ def test_instance_config_from_dict():
     config = InstanceConfig.from_dict({"kind": "segment-pair", "max_seq_length": 64, "nsp": True})
     assert config.nsp and config.max_seq_length == 64
     assert InstanceConfig.from_dict({"kind": "segment-pair"}).nsp is False
-    with pytest.raises(ConfigError, match="InstanceConfig: unknown key\\(s\\) 'max_len'"):
+    with pytest.raises(ConfigError, match="instances.max_len: unknown key"):
         InstanceConfig.from_dict({"max_len": 64})
 
 

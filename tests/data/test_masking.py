@@ -292,7 +292,7 @@ def test_masking_config_errors(kwargs, message):
 
 def test_masking_config_from_dict():
     assert MaskingConfig.from_dict({"whole_word": True}).whole_word
-    with pytest.raises(ConfigError, match="unknown key\\(s\\) 'mlm_prob'"):
+    with pytest.raises(ConfigError, match="masking.mlm_prob: unknown key; did you mean mlm_probability"):
         MaskingConfig.from_dict({"mlm_prob": 0.15})
 
 

@@ -26,7 +26,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from bertology.data._config import check_type, config_from_dict
+from bertology.config import from_mapping
+from bertology.data._config import check_type
 from bertology.errors import ConfigError, DataError
 
 STYLES = ("bert", "roberta")
@@ -175,7 +176,7 @@ class InstanceConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:
-        return config_from_dict(cls, data, "InstanceConfig")
+        return from_mapping(cls, data, "instances")
 
 
 @dataclass

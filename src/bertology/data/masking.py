@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertology.data._config import check_type, config_from_dict
+from bertology.config import from_mapping
+from bertology.data._config import check_type
 from bertology.data.instances import SpecialTokens
 from bertology.errors import ConfigError, DataError
 
@@ -80,7 +81,7 @@ class MaskingConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MaskingConfig:
-        return config_from_dict(cls, data, "MaskingConfig")
+        return from_mapping(cls, data, "masking")
 
 
 @dataclass

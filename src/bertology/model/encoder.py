@@ -316,16 +316,17 @@ class MaskedLMHead(nn.Module):
         return F.linear(self.norm(self.act(self.dense(h))), word_embeddings, self.bias)
 
 
-class PooledHead(nn.Module):
-    """A linear layer on the pooled [CLS] vector: NSP, SOP, BERT and ALBERT sequence classification."""
+class LinearHead(nn.Module):
+    """Dropout then a linear layer. On the pooled [CLS] vector ("pooled": NSP, SOP, BERT and ALBERT sequence
+    classification) or on every token ("token": token classification, QA start/end with num_labels=2)."""
 
     def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
         super().__init__()
         self.out = nn.Linear(config.hidden_size, spec.num_labels)
         self.dropout = config.head_dropout
 
-    def forward(self, pooled: Tensor) -> Tensor:
-        return self.out(F.dropout(pooled, self.dropout, self.training))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.out(F.dropout(x, self.dropout, self.training))
 
 
 class FirstTokenHead(nn.Module):
@@ -343,18 +344,6 @@ class FirstTokenHead(nn.Module):
         return self.out(F.dropout(x, self.dropout, self.training))
 
 
-class TokenHead(nn.Module):
-    """A linear layer on every token: token classification, QA start/end (num_labels=2)."""
-
-    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
-        super().__init__()
-        self.out = nn.Linear(config.hidden_size, spec.num_labels)
-        self.dropout = config.head_dropout
-
-    def forward(self, h: Tensor) -> Tensor:
-        return self.out(F.dropout(h, self.dropout, self.training))
-
-
 class TokenMLPHead(nn.Module):
     """dense -> act -> one logit per token: ELECTRA's replaced-token discriminator."""
 
@@ -370,9 +359,9 @@ class TokenMLPHead(nn.Module):
 
 HEAD_CLASSES: dict[str, type[nn.Module]] = {
     "masked_lm": MaskedLMHead,
-    "pooled": PooledHead,
+    "pooled": LinearHead,
     "first_token": FirstTokenHead,
-    "token": TokenHead,
+    "token": LinearHead,
     "token_mlp": TokenMLPHead,
 }
 

@@ -1,20 +1,215 @@
-"""Atomic file output: write to a temporary file in the target directory, fsync, then rename into place."""
+"""Atomic file output: write to a temporary file (or directory) beside the target, fsync, rename into place, fsync
+the parent directory.
+
+A writer killed half way leaves only hidden names beside the target:
+
+* ``.<name>.<pid>-<host>.<random>.tmp``: the temporary file or directory of an unfinished write;
+* ``.<name>.<pid>-<host>.old``: (``atomic_directory``) the previous directory, moved aside just before the new one is
+  renamed into place (a directory cannot replace a non-empty one in a single rename).
+
+``<pid>`` and ``<host>`` (a hash of the host name) identify the writer. The next atomic write of the same target
+removes the leftovers whose writer is gone (its process no longer exists, or started after the leftover was last
+changed: the PID was reused), and never those of a live writer, nor those written from another host (whose processes
+it cannot see). If a writer was killed between moving the old directory aside and renaming the new one in, the
+target is missing: ``recover`` (called by every atomic write, and to be called by readers) moves the old one back.
+
+Files and directories get the permissions that ``open``/``mkdir`` would give under the current umask (0644 and 0755
+with umask 022), every file inside an atomic directory included.
+
+The phases of every write are fault points (``bertology.faults``), named after the target: ``write-created``,
+``write-written``, ``write-renamed`` for ``atomic_write`` (target: the file name, or ``<directory>/<file>`` for a file
+written inside an atomic directory) and ``dir-created``, ``dir-written``, ``dir-synced`` (one per file, target
+``<directory>/<relative path>``), ``dir-before-rename``, ``dir-moved-aside`` (only when replacing), ``dir-renamed``,
+``dir-done`` for ``atomic_directory`` (target: the directory name, e.g. ``step-0000004`` or ``model``).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import shutil
+import socket
+import stat
 import tempfile
+import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from bertology import faults
+
+_HOST = f"{zlib.crc32(socket.gethostname().encode('utf-8', 'replace')) & 0xFFFFFFFF:08x}"
+_IMPORTED = time.time()
+# A leftover is judged older than a process only with this margin: clocks and the boot time are read in whole
+# seconds, and a leftover we are unsure about is kept.
+_SLACK_S = 5.0
+_RANDOM = r"[A-Za-z0-9_]+"  # what tempfile puts in names
+_TMP_DIR_NAME = re.compile(rf"^\.(.+)\.\d+-[0-9a-f]{{8}}\.{_RANDOM}\.tmp$")
+
+
+def _tag() -> str:
+    """The writer's identity in temporary names (read at each write: a forked child has a PID of its own)."""
+    return f"{os.getpid()}-{_HOST}"
+
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process umask, read without changing it where the platform allows (``os.umask`` is not thread safe)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    mask = os.umask(0o022)
     os.umask(mask)
     return mask
+
+
+def _fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename in ``directory`` durable, where directories can be opened and synced (not on Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_file(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        try:
+            os.fsync(fd)
+        except OSError:  # some platforms sync only files open for writing
+            os.close(fd)
+            fd = os.open(path, os.O_RDWR)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------- leftovers
+@functools.lru_cache(maxsize=1)
+def _boot_time() -> float | None:
+    with contextlib.suppress(OSError, ValueError):
+        with open("/proc/stat", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("btime "):
+                    return float(line.split()[1])
+    return None
+
+
+def _process_start(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), where /proc tells; None if unknown."""
+    boot = _boot_time()
+    if boot is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rpartition(")")[2].split()
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _writer_gone(pid: int, host: str, changed: float) -> bool:
+    """Whether the writer of a leftover last changed at ``changed`` has certainly stopped."""
+    if host != _HOST or os.name == "nt":  # another host's processes, or no safe liveness test (os.kill kills there)
+        return False
+    if pid != os.getpid():
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            pass
+        except OSError:
+            return False
+    started = _process_start(pid)  # alive: it is the writer unless it started after the leftover was changed
+    return started is not None and changed < started - _SLACK_S
+
+
+def _leftovers(path: Path) -> list[tuple[Path, bool, float]]:
+    """Leftovers of killed writers of ``path`` as (path, is a moved-aside ``.old`` directory, ctime)."""
+    name = re.escape(path.name)
+    ours = re.compile(rf"^\.{name}\.(\d+)-([0-9a-f]{{8}})\.(?:{_RANDOM}\.tmp|old)$")
+    legacy = re.compile(rf"^\.{name}\.(?:[A-Za-z0-9_]{{8}}\.tmp|old)$")  # names written before PIDs were in them
+    prefix = f".{path.name}."
+    found = []
+    try:
+        entries = list(os.scandir(path.parent))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            # ctime, not mtime: a rename changes it, so a directory just moved aside counts as changed now.
+            changed = entry.stat(follow_symlinks=False).st_ctime
+        except OSError:
+            continue
+        match = ours.match(entry.name)
+        if match:
+            stale = _writer_gone(int(match.group(1)), match.group(2), changed)
+        elif legacy.match(entry.name):
+            started = _process_start(os.getpid()) or _IMPORTED
+            stale = changed < started - _SLACK_S
+        else:
+            continue
+        if stale:
+            found.append((Path(entry.path), entry.name.endswith(".old"), changed))
+    return found
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def recover(path: str | os.PathLike) -> bool:
+    """If ``path`` is missing because its writer was killed after moving the previous directory aside, move that
+    one back. Returns whether it did. Readers of atomically written directories call it before reading."""
+    path = Path(path)
+    if os.path.lexists(path):
+        return False
+    olds = [(changed, old) for old, is_old, changed in _leftovers(path) if is_old]
+    if not olds:
+        return False
+    try:
+        os.replace(max(olds)[1], path)
+    except OSError:  # another reader recovered it first
+        return False
+    _fsync_dir(path.parent)
+    return True
+
+
+def clean_stale(path: str | os.PathLike) -> list[Path]:
+    """Recover ``path`` (see ``recover``), then remove the leftovers of its killed writers; returns those removed."""
+    path = Path(path)
+    recover(path)
+    removed = []
+    for leftover, _, _ in _leftovers(path):
+        _remove(leftover)
+        removed.append(leftover)
+    return removed
+
+
+# ---------------------------------------------------------------------------------------------- writers
+def _label(path: Path) -> str:
+    """The fault-point target of a file: its name, or ``<directory>/<name>`` inside an atomic directory."""
+    match = _TMP_DIR_NAME.match(path.parent.name)
+    return f"{match.group(1)}/{path.name}" if match else path.name
 
 
 @contextlib.contextmanager
@@ -22,18 +217,50 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", encoding: str | None
     """Open a temporary file beside ``path``; on success it replaces ``path`` atomically, on error it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    label = _label(path) if faults.ACTIVE else ""
+    clean_stale(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_tag()}.", suffix=".tmp", dir=path.parent)
     try:
+        try:  # mkstemp creates 0600; give the file the permissions open() would
+            os.fchmod(fd, 0o666 & ~_umask())
+        except AttributeError:  # pragma: no cover - no fchmod (Windows)
+            os.chmod(tmp, 0o666 & ~_umask())
+        faults.point("write-created", label)
         with os.fdopen(fd, mode, encoding=encoding) as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the file the permissions open() would
+        faults.point("write-written", label)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    faults.point("write-renamed", label)
+    _fsync_dir(path.parent)
+
+
+def _finish_tree(root: Path, name: str) -> None:
+    """Give every file and directory under ``root`` the umask's permissions and fsync them (files first)."""
+    mask = _umask()
+    for directory, dirs, files in os.walk(root):
+        dirs.sort()
+        for file in sorted(files):
+            full = os.path.join(directory, file)
+            mode = os.lstat(full).st_mode
+            if not stat.S_ISREG(mode):
+                continue
+            executable = 0o111 if mode & 0o111 else 0
+            os.chmod(full, (0o666 | executable) & ~mask)
+            _fsync_file(full)
+            if faults.ACTIVE:
+                faults.point("dir-synced", f"{name}/{os.path.relpath(full, root).replace(os.sep, '/')}")
+        for sub in dirs:
+            full = os.path.join(directory, sub)
+            if not os.path.islink(full):
+                os.chmod(full, 0o777 & ~mask)
+        _fsync_dir(directory)
+    os.chmod(root, 0o777 & ~mask)  # mkdtemp creates 0700
 
 
 @contextlib.contextmanager
@@ -41,22 +268,35 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary directory beside ``path``; on success it replaces ``path`` (an existing one is removed)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    name = path.name
+    clean_stale(path)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.{_tag()}.", suffix=".tmp", dir=path.parent))
+    old = path.with_name(f".{name}.{_tag()}.old")
+    replaced = moved = False
     try:
+        faults.point("dir-created", name)
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700; give the directory the usual permissions
-        for child in tmp.iterdir():
-            if child.is_file():
-                with open(child, "rb") as handle:
-                    os.fsync(handle.fileno())
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+        faults.point("dir-written", name)
+        _finish_tree(tmp, name)
+        faults.point("dir-before-rename", name)
+        if os.path.lexists(path):
+            replaced = True
+            _remove(old)
             os.replace(path, old)
+            moved = True
+            faults.point("dir-moved-aside", name)
             os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
+            moved = False
         else:
             os.replace(tmp, path)
     except BaseException:
+        if moved:  # put the previous directory back
+            with contextlib.suppress(OSError):
+                os.replace(old, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    faults.point("dir-renamed", name)
+    _fsync_dir(path.parent)
+    if replaced:
+        _remove(old)
+    faults.point("dir-done", name)

@@ -380,7 +380,10 @@ def test_in_memory_documents_checks_word_start_count():
         ({"max_seq_length": 12.0}, "max_seq_length: expected int"),
         ({"short_seq_prob": 1.5}, "short_seq_prob: must be in"),
         ({"dupe_factor": 0}, "dupe_factor: must be >= 1"),
-        ({"seed": -1}, "seed: must be >= 0"),
+        ({"seed": -1}, r"seed: must be in \[0, 2\*\*63\)"),
+        ({"short_seq_prob": float("nan")}, "short_seq_prob: must be a finite number"),
+        ({"kind": "pairs"}, "InstanceConfig.kind: expected one of 'nsp', 'segment-pair'"),
+        ({"dupe_factor": True}, "dupe_factor: expected int, got bool"),
         ({"nsp": "yes"}, "nsp: expected bool"),
     ],
 )
@@ -390,11 +393,21 @@ def test_instance_config_errors(kwargs, message):
 
 
 def test_instance_config_from_dict():
-    config = InstanceConfig.from_dict({"kind": "segment-pair", "max_seq_length": 64, "nsp": True})
-    assert config.nsp and config.max_seq_length == 64
-    assert InstanceConfig.from_dict({"kind": "segment-pair"}).nsp is False
+    config = InstanceConfig.from_dict({"kind": "segment-pair", "max_seq_length": 64})
+    assert config.max_seq_length == 64 and config.nsp is False and config.seed == 0
+    assert InstanceConfig.from_dict({"kind": "nsp"}).nsp is True
     with pytest.raises(ConfigError, match="instances.max_len: unknown key"):
         InstanceConfig.from_dict({"max_len": 64})
+    # nsp follows kind and the seed is the run's: neither is a key of a config file.
+    with pytest.raises(ConfigError, match="instances.nsp: not set in a config file; it follows kind"):
+        InstanceConfig.from_dict({"kind": "segment-pair", "nsp": True})
+    with pytest.raises(ConfigError, match="instances.seed: not set in a config file; the seed is run.seed"):
+        InstanceConfig.from_dict({"seed": 3})
+
+
+def test_instance_config_python_construction_sets_derived_fields():
+    config = InstanceConfig(kind="segment-pair", nsp=True, seed=7)
+    assert config.nsp is True and config.seed == 7
 
 
 def test_special_tokens_errors():

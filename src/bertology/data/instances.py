@@ -22,16 +22,17 @@ import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
-from bertology.config import from_mapping
+from bertology.config import derived, from_mapping, validate
 from bertology.data._config import check_type
 from bertology.errors import ConfigError, DataError
 
 STYLES = ("bert", "roberta")
-KINDS = ("nsp", "segment-pair", "full-sentences", "doc-sentences")
+Kind = Literal["nsp", "segment-pair", "full-sentences", "doc-sentences"]
+KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
 _INSTANCE_STREAM = 1
@@ -135,31 +136,26 @@ class Instance:
 
 @dataclass
 class InstanceConfig:
-    """How instances are cut from documents.
+    """How instances are cut from documents (the run config's ``data.instances``).
 
-    ``nsp`` defaults from ``kind`` (True for ``nsp``, False otherwise); ``segment-pair`` with ``nsp=True`` is the
-    same as ``nsp``. ``short_seq_prob`` only applies to the segment-pair kinds. ``dupe_factor`` is the number of
-    distinct instance lists (and static masks) cycled through across epochs.
+    ``nsp`` follows ``kind`` (True for ``nsp``, False otherwise); in Python, ``segment-pair`` with ``nsp=True`` is
+    the same as ``nsp``. ``short_seq_prob`` only applies to the segment-pair kinds. ``dupe_factor`` is the number of
+    distinct instance lists (and static masks) cycled through across epochs. ``seed`` is set by the code that makes
+    the dataset (the pretrain recipe passes ``run.seed``), never by a config file.
     """
 
-    kind: str = "nsp"
+    kind: Kind = "nsp"
     max_seq_length: int = 128
     short_seq_prob: float = 0.1
-    nsp: bool | None = None
+    nsp: bool | None = derived(None, "it follows kind ('nsp': segment pairs with next-sentence prediction)")
     dupe_factor: int = 1
-    seed: int = 0
+    seed: int = derived(0, "the seed is run.seed")
 
     def __post_init__(self) -> None:
         where = "InstanceConfig"
-        if self.kind not in KINDS:
-            raise ConfigError(f"{where}.kind: expected one of {KINDS}, got {self.kind!r}")
-        check_type(where, "max_seq_length", self.max_seq_length, int)
-        check_type(where, "short_seq_prob", self.short_seq_prob, (int, float))
-        check_type(where, "dupe_factor", self.dupe_factor, int)
-        check_type(where, "seed", self.seed, int)
+        validate(self, where)
         if self.nsp is None:
             self.nsp = self.kind == "nsp"
-        check_type(where, "nsp", self.nsp, bool)
         if self.kind == "nsp" and not self.nsp:
             raise ConfigError(f"{where}.nsp: kind 'nsp' needs nsp=True (use kind 'segment-pair' without NSP)")
         if self.nsp and self.kind not in ("nsp", "segment-pair"):
@@ -171,8 +167,8 @@ class InstanceConfig:
             raise ConfigError(f"{where}.short_seq_prob: must be in [0, 1], got {self.short_seq_prob}")
         if self.dupe_factor < 1:
             raise ConfigError(f"{where}.dupe_factor: must be >= 1, got {self.dupe_factor}")
-        if self.seed < 0:
-            raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"{where}.seed: must be in [0, 2**63), got {self.seed}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:

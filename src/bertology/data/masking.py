@@ -25,18 +25,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import torch
 
-from bertology.config import from_mapping
-from bertology.data._config import check_type
+from bertology.config import from_mapping, validate
 from bertology.data.instances import SpecialTokens
 from bertology.errors import ConfigError, DataError
 
-SELECTIONS = ("count", "bernoulli")
-REPLACEMENTS = ("uniform", "unigram")
+Selection = Literal["count", "bernoulli"]
+Replacement = Literal["uniform", "unigram"]
+SELECTIONS: tuple[str, ...] = get_args(Selection)
+REPLACEMENTS: tuple[str, ...] = get_args(Replacement)
 
 # Independent random streams per position.
 _PRIORITY, _BERNOULLI, _ACTION, _REPLACEMENT = range(4)
@@ -53,31 +54,23 @@ class MaskingConfig:
     mask_token_prob: float = 0.8
     random_token_prob: float = 0.1
     whole_word: bool = False
-    replacement: str = "uniform"
+    replacement: Replacement = "uniform"
     max_predictions: int | None = None
-    selection: str = "count"
+    selection: Selection = "count"
     dynamic: bool = False
 
     def __post_init__(self) -> None:
         where = "MaskingConfig"
+        validate(self, where)
         for key in ("mlm_probability", "mask_token_prob", "random_token_prob"):
             value = getattr(self, key)
-            check_type(where, key, value, (int, float))
             if not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{where}.{key}: must be in [0, 1], got {value}")
         if self.mask_token_prob + self.random_token_prob > 1.0 + 1e-12:
             raise ConfigError(f"{where}: mask_token_prob + random_token_prob must be <= 1, got "
                               f"{self.mask_token_prob} + {self.random_token_prob}")
-        check_type(where, "whole_word", self.whole_word, bool)
-        check_type(where, "dynamic", self.dynamic, bool)
-        if self.replacement not in REPLACEMENTS:
-            raise ConfigError(f"{where}.replacement: expected one of {REPLACEMENTS}, got {self.replacement!r}")
-        if self.selection not in SELECTIONS:
-            raise ConfigError(f"{where}.selection: expected one of {SELECTIONS}, got {self.selection!r}")
-        if self.max_predictions is not None:
-            check_type(where, "max_predictions", self.max_predictions, int)
-            if self.max_predictions < 1:
-                raise ConfigError(f"{where}.max_predictions: must be >= 1 or None, got {self.max_predictions}")
+        if self.max_predictions is not None and self.max_predictions < 1:
+            raise ConfigError(f"{where}.max_predictions: must be >= 1 or None, got {self.max_predictions}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MaskingConfig:

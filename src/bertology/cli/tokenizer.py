@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from itertools import chain
+from pathlib import Path
 
 from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
-from bertology.data.corpus import read_sources
+from bertology.errors import ConfigError
 from bertology.tokenization import train_tokenizer
+
+# Files that make a directory a model directory: its weights were trained with the tokenizer stored beside them.
+MODEL_FILES: tuple[str, ...] = ("config.json", "model.safetensors", "pytorch_model.bin", "bertology.json")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--kind", required=True, choices=("wordpiece", "bpe", "unigram"))
     train.add_argument("--vocab-size", required=True, type=int)
     train.add_argument("--out", required=True, help="output directory")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the tokenizer of an existing model directory (its weights depend on it)")
     add_corpus_arguments(train)
     train.add_argument("--style", choices=("bert", "roberta"), default=None,
                        help="special-token style (default: bert for wordpiece, roberta otherwise)")
@@ -36,12 +41,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.set_defaults(func=run_train)
 
 
+def check_out(out: str | Path, overwrite: bool) -> Path:
+    """--out must be a directory that can be created or filled, and not a model directory unless `overwrite`."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: is a file, not a directory")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
+    if out.is_dir() and not overwrite:
+        present = [name for name in MODEL_FILES if (out / name).exists()]
+        if present:
+            raise ConfigError(f"--out {out}: holds a model ({', '.join(present)}) whose weights depend on the "
+                              "tokenizer there; write the new tokenizer elsewhere, or pass --overwrite to replace it")
+    return out
+
+
 def run_train(args: argparse.Namespace) -> int:
-    # Every source is resolved (missing paths, unknown encodings) before training starts; the sentences then
-    # stream from the readers, so the corpus never has to fit in memory.
-    sentences = chain.from_iterable(read_sources(sources_from_args(args)))
+    # The output directory and every source (missing paths, unknown encodings) are checked before training starts;
+    # the sentences then stream from the readers, so the corpus never has to fit in memory.
+    out = check_out(args.out, args.overwrite)
     tokenizer = train_tokenizer(
-        sentences,
+        sources_from_args(args),
         args.kind,
         args.vocab_size,
         style=args.style,
@@ -50,7 +73,10 @@ def run_train(args: argparse.Namespace) -> int:
         show_progress=not args.quiet,
         model_max_length=args.model_max_length,
     )
-    tokenizer.save(args.out)
-    print(f"wrote {args.kind} tokenizer ({tokenizer.vocab_size} tokens, {tokenizer.style} style) to {args.out}",
+    tokenizer.save(out)
+    print(f"wrote {args.kind} tokenizer ({tokenizer.vocab_size} tokens, {tokenizer.style} style) to {out}",
           file=sys.stderr)
+    if tokenizer.vocab_size < args.vocab_size:
+        print(f"note: the corpus gave {tokenizer.vocab_size} of the {args.vocab_size} tokens asked for (a small "
+              "corpus gives a small vocabulary)", file=sys.stderr)
     return 0

@@ -15,7 +15,7 @@ import tokenizers
 import torch
 
 from bertology.errors import TokenizerError
-from bertology.io import atomic_write
+from bertology.io import atomic_directory, atomic_write
 from bertology.tokenization._pipeline import (
     MODEL_TYPE_TO_KIND,
     STYLES,
@@ -314,9 +314,24 @@ class Tokenizer:
     def save(self, directory: str | os.PathLike) -> None:
         """Write tokenizer.json, tokenizer_config.json, special_tokens_map.json and the vocabulary files of the
         kind (vocab.txt for WordPiece, vocab.json + merges.txt for BPE); transformers' AutoTokenizer loads them
-        to the same ids. Other files in ``directory`` are left alone."""
+        to the same ids. Other files in ``directory`` are left alone. A directory that does not exist yet is
+        written under a temporary name and renamed into place, so it never exists half-written; in an existing
+        one each file is replaced atomically."""
         directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        if directory.exists() and not directory.is_dir():
+            raise TokenizerError(f"cannot save the tokenizer to {directory}: it is a file, not a directory")
+        parent = directory.parent
+        while not parent.exists():
+            parent = parent.parent
+        if not parent.is_dir():
+            raise TokenizerError(f"cannot save the tokenizer to {directory}: {parent} is a file, not a directory")
+        if directory.is_dir():
+            self._write_files(directory)
+        else:
+            with atomic_directory(directory) as tmp:
+                self._write_files(tmp)
+
+    def _write_files(self, directory: Path) -> None:
         state = json.loads(self.backend.to_str())
         with atomic_write(directory / "tokenizer.json", "w", encoding="utf-8") as handle:
             handle.write(self.backend.to_str(pretty=True))

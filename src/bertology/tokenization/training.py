@@ -1,12 +1,13 @@
-"""Train a WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (XLM-R / ALBERT) tokenizer from text files or
-an iterator of strings."""
+"""Train a WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (XLM-R / ALBERT) tokenizer from corpus files
+or an iterator of strings."""
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Iterable, Iterator, Sequence
+import unicodedata
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Union
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
@@ -22,14 +23,26 @@ from bertology.tokenization._pipeline import (
 )
 from bertology.tokenization.tokenizer import Tokenizer
 
+if TYPE_CHECKING:
+    from bertology.data.corpus import CorpusSource
+
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
 _GLOB_CHARS = frozenset("*?[")
 # Lines go to the trainer in batches: one Python call per batch instead of per line.
 _BATCH_LINES = 1000
+# Far above any real vocabulary (XLM-R: 250k); the trainers allocate for vocab_size up front, and a mistyped
+# 10**13 aborts the process with an out-of-memory panic instead of an error.
+MAX_VOCAB_SIZE = 2**21
+# Unicode categories that make text usable for training: letters, marks, numbers, punctuation, symbols. Whitespace
+# (Z*), control and format characters (C*: NUL, ESC, zero-width space, BOM, ...) alone teach a tokenizer nothing.
+_USABLE_CATEGORIES = frozenset("LMNPS")
+
+TrainingInput = Union[str, os.PathLike, "CorpusSource", Sequence[Union[str, os.PathLike, "CorpusSource"]],
+                      Iterable[str]]
 
 
 def train_tokenizer(
-    files_or_texts: str | os.PathLike | Sequence[str | os.PathLike] | Iterable[str],
+    files_or_texts: TrainingInput,
     kind: str,
     vocab_size: int,
     *,
@@ -40,22 +53,35 @@ def train_tokenizer(
     model_max_length: int | None = 512,
     limit_alphabet: int | None = 1000,
 ) -> Tokenizer:
-    """Train a tokenizer of ``kind`` ("wordpiece", "bpe", "unigram") with ``vocab_size`` entries.
+    """Train a tokenizer of ``kind`` ("wordpiece", "bpe", "unigram") with at most ``vocab_size`` entries.
 
-    ``files_or_texts``: a path (file, directory, or glob) or a list/tuple of them (directories are read recursively,
-    hidden files skipped), each read as UTF-8 one line at a time; or any other iterable (a generator, ``iter(list)``)
+    ``files_or_texts``: a path (file, directory, or glob) or a list/tuple of them, read as the ``bert`` corpus
+    format reads them (UTF-8, one sentence per line, blank lines skipped; directories recursively, hidden files
+    skipped); a ``bertology.data.corpus.CorpusSource`` or a list of them (any corpus format and encoding, as
+    ``bertology tokenizer train`` reads its FILE arguments); or any other iterable (a generator, ``iter(list)``)
     of texts. ``style``: "bert" or "roberta"; WordPiece is always BERT-style and byte-level BPE RoBERTa-style,
     Unigram is XLM-R-style by default and ALBERT-style with "bert". ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
     to Unigram. BPE training is deterministic; WordPiece and Unigram ids can differ between runs on the same
     text, because the tokenizers library breaks count ties in hash-map order: save the result, do not retrain.
+
+    A corpus without usable text (nothing but whitespace, control or format characters once normalised, e.g. a
+    file of NUL bytes) is a DataError naming its files. A small corpus legitimately gives a vocabulary smaller
+    than ``vocab_size``; compare ``vocab_size`` of the result.
     """
     check_choice(kind, KINDS, "tokenizer kind")
     style = check_choice(style or _DEFAULT_STYLE[kind], STYLES, "tokenizer style")
     if (kind, style) not in TRAINING_SPECIALS:
         raise TokenizerError(f"a {kind} tokenizer is trained in {_DEFAULT_STYLE[kind]} style only, not {style!r}")
-    if not isinstance(vocab_size, int) or vocab_size < 1:
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise TokenizerError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise TokenizerError(f"vocab_size {vocab_size} is larger than the {MAX_VOCAB_SIZE} tokens bertology trains")
+    if isinstance(min_frequency, bool) or not isinstance(min_frequency, int) or min_frequency < 0:
+        raise TokenizerError(f"min_frequency must be a non-negative integer, got {min_frequency!r}")
+    if model_max_length is not None and (isinstance(model_max_length, bool) or not isinstance(model_max_length, int)
+                                         or model_max_length < 1):
+        raise TokenizerError(f"model_max_length must be a positive integer or None, got {model_max_length!r}")
     if lowercase is None:
         lowercase = kind == "wordpiece" or (kind == "unigram" and style == "bert")
     special_list = TRAINING_SPECIALS[(kind, style)]
@@ -64,30 +90,41 @@ def train_tokenizer(
 
     backend, trainer = _pipeline(kind, style, lowercase, vocab_size, min_frequency, show_progress, special_list,
                                  limit_alphabet)
-    texts = _corpus(files_or_texts)
-    seen = 0
+    texts, describe = _corpus(files_or_texts)
+    normalizer = backend.normalizer
 
     def batches() -> Iterator[list[str]]:
-        nonlocal seen
+        lines = characters = 0
+        usable = False
         batch: list[str] = []
         for text in texts:
             if not isinstance(text, str):
                 raise TokenizerError(f"training texts must be strings, got {type(text).__name__}")
-            if text.strip():
-                batch.append(text)
-                if len(batch) == _BATCH_LINES:
-                    seen += len(batch)
-                    yield batch
-                    batch = []
+            lines += 1
+            characters += len(text)
+            if not text.strip():
+                continue
+            # Checked until the first usable text, which for real corpora is the first line.
+            usable = usable or _has_usable_character(normalizer.normalize_str(text) if normalizer else text)
+            batch.append(text)
+            if len(batch) == _BATCH_LINES:
+                yield batch
+                batch = []
+        if not usable:  # raised from inside the iterator, so the trainer stops before computing a vocabulary
+            raise DataError(
+                f"no usable text in {describe(lines, characters)}: only whitespace, control or format characters "
+                "(e.g. NUL bytes) after normalisation, no words to learn from"
+            )
         if batch:
-            seen += len(batch)
             yield batch
 
     backend.train_from_iterator(batches(), trainer)
-    if seen == 0:
-        raise DataError("no training text: every input was empty or whitespace")
     specials: SpecialTokens = default_specials(style, kind)
     return Tokenizer(backend, style=style, specials=specials, model_max_length=model_max_length)
+
+
+def _has_usable_character(text: str) -> bool:
+    return any(unicodedata.category(char)[0] in _USABLE_CATEGORIES for char in text)
 
 
 def _pipeline(
@@ -144,62 +181,51 @@ def _pipeline(
     return backend, trainer
 
 
-def _corpus(files_or_texts: str | os.PathLike | Sequence[str | os.PathLike] | Iterable[str]) -> Iterator[str]:
-    """Texts from paths (str / PathLike, or a list or tuple of them) or from any other iterable of strings."""
-    if isinstance(files_or_texts, (str, os.PathLike)):
-        return _read_files(expand_paths([files_or_texts]))
+def _corpus(files_or_texts: TrainingInput) -> tuple[Iterator[str], Callable[[int, int], str]]:
+    """The training texts, and a function that describes them (given the texts and characters read) for errors."""
+    from bertology.data.corpus import CorpusSource, read_sources  # imported here: the data package imports this one
+
+    if isinstance(files_or_texts, (str, os.PathLike, CorpusSource)):
+        files_or_texts = [files_or_texts]
     if isinstance(files_or_texts, (list, tuple)):
-        return _read_files(expand_paths(files_or_texts))
+        if not files_or_texts:
+            raise DataError("no training files given")
+        sources: list[CorpusSource] = []
+        run: list[str | os.PathLike] = []  # consecutive plain paths make one bert-format source, as on the CLI
+        for item in [*files_or_texts, None]:
+            if isinstance(item, (str, os.PathLike)):
+                _check_path(item)
+                run.append(item)
+                continue
+            if run:
+                sources.append(CorpusSource(run))
+                run = []
+            if isinstance(item, CorpusSource):
+                sources.append(item)
+            elif item is not None:
+                raise TokenizerError(f"training input {item!r} is not a path (to train from texts pass an iterator)")
+        documents = read_sources(sources)  # every source is resolved before any is read
+
+        def describe(texts: int, characters: int) -> str:
+            files = [file for source in sources for file in source.files()]
+            names = ", ".join(str(file) for file in files[:3]) + (", ..." if len(files) > 3 else "")
+            count = f"{len(files)} files, " if len(files) > 1 else ""
+            size = sum(file.stat().st_size for file in files)
+            return f"{names} ({count}{size} bytes, {_plural(texts, 'non-blank line')})"
+
+        return (sentence for document in documents for sentence in document), describe
     if isinstance(files_or_texts, Iterable):
-        return iter(files_or_texts)
+        return iter(files_or_texts), lambda texts, characters: (
+            f"the training texts ({_plural(texts, 'text')}, {_plural(characters, 'character')})")
     raise TokenizerError(f"cannot train from {type(files_or_texts).__name__}: give paths or an iterable of strings")
 
 
-def expand_paths(paths: Sequence[str | os.PathLike]) -> list[Path]:
-    """Files named by ``paths``: files as given, directories recursively (hidden entries skipped), globs expanded."""
-    files: list[Path] = []
-    if not paths:
-        raise DataError("no training files given")
-    for item in paths:
-        if not isinstance(item, (str, os.PathLike)):
-            raise TokenizerError(f"training input {item!r} is not a path (to train from texts pass an iterator)")
-        path = Path(item)
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = sorted(
-                p for p in path.rglob("*")
-                if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
-            )
-            if not found:
-                raise DataError(f"training directory {path} holds no files")
-            files.extend(found)
-        elif _GLOB_CHARS & set(str(item)):
-            found = sorted(Path(p) for p in glob.glob(str(item), recursive=True) if Path(p).is_file())
-            if not found:
-                raise DataError(f"training glob {str(item)!r} matches no files")
-            files.extend(found)
-        else:
-            # A list of texts passed where paths are expected shows up here; say how to pass texts.
-            hint = " (to train from a list of texts, pass iter(texts))" if any(c.isspace() for c in str(item)) else ""
-            raise DataError(f"training input {str(item)!r} does not exist{hint}")
-    return files
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def _read_files(files: list[Path]) -> Iterator[str]:
-    """Lines of each file, decoded as strict UTF-8; a bad byte raises DataError with file, line and byte offset."""
-    for path in files:
-        offset = 0
-        with open(path, "rb") as handle:
-            for number, raw in enumerate(handle, start=1):
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise DataError(
-                        f"{path}: not valid UTF-8 at byte offset {offset + error.start} (line {number}): "
-                        f"byte 0x{raw[error.start]:02x}"
-                    ) from None
-                if number == 1:
-                    line = line.removeprefix("\ufeff")
-                offset += len(raw)
-                yield line.rstrip("\r\n")
+def _check_path(item: str | os.PathLike) -> None:
+    """A list of texts passed where paths are expected shows up as a missing path with spaces; say how to pass texts."""
+    text = os.fspath(item)
+    if not Path(text).exists() and not _GLOB_CHARS & set(text) and any(c.isspace() for c in text):
+        raise DataError(f"training input {text!r} does not exist (to train from a list of texts, pass iter(texts))")

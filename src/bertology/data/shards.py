@@ -25,13 +25,11 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -39,6 +37,7 @@ from tqdm import tqdm
 from bertology.data.corpus import CORPUS_FORMATS, CorpusFormat, CorpusSource, PathsLike, read_sources
 from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.io import atomic_directory, atomic_write
+from bertology.prefetch import prefetched
 
 __all__ = [
     "FORMAT_VERSION",
@@ -425,9 +424,6 @@ def _batches(documents: Iterator[list[str]]) -> Iterator[list[list[str]]]:
         yield group
 
 
-_T = TypeVar("_T")
-
-
 @contextlib.contextmanager
 def _specials_as_text(backend: Any) -> Iterator[None]:
     """Tokenise special-token strings found in the corpus ("[SEP]", "<mask>") as ordinary text, so that corpus
@@ -441,45 +437,6 @@ def _specials_as_text(backend: Any) -> Iterator[None]:
         yield
     finally:
         backend.encode_special_tokens = previous
-
-
-def _prefetched(items: Iterator[_T], depth: int = 2) -> Iterator[_T]:
-    """Yield ``items`` produced by a background thread, so that reading and splitting the corpus (Python) overlaps
-    tokenising (Rust, which releases the GIL). A producer error is re-raised here; closing stops the producer."""
-    slots: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(entry: tuple[bool, Any]) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce() -> None:
-        try:
-            for item in items:
-                if not put((True, item)):
-                    return
-            put((False, None))
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            put((False, error))
-
-    thread = threading.Thread(target=produce, name="corpus-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            more, value = slots.get()
-            if not more:
-                if value is not None:
-                    raise value
-                return
-            yield value
-    finally:
-        stop.set()
-        thread.join()
 
 
 def _check_output(out_dir: Path, overwrite: bool) -> None:
@@ -577,7 +534,7 @@ def prepare_corpus(
             (tmp / HELDOUT_DIR).mkdir()
             heldout = _SplitWriter(tmp / HELDOUT_DIR, dtype, vocab_size, shard_size_tokens)
         seen = 0
-        groups = _prefetched(_batches(read_sources(sources)))
+        groups = prefetched(_batches(read_sources(sources)), name="corpus-reader")
         progress = tqdm(total=total, unit="doc", desc="tokenising", disable=not show_progress)
         with contextlib.closing(groups), progress, _specials_as_text(backend):
             for group in groups:

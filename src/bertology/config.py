@@ -150,7 +150,7 @@ def _convert(tp: Any, value: Any, where: str, *, from_text: bool = False, nonfin
             return value  # validated when it was built
         if from_text:
             return from_mapping(tp, value, where)
-        raise ConfigError(f"{where}: expected a {tp.__name__} (or, in a config file, a mapping), "
+        raise ConfigError(f"{where}: expected {tp.__name__} (a mapping in a config file), "
                           f"got {type(value).__name__} {value!r}")
     if tp is bool:
         if isinstance(value, bool):
@@ -168,7 +168,8 @@ def _convert(tp: Any, value: Any, where: str, *, from_text: bool = False, nonfin
         try:
             number = float(value)
         except OverflowError:  # an int too large for a float
-            number = math.inf
+            raise ConfigError(f"{where}: must be a finite number, got an integer of {len(str(value))} digits") \
+                from None
         if not nonfinite and not math.isfinite(number):
             raise ConfigError(f"{where}: must be a finite number, got {value!r}")
         return number

@@ -283,6 +283,12 @@ def test_rows_without_maskable_tokens():
         ({"selection": "exact"}, "MaskingConfig.selection"),
         ({"max_predictions": 0}, "max_predictions: must be >= 1"),
         ({"whole_word": 1}, "whole_word: expected bool"),
+        ({"dynamic": "yes"}, "MaskingConfig.dynamic: expected bool, got str"),
+        ({"selection": "bogus"}, "MaskingConfig.selection: expected one of 'count', 'bernoulli', got str 'bogus'"),
+        ({"replacement": 1}, "MaskingConfig.replacement: expected one of 'uniform', 'unigram', got int 1"),
+        ({"mlm_probability": float("nan")}, "MaskingConfig.mlm_probability: must be a finite number"),
+        ({"mlm_probability": True}, "MaskingConfig.mlm_probability: expected float, got bool"),
+        ({"max_predictions": 2.0}, "MaskingConfig.max_predictions: expected int or null, got float"),
     ],
 )
 def test_masking_config_errors(kwargs, message):
@@ -292,6 +298,10 @@ def test_masking_config_errors(kwargs, message):
 
 def test_masking_config_from_dict():
     assert MaskingConfig.from_dict({"whole_word": True}).whole_word
+    with pytest.raises(ConfigError, match="masking.selection: expected one of 'count', 'bernoulli'"):
+        MaskingConfig.from_dict({"selection": "bogus"})
+    with pytest.raises(ConfigError, match=r"^masking: mask_token_prob \+ random_token_prob must be <= 1"):
+        MaskingConfig.from_dict({"mask_token_prob": 0.9, "random_token_prob": 0.2})
     with pytest.raises(ConfigError, match="masking.mlm_prob: unknown key; did you mean mlm_probability"):
         MaskingConfig.from_dict({"mlm_prob": 0.15})
 
@@ -326,3 +336,9 @@ def test_masker_call_errors():
         m(ids, attention, starts, seeds=torch.zeros(3, dtype=torch.long))
     with pytest.raises(DataError, match="input_ids must be \\[B, L\\]"):
         m(ids[0], attention[0], starts[0], generator=g)
+
+
+def test_masking_config_normalises_numbers():
+    config = MaskingConfig(mlm_probability=1, max_predictions=np.int64(5))
+    assert config.mlm_probability == 1.0 and type(config.mlm_probability) is float
+    assert config.max_predictions == 5 and type(config.max_predictions) is int

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from bertology.cli.main import main
-from bertology.embeddings import embed
+from bertology.embeddings import embed, load_vectors
 from bertology.info import describe
 from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
 
@@ -45,17 +45,17 @@ def test_jsonl_to_npz_word_vectors(minilm_path, minilm, tmp_path):
     out = tmp_path / "words.npz"
     assert run("embed", "--model", minilm_path, "--input", source, "--format", "jsonl", "--text-field", "body",
                "--output", out, "--level", "word", "--pooling", "first", "--layers", "sum-last-four") == 0
-    saved = np.load(out)
+    saved = load_vectors(out)
     expected = embed(minilm, TEXTS, layers="sum-last-four", pooling="first").words
     np.testing.assert_allclose(saved["vectors"], expected.vectors, atol=1e-4)
-    assert saved["strings"].tolist()[:4] == ["The", "bank", "raised", "its"]
+    assert saved["strings"][:4] == ["The", "bank", "raised", "its"] and saved["texts"] == TEXTS
     assert saved["text_index"].tolist() == expected.text_index.tolist()
     assert 1 not in saved["text_index"]  # the empty text has no words
     for row in range(len(saved["vectors"])):
         text = saved["texts"][saved["text_index"][row]]
         assert text[saved["start"][row]: saved["end"][row]] == saved["strings"][row]
-    meta = json.loads(str(saved["meta"]))
-    assert meta["level"] == "word" and meta["layers"] == [3, 4, 5, 6] and meta["pooling"] == "first"
+    meta = saved["meta"]
+    assert meta["format"] == 2 and meta["level"] == "word" and meta["layers"] == [3, 4, 5, 6] and meta["pooling"] == "first"
 
 
 def test_token_level_with_explicit_layers(minilm_path, minilm, tmp_path):
@@ -65,8 +65,8 @@ def test_token_level_with_explicit_layers(minilm_path, minilm, tmp_path):
     assert run("embed", "--model", minilm_path, "--input", source, "--output", out, "--level", "token",
                "--layers=-2,-1", "--combine", "concat", "--batch-size", "1", "--max-length", "3",
                "--stride", "1") == 0
-    saved = np.load(out)
-    assert saved["strings"].tolist() == ["una", "##ffa", "##ble", "bank"]
+    saved = load_vectors(out)
+    assert saved["strings"] == ["una", "##ffa", "##ble", "bank"]
     assert saved["word_index"].tolist() == [0, 0, 0, 0] and saved["index"].tolist() == [0, 1, 2, 0]
     assert saved["vectors"].shape == (4, 768) and saved["ids"].tolist()[3] == minilm.tokenizer.token_to_id("bank")
     # one token per window: each token's vector is the forward of [CLS] token [SEP] alone

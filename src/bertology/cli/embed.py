@@ -25,7 +25,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write contextual sentence, word or token vectors",
         description="Embed the texts of a file (one per line, or JSON lines) and write sentence vectors to "
         ".npy ([N, H]) or any level to .npz (vectors plus an index: text, word/token number, string, "
-        "character span). Texts longer than the model's positions are embedded in overlapping windows.",
+        "character span; texts and strings as UTF-8 bytes plus offsets, read them with "
+        "bertology.embeddings.load_vectors). Texts longer than the model's positions are embedded in overlapping "
+        "windows. The output path is checked before the model is loaded.",
     )
     parser.add_argument("--model", required=True, help="model directory (transformers layout)")
     parser.add_argument("--input", required=True, help="UTF-8 text file")
@@ -54,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output(args.output, args.level)
+    check_output(args.output, args.level)  # paths first: a bad --output fails before any embedding work
     texts = read_texts(args.input, args.format, args.text_field)
     pretrained = load(args.model)
     result = embed(

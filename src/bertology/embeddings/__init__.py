@@ -1,7 +1,7 @@
 """Contextual embeddings: layer choice, subword pooling, sentence vectors, long-text windows."""
 
 from bertology.embeddings.core import embed, word_vector
-from bertology.embeddings.files import check_output, read_texts, save_vectors
+from bertology.embeddings.files import check_output, load_vectors, read_texts, save_vectors
 from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
 from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, pool
 from bertology.embeddings.windows import max_context_window, plan_windows
@@ -13,6 +13,7 @@ __all__ = [
     "Pieces",
     "check_output",
     "embed",
+    "load_vectors",
     "max_context_window",
     "parse_layers",
     "plan_windows",

@@ -16,6 +16,9 @@ from bertology.io import atomic_write
 
 InputFormat = Literal["lines", "jsonl"]
 INPUT_FORMATS: tuple[str, ...] = ("lines", "jsonl")
+# meta["format"] of .npz files. 2: texts and strings as UTF-8 bytes plus offsets; 1 (no "format" key): numpy
+# unicode arrays, which drop trailing NUL characters.
+FORMAT_VERSION = 2
 
 
 def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_field: str = "text") -> list[str]:
@@ -24,9 +27,14 @@ def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_fiel
     if format not in INPUT_FORMATS:
         raise ConfigError(f"input format: unknown {format!r}; expected one of {', '.join(INPUT_FORMATS)}")
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a text file")
+    if not path.exists():
         raise DataError(f"{path}: no such file")
-    raw = path.read_bytes()
+    try:
+        raw = path.read_bytes()
+    except OSError as error:
+        raise DataError(f"{path}: cannot read: {error.strerror or error}") from None
     try:
         content = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -51,10 +59,19 @@ def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_fiel
 
 
 def check_output(path: str | os.PathLike, level: Level) -> str:
-    """The output kind ("npy" or "npz") for `path`, or a ConfigError before any work is done."""
+    """The output kind ("npy" or "npz") for `path`, or a ConfigError before any work is done: an unknown suffix,
+    a level the suffix cannot hold, a directory in the way, or a file where a parent directory must be."""
     if level not in LEVELS:
         raise ConfigError(f"level: unknown {level!r}; expected one of {', '.join(LEVELS)}")
-    suffix = Path(path).suffix.lower()
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path}: is a directory; the output is a file (OUT.npy or OUT.npz)")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{path}: cannot create it, {parent} is a file, not a directory")
+    suffix = path.suffix.lower()
     if suffix == ".npy":
         if level != "sentence":
             raise ConfigError(f"{path}: a .npy file holds a single array, which fits sentence vectors only; "
@@ -68,9 +85,15 @@ def check_output(path: str | os.PathLike, level: Level) -> str:
 def save_vectors(result: Embeddings, path: str | os.PathLike, level: Level, meta: dict[str, Any] | None = None) -> int:
     """Write one level of `result` atomically and return the number of rows.
 
-    .npy: the [N, D] sentence vectors. .npz: `vectors`, `texts`, `meta` (JSON: layers, pooling, ...) and, for
+    .npy: the [N, D] sentence vectors. .npz: `vectors`, the texts, `meta` (JSON: layers, pooling, ...) and, for
     word and token level, one index entry per row: `text_index`, `index` (word or token number in its text),
-    `word_index`, `strings`, `start`, `end` (character offsets into the text) and, for tokens, `ids`.
+    `word_index`, the strings, `start`, `end` (character offsets into the text) and, for tokens, `ids`.
+
+    Texts and strings are stored exactly, as their UTF-8 bytes one after another (`texts_utf8`, uint8) and the
+    byte offsets where each starts (`texts_offsets`, int64, one more than there are texts; likewise
+    `strings_utf8` / `strings_offsets`): numpy's unicode arrays would drop trailing NUL characters. Read them with
+    `load_vectors`, or by hand: text i is `bytes(texts_utf8[texts_offsets[i]:texts_offsets[i + 1]]).decode()`.
+    Every array is plain numeric, so `np.load` needs no pickle.
     """
     kind = check_output(path, level)
     if level == "sentence":
@@ -86,7 +109,7 @@ def save_vectors(result: Embeddings, path: str | os.PathLike, level: Level, meta
             "text_index": pieces.text_index,
             "index": pieces.index,
             "word_index": pieces.word_index,
-            "strings": np.array(pieces.strings, dtype=str),
+            **_pack_strings("strings", pieces.strings),
             "start": pieces.start,
             "end": pieces.end,
         }
@@ -96,8 +119,57 @@ def save_vectors(result: Embeddings, path: str | os.PathLike, level: Level, meta
         if kind == "npy":
             np.save(handle, arrays["vectors"])
         else:
-            info = {"level": level, "layers": list(result.layers), "combine": result.combine,
-                    "pooling": result.pooling, "sentence": result.sentence,
+            info = {"format": FORMAT_VERSION, "level": level, "layers": list(result.layers),
+                    "combine": result.combine, "pooling": result.pooling, "sentence": result.sentence,
                     "window_length": result.window_length, "stride": result.stride, **(meta or {})}
-            np.savez(handle, **arrays, texts=np.array(result.texts, dtype=str), meta=np.array(json.dumps(info)))
+            np.savez(handle, **arrays, **_pack_strings("texts", result.texts), meta=np.array(json.dumps(info)))
     return int(arrays["vectors"].shape[0])
+
+
+def load_vectors(path: str | os.PathLike) -> dict[str, Any]:
+    """What `save_vectors` wrote: "vectors" and, from .npz, "texts" and (word and token level) "strings" as lists
+    of str, exactly as embedded, "meta" as a dict, and the index arrays. Files written before texts were stored
+    as UTF-8 (unicode arrays "texts" / "strings", which lose trailing NULs) are read too."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: {'is a directory' if path.is_dir() else 'no such file'}")
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: not a .npy or .npz file written by bertology embed ({error})") from None
+    if isinstance(loaded, np.ndarray):
+        return {"vectors": loaded}
+    with loaded:
+        arrays = {name: loaded[name] for name in loaded.files}
+    if "vectors" not in arrays:
+        raise DataError(f"{path}: no 'vectors' array (found {', '.join(sorted(arrays)) or 'none'})")
+    result: dict[str, Any] = {}
+    for name in ("texts", "strings"):
+        if f"{name}_utf8" in arrays:
+            result[name] = _unpack_strings(arrays.pop(f"{name}_utf8"), arrays.pop(f"{name}_offsets", None), path, name)
+        elif name in arrays:
+            result[name] = arrays.pop(name).tolist()
+    if "meta" in arrays:
+        result["meta"] = json.loads(str(arrays.pop("meta")))
+    result.update(arrays)
+    return result
+
+
+def _pack_strings(name: str, strings: list[str]) -> dict[str, np.ndarray]:
+    encoded = [s.encode("utf-8", "surrogatepass") for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return {f"{name}_utf8": np.frombuffer(b"".join(encoded), dtype=np.uint8), f"{name}_offsets": offsets}
+
+
+def _unpack_strings(data: np.ndarray, offsets: np.ndarray | None, path: Path, name: str) -> list[str]:
+    if offsets is None or offsets.ndim != 1 or len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(data) or (
+        np.diff(offsets) < 0
+    ).any():
+        raise DataError(f"{path}: {name}_offsets does not describe {name}_utf8 ({len(data)} bytes)")
+    raw = data.tobytes()
+    bounds = offsets.tolist()
+    try:
+        return [raw[a:b].decode("utf-8", "surrogatepass") for a, b in zip(bounds[:-1], bounds[1:])]
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: {name}_utf8 is not UTF-8 ({error.reason})") from None

@@ -228,6 +228,7 @@ def test_huge_integer_for_a_float():
     ("data.masking.max_predictions=0", "data.masking.max_predictions: must be >= 1 or None"),
     ("tokenizer.vocab_size=7", "tokenizer.vocab_size: must be >= 8"),
     ("tokenizer.min_frequency=-1", "tokenizer.min_frequency: must be >= 0"),
+    ("objectives.mlm.weight=-1", "objectives.mlm.weight: must be >= 0"),
 ])
 def test_out_of_range_settings(setting, message):
     with pytest.raises(ConfigError, match=f"^{message}"):

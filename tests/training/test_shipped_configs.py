@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bertology.training.config import load_config
+from bertology.training.config import PretrainConfig, load_config
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -20,3 +21,10 @@ def test_shipped_config_loads(path):
     config = load_config(path)
     assert config.optim.total_steps > 0
     assert config.data.instances.max_seq_length <= 512
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_config_round_trips(path):
+    """What a checkpoint records (to_dict) reads back to the same config."""
+    config = load_config(path)
+    assert PretrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config

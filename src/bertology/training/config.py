@@ -2,7 +2,8 @@
 
 Sections and what belongs where:
 
-* ``model``: the architecture (a ``preset`` size plus field overrides, or ``init_from`` an existing checkpoint).
+* ``model``: the architecture (a ``preset`` size plus EncoderConfig field overrides, or ``init_from`` an existing
+  checkpoint).
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
 * ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``).
 * ``objectives``: ``name -> options`` (``mlm``, ``nsp``); the default is MLM, plus NSP for ``nsp`` instances.
@@ -11,8 +12,9 @@ Sections and what belongs where:
 * ``speed``: settings that change only how fast the run goes, never what it computes (up to floating-point
   rounding: bf16 autocast, fused kernels): device, threads, autocast, torch.compile, prefetching, FSDP sharding.
 
-Unknown keys and wrong types are errors naming the key's path (``optim.lerning_rate: unknown key; did you mean
-lr?``). ``apply_overrides`` applies command-line ``key.path=value`` settings (values parsed as YAML).
+Unknown keys, wrong types, non-finite numbers and out-of-range values are errors naming the key's path
+(``optim.lerning_rate: unknown key; did you mean lr?``); so are a key given twice in a file and a file that is not
+UTF-8. ``apply_overrides`` applies command-line ``key.path=value`` settings (values parsed as YAML).
 """
 
 from __future__ import annotations
@@ -254,6 +256,10 @@ class PretrainConfig:
         if not self.objectives:
             raise ConfigError("objectives: at least one objective is needed")
         built = self._build_objectives()
+        for name, objective in built.items():
+            weight = getattr(objective, "weight", None)
+            if isinstance(weight, float) and weight < 0:
+                raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {weight}")
         # The options as given (null as {}), with their values checked and converted (2 -> 2.0 for a float).
         self.objectives = {name: {key: getattr(built[name], key) for key in (options or {})}
                            for name, options in self.objectives.items()}

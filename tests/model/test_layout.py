@@ -124,7 +124,7 @@ def test_inputs_that_do_not_fit_the_model_are_named():
 
 
 @pytest.mark.parametrize("family", ["bert", "albert"])
-def test_heads_only_last_layer_gives_the_same_logits_and_gradients(family):
+def test_pruned_last_layer_gives_the_same_logits_and_gradients(family):
     from bertology.model import EncoderConfig, EncoderModel, HeadSpec
 
     extra = {"embedding_size": 8, "num_layer_groups": 1} if family == "albert" else {}
@@ -138,12 +138,13 @@ def test_heads_only_last_layer_gives_the_same_logits_and_gradients(family):
     mask[3, 3:] = 0
     positions = torch.tensor([[0, 3], [1, 2], [1, 6], [2, 11], [3, 1], [0, 5], [0, 3]])  # repeats are allowed
     grads = []
-    for heads_only in (False, True):
+    nothing_else = torch.empty(0, 2, dtype=torch.long)  # the caller reads only what the heads read
+    for pruned in (False, True):
         model.zero_grad()
-        out = model(ids, mask, masked_positions=positions, heads_only=heads_only)
+        out = model(ids, mask, masked_positions=positions, last_layer_at=nothing_else if pruned else None)
         (out.head_logits["mlm"].logsumexp(-1).sum() + out.head_logits["nsp"].square().sum()).backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
-        if heads_only:
+        if pruned:
             assert (out.head_logits["mlm"] - full["mlm"]).abs().max() <= 1e-5
             assert (out.head_logits["nsp"] - full["nsp"]).abs().max() <= 1e-5
             assert out.last_hidden_state[2, 5].abs().max() == 0  # not computed where no head reads
@@ -153,7 +154,7 @@ def test_heads_only_last_layer_gives_the_same_logits_and_gradients(family):
         assert (grads[1][name] - grad).abs().max() <= 1e-5, name
 
 
-def test_heads_only_is_ignored_when_a_head_reads_every_token():
+def test_last_layer_at_is_ignored_when_a_head_reads_every_token():
     from bertology.model import EncoderConfig, EncoderModel, HeadSpec
 
     model = EncoderModel(EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4,
@@ -163,5 +164,5 @@ def test_heads_only_is_ignored_when_a_head_reads_every_token():
     positions = torch.tensor([[0, 1], [1, 4]])
     with torch.no_grad():
         a = model(ids, masked_positions=positions)
-        b = model(ids, masked_positions=positions, heads_only=True)
+        b = model(ids, masked_positions=positions, last_layer_at=torch.empty(0, 2, dtype=torch.long))
     assert torch.equal(a.head_logits["tags"], b.head_logits["tags"])

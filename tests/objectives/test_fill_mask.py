@@ -91,3 +91,26 @@ def test_fill_mask_needs_an_mlm_head(model_dir):
     bare = EncoderModel(pretrained.model.config)
     with pytest.raises(CheckpointError, match="masked-LM head"):
         fill_mask(bare, pretrained.tokenizer, f"a {mask} .")
+
+
+def test_fill_mask_length_limit_counts_the_position_offset():
+    """A RoBERTa-style model numbers positions from pad_token_id + 1: its limit is that many below its table size."""
+    tokenizer = train_tokenizer(iter(LINES), "bpe", 300, show_progress=False, min_frequency=1)
+    text = f"please turn your {tokenizer.mask_token} in today ."
+    length = len(tokenizer.encode(text).ids)
+
+    def roberta(max_length: int) -> EncoderModel:
+        config = preset("tiny", family="roberta", vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id,
+                        positions_after_padding=True, type_vocab_size=1, num_layers=1, hidden_size=16, num_heads=2,
+                        intermediate_size=32, max_position_embeddings=max_length + tokenizer.pad_id + 1)
+        model = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
+        model.init_weights(torch.Generator().manual_seed(0))
+        return model
+
+    assert roberta(length).encoder.max_length == roberta(length).config.max_length == length
+    assert len(fill_mask(roberta(length), tokenizer, text, top_k=1)) == 1
+    # One position short: the table still has more rows than the input has tokens, but not after the offset.
+    short = roberta(length - 1)
+    assert short.config.max_position_embeddings >= length
+    with pytest.raises(BertologyError, match=f"the input is {length} tokens long; the model takes at most {length - 1}"):
+        fill_mask(short, tokenizer, text)

@@ -1,21 +1,23 @@
-"""Hugging Face checkpoints in and out. Each family's config keys and weight names are data (the tables below);
-one function reads them all and one writes them all."""
+"""Checkpoints in and out: Hugging Face's layout, where each family's config keys and weight names are data (the
+tables below), and bertology's native format (bertology.json) for models transformers has no class for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from bertology.errors import CheckpointError
+from bertology.errors import BertologyError, CheckpointError
 from bertology.io import atomic_directory
-from bertology.model.config import EncoderConfig
+from bertology.model.config import FAMILIES, EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
 
 # --- config.json -------------------------------------------------------------------------------------------------
@@ -73,15 +75,7 @@ FAMILY_FIXED: dict[str, dict[str, Any]] = {
     "albert": {},
     "distilbert": {"type_vocab_size": 0, "layer_norm_eps": 1e-12, "pooler": False},
 }
-# config.json "model_type" -> family, and the class-name stem transformers uses for it.
-MODEL_TYPES: dict[str, str] = {
-    "bert": "bert",
-    "roberta": "roberta",
-    "xlm-roberta": "xlm-roberta",
-    "electra": "electra",
-    "albert": "albert",
-    "distilbert": "distilbert",
-}
+# The class-name stem transformers uses for each family (its config.json model_type is the family name).
 CLASS_STEMS: dict[str, str] = {
     "bert": "Bert",
     "roberta": "Roberta",
@@ -94,7 +88,7 @@ CLASS_STEMS: dict[str, str] = {
 # --- weight names ---------------------------------------------------------------------------------------------------
 
 # Per family: the base-model prefix used when heads are present, embedding names, the per-layer prefix and the names
-# of each layer's parts. Our qkv is the concatenation of the three HF projections.
+# of each layer's parts.
 BERT_LAYER = {
     "q": "attention.self.query",
     "k": "attention.self.key",
@@ -243,12 +237,9 @@ def architecture_name(family: str, heads: tuple[str, ...]) -> str:
 
 def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderConfig:
     """Map a transformers config.json onto an EncoderConfig; keys bertology does not use are kept in `extra`."""
-    model_type = hf.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise CheckpointError(
-            f"{source}: unknown model_type {model_type!r}; supported: {', '.join(MODEL_TYPES)}"
-        )
-    family = MODEL_TYPES[model_type]
+    family = hf.get("model_type")
+    if family not in FAMILIES:
+        raise CheckpointError(f"{source}: unknown model_type {family!r}; supported: {', '.join(FAMILIES)}")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise CheckpointError(
             f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')"
@@ -290,16 +281,15 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
 # --- the name map ------------------------------------------------------------------------------------------------
 
 
-def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, list[str]]:
-    """Our parameter name -> the HF key(s) it comes from (several keys are concatenated along dim 0)."""
+def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, str]:
+    """Our parameter name -> the HF key it comes from."""
     names = ENCODER_NAMES[config.family]
     base = f"{names['prefix']}." if prefixed else ""
-    out: dict[str, list[str]] = {}
+    out: dict[str, str] = {}
 
-    def linear(ours: str, theirs: str | list[str], params: tuple[str, ...] = ("weight", "bias")) -> None:
-        theirs_list = [theirs] if isinstance(theirs, str) else theirs
+    def linear(ours: str, theirs: str, params: tuple[str, ...] = ("weight", "bias")) -> None:
         for p in params:
-            out[f"{ours}.{p}"] = [f"{t}.{p}" for t in theirs_list]
+            out[f"{ours}.{p}"] = f"{theirs}.{p}"
 
     for part, theirs in names["embeddings"].items():
         params = ("weight", "bias") if part == "norm" else ("weight",)
@@ -307,12 +297,11 @@ def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool)
     if config.embedding_size is not None:
         linear("encoder.embeddings.project", base + names["project"])
     parts = names["layer_parts"]
+    ours_of = {"q": "query", "k": "key", "v": "value"}
     for i in range(config.num_unique_layers):
         layer = base + names["layer"].format(i=i, group=i // config.inner_group_size, inner=i % config.inner_group_size)
-        ours = f"encoder.layers.{i}"
-        linear(f"{ours}.qkv", [f"{layer}.{parts[x]}" for x in ("q", "k", "v")])
-        for part in ("attn_out", "attn_norm", "ffn_in", "ffn_out", "ffn_norm"):
-            linear(f"{ours}.{part}", f"{layer}.{parts[part]}")
+        for part, theirs in parts.items():
+            linear(f"encoder.layers.{i}.{ours_of.get(part, part)}", f"{layer}.{theirs}")
     if config.pooler:
         linear("encoder.pooler", base + names["pooler"])
     for spec in heads:
@@ -321,10 +310,36 @@ def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool)
             raise CheckpointError(f"family {config.family!r} has no head named {spec.name!r} in transformers' format")
         for part, theirs in table[2].items():
             if part == "bias":
-                out[f"heads.{spec.name}.bias"] = [theirs]
+                out[f"heads.{spec.name}.bias"] = theirs
             elif part != "tied":
                 linear(f"heads.{spec.name}.{part}", theirs)
     return out
+
+
+def hf_layout_problem(model: EncoderModel) -> str | None:
+    """Why `model` cannot be written in transformers' layout, or None when it can."""
+    config, family = model.config, model.config.family
+    if model.extensions:
+        return f"it has extensions ({', '.join(model.extensions)})"
+    for spec in model.head_specs:
+        table = HEADS[family].get(spec.name)
+        if table is None:
+            return f"transformers' {family} models have no head named {spec.name!r}"
+        kind, act, _ = table
+        if spec.kind != kind:
+            return f"head {spec.name!r} is of kind {spec.kind!r}; transformers' {family} {spec.name!r} is {kind!r}"
+        if spec.kind in ("masked_lm", "first_token", "token_mlp") and spec.activation != (act or config.hidden_act):
+            return (f"head {spec.name!r} uses {spec.activation!r}; transformers' {family} {spec.name!r} uses "
+                    f"{act or config.hidden_act!r}")
+    try:
+        architecture_name(family, tuple(spec.name for spec in model.head_specs))
+    except CheckpointError as error:
+        return str(error)
+    # Parameters the tables do not name: modules set by hand into a layer (adapters, wrapped projections).
+    unnamed = sorted(set(model.state_dict()) - set(name_map(config, model.head_specs, prefixed=False)))
+    if unnamed:
+        return f"parameters {', '.join(unnamed[:5])}{' ...' if len(unnamed) > 5 else ''} have no transformers name"
+    return None
 
 
 def head_specs(config: EncoderConfig, names: tuple[str, ...], weights: dict[str, Tensor]) -> tuple[HeadSpec, ...]:
@@ -340,53 +355,85 @@ def head_specs(config: EncoderConfig, names: tuple[str, ...], weights: dict[str,
 
 # --- reading and writing ---------------------------------------------------------------------------------------------
 
+NATIVE_FILE = "bertology.json"  # present: the directory is in bertology's own format
+NATIVE_VERSION = 1
+Format = Literal["auto", "hf", "native"]
 
-def read_weights(directory: Path) -> dict[str, Tensor]:
-    """model.safetensors (single or sharded) or pytorch_model.bin (loaded with weights_only=True)."""
+
+def read_json_object(path: Path) -> dict[str, Any]:
+    """A JSON object from `path`; anything else (bad UTF-8, bad JSON, a list) is a CheckpointError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as error:
+        raise CheckpointError(f"{path}: not UTF-8 text ({error})") from None
+    except json.JSONDecodeError as error:
+        raise CheckpointError(f"{path}: not valid JSON: {error}") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    return data
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(path)
+    except (SafetensorError, OSError, ValueError) as error:  # truncated, garbage, unreadable
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def read_weights(directory: Path, *, renamed: bool = True) -> dict[str, Tensor]:
+    """model.safetensors (single or sharded) or pytorch_model.bin (loaded with weights_only=True). `renamed`: drop the
+    buffers some HF checkpoints carry and rename TF-era LayerNorm gamma/beta (for HF-named weights)."""
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     legacy = directory / "pytorch_model.bin"
     if single.is_file():
-        weights = load_file(single)
+        weights = read_safetensors(single)
     elif index.is_file():
+        weight_map = read_json_object(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no \"weight_map\" object naming the shards")
         weights = {}
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        for shard in shards:
+        for shard in sorted(set(map(str, weight_map.values()))):
             if not (directory / shard).is_file():
                 raise CheckpointError(f"{index}: names shard {shard!r}, which is missing")
-            weights.update(load_file(directory / shard))
+            weights.update(read_safetensors(directory / shard))
     elif legacy.is_file():
         try:
             weights = torch.load(legacy, map_location="cpu", weights_only=True)
         except Exception as error:  # pickle errors come in many types
             raise CheckpointError(f"{legacy}: cannot be read as a weights-only PyTorch state dict: {error}") from error
+        if not isinstance(weights, dict):
+            raise CheckpointError(f"{legacy}: holds a {type(weights).__name__}, not a state dict")
     else:
         present = ", ".join(sorted(p.name for p in directory.iterdir())) or "nothing"
         raise CheckpointError(
             f"{directory}: no weights found (expected model.safetensors, model.safetensors.index.json or "
             f"pytorch_model.bin; the directory holds {present})"
         )
-    renamed = {}
+    if not renamed:
+        return weights
+    out = {}
     for key, value in weights.items():
         if key.endswith(IGNORED_SUFFIXES):
             continue
         key = key.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        renamed[key] = value
-    return renamed
+        out[key] = value
+    return out
 
 
 def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = None) -> EncoderModel:
-    """Build an EncoderModel from a transformers model directory, with the heads its architecture names."""
+    """Build an EncoderModel from a model directory: transformers' layout (config.json), with the heads its
+    architecture names, or bertology's native format (bertology.json), with its heads and extensions. `heads`
+    overrides which heads are built (a subset of the saved ones, for the native format)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such model directory")
+    if (directory / NATIVE_FILE).is_file():
+        return load_native(directory, heads)
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise CheckpointError(f"{directory}: config.json is missing")
-    try:
-        hf = json.loads(config_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{config_path}: not valid JSON: {error}") from error
+    hf = read_json_object(config_path)
     config = config_from_hf(hf, str(config_path))
     weights = read_weights(directory)
     prefix = ENCODER_NAMES[config.family]["prefix"] + "."
@@ -404,21 +451,21 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
 
 
 def to_state_dict(model: EncoderModel, weights: dict[str, Tensor], prefixed: bool, source: str) -> dict[str, Tensor]:
+    """HF-named `weights` as `model`'s state dict; missing, unexpected and mis-shaped keys are one CheckpointError."""
     mapping = name_map(model.config, model.head_specs, prefixed)
     expected = model.state_dict()
     state, missing, mismatched, used = {}, [], [], set()
     for ours, theirs in mapping.items():
-        absent = [t for t in theirs if t not in weights]
-        if absent:
-            missing.extend(absent)
+        if theirs not in weights:
+            missing.append(theirs)
             continue
-        tensor = torch.cat([weights[t] for t in theirs]) if len(theirs) > 1 else weights[theirs[0]]
-        used.update(theirs)
+        tensor = weights[theirs]
+        used.add(theirs)
         if tensor.shape != expected[ours].shape:
-            mismatched.append(f"{'+'.join(theirs)}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[ours].shape)}")
+            mismatched.append(f"{theirs}: checkpoint {tuple(tensor.shape)}, model {tuple(expected[ours].shape)}")
             continue
         state[ours] = tensor
-    word = weights.get(mapping["encoder.embeddings.word.weight"][0])
+    word = weights.get(mapping["encoder.embeddings.word.weight"])
     for spec in model.head_specs:
         tied = HEADS[model.config.family][spec.name][2].get("tied")
         if tied is None:
@@ -429,7 +476,11 @@ def to_state_dict(model: EncoderModel, weights: dict[str, Tensor], prefixed: boo
             used.add(f"{tied}.weight")
             if word is not None and not torch.equal(decoder, word):
                 mismatched.append(f"{tied}.weight: an MLM decoder not tied to the word embeddings is not supported")
-    unexpected = sorted(set(weights) - used)
+    check_keys(source, model.config.family, missing, sorted(set(weights) - used), mismatched)
+    return state
+
+
+def check_keys(source: str, family: str, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
     problems = []
     if missing:
         problems.append(f"missing keys: {', '.join(missing)}")
@@ -438,31 +489,114 @@ def to_state_dict(model: EncoderModel, weights: dict[str, Tensor], prefixed: boo
     if mismatched:
         problems.append(f"shape mismatches: {'; '.join(mismatched)}")
     if problems:
-        raise CheckpointError(f"{source}: weights do not fit a {model.config.family} model: " + " | ".join(problems))
-    return state
+        raise CheckpointError(f"{source}: weights do not fit a {family} model: " + " | ".join(problems))
 
 
 def from_state_dict(model: EncoderModel) -> dict[str, Tensor]:
-    """Our parameters under transformers' names (fused qkv split back into query, key and value)."""
-    prefixed = bool(model.head_specs)
-    mapping = name_map(model.config, model.head_specs, prefixed)
+    """Our parameters under transformers' names."""
+    mapping = name_map(model.config, model.head_specs, prefixed=bool(model.head_specs))
+    return {theirs: tensor.detach().contiguous().clone() for ours, tensor in model.state_dict().items()
+            for theirs in [mapping[ours]]}
+
+
+# --- the native format ------------------------------------------------------------------------------------------------
+
+
+def native_metadata(model: EncoderModel) -> dict[str, Any]:
+    return {
+        "format": "bertology",
+        "version": NATIVE_VERSION,
+        "encoder": model.config.to_dict(),
+        "heads": [dataclasses.asdict(spec) for spec in model.head_specs],
+        "extensions": {where: {"factory": factory, "options": options}
+                       for where, (factory, options) in model.extensions.items()},
+    }
+
+
+def skeleton(metadata: dict[str, Any], source: str) -> EncoderModel:
+    """The model `metadata` (bertology.json) describes, on the meta device: its parameter names and shapes only."""
+    with torch.device("meta"):
+        return build_native(metadata, source)
+
+
+def build_native(metadata: dict[str, Any], source: str) -> EncoderModel:
+    try:
+        config = EncoderConfig.from_dict(metadata["encoder"])
+        specs = [HeadSpec(**spec) for spec in metadata["heads"]]
+        extensions = metadata.get("extensions", {})
+        model = EncoderModel(config, specs)
+        for where, entry in extensions.items():
+            model.add_extension(where, entry["factory"], **entry["options"])
+    except (BertologyError, KeyError, TypeError, AttributeError) as error:
+        what = f"missing key {error}" if isinstance(error, KeyError) else str(error)
+        raise CheckpointError(f"{source}: cannot build the model it describes: {what}") from None
+    return model
+
+
+def write_native(model: EncoderModel, directory: Path) -> None:
+    metadata = native_metadata(model)
     state = model.state_dict()
-    out: dict[str, Tensor] = {}
-    for ours, theirs in mapping.items():
-        for key, piece in zip(theirs, state[ours].chunk(len(theirs))):
-            out[key] = piece.detach().contiguous().clone()
-    return out
+    # Every parameter must be one that loading rebuilds: modules set by hand, not with add_extension, would be lost.
+    rebuilt = skeleton(metadata, "model").state_dict()
+    unknown = sorted(set(state) - set(rebuilt))
+    if unknown:
+        raise CheckpointError(f"cannot save parameters {', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}: "
+                              "their modules were not added with EncoderModel.add_extension, so loading could not "
+                              "rebuild them")
+    (directory / NATIVE_FILE).write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
+    save_file({k: v.detach().contiguous().clone() for k, v in state.items()}, directory / "model.safetensors",
+              metadata={"format": "pt"})
 
 
-def save_model(model: EncoderModel, directory: str | os.PathLike, extra_files: dict[str, str] | None = None) -> None:
-    """Write config.json and model.safetensors (atomically: a killed save leaves any previous checkpoint intact)."""
+def load_native(directory: Path, heads: tuple[str, ...] | None) -> EncoderModel:
+    path = directory / NATIVE_FILE
+    metadata = read_json_object(path)
+    if metadata.get("format") != "bertology" or metadata.get("version") != NATIVE_VERSION:
+        raise CheckpointError(f"{path}: expected format \"bertology\" version {NATIVE_VERSION}, got "
+                              f"{metadata.get('format')!r} version {metadata.get('version')!r}")
+    weights = read_weights(directory, renamed=False)
+    if heads is not None:  # keep the chosen heads, drop the others' weights
+        saved = {spec.get("name") for spec in metadata.get("heads", []) if isinstance(spec, dict)}
+        absent = [name for name in heads if name not in saved]
+        if absent:
+            raise CheckpointError(f"{path}: has no head(s) {', '.join(absent)}; it has {', '.join(sorted(saved))}")
+        metadata = {**metadata, "heads": [spec for spec in metadata["heads"] if spec["name"] in heads]}
+        dropped = tuple(f"heads.{name}." for name in saved - set(heads))
+        weights = {k: v for k, v in weights.items() if not k.startswith(dropped)}
+    model = build_native(metadata, str(path))
+    expected = model.state_dict()
+    mismatched = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(v.shape)}"
+                  for k, v in expected.items() if k in weights and weights[k].shape != v.shape]
+    check_keys(str(directory), model.config.family, sorted(set(expected) - set(weights)),
+               sorted(set(weights) - set(expected)), mismatched)
+    model.load_state_dict(weights)
+    return model.eval()
+
+
+# --- saving in either format ----------------------------------------------------------------------------------------
+
+
+def save_model(model: EncoderModel, directory: str | os.PathLike, extra_files: dict[str, str] | None = None,
+               format: Format = "auto") -> None:
+    """Write the model (atomically: a killed save leaves any previous checkpoint intact). "hf": transformers' layout
+    (config.json and model.safetensors); "native": bertology's (bertology.json and model.safetensors under our
+    parameter names), for heads transformers has no class for and for extensions; "auto": HF when it applies."""
     with atomic_directory(directory) as tmp:
-        write_model_files(model, tmp)
+        write_model_files(model, tmp, format)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
 
 
-def write_model_files(model: EncoderModel, directory: Path) -> None:
+def write_model_files(model: EncoderModel, directory: Path, format: Format = "auto") -> None:
+    if format not in ("auto", "hf", "native"):
+        raise CheckpointError(f"unknown checkpoint format {format!r}; expected auto, hf or native")
+    problem = hf_layout_problem(model) if format != "native" else None
+    if format == "hf" and problem is not None:
+        raise CheckpointError(f"the model cannot be saved in transformers' layout: {problem} (save it with "
+                              "format=\"native\")")
+    if format == "native" or problem is not None:
+        write_native(model, directory)
+        return
     config = config_to_hf(model.config, model.head_specs)
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     save_file(from_state_dict(model), directory / "model.safetensors", metadata={"format": "pt"})
@@ -479,9 +613,10 @@ class Pretrained:
     def config(self) -> EncoderConfig:
         return self.model.config
 
-    def save(self, directory: str | os.PathLike) -> None:
+    def save(self, directory: str | os.PathLike, format: Format = "auto") -> None:
+        """The model (see save_model for the formats) and the tokenizer's files, in one atomic directory."""
         with atomic_directory(directory) as tmp:
-            write_model_files(self.model, tmp)
+            write_model_files(self.model, tmp, format)
             if self.tokenizer is not None:
                 self.tokenizer.save(tmp)
 
@@ -490,7 +625,8 @@ TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
 
 
 def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretrained:
-    """Load a transformers model directory (any supported family, with its heads) and its tokenizer."""
+    """Load a model directory (transformers' layout or bertology's native one, any supported family, with its heads)
+    and its tokenizer."""
     from bertology.tokenization import load_tokenizer  # the tokenizer package imports nothing from the model
 
     model = load_model(path, heads)

@@ -70,6 +70,16 @@ class EncoderConfig:
         return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
 
     @property
+    def position_offset(self) -> int:
+        """Index of the first real token's position: pad_token_id + 1 with fairseq's positions, else 0."""
+        return self.pad_token_id + 1 if self.positions_after_padding else 0
+
+    @property
+    def max_length(self) -> int:
+        """The longest sequence (special tokens included) the position embeddings cover."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
     def token_embedding_size(self) -> int:
         return self.embedding_size or self.hidden_size
 

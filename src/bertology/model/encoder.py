@@ -1,9 +1,12 @@
 """The bidirectional transformer encoder: every family (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT) in one file.
 
     x_0 = LayerNorm(E_word[w] + E_pos[p] + E_type[t])        (then a linear projection if embedding_size != hidden)
-    a   = softmax(Q K^T / sqrt(d_k)) V, per head, Q K V = x W_qkv
+    a   = softmax(Q K^T / sqrt(d_k)) V, per head, Q = x W_q, K = x W_k, V = x W_v
     x'  = LayerNorm(x + a W_o)
     x'' = LayerNorm(x' + act(x' W_1) W_2)
+
+(Adapters, when a layer has them, act on a W_o and on act(x' W_1) W_2 before the residual add; prefix keys and
+values, when it has them, are attended beside each sequence's own: see EncoderLayer.)
 
 Padding costs nothing: the real tokens of a padded [B, L] batch are packed into [T, H] for every linear layer, and
 attention runs per sequence (sequences of equal length share one call). `packed=False` runs the classic padded
@@ -13,16 +16,17 @@ computation instead; both give the same outputs at real tokens.
 from __future__ import annotations
 
 import functools
+import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertology.errors import InputError
+from bertology.errors import ConfigError, InputError
 from bertology.model.config import EncoderConfig
 
 
@@ -81,49 +85,128 @@ class Layout:
         return out.view(self.batch_size, self.seq_len, *packed.shape[1:])
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool):
-    """Scaled dot-product attention on [..., heads, len, head_dim]; `mask` is True where a key may be attended."""
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,
+           prefix: tuple[Tensor, Tensor] | None = None):
+    """Scaled dot-product attention on [..., heads, len, head_dim]; `mask` is True where a key may be attended.
+
+    `prefix` (keys, values), each [heads, P, head_dim]: P more positions that every query attends to, in front of
+    its own keys (prefix tuning). The probabilities returned cover the sequence's own keys only, so with a prefix a
+    row sums to 1 minus the share that went to the prefix positions."""
+    num_prefix = prefix[0].shape[-2] if prefix is not None else 0
+    if num_prefix:
+        k = torch.cat([prefix[0].expand(*k.shape[:-2], -1, -1), k], -2)
+        v = torch.cat([prefix[1].expand(*v.shape[:-2], -1, -1), v], -2)
+        if mask is not None:
+            mask = torch.cat([mask.new_ones(*mask.shape[:-1], num_prefix), mask], -1)
     if not need_weights:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout), None
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1)
-    return F.dropout(probs, dropout, training=dropout > 0) @ v, probs
+    return F.dropout(probs, dropout, training=dropout > 0) @ v, probs[..., num_prefix:]
+
+
+def plain_linear(module: nn.Module | None) -> bool:
+    """True for an nn.Linear itself (not a subclass or a wrapper) without hooks: its output is x W^T + b."""
+    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
 
 
 class EncoderLayer(nn.Module):
+    """Self-attention then a feed-forward, each followed by dropout, an optional adapter, the residual and LayerNorm.
+
+    Extension points (None by default; then nothing changes): `attn_adapter` and `ffn_adapter` map a sublayer's
+    output [.., H] to [.., H] before the residual add (bottleneck adapters); `prefix` returns (keys, values), each
+    [P, heads, head_dim], attended by every query beside its own sequence (prefix tuning). `query`, `key` and `value`
+    are separate modules, so a wrapper (LoRA) can replace any of them."""
+
     def __init__(self, config: EncoderConfig) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layer_norm_eps
         self.num_heads = config.num_heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)  # query, key and value fused in one matmul
+        self.query = nn.Linear(hidden, hidden)
+        self.key = nn.Linear(hidden, hidden)
+        self.value = nn.Linear(hidden, hidden)
         self.attn_out = nn.Linear(hidden, hidden)
         self.attn_norm = nn.LayerNorm(hidden, eps=eps)
         self.ffn_in = nn.Linear(hidden, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, hidden)
         self.ffn_norm = nn.LayerNorm(hidden, eps=eps)
+        self.attn_adapter: nn.Module | None = None
+        self.ffn_adapter: nn.Module | None = None
+        self.prefix: nn.Module | None = None
         self.act = activation(config.hidden_act)
         self.dropout = config.hidden_dropout
         self.attention_dropout = config.attention_dropout
 
-    def forward(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool = False):
-        """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, 1, 1, L]."""
-        a, probs = self.attention(x, layout, key_mask, need_weights)
-        x = self.attn_norm(x + F.dropout(self.attn_out(a), self.dropout, self.training))
-        h = self.ffn_out(self.act(self.ffn_in(x)))
-        return self.ffn_norm(x + F.dropout(h, self.dropout, self.training)), probs
+    def forward(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool = False,
+                queries: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, 1, 1, L].
 
-    def forward_at(self, x: Tensor, layout: Layout, queries: Tensor) -> Tensor:
-        """The layer's output only at the packed tokens `queries` (sorted): keys and values still come from every
-        token, but the query projection, attention output and feed-forward run on the selected rows alone."""
+        `queries` (packed path only): sorted indices of packed tokens; the layer's output is computed only at these
+        rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer)."""
+        if queries is None:
+            a, probs = self.attention(x, layout, key_mask, need_weights)
+            rows = x
+        else:
+            if layout is None:
+                raise ValueError("queries select packed tokens: they need the packed layout")
+            a, probs = self.attention_at(x, layout, queries), None
+            rows = x[queries]
+        h = self.attn_norm(rows + self.sublayer_output(self.attn_out(a), self.attn_adapter))
+        f = self.ffn_out(self.act(self.ffn_in(h)))
+        return self.ffn_norm(h + self.sublayer_output(f, self.ffn_adapter)), probs
+
+    def sublayer_output(self, y: Tensor, adapter: nn.Module | None) -> Tensor:
+        y = F.dropout(y, self.dropout, self.training)
+        return adapter(y) if adapter is not None else y
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x. When all three projections are plain nn.Linear (no wrapper has replaced
+        one), they run as one matmul on their concatenated weights: one larger product is faster on CPU than three
+        (benchmarks/RESULTS.md, "Separate q/k/v projections"). Otherwise each module is called."""
+        q, k, v = self.query, self.key, self.value
+        if plain_linear(q) and plain_linear(k) and plain_linear(v) and q.bias is not None and k.bias is not None \
+                and v.bias is not None:
+            w = torch.cat([q.weight, k.weight, v.weight])
+            b = torch.cat([q.bias, k.bias, v.bias])
+            return F.linear(x, w, b).chunk(3, -1)
+        return q(x), k(x), v(x)
+
+    def prefix_states(self) -> tuple[Tensor, Tensor] | None:
+        """The prefix module's keys and values as [heads, P, head_dim], or None without one."""
+        if self.prefix is None:
+            return None
+        keys, values = self.prefix()
+        return keys.transpose(0, 1), values.transpose(0, 1)
+
+    def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool):
+        heads, head_dim = self.num_heads, x.shape[-1] // self.num_heads
+        p = self.attention_dropout if self.training else 0.0
+        q, k, v = self.project(x)
+        prefix = self.prefix_states()
+        if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
+            q, k, v = (t.unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in (q, k, v))
+            out, probs = attend(q, k, v, key_mask, p, need_weights, prefix)
+            return out.transpose(1, 2).flatten(2), probs
+        outs, probs_by_group = [], []
+        for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in x
+            q_g, k_g, v_g = (t[start:start + count * length].view(count, length, heads, head_dim).transpose(1, 2)
+                             for t in (q, k, v))
+            o, probs = attend(q_g, k_g, v_g, None, p, need_weights, prefix)
+            outs.append(o.transpose(1, 2).reshape(count * length, -1))
+            probs_by_group.append(probs)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs or [x[:0]])  # one group: no copy; none: no tokens
+        return out, (scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
+
+    def attention_at(self, x: Tensor, layout: Layout, queries: Tensor) -> Tensor:
+        """Attention output [len(queries), H] at the packed tokens `queries` (sorted): keys and values come from
+        every token, the query projection runs on the selected rows alone."""
         hidden = x.shape[-1]
         heads, head_dim = self.num_heads, hidden // self.num_heads
         p = self.attention_dropout if self.training else 0.0
-        w, b = self.qkv.weight, self.qkv.bias
-        kv = layout.unpack(F.linear(x, w[hidden:], b[hidden:]))  # [B, L, 2H], padded for one batched call
-        q_rows = x[queries]
-        q = F.linear(q_rows, w[:hidden], b[:hidden])
+        q = self.query(x[queries])
+        k, v = (layout.unpack(t).unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in (self.key(x), self.value(x)))
         # Each sequence's selected queries side by side: [B, Q_max, H], slots past a row's count are zeros. A
         # sequence's tokens are contiguous in packed order, so its queries form one run of `queries`.
         row = layout.flat_index[queries] // layout.seq_len
@@ -133,31 +216,10 @@ class EncoderLayer(nn.Module):
         slot = position - torch.cummax(torch.where(run_start, position, 0), 0).values
         q_padded = q.new_zeros(layout.batch_size, int(slot.max()) + 1 if len(queries) else 0, hidden)
         q_padded[row, slot] = q
-        k, v = kv.unflatten(-1, (2, heads, head_dim)).permute(2, 0, 3, 1, 4)
-        mask = (layout.unpack(torch.ones(len(x), dtype=torch.bool, device=x.device)))[:, None, None, :]
-        o = F.scaled_dot_product_attention(q_padded.unflatten(-1, (heads, head_dim)).transpose(1, 2), k, v,
-                                           attn_mask=mask, dropout_p=p)
-        a = o.transpose(1, 2).flatten(2)[row, slot]
-        h = self.attn_norm(q_rows + F.dropout(self.attn_out(a), self.dropout, self.training))
-        f = self.ffn_out(self.act(self.ffn_in(h)))
-        return self.ffn_norm(h + F.dropout(f, self.dropout, self.training))
-
-    def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool):
-        heads, head_dim = self.num_heads, x.shape[-1] // self.num_heads
-        p = self.attention_dropout if self.training else 0.0
-        qkv = self.qkv(x)
-        if layout is None:  # padded: [B, L, 3, heads, d] -> three [B, heads, L, d]
-            q, k, v = qkv.unflatten(-1, (3, heads, head_dim)).permute(2, 0, 3, 1, 4)
-            out, probs = attend(q, k, v, key_mask, p, need_weights)
-            return out.transpose(1, 2).flatten(2), probs
-        outs, probs_by_group = [], []
-        for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in x
-            q, k, v = qkv[start:start + count * length].view(count, length, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-            o, probs = attend(q, k, v, None, p, need_weights)
-            outs.append(o.transpose(1, 2).reshape(count * length, -1))
-            probs_by_group.append(probs)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs or [x[:0]])  # one group: no copy; none: no tokens
-        return out, (scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
+        mask = layout.unpack(torch.ones(len(x), dtype=torch.bool, device=x.device))[:, None, None, :]
+        o, _ = attend(q_padded.unflatten(-1, (heads, head_dim)).transpose(1, 2), k, v, mask, p, False,
+                      self.prefix_states())
+        return o.transpose(1, 2).flatten(2)[row, slot]
 
 
 def scatter_attention(probs_by_group: list[Tensor], layout: Layout, heads: int, like: Tensor) -> Tensor:
@@ -210,9 +272,8 @@ class Encoder(nn.Module):
 
     @property
     def max_length(self) -> int:
-        """The longest sequence the position embeddings cover."""
-        offset = self.config.pad_token_id + 1 if self.config.positions_after_padding else 0
-        return self.config.max_position_embeddings - offset
+        """The longest sequence the position embeddings cover (EncoderConfig.max_length)."""
+        return self.config.max_length
 
     def check_inputs(self, input_ids: Tensor) -> None:
         if input_ids.dim() != 2:
@@ -272,7 +333,7 @@ class Encoder(nn.Module):
             real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
             queries = torch.unique(packed_of_flat[real])  # sorted, each once
             out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
-            out[layout.flat_index[queries]] = self.layers[self.plan[-1]].forward_at(x, layout, queries)
+            out[layout.flat_index[queries]] = self.layers[self.plan[-1]](x, layout, key_mask, queries=queries)[0]
             last = out.view(layout.batch_size, layout.seq_len, -1)
         else:
             last = hidden_states[-1] if hidden_states is not None else to_padded(x)
@@ -289,6 +350,7 @@ class Encoder(nn.Module):
 # Heads. Which kind each family uses for each task, and the weight names, are data in bertology.model.checkpoint.
 
 HeadKind = Literal["masked_lm", "pooled", "first_token", "token", "token_mlp"]
+HEAD_KINDS: tuple[str, ...] = ("masked_lm", "pooled", "first_token", "token", "token_mlp")
 
 
 @dataclass(frozen=True)
@@ -299,6 +361,10 @@ class HeadSpec:
     kind: HeadKind
     num_labels: int = 2
     activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ConfigError(f"head {self.name!r}: unknown kind {self.kind!r}; expected one of {', '.join(HEAD_KINDS)}")
 
 
 class MaskedLMHead(nn.Module):
@@ -366,8 +432,19 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
-# Heads that read only the masked positions and the first token, so the last layer can skip every other token.
-SPARSE_HEAD_KINDS = frozenset({"masked_lm", "pooled", "first_token"})
+# Factories of modules plugged into a model (adapters, prefixes, projection wrappers), by name. A factory is called as
+# factory(config, current_module_or_None, **options) and returns the module to put in its place.
+EXTENSIONS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_extension(name: str, factory: Callable[..., nn.Module]) -> None:
+    """Make `factory` available to EncoderModel.add_extension under `name`. A checkpoint in the native format names
+    its extensions' factories: register them before loading it."""
+    EXTENSIONS[name] = factory
+
+
+# Heads that read every token of the last layer: with one of them the last layer is never pruned.
+DENSE_HEAD_KINDS = frozenset({"token", "token_mlp"})
 
 
 class EncoderModel(nn.Module):
@@ -379,6 +456,8 @@ class EncoderModel(nn.Module):
         self.encoder = Encoder(config)
         self.head_specs = tuple(heads)
         self.heads = nn.ModuleDict({spec.name: HEAD_CLASSES[spec.kind](config, spec) for spec in heads})
+        # Modules plugged in with add_extension: module path -> (factory name, options), to rebuild them on load.
+        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
 
     def forward(
         self,
@@ -391,18 +470,17 @@ class EncoderModel(nn.Module):
         output_hidden_states: bool = False,
         output_attentions: bool = False,
         packed: bool = True,
-        heads_only: bool = False,
+        last_layer_at: Tensor | None = None,
     ) -> EncoderOutput:
         """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
 
-        `heads_only`: when every head reads only the masked positions and the first token (MLM, NSP/SOP, sentence
-        classification), run the last layer only there, as pretraining needs; `last_hidden_state` is then zero
-        elsewhere. Ignored when a head reads every token or hidden states or attentions are requested."""
-        last_layer_at = None
-        if heads_only and masked_positions is not None and all(s.kind in SPARSE_HEAD_KINDS for s in self.head_specs):
-            width = input_ids.shape[1]
-            first = torch.arange(input_ids.shape[0], device=input_ids.device) * width
-            last_layer_at = torch.cat([masked_positions[:, 0] * width + masked_positions[:, 1], first])
+        `last_layer_at` [N, 2] (row, column), possibly empty: the positions where the caller will read
+        `last_hidden_state`. Given it, the last layer runs only at those positions plus the ones the heads read
+        (`masked_positions` for a masked-LM head, the first token of every row for the pooler or a first_token head),
+        as pretraining wants; `last_hidden_state` is then zero everywhere else. Nothing is pruned (every position is
+        computed) when it is None, when a head reads every token (kinds token, token_mlp), when a masked-LM head has
+        no `masked_positions`, when hidden states or attentions are requested, or with `packed=False`."""
+        flat_at = self.last_layer_positions(input_ids, masked_positions, last_layer_at)
         out = self.encoder(
             input_ids,
             attention_mask,
@@ -411,7 +489,7 @@ class EncoderModel(nn.Module):
             output_hidden_states=output_hidden_states,
             output_attentions=output_attentions,
             packed=packed,
-            last_layer_at=last_layer_at,
+            last_layer_at=flat_at,
         )
         h = out.last_hidden_state
         for spec in self.head_specs:
@@ -428,6 +506,53 @@ class EncoderModel(nn.Module):
         if self.head_specs:
             out.logits = out.head_logits[self.head_specs[0].name]
         return out
+
+    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
+        """Plug `EXTENSIONS[factory](self.config, current, **options)` in at the module path `where` (for example
+        "encoder.layers.3.attn_adapter", or "encoder.layers.0.query" to wrap that projection; `current` is what is
+        there now) and record it in `self.extensions`, so that the native checkpoint format can rebuild it. Options
+        must be JSON values. Returns the new module."""
+        if factory not in EXTENSIONS:
+            raise ConfigError(f"unknown extension {factory!r}; registered: {', '.join(sorted(EXTENSIONS)) or 'none'} "
+                              "(bertology.model.register_extension)")
+        try:
+            json.dumps(options)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"extension {where!r}: options must be JSON values ({error})") from None
+        parent_path, _, attribute = where.rpartition(".")
+        try:
+            parent = self.get_submodule(parent_path)
+        except AttributeError:
+            raise ConfigError(f"extension {where!r}: the model has no module {parent_path!r}") from None
+        if not hasattr(parent, attribute):
+            raise ConfigError(f"extension {where!r}: {type(parent).__name__} has no attribute {attribute!r}")
+        module = EXTENSIONS[factory](self.config, getattr(parent, attribute), **options)
+        setattr(parent, attribute, module)
+        self.extensions[where] = (factory, dict(options))
+        return module
+
+    def last_layer_positions(self, input_ids: Tensor, masked_positions: Tensor | None,
+                             last_layer_at: Tensor | None) -> Tensor | None:
+        """Flat indices into [B * L] where the last layer must run (see forward), or None where it must run at all."""
+        if last_layer_at is None or input_ids.dim() != 2:  # the encoder names a wrong input_ids rank
+            return None
+        batch, width = input_ids.shape
+        if last_layer_at.dim() != 2 or last_layer_at.shape[1] != 2 or last_layer_at.dtype.is_floating_point:
+            raise InputError(f"last_layer_at must be integer (row, column) pairs [N, 2], got "
+                             f"{last_layer_at.dtype} of shape {tuple(last_layer_at.shape)}")
+        if last_layer_at.numel() and not (0 <= int(last_layer_at.min()) and int(last_layer_at[:, 0].max()) < batch
+                                          and int(last_layer_at[:, 1].max()) < width):
+            raise InputError(f"last_layer_at holds a position outside the [{batch}, {width}] batch")
+        kinds = {spec.kind for spec in self.head_specs}
+        if kinds & DENSE_HEAD_KINDS or ("masked_lm" in kinds and masked_positions is None):
+            return None
+        at = [last_layer_at[:, 0] * width + last_layer_at[:, 1]]
+        if "masked_lm" in kinds:
+            assert masked_positions is not None
+            at.append(masked_positions[:, 0] * width + masked_positions[:, 1])
+        if self.encoder.pooler is not None or "first_token" in kinds:
+            at.append(torch.arange(batch, device=input_ids.device) * width)
+        return torch.cat([t.to(input_ids.device, torch.long) for t in at])
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:

@@ -39,7 +39,7 @@ def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) ->
     positions = (ids[0] == tokenizer.mask_id).nonzero().squeeze(1)
     if positions.numel() == 0:  # the mask token's text was there but the tokenizer split it
         raise BertologyError(f"the tokenizer did not keep {mask!r} as one token in {text!r}")
-    limit = model.config.max_position_embeddings
+    limit = model.encoder.max_length  # fewer than max_position_embeddings with RoBERTa's position offset
     if ids.shape[1] > limit:
         raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
     was_training = model.training

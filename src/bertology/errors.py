@@ -25,3 +25,7 @@ class TokenizerError(BertologyError):
 
 class InputError(BertologyError, ValueError):
     """Tensors given to a model do not fit it (too long for its positions, ids outside its vocabulary)."""
+
+
+class TrainingError(BertologyError):
+    """A run cannot go on: a non-finite loss or gradient, a run directory that would be overwritten."""

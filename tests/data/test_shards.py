@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,6 @@ from bertology.cli.main import main
 from bertology.data.corpus import CorpusSource, read_documents
 from bertology.data.shards import (
     TokenizedCorpus,
-    _prefetched,
     prepare_corpus,
     select_heldout,
     tokenizer_fingerprint,
@@ -216,21 +214,6 @@ def test_heldout_fraction_and_errors(tmp_path: Path, tokenizer: Tokenizer) -> No
         select_heldout(20, -1, seed=0)
     with pytest.raises(ConfigError, match="int count or a float fraction"):
         select_heldout(20, True, seed=0)
-
-
-def test_background_reader_stops_and_reraises() -> None:
-    def numbers():
-        yield from range(3)
-        raise DataError("boom at line 4")
-
-    reader = _prefetched(numbers())
-    assert [next(reader) for _ in range(3)] == [0, 1, 2]
-    with pytest.raises(DataError, match="boom at line 4"):
-        next(reader)
-    endless = _prefetched(iter(range(10**9)))
-    assert next(endless) == 0
-    endless.close()  # the producer is told to stop and joined
-    assert not any(t.name == "corpus-reader" and t.is_alive() for t in threading.enumerate())
 
 
 # ---------------------------------------------------------------------------------------------------- tokenizer

@@ -10,7 +10,7 @@ import torch
 from bertology.data import InMemoryDocuments, InstanceConfig, Masker, MaskingConfig, PretrainingDataset, SpecialTokens
 from bertology.model import EncoderConfig, EncoderModel
 from bertology.objectives import MaskedLM, NextSentence
-from bertology.objectives.compose import PretrainingLoss
+from bertology.objectives.compose import TrainingLoss
 
 SPECIAL = SpecialTokens(cls_id=1, sep_id=2, pad_id=0, mask_id=3)
 FIRST, ALPHABET = 5, 12  # content ids 5..16; a sentence is a cyclic run through them from a random start
@@ -36,7 +36,7 @@ def test_masked_tokens_are_predicted_from_their_context():
     objectives = [MaskedLM(), NextSentence()]
     model = EncoderModel(config, [h for o in objectives for h in o.heads()])
     model.init_weights(torch.Generator().manual_seed(0))
-    loss_module = PretrainingLoss(model, objectives)
+    loss_module = TrainingLoss(model, objectives)
     masker = Masker(MaskingConfig(dynamic=True), SPECIAL, config.vocab_size)
     instances = InstanceConfig(kind="nsp", max_seq_length=48, seed=1)
     train = PretrainingDataset(corpus(200, 0), SPECIAL, instances, masker)
@@ -57,7 +57,8 @@ def test_masked_tokens_are_predicted_from_their_context():
     with torch.no_grad():
         for batch in heldout.batches(0, 16, drop_last=False):
             logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                           masked_positions=batch.masked_positions, heads_only=True).head_logits["mlm"]
+                           masked_positions=batch.masked_positions,
+                           last_layer_at=batch.masked_positions).head_logits["mlm"]
             correct += int((logits.argmax(-1) == batch.mlm_labels).sum())
             total += len(batch.mlm_labels)
     # The unigram rate of this corpus is 1/12; context determines every masked token.

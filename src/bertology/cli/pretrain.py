@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="override a config value, e.g. --set optim.lr=1e-4 (repeatable; values are YAML)")
     parser.add_argument("--resume", action="store_true",
                         help="continue from the latest checkpoint in run.output_dir (start fresh if there is none)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier run's metrics, checkpoints and model in run.output_dir (its "
+                        "tokenizer and shards are kept and reused); without it such a directory is refused")
     parser.add_argument("--plot", action="store_true", help="write a PNG of the training curves at the end")
     parser.set_defaults(func=run)
 
@@ -27,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     from bertology.training.config import load_config
 
     config = load_config(args.config, args.overrides)
-    result = pretrain(config, resume=args.resume, plot=True if args.plot else None)
+    result = pretrain(config, resume=args.resume, plot=True if args.plot else None, overwrite=args.overwrite)
     shown = ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items() if isinstance(v, float))
     print(f"trained {result.steps} steps; model at {result.model_dir}" + (f"; {shown}" if shown else ""),
           file=sys.stderr)

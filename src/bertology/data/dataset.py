@@ -1,14 +1,18 @@
-"""The pretraining dataset: instances of an epoch, shuffled, split across ranks, collated and masked.
+"""The pretraining dataset: instances of an epoch, shuffled, split across ranks, collated, then made into
+training batches by a ``BatchMaker`` (MLM masking for BERT and RoBERTa; span masking or other corruptions plug in
+the same way).
 
 Epoch ``e`` uses the instance list of duplicate ``e % dupe_factor`` (a deterministic function of the seed), visits
-it in an order seeded by ``(seed, e)`` and masks each instance with keys from ``masking_seeds``; so a batch is a
-pure function of ``(epoch, batch index, rank, world_size)`` and a run resumes exactly from ``(epoch, batch)``.
+it in an order seeded by ``(seed, e)`` and hands each batch maker per-instance keys (``InstanceBatch.keys``, from
+``(seed, instance, epoch)``); so a batch is a pure function of ``(epoch, batch index, rank, world_size)`` and a run
+resumes exactly from ``(epoch, batch)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -31,8 +35,28 @@ _BUCKET_STREAM = 3
 
 
 @dataclass
+class InstanceBatch:
+    """Collated instances before any corruption: what a ``BatchMaker`` turns into a training batch."""
+
+    input_ids: torch.Tensor  # [B, L], right-padded with the pad id
+    attention_mask: torch.Tensor  # [B, L], 1 at real tokens
+    token_type_ids: torch.Tensor  # [B, L]
+    word_starts: torch.Tensor  # [B, L] bool: the token starts a word (whole-word and span masking)
+    next_sentence_labels: torch.Tensor | None  # [B] for NSP instances, else None
+    instance_ids: torch.Tensor  # [B] ids in the epoch's instance list
+    epoch: int
+
+
+class BatchMaker(Protocol):
+    """Turns collated instances into a training batch (e.g. masks them); must be a pure function of its input
+    (randomness keyed by ``instance_ids`` and ``epoch``), so that resumed runs see the same batches."""
+
+    def __call__(self, instances: InstanceBatch) -> Any: ...
+
+
+@dataclass
 class PretrainingBatch:
-    """One collated, masked batch (right padding with ``pad_id``; ``attention_mask`` 1 at real tokens)."""
+    """One collated, MLM-masked batch (right padding with ``pad_id``; ``attention_mask`` 1 at real tokens)."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
@@ -81,17 +105,45 @@ class PackedInstances:
         return input_ids, real.astype(np.int64), token_type_ids, word_starts
 
 
-class PretrainingDataset:
-    """Batches of masked pretraining instances; see the module docstring for the determinism contract."""
+class MaskedBatches:
+    """The BERT / RoBERTa batch maker: MLM masking with a ``Masker``, keyed by (seed, instance, epoch)."""
 
-    def __init__(self, source: DocumentSource, special: SpecialTokens, config: InstanceConfig, masker: Masker) -> None:
-        if masker.special != special:
-            raise ConfigError(f"PretrainingDataset: the masker's special tokens {masker.special} differ from "
-                              f"{special}")
+    def __init__(self, masker: Masker, seed: int, dupe_factor: int) -> None:
+        self.masker = masker
+        self.seed = seed
+        self.dupe_factor = dupe_factor
+
+    def __call__(self, instances: InstanceBatch) -> PretrainingBatch:
+        seeds = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, self.dupe_factor,
+                              self.masker.config.dynamic)
+        masked = self.masker(instances.input_ids, instances.attention_mask, instances.word_starts, seeds=seeds)
+        return PretrainingBatch(masked.input_ids, instances.attention_mask, instances.token_type_ids,
+                                masked.masked_positions, masked.mlm_labels, instances.next_sentence_labels,
+                                instances.instance_ids)
+
+
+class PretrainingDataset:
+    """Batches of pretraining instances; see the module docstring for the determinism contract.
+
+    ``make_batch`` turns collated instances into training batches; a ``Masker`` is the usual one (MLM masking,
+    wrapped in ``MaskedBatches``). ``bucket_window`` > 1 groups instances of similar length (within windows of that
+    many batches) to cut padding; it changes which instances share a batch, not the set of instances of an epoch.
+    """
+
+    def __init__(self, source: DocumentSource, special: SpecialTokens, config: InstanceConfig,
+                 make_batch: Masker | BatchMaker, bucket_window: int = 0) -> None:
+        if isinstance(make_batch, Masker):
+            if make_batch.special != special:
+                raise ConfigError(f"PretrainingDataset: the masker's special tokens {make_batch.special} differ "
+                                  f"from {special}")
+            make_batch = MaskedBatches(make_batch, config.seed, config.dupe_factor)
+        if bucket_window < 0:
+            raise ConfigError(f"PretrainingDataset: bucket_window must be >= 0, got {bucket_window}")
         self.source = source
         self.special = special
         self.config = config
-        self.masker = masker
+        self.make_batch = make_batch
+        self.bucket_window = bucket_window
         self._duplicate = -1
         self._packed: PackedInstances | None = None
         self._stats: InstanceStats | None = None
@@ -163,30 +215,21 @@ class PretrainingDataset:
         return -(-size // batch_size)
 
     def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
-                drop_last: bool = True, bucket_window: int = 0) -> Iterator[PretrainingBatch]:
-        """Masked batches of ``epoch`` for ``rank``, from batch ``start_batch`` on (to resume exactly).
-
-        ``bucket_window`` > 1 groups instances of similar length (within windows of that many batches) to cut
-        padding; it changes which instances share a batch, not the set of instances of an epoch.
-        """
+                drop_last: bool = True, bucket_window: int | None = None) -> Iterator[Any]:
+        """Batches of ``epoch`` for ``rank``, from batch ``start_batch`` on (to resume exactly); ``bucket_window``
+        None takes the dataset's."""
         if start_batch < 0:
             raise ConfigError(f"PretrainingDataset: start_batch must be >= 0, got {start_batch}")
+        window = self.bucket_window if bucket_window is None else bucket_window
         # Checked and planned here, not lazily, so that bad arguments fail at the call.
-        plan = self._batch_indices(epoch, batch_size, rank, world_size, drop_last, bucket_window)
+        plan = self._batch_indices(epoch, batch_size, rank, world_size, drop_last, window)
         return self._iterate(epoch, plan[start_batch:])
 
-    def _iterate(self, epoch: int, plan: list[np.ndarray]) -> Iterator[PretrainingBatch]:
+    def _iterate(self, epoch: int, plan: list[np.ndarray]) -> Iterator[Any]:
         packed = self._load(epoch)
-        dynamic = self.masker.config.dynamic
         for indices in plan:
             input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.pad_id)
-            input_ids_t = torch.from_numpy(input_ids)
-            attention_t = torch.from_numpy(attention_mask)
-            seeds = masking_seeds(self.config.seed, indices, epoch, self.config.dupe_factor, dynamic)
-            masked = self.masker(input_ids_t, attention_t, torch.from_numpy(word_starts), seeds=seeds)
-            labels = None
-            if self.config.nsp:
-                labels = torch.from_numpy(packed.random_next[indices].copy())
-            yield PretrainingBatch(masked.input_ids, attention_t, torch.from_numpy(token_type_ids),
-                                   masked.masked_positions, masked.mlm_labels, labels,
-                                   torch.from_numpy(indices.astype(np.int64)))
+            labels = torch.from_numpy(packed.random_next[indices].copy()) if self.config.nsp else None
+            yield self.make_batch(InstanceBatch(
+                torch.from_numpy(input_ids), torch.from_numpy(attention_mask), torch.from_numpy(token_type_ids),
+                torch.from_numpy(word_starts), labels, torch.from_numpy(indices.astype(np.int64)), epoch))

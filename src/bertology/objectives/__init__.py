@@ -1,4 +1,4 @@
-"""Pretraining objectives: each turns the model's output on a batch into a loss sum and metric sums.
+"""Training objectives: each turns the model's forward pass(es) over a batch into a loss sum and metric sums.
 
 ``OBJECTIVES`` maps a config name to its class (a dataclass whose fields are the objective's options);
 ``build_objectives`` builds them from the ``objectives`` section of a run config.
@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from bertology.errors import ConfigError
-from bertology.objectives.base import Objective, ObjectiveOutput
-from bertology.objectives.compose import PretrainingLoss
+from bertology.config import build_registered
+from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
+from bertology.objectives.compose import TrainingLoss
 from bertology.objectives.fill_mask import Prediction, fill_mask
 from bertology.objectives.mlm import MaskedLM, mlm_loss
 from bertology.objectives.nsp import NextSentence, nsp_loss
@@ -20,29 +19,28 @@ from bertology.objectives.nsp import NextSentence, nsp_loss
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence}
 
 
-def build_objectives(spec: Mapping[str, Mapping[str, Any]]) -> list[Objective]:
-    """One objective per entry ``name -> options``, in order; options are the class's fields (``weight``, ...)."""
-    objectives: list[Objective] = []
-    for name, options in spec.items():
-        if name not in OBJECTIVES:
-            raise ConfigError(f"objectives.{name}: unknown objective; known: {', '.join(OBJECTIVES)}")
-        cls = OBJECTIVES[name]
-        known = {f.name for f in dataclasses.fields(cls)} - {"name"}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ConfigError(f"objectives.{name}.{unknown[0]}: unknown key; known: {', '.join(sorted(known))}")
-        objectives.append(cls(**dict(options)))
-    return objectives
+# Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
+# ``activation`` of the MLM transform follows the model's hidden_act (as in transformers).
+FIXED_FIELDS = ("name", "activation")
+
+
+def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objective]:
+    """One objective per entry ``name -> options``, in order; options are the class's fields (``weight``, ...),
+    checked like every config section (unknown keys and wrong types name ``objectives.<name>.<key>``)."""
+    return list(build_registered(OBJECTIVES, spec, "objectives", what="objective", exclude=FIXED_FIELDS).values())
 
 
 __all__ = [
     "OBJECTIVES",
+    "Batch",
     "MaskedLM",
     "NextSentence",
     "Objective",
     "ObjectiveOutput",
     "Prediction",
-    "PretrainingLoss",
+    "Passes",
+    "TrainingLoss",
+    "FIXED_FIELDS",
     "build_objectives",
     "fill_mask",
     "mlm_loss",

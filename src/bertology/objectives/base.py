@@ -1,9 +1,16 @@
-"""The objective protocol: an objective turns one forward pass and its batch into a summed loss and metric sums.
+"""The objective protocol: an objective turns the model's forward pass(es) over a batch into a summed loss and
+metric sums.
 
 Losses are returned as *sums* over the objective's prediction units (masked tokens for MLM, sequences for NSP)
 together with the number of units, and the trainer divides by the unit count of the whole effective batch (all
 micro-batches, all ranks). So the gradient is that of the mean over the effective batch, whatever the split into
 micro-batches and processes, and a run on 2 processes x batch b matches one process x batch 2b.
+
+Objectives see the model through ``Passes``: ``passes.shared`` is one forward pass of the batch as it is, shared
+by every objective that reads it and run at most once; an objective that needs other passes (ELECTRA's generator
+then discriminator, a distillation teacher) runs them with ``passes.run(...)`` or with modules of its own.
+``reads(batch)`` declares where an objective reads the shared pass's last layer, so the encoder may skip the
+last layer everywhere else (pretraining reads only the masked positions and [CLS]).
 
 Objectives that own parameters (a span-boundary head, a replaced-token generator) are also ``nn.Module``s; the
 training module registers them so that their parameters are optimised, checkpointed and wrapped by DDP.
@@ -11,15 +18,29 @@ training module registers them so that their parameters are optimised, checkpoin
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
 from bertology.model.encoder import EncoderOutput, HeadSpec
+
+if TYPE_CHECKING:
+    from bertology.model.encoder import EncoderModel
+
+
+class Batch(Protocol):
+    """What the trainer needs of a batch: padded token ids, the real-token mask, and moving to a device.
+    Objectives read their own fields (labels, masked positions, ...)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch: ...
 
 
 @dataclass
@@ -30,9 +51,33 @@ class ObjectiveOutput:
     stats: dict[str, Tensor] = field(default_factory=dict)
 
 
+class Passes:
+    """The model's forward passes over one batch, as objectives see them.
+
+    ``shared`` runs ``model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
+    masked_positions=batch.masked_positions)`` once, on first use, with the last layer computed only at
+    ``last_layer_at`` (the union of what the objectives declared they read; None: everywhere)."""
+
+    def __init__(self, model: EncoderModel, batch: Any, last_layer_at: Tensor | None) -> None:
+        self.model = model
+        self.batch = batch
+        self.last_layer_at = last_layer_at
+
+    @functools.cached_property
+    def shared(self) -> EncoderOutput:
+        batch = self.batch
+        return self.model(batch.input_ids, batch.attention_mask, getattr(batch, "token_type_ids", None),
+                          masked_positions=getattr(batch, "masked_positions", None),
+                          last_layer_at=self.last_layer_at)
+
+    def run(self, *args: Any, **kwargs: Any) -> EncoderOutput:
+        """Another forward pass of the model on other inputs (same arguments as ``EncoderModel.forward``)."""
+        return self.model(*args, **kwargs)
+
+
 @runtime_checkable
 class Objective(Protocol):
-    """A pretraining objective, composed with others by name and weight (see ``bertology.objectives.build``)."""
+    """A training objective, composed with others by name and weight (see ``bertology.objectives.TrainingLoss``)."""
 
     name: str
     weight: float
@@ -41,21 +86,28 @@ class Objective(Protocol):
         """Heads the model needs for this objective (created by the model, saved in its checkpoint)."""
         ...
 
-    def forward_kwargs(self, batch: Any) -> dict[str, Any]:
-        """Extra keyword arguments this objective needs in the model's forward (e.g. ``masked_positions``)."""
+    def reads(self, batch: Any) -> Tensor | None:
+        """The ``[N, 2]`` (row, column) positions of the shared pass's last layer this objective reads, its heads'
+        inputs included; an empty tensor when it does not read the shared pass, None when it reads every token."""
         ...
 
     def units(self, batch: Any) -> Tensor:
         """Number of prediction units in ``batch`` (a 0-d int64 tensor), known before the forward pass."""
         ...
 
-    def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
-        """Loss sum and metric sums for ``batch`` from the model's ``output``."""
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+        """Loss sum and metric sums for ``batch``."""
         ...
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
         """Readable metrics (means, accuracies) from stats summed over batches and ranks."""
         ...
+
+
+def first_tokens(batch: Any) -> Tensor:
+    """The (row, 0) position of every row: where [CLS]-reading heads (pooler, NSP, classification) look."""
+    rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
+    return torch.stack([rows, torch.zeros_like(rows)], dim=1)
 
 
 def ratio(numerator: float, denominator: float) -> float:
@@ -68,10 +120,6 @@ def safe_exp(x: float) -> float:
         return math.exp(x)
     except OverflowError:
         return float("inf")
-
-
-def count(n: int | Tensor) -> Tensor:
-    return n.detach().to(torch.int64) if isinstance(n, Tensor) else torch.tensor(n, dtype=torch.int64)
 
 
 def classification_output(name: str, logits: Tensor, labels: Tensor, loss_sum: Tensor) -> ObjectiveOutput:

@@ -1,4 +1,4 @@
-"""Objectives composed into one module: one forward pass of the model, every objective's loss from its output."""
+"""Objectives composed into one module: the model plus weighted objectives -> one loss per batch."""
 
 from __future__ import annotations
 
@@ -8,22 +8,28 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from bertology.errors import ConfigError
 from bertology.model.encoder import EncoderModel
-from bertology.objectives.base import Objective
+from bertology.objectives.base import Objective, Passes
 
 
-class PretrainingLoss(nn.Module):
+class TrainingLoss(nn.Module):
     """``model`` plus ``objectives``; ``forward(batch, units)`` returns (weighted loss, detached stats).
 
     ``units[name]`` is the number of prediction units of objective ``name`` in the whole effective batch (all
     micro-batches and ranks), divided by ``scale`` — the factor by which gradients are later averaged (the world
-    size under DDP) — so that the summed gradients equal those of the effective-batch mean.
+    size under DDP) — so that the summed gradients equal those of the effective-batch mean. The same module trains
+    pretraining objectives (MLM, NSP) and fine-tuning tasks (a classifier's cross-entropy is an objective too).
     """
 
     def __init__(self, model: EncoderModel, objectives: Sequence[Objective]) -> None:
         super().__init__()
         if not objectives:
-            raise ValueError("PretrainingLoss needs at least one objective")
+            raise ConfigError("objectives: at least one objective is needed")
+        names = [o.name for o in objectives]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ConfigError(f"objectives: two objectives are named {repeated[0]!r}; their stats would collide")
         self.model = model
         self.objectives = tuple(objectives)
         # Objectives with parameters of their own are registered so that they train and checkpoint with the model.
@@ -32,15 +38,22 @@ class PretrainingLoss(nn.Module):
     def units(self, batch: Any) -> dict[str, Tensor]:
         return {o.name: o.units(batch) for o in self.objectives}
 
-    def forward(self, batch: Any, units: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
-        kwargs: dict[str, Any] = {}
+    def last_layer_at(self, batch: Any) -> Tensor | None:
+        """Where any objective reads the shared pass's last layer (None: somewhere every token is read)."""
+        positions = []
         for objective in self.objectives:
-            kwargs.update(objective.forward_kwargs(batch))
-        output = self.model(batch.input_ids, batch.attention_mask, batch.token_type_ids, **kwargs)
+            read = objective.reads(batch)
+            if read is None:
+                return None
+            positions.append(read)
+        return torch.cat(positions) if positions else None
+
+    def forward(self, batch: Any, units: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        passes = Passes(self.model, batch, self.last_layer_at(batch))
         total: Tensor | None = None
         stats: dict[str, Tensor] = {}
         for objective in self.objectives:
-            result = objective(output, batch)
+            result = objective(passes, batch)
             term = result.loss_sum * (objective.weight / units[objective.name].clamp(min=1))
             total = term if total is None else total + term
             stats.update(result.stats)

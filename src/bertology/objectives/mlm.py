@@ -14,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertology.model.encoder import EncoderOutput, HeadSpec
+from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
     ObjectiveOutput,
+    Passes,
     classification_output,
     classification_summary,
     safe_exp,
@@ -45,15 +46,15 @@ class MaskedLM:
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "masked_lm", activation=self.activation or "gelu"),)
 
-    def forward_kwargs(self, batch: Any) -> dict[str, Any]:
-        # heads_only: the last layer runs only at the masked positions and [CLS], the only rows the heads read.
-        return {"masked_positions": batch.masked_positions, "heads_only": True}
+    def reads(self, batch: Any) -> Tensor:
+        return batch.masked_positions  # the head's logits are computed only there
+
 
     def units(self, batch: Any) -> Tensor:
         return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
 
-    def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
-        logits = output.head_logits[self.name]
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+        logits = passes.shared.head_logits[self.name]
         return classification_output(self.name, logits, batch.mlm_labels,
                                      mlm_loss(logits, batch.mlm_labels, reduction="sum"))
 

@@ -12,8 +12,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.errors import DataError
-from bertology.model.encoder import EncoderOutput, HeadSpec
-from bertology.objectives.base import ObjectiveOutput, classification_output, classification_summary
+from bertology.model.encoder import HeadSpec
+from bertology.objectives.base import (
+    ObjectiveOutput,
+    Passes,
+    classification_output,
+    classification_summary,
+    first_tokens,
+)
 
 
 def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -31,8 +37,8 @@ class NextSentence:
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "pooled", num_labels=2),)
 
-    def forward_kwargs(self, batch: Any) -> dict[str, Any]:
-        return {}
+    def reads(self, batch: Any) -> Tensor:
+        return first_tokens(batch)  # the pooler reads [CLS]
 
     def _labels(self, batch: Any) -> Tensor:
         labels = batch.next_sentence_labels
@@ -44,8 +50,8 @@ class NextSentence:
     def units(self, batch: Any) -> Tensor:
         return torch.tensor(self._labels(batch).shape[0], dtype=torch.int64)
 
-    def __call__(self, output: EncoderOutput, batch: Any) -> ObjectiveOutput:
-        logits = output.head_logits[self.name]
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+        logits = passes.shared.head_logits[self.name]
         labels = self._labels(batch)
         return classification_output(self.name, logits, labels, nsp_loss(logits, labels, reduction="sum"))
 

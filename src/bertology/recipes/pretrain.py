@@ -28,12 +28,11 @@ from bertology.errors import CheckpointError, ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, architecture_name, load_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.encoder import EncoderModel
-from bertology.objectives import build_objectives
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
-from bertology.training.trainer import Hook, Trainer
+from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
 
 TOKENIZER_DIR = "tokenizer"
 SHARDS_DIR = "shards"
@@ -122,13 +121,14 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     special = special_tokens(tokenizer)
     masking = config.data.masking
 
-    def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int) -> PretrainingDataset:
+    def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
+                bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
-        return PretrainingDataset(corpus, special, instance_config, masker)
+        return PretrainingDataset(corpus, special, instance_config, masker, bucket_window)
 
-    train_data = dataset(train, masking, inst.dupe_factor)
+    train_data = dataset(train, masking, inst.dupe_factor, config.data.bucket_window)
     eval_data = None
     if heldout is not None:
         eval_data = dataset(heldout, dataclasses.replace(masking, dynamic=False), 1)
@@ -213,24 +213,32 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,
-             hooks: list[Hook] | None = None) -> PretrainResult:
-    """Run a whole pretraining from ``config`` (``resume``: continue from the latest checkpoint, if any)."""
+             hooks: list[Hook] | None = None, overwrite: bool = False) -> PretrainResult:
+    """Run a whole pretraining from ``config``. ``resume``: continue from the latest checkpoint, if any;
+    ``overwrite``: replace an earlier run's outputs in ``run.output_dir`` (refused otherwise)."""
     if plot is not None:
         config.run.plot = plot
     env = D.init_distributed(config.speed)
     try:
+        # The output directory is checked before any work, so a mistake costs nothing.
+        if overwrite and not resume:
+            if env.is_main:
+                check_output_dir(config.run.output_dir, resume=False, overwrite=True)
+            D.barrier(env)
+        else:
+            check_output_dir(config.run.output_dir, resume=resume, overwrite=False)
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
         tokenizer = build_tokenizer(config, env)
         train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
         train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus)
-        objectives = build_objectives(config.objectives or {})
+        objectives = config.build_objectives()
         model = build_model(config, tokenizer, objectives)
         trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
         if resume:
             trainer.resume()
         metrics = trainer.train()
         output_dir = Path(config.run.output_dir)
-        return PretrainResult(output_dir, output_dir / "model", metrics, trainer.state.step)
+        return PretrainResult(output_dir, output_dir / FINAL_MODEL_DIR, metrics, trainer.state.step)
     finally:
         D.shutdown()

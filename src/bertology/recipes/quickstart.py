@@ -36,7 +36,6 @@ from bertology.errors import ConfigError
 from bertology.io import atomic_write
 from bertology.model import load
 from bertology.model.config import PRESET_SIZES
-from bertology.objectives import build_objectives
 from bertology.objectives.fill_mask import Prediction, fill_mask
 from bertology.recipes.pretrain import (
     SHARDS_DIR,
@@ -49,7 +48,7 @@ from bertology.recipes.pretrain import (
 )
 from bertology.training.config import PretrainConfig
 from bertology.training.distributed import DistEnv, default_threads
-from bertology.training.trainer import FINAL_MODEL_DIR, METRICS_FILE, PLOT_FILE, Trainer
+from bertology.training.trainer import FINAL_MODEL_DIR, PLOT_FILE, RUN_OUTPUTS, Trainer
 
 CONFIG_FILE = "quickstart.yaml"
 CORPUS_DIR = "corpus"
@@ -67,8 +66,7 @@ CLOZE_SENTENCES = (
     "Israeli troops have moved into the West [MASK] town of Ramallah.",
 )
 # Files the quickstart writes in its output directory: a rerun removes exactly these first.
-_OUTPUTS = (CONFIG_FILE, CORPUS_DIR, TOKENIZER_DIR, SHARDS_DIR, FINAL_MODEL_DIR, "checkpoints", METRICS_FILE,
-            PLOT_FILE, "pretrain_config.json")
+_OUTPUTS = (CONFIG_FILE, CORPUS_DIR, TOKENIZER_DIR, SHARDS_DIR, *RUN_OUTPUTS)
 Echo = Callable[[str], None]
 
 
@@ -278,7 +276,7 @@ def quickstart(options: QuickstartOptions, echo: Echo = print) -> QuickstartResu
     lap("shards")
 
     train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus)
-    objectives = build_objectives(config.objectives or {})
+    objectives = config.build_objectives()
     model = build_model(config, tokenizer, objectives)
     trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer)
     size = model.config

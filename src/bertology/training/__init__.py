@@ -1,11 +1,25 @@
-"""Pretraining: the run config (dataclasses), the trainer, atomic checkpoints, DDP/FSDP."""
+"""Training: the run config (dataclasses), the training loop shared by pretraining and fine-tuning, atomic
+checkpoints, DDP/FSDP."""
 
 from bertology.training.checkpoint import TrainingState, latest_checkpoint, list_checkpoints
 from bertology.training.config import PretrainConfig, apply_overrides, load_config
 from bertology.training.distributed import DistEnv, init_distributed
-from bertology.training.trainer import StepReport, Trainer, plot_metrics, read_metrics
+from bertology.training.trainer import (
+    BatchSource,
+    Evaluator,
+    Schedule,
+    StepReport,
+    Trainer,
+    check_output_dir,
+    plot_metrics,
+    read_metrics,
+)
 
 __all__ = [
+    "BatchSource",
+    "Evaluator",
+    "Schedule",
+    "check_output_dir",
     "DistEnv",
     "PretrainConfig",
     "StepReport",

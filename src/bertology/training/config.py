@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bertology.config import (
-    build_registered,
     decode_text,
     from_mapping,
     inline,
@@ -45,9 +44,6 @@ from bertology.model.config import ACTIVATIONS, FAMILIES, PRESET_SIZES, EncoderC
 
 # EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files.
 ENCODER_FIELDS_NOT_SET = ("extra",)
-# Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
-# ``activation`` of the MLM transform follows the model's hidden_act (as in transformers).
-OBJECTIVE_FIXED_FIELDS = ("name", "activation")
 
 
 @dataclass
@@ -236,8 +232,9 @@ class PretrainConfig:
     """A whole pretraining run (see the module docstring for the sections).
 
     ``objectives`` maps an objective's name (a key of ``bertology.objectives.OBJECTIVES``) to its options, the
-    fields of its class less OBJECTIVE_FIXED_FIELDS; they are checked once, here, by ``build_registered``, and
-    ``build_objectives`` makes the objective instances by the same function."""
+    fields of its class less ``bertology.objectives.FIXED_FIELDS``; they are checked once, here, by
+    ``bertology.objectives.build_objectives``, and ``build_objectives`` makes the objective instances by the same
+    function."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -268,10 +265,9 @@ class PretrainConfig:
                               f"got {self.data.instances.kind!r}")
 
     def _build_objectives(self) -> dict[str, Any]:
-        from bertology.objectives import OBJECTIVES
+        from bertology.objectives import build_objectives
 
-        return build_registered(OBJECTIVES, self.objectives, "objectives", what="objective",
-                                exclude=OBJECTIVE_FIXED_FIELDS)
+        return dict(zip(self.objectives, build_objectives(self.objectives)))
 
     def build_objectives(self) -> list[Any]:
         """New objective instances (``bertology.objectives``), in the order of the ``objectives`` section."""

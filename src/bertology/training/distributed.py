@@ -109,15 +109,6 @@ def all_gather_objects(obj: Any, env: DistEnv) -> list[Any]:
     return out
 
 
-def broadcast_object(obj: Any, env: DistEnv) -> Any:
-    """Rank 0's ``obj`` on every rank."""
-    if not env.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         dist.barrier()

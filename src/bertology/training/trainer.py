@@ -1,10 +1,14 @@
-"""The pretraining loop: gradient accumulation, clipping, AdamW with warm-up and decay, optional bf16 autocast,
-DDP/FSDP, held-out evaluation, JSONL metrics, atomic checkpoints and exact resumption.
+"""The training loop shared by pretraining and fine-tuning: gradient accumulation, clipping, AdamW with warm-up and
+decay, optional bf16 autocast, DDP/FSDP, held-out evaluation, JSONL metrics, atomic checkpoints, exact resumption.
 
-Exactness: every batch is a pure function of (epoch, batch index, rank, world size) (see bertology.data.dataset),
-the losses are normalised by the unit count of the whole effective batch, and a checkpoint holds the weights,
-optimizer, scheduler, every RNG state and the data position. A run resumed from step k therefore continues with
-the same updates as a run never interrupted (bitwise on CPU with the same thread count).
+What it trains is given, not built here: a model, objectives (``bertology.objectives``: MLM, NSP, a task's loss)
+and a ``BatchSource``. Extension points: ``evaluators`` add metrics at each evaluation (a task's F1, say), ``hooks``
+see every step. Which steps log, evaluate and checkpoint is a ``Schedule``.
+
+Exactness: every batch is a pure function of (epoch, batch index, rank, world size), the losses are normalised by
+the unit count of the whole effective batch, and a checkpoint holds the weights, optimizer, scheduler, every RNG
+state and the data position. A run resumed from step k therefore continues with the same updates as a run never
+interrupted (bitwise on CPU with the same thread count).
 """
 
 from __future__ import annotations
@@ -13,26 +17,26 @@ import contextlib
 import json
 import math
 import os
-import queue
-import threading
+import shutil
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from bertology.data.dataset import PretrainingBatch, PretrainingDataset
-from bertology.errors import CheckpointError, ConfigError
+from bertology.errors import CheckpointError, ConfigError, TrainingError
 from bertology.io import atomic_write
 from bertology.model.encoder import EncoderModel
-from bertology.objectives.base import Objective
-from bertology.objectives.compose import PretrainingLoss, stats_to_vector
+from bertology.objectives.base import Batch, Objective
+from bertology.objectives.compose import TrainingLoss, stats_to_vector
+from bertology.prefetch import prefetched
 from bertology.training import distributed as D
 from bertology.training.checkpoint import (
+    CHECKPOINTS_DIR,
     TrainingState,
     capture_rng,
     latest_checkpoint,
@@ -41,12 +45,54 @@ from bertology.training.checkpoint import (
     restore_rng,
     save_checkpoint,
 )
-from bertology.training.config import PretrainConfig
+from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
 from bertology.training.optim import build_optimizer, build_scheduler
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
 FINAL_MODEL_DIR = "model"
+RUN_CONFIG_FILE = "run_config.json"
+# What a run writes in its output directory (the tokenizer and shards a pretraining run prepares there are inputs,
+# reused by later runs, and not listed).
+RUN_OUTPUTS = (METRICS_FILE, CHECKPOINTS_DIR, FINAL_MODEL_DIR, PLOT_FILE, RUN_CONFIG_FILE)
+
+# Settings that may differ between a checkpoint and the run that resumes it: they change how the run is watched,
+# how fast it goes or how long it lasts, never what a step computes. ``optim.total_steps`` extends (or shortens) a
+# run; with a decaying schedule the remaining steps follow the new length.
+MAY_CHANGE_ON_RESUME = (
+    "speed.",
+    "run.output_dir",
+    "run.log_every",
+    "run.eval_every",
+    "run.eval_at_start",
+    "run.eval_batches",
+    "run.checkpoint_every",
+    "run.keep_last",
+    "run.plot",
+    "run.progress",
+    "optim.total_steps",
+)
+
+
+class TrainerConfig(Protocol):
+    """The sections of a run config the trainer reads (``PretrainConfig`` has them, and so will a fine-tuning
+    config); ``to_dict`` is recorded with the run and compared on resume."""
+
+    optim: OptimConfig
+    run: RunConfig
+    speed: SpeedConfig
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+class BatchSource(Protocol):
+    """Deterministic batches: the same (epoch, start_batch, rank, world_size) always gives the same batches."""
+
+    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    drop_last: bool = True) -> int: ...
+
+    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
+                drop_last: bool = True) -> Iterator[Batch]: ...
 
 
 @dataclass
@@ -61,82 +107,94 @@ class StepReport:
 
 
 Hook = Callable[["Trainer", StepReport], None]
+# Extra held-out metrics at each evaluation, e.g. a task's official score; runs on every rank.
+Evaluator = Callable[["Trainer"], Mapping[str, float]]
 
 
-class Prefetcher:
-    """Runs an iterator in a background thread, ``depth`` items ahead; errors surface in the consumer."""
+@dataclass(frozen=True)
+class Schedule:
+    """Which optimizer steps log, evaluate and checkpoint: every ``*_every`` steps (0: never before the end) and
+    always at the last step (evaluation only when there is held-out data)."""
 
-    _END = object()
+    total_steps: int
+    log_every: int = 0
+    eval_every: int = 0
+    checkpoint_every: int = 0
+    evaluate: bool = True
 
-    def __init__(self, iterator: Iterator[Any], depth: int) -> None:
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(iterator,), daemon=True)
-        self._thread.start()
+    @classmethod
+    def from_config(cls, optim: OptimConfig, run: RunConfig, evaluate: bool) -> Schedule:
+        return cls(optim.total_steps, run.log_every, run.eval_every, run.checkpoint_every, evaluate)
 
-    def _run(self, iterator: Iterator[Any]) -> None:
-        try:
-            for item in iterator:
-                while not self._stop.is_set():
-                    try:
-                        self._queue.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if self._stop.is_set():
-                    return
-            self._queue.put(self._END)
-        except BaseException as error:  # handed to the consumer, which re-raises it
-            self._queue.put(error)
+    def events(self, step: int) -> tuple[str, ...]:
+        """The events due after ``step``, in the order they run: "log", "eval", "checkpoint"."""
+        final = step == self.total_steps
 
-    def __iter__(self) -> Prefetcher:
-        return self
+        def due(every: int) -> bool:
+            return final or (every > 0 and step % every == 0)
 
-    def __next__(self) -> Any:
-        item = self._queue.get()
-        if item is self._END:
-            raise StopIteration
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return tuple(name for name, on in (("log", self.log_every > 0 and due(self.log_every)),
+                                           ("eval", self.evaluate and due(self.eval_every)),
+                                           ("checkpoint", due(self.checkpoint_every))) if on)
 
-    def close(self) -> None:
-        """Stop and wait for the thread: one left running inside torch at interpreter exit aborts the process."""
-        self._stop.set()
-        self._thread.join()
+
+def check_output_dir(output_dir: str | os.PathLike, resume: bool, overwrite: bool) -> list[Path]:
+    """Refuse to start a fresh run where an earlier run's outputs are, unless ``resume`` or ``overwrite``; with
+    ``overwrite`` (and no ``resume``) those outputs are removed. Returns what was there. Call before any work."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise ConfigError(f"run.output_dir: {output_dir} exists and is not a directory")
+    found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    if not found or resume:
+        return found
+    if not overwrite:
+        shown = ", ".join(p.name + ("/" if p.is_dir() else "") for p in found)
+        raise TrainingError(f"run.output_dir: {output_dir} already holds a run ({shown}); pass --resume to continue "
+                            "it, --overwrite to replace it, or choose another run.output_dir")
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+    return found
 
 
 class Trainer:
     """Trains ``model`` on ``objectives`` over ``train_data``; ``eval_data`` (held-out) is evaluated on schedule.
 
-    Only rank 0 writes files. ``hooks`` run on every rank after every optimizer step.
+    Only rank 0 writes files. ``hooks`` run on every rank after every optimizer step; ``evaluators`` add metrics to
+    every evaluation (with ``eval_data`` or without).
     """
 
-    def __init__(self, config: PretrainConfig, model: EncoderModel, objectives: Sequence[Objective],
-                 train_data: PretrainingDataset, eval_data: PretrainingDataset | None = None,
-                 tokenizer: Any = None, env: D.DistEnv | None = None, hooks: Sequence[Hook] = ()) -> None:
+    def __init__(self, config: TrainerConfig, model: EncoderModel, objectives: Sequence[Objective],
+                 train_data: BatchSource, eval_data: BatchSource | None = None, tokenizer: Any = None,
+                 env: D.DistEnv | None = None, hooks: Sequence[Hook] = (),
+                 evaluators: Sequence[Evaluator] = ()) -> None:
         self.config = config
         self.env = env or D.DistEnv()
         self.tokenizer = tokenizer
         self.train_data = train_data
         self.eval_data = eval_data
         self.hooks = list(hooks)
+        self.evaluators = list(evaluators)
         self.output_dir = Path(config.run.output_dir)
         self.metrics_path = self.output_dir / METRICS_FILE
         speed = config.speed
         self.device = self.env.device
-        self.loss_module = PretrainingLoss(model, objectives).to(self.device)
+        self.loss_module = TrainingLoss(model, objectives).to(self.device)
         self.model = model
         if speed.compile:
-            for layer in model.encoder.layers:
-                layer.compile(dynamic=True)
+            model.compile(dynamic=True)
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp)
         self.fsdp = speed.fsdp and self.env.distributed
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
         self.scheduler = build_scheduler(self.optimizer, config.optim)
+        self.schedule = Schedule.from_config(config.optim, config.run,
+                                             evaluate=eval_data is not None or bool(self.evaluators))
         self.state = TrainingState(config=config.to_dict())
         self.autocast_enabled = self._bf16(speed.bf16)
         self._stat_keys: list[str] | None = None
+        self._resumed = False
         self.history: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------------------------------------------ set-up
@@ -154,44 +212,46 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=torch.bfloat16)
 
     # ------------------------------------------------------------------------------------------------ data
-    def _stream(self, epoch: int, batch: int) -> Iterator[tuple[int, int, PretrainingBatch]]:
+    def _stream(self, epoch: int, batch: int) -> Iterator[tuple[int, int, Batch]]:
         """Micro-batches from (epoch, batch) on, forever, each with its position."""
         size, env = self.config.optim.batch_size, self.env
-        window = self.config.data.bucket_window
         while True:
-            count = self.train_data.num_batches(epoch, size, env.rank, env.world_size)
-            if count == 0:
-                raise ConfigError(
-                    f"optim.batch_size: {size} x {env.world_size} process(es) is more than the "
-                    f"{self.train_data.num_instances(epoch)} training instances of epoch {epoch}")
-            for index, item in enumerate(self.train_data.batches(epoch, size, batch, env.rank, env.world_size,
-                                                                 bucket_window=window), start=batch):
+            if self.train_data.num_batches(epoch, size, env.rank, env.world_size) == 0:
+                raise ConfigError(f"optim.batch_size: {size} x {env.world_size} process(es) is more than the "
+                                  f"training examples of epoch {epoch}")
+            for index, item in enumerate(self.train_data.batches(epoch, size, batch, env.rank, env.world_size),
+                                         start=batch):
                 yield epoch, index, item
             epoch, batch = epoch + 1, 0
 
-    def _device_batch(self, batch: PretrainingBatch) -> PretrainingBatch:
+    def _device_batch(self, batch: Batch) -> Batch:
         if self.device.type == "cpu":
             return batch
         return batch.to(self.device, non_blocking=True)
 
     # ------------------------------------------------------------------------------------------------ training
     def train(self) -> dict[str, float]:
-        """Run to ``optim.total_steps``; returns the last evaluation metrics (or the last training metrics)."""
+        """Run to ``optim.total_steps``; returns the last evaluation metrics (or the last training metrics).
+
+        A run that already reached the last step (resumed from its final checkpoint) only writes its final model
+        again: a kill during that write must not leave a finished run without one."""
         cfg = self.config
         total, accum = cfg.optim.total_steps, cfg.optim.grad_accumulation
         if self.state.step >= total:
-            return self.history[-1] if self.history else {}
+            self._finish()
+            return self._last_logged()
         if self.env.is_main:
+            if not self._resumed and self.state.step == 0:
+                check_output_dir(self.output_dir, resume=False, overwrite=False)
             self.output_dir.mkdir(parents=True, exist_ok=True)
             self._write_config()
-        if self.state.step == 0 and cfg.run.eval_at_start and self.eval_data is not None:
+        if self.state.step == 0 and cfg.run.eval_at_start and self.schedule.evaluate:
             self._log("eval", self.evaluate())  # the untrained baseline, so curves start where learning starts
         stream: Iterator = self._stream(self.state.epoch, self.state.batch)
-        prefetcher = None
         if cfg.speed.prefetch > 0:
-            stream = prefetcher = Prefetcher(stream, cfg.speed.prefetch)
+            stream = prefetched(stream, cfg.speed.prefetch, name="batch-prefetch")
         self.wrapped.train()
-        progress = tqdm(total=total, initial=self.state.step, unit="step", desc="pretraining",
+        progress = tqdm(total=total, initial=self.state.step, unit="step", desc="training",
                         disable=not (cfg.run.progress and self.env.is_main), dynamic_ncols=True)
         window_stats: Tensor | None = None
         window_tokens = 0
@@ -210,42 +270,46 @@ class Trainer:
                 self.state.epoch, self.state.batch = epoch, index + 1
                 self.state.tokens += tokens * self.env.world_size  # ranks see batches of similar size
                 progress.update(1)
+                ids = [getattr(b, "instance_ids", None) for _, _, b in micro]
                 report = StepReport(self.state.step, self.state.epoch, self.state.batch,
-                                    [b.instance_ids for _, _, b in micro if b.instance_ids is not None])
-                step = self.state.step
-                final = step == total
-                if cfg.run.log_every and (step % cfg.run.log_every == 0 or final):
-                    elapsed = time.perf_counter() - window_start
-                    metrics = self._reduce(window_stats)
-                    metrics.update(lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
-                                   tokens_per_s=window_tokens * self.env.world_size / max(elapsed, 1e-9))
-                    self._log("train", metrics)
-                    progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
-                    report.metrics = last_metrics = metrics
-                    window_stats, window_tokens, window_start = None, 0, time.perf_counter()
-                if self.eval_data is not None and ((cfg.run.eval_every and step % cfg.run.eval_every == 0)
-                                                   or final):
-                    last_metrics = self.evaluate()
-                    self._log("eval", last_metrics)
-                    window_start = time.perf_counter()  # evaluation time is not training throughput
-                if (cfg.run.checkpoint_every and step % cfg.run.checkpoint_every == 0) or final:
-                    self.save_checkpoint()
-                    window_start = time.perf_counter()
+                                    [i for i in ids if i is not None])
+                for event in self.schedule.events(self.state.step):
+                    if event == "log":
+                        elapsed = time.perf_counter() - window_start
+                        metrics = self._reduce(window_stats)
+                        metrics.update(lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
+                                       tokens_per_s=window_tokens * self.env.world_size / max(elapsed, 1e-9))
+                        self._log("train", metrics)
+                        progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
+                        report.metrics = last_metrics = metrics
+                        window_stats, window_tokens = None, 0
+                    elif event == "eval":
+                        last_metrics = self.evaluate()
+                        self._log("eval", last_metrics)
+                    elif event == "checkpoint":
+                        self.save_checkpoint()
+                    window_start = time.perf_counter()  # evaluation and checkpoints are not training throughput
                 for hook in self.hooks:
                     hook(self, report)
         finally:
             progress.close()
-            if prefetcher is not None:
-                prefetcher.close()
-        if self.env.is_main:
-            self.save_final_model()
-            if cfg.run.plot:
-                plot_metrics(self.metrics_path, self.output_dir / PLOT_FILE)
-        D.barrier(self.env)
+            if hasattr(stream, "close"):
+                stream.close()
+        self._finish()
         return last_metrics
 
-    def _step(self, batches: list[PretrainingBatch]) -> tuple[Tensor, Tensor]:
-        """One optimizer step over the micro-batches; returns the summed stats vector and the gradient norm."""
+    def _finish(self) -> None:
+        if self.env.is_main:
+            self.save_final_model()
+            if self.config.run.plot and self.metrics_path.is_file():
+                plot_metrics(self.metrics_path, self.output_dir / PLOT_FILE)
+        D.barrier(self.env)
+
+    def _step(self, batches: list[Batch]) -> tuple[Tensor, Tensor]:
+        """One optimizer step over the micro-batches; returns the summed stats vector and the gradient norm.
+
+        A non-finite loss or gradient stops the run before the update, so the weights and the last checkpoint stay
+        as they were."""
         loss_module = self.loss_module
         units_local = [loss_module.units(b) for b in batches]
         names = list(units_local[0])
@@ -266,19 +330,34 @@ class Trainer:
                 self._stat_keys = sorted(stats)
             vector = stats_to_vector(stats, self._stat_keys)
             total_stats = vector if total_stats is None else total_stats + vector
+        assert total_stats is not None
         clip = self.config.optim.clip_norm
-        if clip is not None:
-            if self.fsdp:
-                grad_norm = self.wrapped.clip_grad_norm_(clip)  # type: ignore[operator]
-            else:
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), clip)
+        max_norm = clip if clip is not None else math.inf  # inf: measure the norm, change nothing
+        if self.fsdp:
+            grad_norm = self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
         else:
-            grad_norm = torch.zeros(())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), max_norm)
+        self._check_finite(total_stats, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        assert total_stats is not None
         return total_stats, grad_norm.detach()
+
+    def _check_finite(self, stats: Tensor, grad_norm: Tensor) -> None:
+        bad = (~torch.isfinite(stats).all() | ~torch.isfinite(grad_norm)).to(torch.float64).reshape(1)
+        D.all_reduce_sum(bad, self.env)  # every rank stops together
+        if not bad.item():
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        assert self._stat_keys is not None
+        losses = {k: v for k, v in zip(self._stat_keys, stats.tolist()) if not math.isfinite(v)}
+        what = (f"loss ({', '.join(f'{k} {v}' for k, v in losses.items())})" if losses
+                else f"gradient (norm {float(grad_norm)})")
+        checkpoint = latest_checkpoint(self.output_dir)
+        raise TrainingError(
+            f"step {self.state.step + 1}: the {what} is not finite; the step was not applied and the run stops. "
+            f"Last checkpoint: {checkpoint if checkpoint is not None else 'none'}. Lower optim.lr, set "
+            f"optim.clip_norm, or check the data.")
 
     def _reduce(self, vector: Tensor | None) -> dict[str, float]:
         """Stats summed over ranks, turned into the objectives' readable metrics."""
@@ -291,9 +370,16 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------ evaluation
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """MLM loss, perplexity, MLM accuracy (and NSP accuracy) on the held-out data, reduced over ranks."""
-        if self.eval_data is None:
+        """The objectives' metrics on the held-out data (reduced over ranks), then every evaluator's."""
+        metrics = self._evaluate_objectives() if self.eval_data is not None else {}
+        for evaluator in self.evaluators:
+            metrics.update(evaluator(self))
+        if self.eval_data is None and not self.evaluators:
             raise ConfigError("no held-out data: set data.heldout_documents to evaluate")
+        return metrics
+
+    def _evaluate_objectives(self) -> dict[str, float]:
+        assert self.eval_data is not None
         env, cfg = self.env, self.config
         # Under DDP the bare module runs evaluation, so ranks with different batch counts never wait on each
         # other; FSDP needs the wrapper (parameters are sharded) and so equal batch counts on every rank.
@@ -326,11 +412,11 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ output
     def _write_config(self) -> None:
-        with atomic_write(self.output_dir / "pretrain_config.json", "w", encoding="utf-8") as handle:
+        with atomic_write(self.output_dir / RUN_CONFIG_FILE, "w", encoding="utf-8") as handle:
             json.dump(self.config.to_dict(), handle, indent=2)
             handle.write("\n")
 
-    def _log(self, kind: str, metrics: dict[str, float]) -> None:
+    def _log(self, kind: str, metrics: Mapping[str, float]) -> None:
         record = {"kind": kind, "step": self.state.step, "epoch": self.state.epoch, "tokens": self.state.tokens,
                   **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
         self.history.append(record)
@@ -343,6 +429,15 @@ class Trainer:
             handle.write(line)
             handle.flush()
             os.fsync(handle.fileno())
+
+    def _last_logged(self) -> dict[str, float]:
+        """The last evaluation (else training) metrics of this run, from memory or from its metrics file."""
+        records = self.history or (read_metrics(self.metrics_path) if self.metrics_path.is_file() else [])
+        for kind in ("eval", "train"):
+            rows = [r for r in records if r.get("kind") == kind]
+            if rows:
+                return {k: v for k, v in rows[-1].items() if k not in ("kind", "step", "epoch", "tokens")}
+        return {}
 
     def _trainer_state(self) -> dict[str, Any]:
         """Optimizer, scheduler, objective parameters and RNG states of every rank (collective under DDP/FSDP)."""
@@ -375,7 +470,8 @@ class Trainer:
         return path
 
     def save_final_model(self) -> Path:
-        """The trained model and its tokenizer in the transformers layout at ``<output_dir>/model``."""
+        """The trained model and its tokenizer at ``<output_dir>/model`` (the transformers layout when its heads
+        have one, else bertology's native one)."""
         from bertology.model.checkpoint import Pretrained
 
         path = self.output_dir / FINAL_MODEL_DIR
@@ -384,18 +480,29 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ resuming
     def resume(self, path: str | os.PathLike | None = None) -> bool:
-        """Load ``path`` (default: the latest checkpoint in the output directory); False if there is none."""
+        """Load ``path`` (default: the latest checkpoint in the output directory); False if there is none, in which
+        case whatever a killed run logged before its first checkpoint is dropped and the run starts afresh."""
+        self._resumed = True
         path = Path(path) if path is not None else latest_checkpoint(self.output_dir)
         if path is None:
+            if self.env.is_main:
+                self._truncate_metrics(-1)
+            D.barrier(self.env)
             return False
         model_state, state, trainer_state = read_checkpoint(path, self.model)
         saved_world = trainer_state.get("world_size", 1)
         if saved_world != self.env.world_size:
             raise CheckpointError(f"{path}: written by {saved_world} process(es), resumed with "
                                   f"{self.env.world_size}; the data order would differ")
-        _check_same_run(path, state.config, self.config.to_dict())
-        self.model.load_state_dict(model_state)
-        self.loss_module.objective_modules.load_state_dict(trainer_state["objective_modules"])
+        check_same_run(path, state.config, self.config.to_dict())
+        objective_state = trainer_state["objective_modules"]
+        if self.fsdp:
+            full = {f"model.{k}": v for k, v in model_state.items()}
+            full.update({f"objective_modules.{k}": v for k, v in objective_state.items()})
+            D.load_full_state_dict(self.wrapped, self.loss_module, full, self.fsdp)
+        else:
+            self.model.load_state_dict(model_state)
+            self.loss_module.objective_modules.load_state_dict(objective_state)
         D.load_optimizer_state(self.wrapped, self.optimizer, trainer_state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         restore_rng(trainer_state["rng"][self.env.rank])
@@ -410,32 +517,33 @@ class Trainer:
         """Drop records a killed run logged after the checkpoint we resume from (they will be logged again)."""
         if not self.metrics_path.is_file():
             return
-        kept = []
-        for line in self.metrics_path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line
-                continue
-            if record.get("step", 0) <= step:
-                kept.append(line + "\n")
+        kept = [json.dumps(r) + "\n" for r in read_metrics(self.metrics_path) if r.get("step", 0) <= step]
+        if not kept:
+            self.metrics_path.unlink()
+            return
         with atomic_write(self.metrics_path, "w", encoding="utf-8") as handle:
             handle.writelines(kept)
 
 
-# Sections that decide what a run computes; a resumed run must agree with its checkpoint on them.
-_RUN_DEFINING = ("model", "tokenizer", "data", "objectives")
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def _check_same_run(path: Path, saved: dict[str, Any], current: dict[str, Any]) -> None:
-    differences = []
-    for section in _RUN_DEFINING:
-        before, after = saved.get(section, {}), current.get(section, {})
-        for key in sorted(set(before) | set(after)) if isinstance(before, dict) else []:
-            if before.get(key) != after.get(key):
-                differences.append(f"{section}.{key}: {before.get(key)!r} -> {after.get(key)!r}")
+def check_same_run(path: str | os.PathLike, saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
+    """Refuse to resume when a setting that changes what is computed differs from the checkpoint's; the
+    settings in ``MAY_CHANGE_ON_RESUME`` may differ."""
+    before, after = _flatten(saved), _flatten(current)
+    differences = [f"{key}: {before.get(key)!r} -> {after.get(key)!r}" for key in sorted(set(before) | set(after))
+                   if before.get(key) != after.get(key) and not key.startswith(MAY_CHANGE_ON_RESUME)]
     if differences:
-        raise ConfigError(f"{path}: cannot resume, the config differs from the checkpoint's: "
-                          + "; ".join(differences))
+        raise ConfigError(f"{path}: cannot resume, these settings differ from the checkpoint's: "
+                          + "; ".join(differences) + " (start a new run in another run.output_dir, or --overwrite)")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -450,7 +558,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -> Path:
-    """A PNG of training and held-out loss, MLM accuracy and learning rate against the step."""
+    """A PNG of training and held-out loss, accuracy (MLM's when there is one) and learning rate against the step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -459,13 +567,15 @@ def plot_metrics(metrics_path: str | os.PathLike, out_path: str | os.PathLike) -
     records = read_metrics(metrics_path)
     train = [r for r in records if r["kind"] == "train"]
     evals = [r for r in records if r["kind"] == "eval"]
+    accuracy = next((k for k in ("mlm_accuracy", *sorted({k for r in records for k in r if k.endswith("accuracy")}))
+                     if any(r.get(k) is not None for r in records)), "mlm_accuracy")
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    for ax, key, title in ((axes[0], "loss", "loss"), (axes[1], "mlm_accuracy", "MLM accuracy")):
+    for ax, key in ((axes[0], "loss"), (axes[1], accuracy)):
         for rows, label in ((train, "train"), (evals, "held-out")):
             points = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
             if points:
                 ax.plot(*zip(*points), marker="o" if label == "held-out" else None, label=label)
-        ax.set_title(title)
+        ax.set_title(key.replace("_", " "))
         ax.set_xlabel("step")
         ax.legend()
     lr = [(r["step"], r["lr"]) for r in train if "lr" in r]

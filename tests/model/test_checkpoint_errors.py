@@ -149,3 +149,63 @@ def test_presets_and_config_validation():
         EncoderConfig(hidden_size=30, num_heads=4)
     with pytest.raises(ConfigError, match="unknown encoder config key"):
         EncoderConfig.from_dict({"hiden_size": 3})
+
+
+def _one_line_checkpoint_error(path, match):
+    from bertology import load as top_level_load
+
+    with pytest.raises(CheckpointError, match=match) as caught:
+        top_level_load(path)
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_safetensors_names_the_file(tmp_path, damage):
+    save_model(tiny(), tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes({"truncated": data[: len(data) // 2], "garbage": bytes(range(256)) * 8, "empty": b""}[damage])
+    _one_line_checkpoint_error(tmp_path / "m", r"model\.safetensors: not a readable safetensors file")
+
+
+def test_corrupt_shard_names_the_shard(tmp_path):
+    save_model(tiny(), tmp_path / "m")
+    weights = load_file(tmp_path / "m" / "model.safetensors")
+    (tmp_path / "m" / "model.safetensors").unlink()
+    names = sorted(weights)
+    half = len(names) // 2
+    shards = {"model-00001-of-00002.safetensors": names[:half], "model-00002-of-00002.safetensors": names[half:]}
+    for shard, keys in shards.items():
+        save_file({k: weights[k] for k in keys}, tmp_path / "m" / shard)
+    index = {"weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (tmp_path / "m" / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert load_model(tmp_path / "m").config.num_layers == 2  # sharded weights load
+    second = tmp_path / "m" / "model-00002-of-00002.safetensors"
+    second.write_bytes(second.read_bytes()[:100])
+    _one_line_checkpoint_error(tmp_path / "m", r"model-00002-of-00002\.safetensors: not a readable safetensors")
+    (tmp_path / "m" / "model.safetensors.index.json").write_text("[1, 2]")
+    _one_line_checkpoint_error(tmp_path / "m", r"model\.safetensors\.index\.json: expected a JSON object, got a list")
+
+
+def test_config_that_is_not_an_object_names_the_file(tmp_path):
+    save_model(tiny(), tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_text('["bert"]')
+    _one_line_checkpoint_error(tmp_path / "m", r"config\.json: expected a JSON object, got a list")
+
+
+def test_config_that_is_not_utf8_names_the_file(tmp_path):
+    save_model(tiny(), tmp_path / "m")
+    (tmp_path / "m" / "config.json").write_bytes(b'{"model_type": "b\xe9rt"}')
+    _one_line_checkpoint_error(tmp_path / "m", r"config\.json: not UTF-8 text")
+
+
+def test_cli_info_reports_a_corrupt_checkpoint_in_one_line(tmp_path, capsys):
+    from bertology.cli.main import main
+
+    save_model(tiny(), tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:1000])
+    assert main(["info", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "model.safetensors: not a readable safetensors file" in err

@@ -1,8 +1,8 @@
-"""The encoder, its heads, and Hugging Face checkpoints."""
+"""The encoder, its heads and extensions, and checkpoints (Hugging Face's layout and bertology's own)."""
 
 from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import EncoderConfig, preset
-from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput, HeadSpec
+from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput, HeadSpec, register_extension
 
 __all__ = [
     "Encoder",
@@ -14,5 +14,6 @@ __all__ = [
     "load",
     "load_model",
     "preset",
+    "register_extension",
     "save_model",
 ]

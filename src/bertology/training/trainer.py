@@ -458,10 +458,23 @@ class Trainer:
         copy.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
         return copy
 
+    def _check_finite_weights(self, model: EncoderModel, what: str) -> None:
+        """An update can overflow the weights with finite gradients (a learning rate far too large); such weights
+        are never written over a good checkpoint or as the final model."""
+        bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        if bad:
+            checkpoint = latest_checkpoint(self.output_dir)
+            raise TrainingError(
+                f"step {self.state.step}: the weights are not finite after the update ({', '.join(bad[:3])}"
+                f"{', ...' if len(bad) > 3 else ''}); the {what} was not written and the run stops. Last "
+                f"checkpoint: {checkpoint if checkpoint is not None else 'none'}. Lower optim.lr or set "
+                "optim.clip_norm.")
+
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0 writes; every rank takes part in gathering state)."""
         trainer_state = self._trainer_state()
         model = self._model_for_saving()
+        self._check_finite_weights(model, "checkpoint")
         path = None
         if self.env.is_main:
             path = save_checkpoint(self.output_dir, model, self.tokenizer, self.state, trainer_state)
@@ -475,7 +488,9 @@ class Trainer:
         from bertology.model.checkpoint import Pretrained
 
         path = self.output_dir / FINAL_MODEL_DIR
-        Pretrained(self._model_for_saving(), self.tokenizer).save(path)
+        model = self._model_for_saving()
+        self._check_finite_weights(model, "final model")
+        Pretrained(model, self.tokenizer).save(path)
         return path
 
     # ------------------------------------------------------------------------------------------------ resuming

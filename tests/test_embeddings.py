@@ -10,6 +10,7 @@ import torch
 
 from bertology.embeddings import (
     EmbeddingError,
+    Framed,
     embed,
     max_context_window,
     parse_layers,
@@ -321,6 +322,24 @@ def test_model_mode_is_restored_and_plain_models_work(minilm, small):
         model.eval()
 
 
+def test_every_submodule_gets_its_own_mode_back(small):
+    from bertology.embeddings import EncoderBackbone
+
+    model = small.model
+    wrapped = EncoderBackbone(small)
+    assert not wrapped.training
+    before = embed(small, ["same text"]).sentences
+    embed(wrapped, ["same text"], tokenizer=small.tokenizer)
+    assert not any(module.training for module in model.modules())  # the wrapper did not switch dropout on
+    np.testing.assert_array_equal(embed(small, ["same text"]).sentences, before)
+    model.encoder.layers[0].train()  # mixed modes come back as they were
+    try:
+        embed(EncoderBackbone(small), ["same text"])
+        assert model.encoder.layers[0].training and not model.encoder.layers[1].training and not model.training
+    finally:
+        model.eval()
+
+
 def test_demo_senses_separate_on_minilm(minilm):
     from bertology.demo import SENSE_EXAMPLES, sense_tables
 
@@ -393,3 +412,147 @@ def test_chunked_runs_keep_input_order(minilm, monkeypatch, capsys):
     np.testing.assert_allclose(chunked.words.vectors, whole.words.vectors, atol=1e-5)
     assert chunked.words.strings == whole.words.strings
     assert chunked.tokens.bounds.tolist() == whole.tokens.bounds.tolist()
+
+
+# ------------------------------------------------------------------ the backbone protocol
+class ToyBackbone(torch.nn.Module):
+    """Not a transformer: a fixed random embedding and two GRU layers, XLNet-style framing (content, then <sep>
+    and <cls>, the summary token last; segment ids 0 for the text, 2 for <cls>). The GRUs read left to right, so
+    right padding never changes a real position and any window can be recomputed on its own."""
+
+    def __init__(self, tokenizer, hidden_size: int = 8, max_length: int = 12) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.word = torch.nn.Embedding(tokenizer.vocab_size, hidden_size)
+        self.segment = torch.nn.Embedding(3, hidden_size)
+        for table in (self.word, self.segment):
+            torch.nn.init.normal_(table.weight, generator=generator)
+        torch.manual_seed(0)
+        self.grus = torch.nn.ModuleList(torch.nn.GRU(hidden_size, hidden_size, batch_first=True) for _ in range(2))
+        self.dropout = torch.nn.Dropout(0.5)  # embed must run it in eval mode
+        self.sep, self.cls = tokenizer.sep_id, tokenizer.cls_id
+        self.tokenizer = tokenizer
+        self.num_layers, self.hidden_size, self.max_length, self.pad_id = 2, hidden_size, max_length, tokenizer.pad_id
+        self.calls = 0
+
+    def frame(self, ids):
+        return Framed([*ids, self.sep, self.cls], 0, len(ids), summary=len(ids) + 1,
+                      type_ids=[0] * (len(ids) + 1) + [2])
+
+    def hidden_states(self, input_ids, attention_mask, token_type_ids):
+        self.calls += 1
+        x = self.dropout(self.word(input_ids) + self.segment(token_type_ids))
+        states = [x]
+        for gru in self.grus:
+            x = gru(x)[0]
+            states.append(x)
+        return tuple(states)
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer():
+    from bertology.tokenization import train_tokenizer
+
+    corpus = TEXTS + ["the cat sat on the mat", "a river bank is muddy", "unaffable clerks stamp forms"]
+    return train_tokenizer(iter(corpus * 3), "wordpiece", 120, min_frequency=1, show_progress=False)
+
+
+def toy_forward(toy: ToyBackbone, framed) -> list[np.ndarray]:
+    with torch.no_grad():
+        hidden = toy.hidden_states(torch.tensor([framed.ids]), torch.ones(1, len(framed.ids), dtype=torch.long),
+                                   torch.tensor([framed.type_ids]))
+    return [h[0].numpy() for h in hidden]
+
+
+def test_toy_backbone_fits_the_protocol(toy_tokenizer, small):
+    from bertology.embeddings import Backbone, EncoderBackbone, as_backbone
+
+    toy = ToyBackbone(toy_tokenizer)
+    assert isinstance(toy, Backbone) and as_backbone(toy, None) is toy
+    wrapped = EncoderBackbone(small)
+    assert isinstance(wrapped, Backbone) and (wrapped.num_layers, wrapped.hidden_size, wrapped.max_length) == (4, 32, 64)
+    framed = wrapped.frame([7, 8])
+    assert framed.ids == [101, 7, 8, 102] and (framed.start, framed.stop, framed.summary) == (1, 3, 0)
+    # Wrapped or not, the BERT encoder gives the same vectors.
+    direct_result, wrapped_result = embed(small, TEXTS), embed(wrapped, TEXTS, tokenizer=small.tokenizer)
+    np.testing.assert_array_equal(direct_result.sentences, wrapped_result.sentences)
+    np.testing.assert_array_equal(direct_result.tokens.vectors, wrapped_result.tokens.vectors)
+
+
+def test_toy_backbone_short_texts_equal_its_direct_forward(toy_tokenizer):
+    toy = ToyBackbone(toy_tokenizer)
+    toy.train()
+    texts = ["The bank raised its rates.", "Hi", "", "a river bank"]
+    result = embed(toy, texts, layers="mean")  # the tokenizer comes from the backbone's attribute
+    cls = embed(toy, texts, sentence="cls", layers=-1, levels=("sentence",), tokenizer=toy_tokenizer)
+    assert toy.training  # the caller's mode comes back
+    toy.eval()
+    assert result.window_length == 12 and result.stride == 5  # capacity 12 - 2 specials, half of it
+    for i, text in enumerate(texts):
+        ids = toy_tokenizer.encode(text, add_special_tokens=False).ids
+        hidden = toy_forward(toy, toy.frame(ids))
+        mean_layers = np.mean(hidden, axis=0)
+        rows = result.tokens.rows(i)
+        np.testing.assert_allclose(result.tokens.vectors[rows], mean_layers[: len(ids)], atol=1e-5)
+        assert result.tokens.ids[rows].tolist() == ids
+        np.testing.assert_allclose(result.sentences[i], mean_layers.mean(0), atol=1e-5)  # specials included
+        np.testing.assert_allclose(cls.sentences[i], hidden[-1][-1], atol=1e-5)  # <cls> is the last position
+    assert result.tokens.bounds[3] == result.tokens.bounds[2]  # the empty text: no tokens, specials only
+    assert result.words.strings[:4] == ["The", "bank", "raised", "its"]
+    first_word = result.words.vectors[0]
+    np.testing.assert_allclose(first_word, result.tokens.vectors[result.tokens.word_index == 0][:1].mean(0), atol=1e-6)
+    vector = word_vector(toy, texts[3], "bank", layers="mean")
+    np.testing.assert_allclose(vector, result.vector(3, "bank"), atol=1e-6)
+
+
+def test_toy_backbone_windows(toy_tokenizer):
+    toy = ToyBackbone(toy_tokenizer).eval()
+    text = " ".join(TEXTS)
+    ids = toy_tokenizer.encode(text, add_special_tokens=False).ids
+    max_length, stride = 9, 3  # 7 content tokens a window
+    result = embed(toy, [text, "Hi"], max_length=max_length, stride=stride, layers=-1)
+    cls = embed(toy, [text], max_length=max_length, stride=stride, layers=-1, sentence="cls", levels=("sentence",))
+    spans = plan_windows(len(ids), max_length - 2, stride)
+    assert len(spans) > 5
+    choice = max_context_window(spans, len(ids))
+    outputs = [toy_forward(toy, toy.frame(ids[a:b]))[-1] for a, b in spans]
+    expected = np.stack([outputs[k][t - spans[k][0]] for t, k in enumerate(choice)])
+    np.testing.assert_allclose(result.tokens.vectors[result.tokens.rows(0)], expected, atol=1e-5)
+    # <sep> and <cls> come after the content, so from the last window; the summary too.
+    specials = outputs[-1][-2:]
+    np.testing.assert_allclose(result.sentences[0], np.concatenate([expected, specials]).mean(0), atol=1e-5)
+    np.testing.assert_allclose(cls.sentences[0], outputs[-1][-1], atol=1e-5)
+    assert len(result.words) == len(embed(toy, [text, "Hi"], levels=("word",)).words)
+
+
+def test_backbone_contract_is_checked(toy_tokenizer):
+    class NoSummary(ToyBackbone):
+        def frame(self, ids):
+            return Framed([self.cls, *ids], 1, 1 + len(ids))
+
+    class Growing(ToyBackbone):
+        def frame(self, ids):
+            before = 1 if ids else 2  # one special more for an empty text
+            return Framed([self.cls] * before + list(ids), before, before + len(ids))
+
+    class Shallow(ToyBackbone):
+        def hidden_states(self, input_ids, attention_mask, token_type_ids):
+            return super().hidden_states(input_ids, attention_mask, token_type_ids)[:2]
+
+    assert embed(NoSummary(toy_tokenizer), ["a text"]).sentences.shape == (1, 8)
+    with pytest.raises(ConfigError, match='NoSummary has no summary token; use sentence="mean"'):
+        embed(NoSummary(toy_tokenizer), ["a text"], sentence="cls")
+    with pytest.raises(EmbeddingError, match="the specials must not depend on the content"):
+        embed(Growing(toy_tokenizer), ["the bank"])
+    with pytest.raises(EmbeddingError, match=r"Shallow.hidden_states: expected 3 tensors of shape \[1, 4, 8\]"):
+        embed(Shallow(toy_tokenizer), ["the bank"])
+    with pytest.raises(ConfigError, match=r"max_length must be an integer of at least 3 \(2 specials and a token\)"):
+        embed(ToyBackbone(toy_tokenizer), ["a"], max_length=2)
+    with pytest.raises(ConfigError, match="max_length 13 exceeds the model's 12 positions"):
+        embed(ToyBackbone(toy_tokenizer), ["a"], max_length=13)
+    bare = ToyBackbone(toy_tokenizer)
+    del bare.tokenizer
+    with pytest.raises(EmbeddingError, match="needs a tokenizer"):
+        embed(bare, ["a"])
+    with pytest.raises(EmbeddingError, match=r"needs a Backbone \(num_layers, .*got object"):
+        embed(object(), ["a"], tokenizer=toy_tokenizer)

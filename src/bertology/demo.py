@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bertology.embeddings import embed
+from bertology.embeddings.backbone import Backbone
 from bertology.embeddings.layers import Combine, LayerSpec
 from bertology.embeddings.result import EmbeddingError, Pooling
 from bertology.model import EncoderModel, Pretrained
@@ -117,7 +118,7 @@ def highlight(sentence: str, word: str) -> str:
 
 
 def sense_tables(
-    model: Pretrained | EncoderModel,
+    model: Backbone | Pretrained | EncoderModel,
     examples: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     *,
     tokenizer: Tokenizer | None = None,

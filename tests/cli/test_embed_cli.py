@@ -78,7 +78,7 @@ def test_token_level_with_explicit_layers(minilm_path, minilm, tmp_path):
 @pytest.mark.parametrize(
     ("content", "extra", "message"),
     [
-        (b"good line\n\xff\xfe bad\n", [], r"in\.txt: not valid UTF-8 at byte offset 10 \(line 2\)"),
+        (b"good line\n\xff\xfe bad\n", [], r"in\.txt: line 2: cannot decode as utf-8 at byte offset 10 \(byte 0xff\)"),
         (b"", [], r"in\.txt: no texts"),
         (b'{"text": "a"}\n{"text": \n', ["--format", "jsonl"], r"in\.txt: line 2: invalid JSON: .* \(column 10\)"),
         (b'{"text": "a"}\n["a"]\n', ["--format", "jsonl"], r"in\.txt: line 2: expected a JSON object, got list"),

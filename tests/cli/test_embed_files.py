@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import bertology.cli.embed as embed_cli
+import bertology.data.corpus as corpus_module
 from bertology.cli.main import main
 from bertology.embeddings import embed, load_vectors, read_texts, save_vectors
 from bertology.errors import DataError
@@ -137,10 +138,10 @@ def test_bad_input_paths(tmp_path, capsys, no_model_loading, monkeypatch):
     assert "empty.txt: no texts" in one_line_error(capsys)
     assert not no_model_loading
 
-    def unreadable(self):
+    def unreadable(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    monkeypatch.setattr(corpus_module, "open", unreadable, raising=False)  # read_lines opens the file
     with pytest.raises(DataError, match="empty.txt: cannot read: Permission denied"):
         read_texts(empty)
 

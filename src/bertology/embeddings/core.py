@@ -1,4 +1,5 @@
-"""`embed`: contextual token, word and sentence vectors from any encoder, with long texts split into windows."""
+"""`embed`: contextual token, word and sentence vectors from any backbone (see `bertology.embeddings.backbone`),
+with long texts split into windows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertology.embeddings.backbone import Backbone, Framed, as_backbone
 from bertology.embeddings.layers import Combine, LayerSelection, LayerSpec, select_layers
 from bertology.embeddings.result import (
     LEVELS,
@@ -23,8 +25,8 @@ from bertology.embeddings.result import (
     SentencePooling,
 )
 from bertology.embeddings.windows import max_context_window, plan_windows
-from bertology.errors import ConfigError, TokenizerError
-from bertology.model import EncoderConfig, EncoderModel, Pretrained
+from bertology.errors import ConfigError
+from bertology.model import EncoderModel, Pretrained
 from bertology.model.encoder import Encoder
 from bertology.tokenization import Encoding, Tokenizer
 
@@ -33,7 +35,7 @@ CHUNK_WINDOWS = 4096
 
 
 def embed(
-    model: Pretrained | EncoderModel | Encoder,
+    model: Backbone | Pretrained | EncoderModel | Encoder,
     texts: str | Sequence[str],
     *,
     tokenizer: Tokenizer | None = None,
@@ -49,30 +51,37 @@ def embed(
 ) -> Embeddings:
     """Contextual vectors of `texts` (one string counts as a list of one), as float32 numpy arrays.
 
+    `model` is a `Backbone` (see `bertology.embeddings.backbone`), or bertology's `Pretrained`, `EncoderModel` or
+    `Encoder`, which are wrapped in an `EncoderBackbone` (BERT framing: [CLS] text [SEP]). `tokenizer` defaults
+    to the model's (a `Pretrained`'s, or a backbone's `tokenizer` attribute); texts are tokenised without
+    specials and each window is framed by the backbone.
+
     - tokens: every content token (specials excluded) with its character offsets and vocabulary id.
     - words: the tokenizer's pre-tokenised words, grouped by word id from the tokens that cover more than
       whitespace (so byte-level BPE's runs of spaces make no words); each word's vector pools its subword tokens
       by `pooling` ("first", "mean" or "last"), and its span runs from its first token's start to its last
       token's end.
-    - sentences: `sentence="mean"` averages every token the model saw, [CLS]/[SEP] included (sentence-transformers'
-      mean pooling); `"cls"` takes the first token. An empty or whitespace-only text has no tokens and no words,
-      and its sentence vector comes from its specials alone.
+    - sentences: `sentence="mean"` averages every token the model saw, the specials included (sentence-transformers'
+      mean pooling); `"cls"` takes the backbone's summary token ([CLS] for BERT, which comes first; XLNet's <cls>
+      comes last). An empty or whitespace-only text has no tokens and no words, and its sentence vector comes from
+      its specials alone.
 
     `layers` picks hidden states (see `select_layers`: "last", "sum-last-four", "mean", "concat", or indices with
     `combine`). Texts are sorted by length into batches of `batch_size` windows; results come back in input order.
 
-    Windows: a window holds `max_length` tokens, specials included (default and upper bound: the model's position
-    count, capped by the tokenizer's model_max_length). A longer text is split into overlapping windows whose
-    starts are `stride` content tokens apart (stride is the step, not the overlap; consecutive windows share
-    capacity - stride tokens; default half the capacity). A token in several windows takes its vector from the
-    one where it has the most context, max over windows of min(left context, right context) + 0.01 * window
-    length, as BERT's SQuAD script does; ties go to the earlier window. [CLS] comes from the first window and the
-    final [SEP] from the last. A text that fits in one window gets exactly the model's direct forward.
+    Windows: a window holds `max_length` tokens, specials included (default and upper bound: the backbone's
+    `max_length`, capped by the tokenizer's model_max_length). A longer text is split into overlapping windows
+    whose starts are `stride` content tokens apart (stride is the step, not the overlap; consecutive windows share
+    capacity - stride tokens, capacity being max_length minus the specials; default half the capacity). A token
+    in several windows takes its vector from the one where it has the most context, max over windows of
+    min(left context, right context) + 0.01 * window length, as BERT's SQuAD script does; ties go to the earlier
+    window. The specials before the content (BERT's [CLS]) come from the first window and those after it ([SEP])
+    from the last. A text that fits in one window gets exactly the backbone's direct forward.
     `levels` limits what is kept (e.g. ("sentence",) for large inputs).
     """
-    encoder, tokenizer = _unpack(model, tokenizer)
-    config: EncoderConfig = encoder.config
-    selection = select_layers(layers, combine, config.num_layers)
+    backbone = as_backbone(model, tokenizer)
+    tokenizer = _tokenizer(model, backbone, tokenizer)
+    selection = select_layers(layers, combine, backbone.num_layers)
     if pooling not in POOLINGS:
         raise ConfigError(f"pooling: unknown {pooling!r}; expected one of {', '.join(POOLINGS)}")
     if sentence not in SENTENCE_POOLINGS:
@@ -81,24 +90,26 @@ def embed(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     texts = _check_texts(texts)
-    window_length = _window_length(config, tokenizer, max_length)
-    capacity = window_length - 2  # one [CLS] and one [SEP] per window
+    layout = _Layout.of(backbone)
+    if sentence == "cls" and layout.summary is None:
+        raise ConfigError(f'sentence="cls": {type(backbone).__name__} has no summary token; use sentence="mean"')
+    window_length = _window_length(backbone.max_length, tokenizer, max_length, layout.specials)
+    capacity = window_length - layout.specials
     if stride is None:
         stride = max(1, capacity // 2)
     if isinstance(stride, bool) or not isinstance(stride, int):
         raise ConfigError(f"stride must be an integer, got {stride!r}")
     plan_windows(0, capacity, stride)  # validates stride against the capacity
 
-    width = selection.width(config.hidden_size)
+    width = selection.width(backbone.hidden_size)
     collected = _Collector(texts, width, wanted)
-    device = next(encoder.parameters()).device
-    with _evaluating(encoder), torch.inference_mode(), tqdm(
+    with _evaluating(backbone), torch.inference_mode(), tqdm(
         total=len(texts), unit="text", disable=not show_progress, dynamic_ncols=True
     ) as bar:
-        for chunk in _chunks(texts, tokenizer, capacity, stride):
-            _run(encoder, chunk, selection, tokenizer.pad_id, batch_size, device, bar)
+        for chunk in _chunks(texts, tokenizer, capacity, stride, layout):
+            _run(backbone, layout, chunk, selection, width, batch_size, bar)
             for doc in chunk:
-                collected.add(doc, pooling, sentence)
+                collected.add(doc, layout, pooling, sentence)
     return Embeddings(
         texts=texts,
         sentences=collected.sentence_array() if "sentence" in wanted else None,
@@ -114,7 +125,7 @@ def embed(
 
 
 def word_vector(
-    model: Pretrained | EncoderModel | Encoder,
+    model: Backbone | Pretrained | EncoderModel | Encoder,
     text: str,
     target: str | tuple[int, int],
     *,
@@ -136,50 +147,86 @@ def word_vector(
 # --------------------------------------------------------------------------------------------------- internals
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """How the backbone frames content: `before` specials, the content, `after` specials; `summary` is the
+    summary token's position in a text's assembled rows (from the end when negative), or None."""
+
+    backbone: Backbone
+    before: int
+    after: int
+    summary: int | None
+
+    @property
+    def specials(self) -> int:
+        return self.before + self.after
+
+    @classmethod
+    def of(cls, backbone: Backbone) -> _Layout:
+        empty = _check_framed(backbone.frame([]), 0, None)
+        summary = empty.summary
+        if summary is not None and not 0 <= summary < len(empty.ids):
+            raise EmbeddingError(f"{type(backbone).__name__}.frame: summary position {summary} is outside the "
+                                 f"{len(empty.ids)} specials of an empty text")
+        if summary is not None and summary >= empty.before:  # after the content: count from the end
+            summary -= len(empty.ids)
+        return cls(backbone, empty.before, empty.after, summary)
+
+    def frame(self, ids: list[int]) -> Framed:
+        return _check_framed(self.backbone.frame(ids), len(ids), self)
+
+
+def _check_framed(framed: Framed, content: int, layout: _Layout | None) -> Framed:
+    if not isinstance(framed, Framed) or not 0 <= framed.start <= framed.stop <= len(framed.ids):
+        raise EmbeddingError(f"frame() must return a Framed with 0 <= start <= stop <= len(ids), got {framed!r}")
+    if framed.stop - framed.start != content:
+        raise EmbeddingError(f"frame(): {content} content ids framed as {framed.stop - framed.start}")
+    if layout is not None and (framed.before, framed.after) != (layout.before, layout.after):
+        raise EmbeddingError(f"frame(): the specials must not depend on the content; {layout.before} before and "
+                             f"{layout.after} after for an empty text, {framed.before} and {framed.after} for "
+                             f"{content} ids")
+    if framed.type_ids is not None and len(framed.type_ids) != len(framed.ids):
+        raise EmbeddingError(f"frame(): {len(framed.type_ids)} type ids for {len(framed.ids)} ids")
+    return framed
+
+
 @dataclass
 class _Document:
-    """One text's content tokens, its windows, and (once run) its assembled [n + 2, D] token vectors."""
+    """One text's content tokens, its windows, and (once run) its assembled [before + n + after, D] rows."""
 
     index: int
-    encoding: Encoding
+    encoding: Encoding  # content tokens only
     spans: list[tuple[int, int]]
     choice: np.ndarray  # [n] window chosen for each content token
-    cls_id: int
-    sep_id: int
     vectors: np.ndarray | None = None
     remaining: int = 0
 
     @property
     def num_tokens(self) -> int:
-        return len(self.encoding.ids) - 2
+        return len(self.encoding.ids)
 
-    def window_ids(self, k: int) -> list[int]:
-        start, stop = self.spans[k]
-        return [self.cls_id, *self.encoding.ids[1 + start: 1 + stop], self.sep_id]
-
-    def receive(self, k: int, rows: np.ndarray) -> bool:
-        """Store the rows this window contributes; True once every window has arrived."""
+    def receive(self, k: int, rows: np.ndarray, before: int) -> bool:
+        """Store the rows window k contributes (its framed positions); True once every window has arrived."""
         start, stop = self.spans[k]
         if k == 0:
-            self.vectors[0] = rows[0]
+            self.vectors[:before] = rows[:before]
         if k == len(self.spans) - 1:
-            self.vectors[-1] = rows[-1]
+            self.vectors[before + self.num_tokens:] = rows[before + stop - start:]
         mine = np.flatnonzero(self.choice[start:stop] == k)
-        self.vectors[1 + start + mine] = rows[1 + mine]
+        self.vectors[before + start + mine] = rows[before + mine]
         self.remaining -= 1
         return self.remaining == 0
 
 
-def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int) -> Iterator[list[_Document]]:
+def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int,
+            layout: _Layout) -> Iterator[list[_Document]]:
     chunk: list[_Document] = []
     windows = 0
-    cls_id, sep_id = tokenizer.cls_id, tokenizer.sep_id
     for index, text in enumerate(texts):
-        encoding = tokenizer.encode(text)
-        _check_layout(encoding, cls_id, sep_id, index)
-        n = len(encoding.ids) - 2
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        n = len(encoding.ids)
         spans = plan_windows(n, capacity, stride)
-        chunk.append(_Document(index, encoding, spans, max_context_window(spans, n), cls_id, sep_id))
+        chunk.append(_Document(index, encoding, spans, max_context_window(spans, n)))
         windows += len(spans)
         if windows >= CHUNK_WINDOWS:
             yield chunk
@@ -188,29 +235,39 @@ def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int) 
         yield chunk
 
 
-def _run(encoder: Encoder, docs: list[_Document], selection: LayerSelection, pad_id: int, batch_size: int,
-         device: torch.device, bar: tqdm) -> None:
-    width = selection.width(encoder.config.hidden_size)
-    jobs = []
+def _run(backbone: Backbone, layout: _Layout, docs: list[_Document], selection: LayerSelection, width: int,
+         batch_size: int, bar: tqdm) -> None:
+    jobs: list[tuple[_Document, int, Framed]] = []
     for doc in docs:
-        doc.vectors = np.zeros((doc.num_tokens + 2, width), dtype=np.float32)
+        doc.vectors = np.zeros((layout.before + doc.num_tokens + layout.after, width), dtype=np.float32)
         doc.remaining = len(doc.spans)
-        jobs.extend((doc, k, doc.window_ids(k)) for k in range(len(doc.spans)))
-    jobs.sort(key=lambda job: len(job[2]), reverse=True)  # stable: equal lengths keep input order
+        for k, (start, stop) in enumerate(doc.spans):
+            jobs.append((doc, k, layout.frame(doc.encoding.ids[start:stop])))
+    jobs.sort(key=lambda job: len(job[2].ids), reverse=True)  # stable: equal lengths keep input order
     for first in range(0, len(jobs), batch_size):
         batch = jobs[first: first + batch_size]
-        length = len(batch[0][2])
-        input_ids = torch.full((len(batch), length), pad_id, dtype=torch.long)
+        length = len(batch[0][2].ids)
+        input_ids = torch.full((len(batch), length), backbone.pad_id, dtype=torch.long)
         attention_mask = torch.zeros((len(batch), length), dtype=torch.long)
-        for row, (_, _, ids) in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.tensor(ids)
-            attention_mask[row, : len(ids)] = 1
-        out = encoder(input_ids.to(device), attention_mask.to(device), torch.zeros_like(input_ids).to(device),
-                      output_hidden_states=True)
-        combined = selection.apply(out.hidden_states).cpu().numpy()
-        for row, (doc, k, ids) in enumerate(batch):
-            if doc.receive(k, combined[row, : len(ids)]):
+        token_type_ids = torch.zeros((len(batch), length), dtype=torch.long)
+        for row, (_, _, framed) in enumerate(batch):
+            input_ids[row, : len(framed.ids)] = torch.tensor(framed.ids)
+            attention_mask[row, : len(framed.ids)] = 1
+            if framed.type_ids is not None:
+                token_type_ids[row, : len(framed.ids)] = torch.tensor(framed.type_ids)
+        hidden = backbone.hidden_states(input_ids, attention_mask, token_type_ids)
+        _check_hidden(backbone, hidden, input_ids.shape)
+        combined = selection.apply(hidden).cpu().numpy()
+        for row, (doc, k, framed) in enumerate(batch):
+            if doc.receive(k, combined[row, : len(framed.ids)], layout.before):
                 bar.update(1)
+
+
+def _check_hidden(backbone: Backbone, hidden: Sequence[torch.Tensor], shape: torch.Size) -> None:
+    expected = (*shape, backbone.hidden_size)
+    if len(hidden) != backbone.num_layers + 1 or any(tuple(h.shape) != expected for h in hidden):
+        raise EmbeddingError(f"{type(backbone).__name__}.hidden_states: expected {backbone.num_layers + 1} tensors "
+                             f"of shape {list(expected)}, got {[list(h.shape) for h in hidden]}")
 
 
 class _Collector:
@@ -229,18 +286,21 @@ class _Collector:
             self.parts[level].setdefault(name, []).append(value)
         self.counts[level].append(len(columns["index"]))
 
-    def add(self, doc: _Document, pooling: str, sentence: str) -> None:
+    def add(self, doc: _Document, layout: _Layout, pooling: str, sentence: str) -> None:
         vectors = doc.vectors
-        self.sentences[doc.index] = vectors[0] if sentence == "cls" else vectors.mean(0, dtype=np.float64)
+        if sentence == "cls":
+            self.sentences[doc.index] = vectors[layout.summary]
+        else:
+            self.sentences[doc.index] = vectors.mean(0, dtype=np.float64)
         n = doc.num_tokens
         enc = doc.encoding
-        content = slice(1, 1 + n)
-        offsets = np.asarray(enc.offsets[content], dtype=np.int64).reshape(n, 2)
-        raw_words = np.asarray([-1 if w is None else w for w in enc.word_ids[content]], dtype=np.int64)
+        content = vectors[layout.before: layout.before + n]
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
+        raw_words = np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64)
         # Tokens covering only whitespace (byte-level BPE's lone "Ġ", whose trimmed span is empty) belong to no
         # word, so runs of spaces make no words and a word's vector and span come from its visible pieces.
         source = self.texts[doc.index]
-        raw_words[np.asarray([not source[a:b].strip() for a, b in enc.offsets[content]], dtype=bool)] = -1
+        raw_words[np.asarray([not source[a:b].strip() for a, b in enc.offsets], dtype=bool)] = -1
         # Word numbers in order of first appearance, so they run 0..m-1 whatever the tokenizer's numbering.
         valid = np.flatnonzero(raw_words >= 0)
         unique, first = np.unique(raw_words[valid], return_index=True)
@@ -249,11 +309,11 @@ class _Collector:
         word_index = np.full(n, -1, dtype=np.int64)
         word_index[valid] = rank[np.searchsorted(unique, raw_words[valid])]
         if "token" in self.wanted:
-            self._append("token", vectors=vectors[1: 1 + n], index=np.arange(n), word_index=word_index,
-                         start=offsets[:, 0], end=offsets[:, 1], strings=enc.tokens[content],
-                         ids=np.asarray(enc.ids[content], dtype=np.int64))
+            self._append("token", vectors=content, index=np.arange(n), word_index=word_index,
+                         start=offsets[:, 0], end=offsets[:, 1], strings=list(enc.tokens),
+                         ids=np.asarray(enc.ids, dtype=np.int64))
         if "word" in self.wanted:
-            self._add_words(doc.index, vectors[1: 1 + n], word_index, offsets, pooling)
+            self._add_words(doc.index, content, word_index, offsets, pooling)
         doc.vectors = None  # the document's token buffer is no longer needed
 
     def _add_words(self, text: int, vectors: np.ndarray, word_index: np.ndarray, offsets: np.ndarray,
@@ -307,21 +367,14 @@ class _Collector:
         )
 
 
-def _unpack(model: Pretrained | EncoderModel | Encoder, tokenizer: Tokenizer | None) -> tuple[Encoder, Tokenizer]:
-    if isinstance(model, Pretrained):
-        encoder, tokenizer = model.model.encoder, tokenizer or model.tokenizer
-    elif isinstance(model, EncoderModel):
-        encoder = model.encoder
-    elif isinstance(model, Encoder):
-        encoder = model
-    else:
-        raise EmbeddingError(f"embed needs a Pretrained, EncoderModel or Encoder, got {type(model).__name__}")
+def _tokenizer(model: object, backbone: Backbone, tokenizer: Tokenizer | None) -> Tokenizer:
+    if tokenizer is None and isinstance(model, Pretrained):
+        tokenizer = model.tokenizer
     if tokenizer is None:
+        tokenizer = getattr(backbone, "tokenizer", None)
+    if not isinstance(tokenizer, Tokenizer):
         raise EmbeddingError("embed needs a tokenizer: the model has none, pass tokenizer=")
-    if tokenizer.vocab_size > encoder.config.vocab_size:
-        raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only "
-                             f"{encoder.config.vocab_size}: they do not belong together")
-    return encoder, tokenizer
+    return tokenizer
 
 
 def _check_texts(texts: str | Sequence[str]) -> list[str]:
@@ -344,33 +397,31 @@ def _check_levels(levels: Sequence[Level]) -> set[str]:
     return wanted
 
 
-def _window_length(config: EncoderConfig, tokenizer: Tokenizer, max_length: int | None) -> int:
-    # RoBERTa-style positions start after the padding index, which takes pad_token_id + 1 of the table's rows.
-    positions = config.max_position_embeddings - (config.pad_token_id + 1 if config.positions_after_padding else 0)
+def _window_length(positions: int, tokenizer: Tokenizer, max_length: int | None, specials: int) -> int:
     if max_length is None:
-        return min(positions, tokenizer.model_max_length or positions)
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 3:
-        raise ConfigError(f"max_length must be an integer of at least 3 (two specials and a token), got {max_length!r}")
+        length = min(positions, tokenizer.model_max_length or positions)
+        if length <= specials:
+            raise ConfigError(f"the model's {length} positions leave no room beside its {specials} specials")
+        return length
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < specials + 1:
+        raise ConfigError(f"max_length must be an integer of at least {specials + 1} ({specials} specials and a "
+                          f"token), got {max_length!r}")
     if max_length > positions:
         raise ConfigError(f"max_length {max_length} exceeds the model's {positions} positions")
     return max_length
 
 
-def _check_layout(encoding: Encoding, cls_id: int, sep_id: int, index: int) -> None:
-    ids, seq = encoding.ids, encoding.sequence_ids
-    if len(ids) < 2 or ids[0] != cls_id or ids[-1] != sep_id or seq[0] is not None or seq[-1] is not None or any(
-        s is None for s in seq[1:-1]
-    ):
-        raise EmbeddingError(f"texts[{index}]: the tokenizer does not wrap a text as one start special, the text's "
-                             f"tokens and one end special (got {encoding.tokens[:4]}...)")
-
-
 @contextlib.contextmanager
-def _evaluating(module: torch.nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for the duration, then the caller's mode again."""
-    was_training = module.training
+def _evaluating(module: object) -> Iterator[None]:
+    """Eval mode (no dropout) for the duration, then every submodule's own mode again (for torch modules; a
+    wrapper such as EncoderBackbone has a mode of its own that need not match the encoder's)."""
+    if not isinstance(module, torch.nn.Module):
+        yield
+        return
+    modes = [(child, child.training) for child in module.modules()]
     module.eval()
     try:
         yield
     finally:
-        module.train(was_training)
+        for child, training in modes:
+            child.training = training

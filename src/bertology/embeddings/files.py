@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bertology.data.corpus import jsonl_text
+from bertology.data.corpus import jsonl_text, read_lines
 from bertology.embeddings.result import LEVELS, Embeddings, Level
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
@@ -23,7 +23,8 @@ FORMAT_VERSION = 2
 
 def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_field: str = "text") -> list[str]:
     """Texts from a UTF-8 file: one per line (`lines`: every line counts, empty ones too, so row i is line i + 1;
-    a final newline ends the last line) or one JSON object per non-blank line with the text under `text_field`."""
+    a final newline ends the last line; line ends, LF or CRLF, are not part of the text) or one JSON object
+    per non-blank line with the text under `text_field`. Lines are read by the corpus readers' `read_lines`."""
     if format not in INPUT_FORMATS:
         raise ConfigError(f"input format: unknown {format!r}; expected one of {', '.join(INPUT_FORMATS)}")
     path = Path(path)
@@ -32,19 +33,9 @@ def read_texts(path: str | os.PathLike, format: InputFormat = "lines", text_fiel
     if not path.exists():
         raise DataError(f"{path}: no such file")
     try:
-        raw = path.read_bytes()
+        lines = [line for _, line in read_lines(path, "utf-8")]
     except OSError as error:
         raise DataError(f"{path}: cannot read: {error.strerror or error}") from None
-    try:
-        content = raw.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = raw[: error.start].count(b"\n") + 1
-        raise DataError(f"{path}: not valid UTF-8 at byte offset {error.start} (line {line})") from None
-    content = content.removeprefix("\ufeff")
-    lines = content.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    lines = [line.removesuffix("\r") for line in lines]
     if format == "lines":
         texts = lines
     else:

@@ -27,10 +27,10 @@ from typing import Any, Literal, Protocol, get_args, runtime_checkable
 import numpy as np
 
 from bertology.config import derived, from_mapping, validate
-from bertology.data._config import check_type
 from bertology.errors import ConfigError, DataError
 
-STYLES = ("bert", "roberta")
+Style = Literal["bert", "roberta"]
+STYLES: tuple[str, ...] = get_args(Style)
 Kind = Literal["nsp", "segment-pair", "full-sentences", "doc-sentences"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
@@ -55,16 +55,13 @@ class SpecialTokens:
     sep_id: int
     pad_id: int
     mask_id: int
-    style: str = "bert"
+    style: Style = "bert"
 
     def __post_init__(self) -> None:
+        validate(self, "SpecialTokens")
         for key in ("cls_id", "sep_id", "pad_id", "mask_id"):
-            value = getattr(self, key)
-            check_type("SpecialTokens", key, value, (int, np.integer))
-            if value < 0:
-                raise ConfigError(f"SpecialTokens.{key}: must be >= 0, got {value}")
-        if self.style not in STYLES:
-            raise ConfigError(f"SpecialTokens.style: expected one of {STYLES}, got {self.style!r}")
+            if getattr(self, key) < 0:
+                raise ConfigError(f"SpecialTokens.{key}: must be >= 0, got {getattr(self, key)}")
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> SpecialTokens:

@@ -104,6 +104,17 @@ class Objective(Protocol):
         ...
 
 
+def check_objective(objective: Any) -> None:
+    """The options of a dataclass objective: types as annotated (``bertology.config.validate``), weight >= 0."""
+    from bertology.config import validate
+    from bertology.errors import ConfigError
+
+    where = f"objectives.{objective.name}"
+    validate(objective, where)
+    if objective.weight < 0:
+        raise ConfigError(f"{where}.weight: must be >= 0, got {objective.weight}")
+
+
 def first_tokens(batch: Any) -> Tensor:
     """The (row, 0) position of every row: where [CLS]-reading heads (pooler, NSP, classification) look."""
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +18,18 @@ from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
+    check_objective,
     classification_output,
     classification_summary,
     safe_exp,
 )
+
+
+class MaskedBatch(Protocol):
+    """What MLM reads of a batch: the selected positions and their original ids."""
+
+    masked_positions: Tensor  # [N, 2] (row, column)
+    mlm_labels: Tensor  # [N]
 
 
 def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -46,14 +54,16 @@ class MaskedLM:
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "masked_lm", activation=self.activation or "gelu"),)
 
-    def reads(self, batch: Any) -> Tensor:
+    def __post_init__(self) -> None:
+        check_objective(self)
+
+    def reads(self, batch: MaskedBatch) -> Tensor:
         return batch.masked_positions  # the head's logits are computed only there
 
-
-    def units(self, batch: Any) -> Tensor:
+    def units(self, batch: MaskedBatch) -> Tensor:
         return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
 
-    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+    def __call__(self, passes: Passes, batch: MaskedBatch) -> ObjectiveOutput:
         logits = passes.shared.head_logits[self.name]
         return classification_output(self.name, logits, batch.mlm_labels,
                                      mlm_loss(logits, batch.mlm_labels, reduction="sum"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,16 @@ from bertology.objectives.base import (
     Passes,
     classification_output,
     classification_summary,
+    check_objective,
     first_tokens,
 )
+
+
+class SentencePairBatch(Protocol):
+    """What NSP reads of a batch: the ids (for its [CLS] rows) and the sentence-relation labels."""
+
+    input_ids: Tensor
+    next_sentence_labels: Tensor | None  # [B]; None when the instances are not sentence pairs
 
 
 def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
@@ -37,20 +45,23 @@ class NextSentence:
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "pooled", num_labels=2),)
 
-    def reads(self, batch: Any) -> Tensor:
+    def __post_init__(self) -> None:
+        check_objective(self)
+
+    def reads(self, batch: SentencePairBatch) -> Tensor:
         return first_tokens(batch)  # the pooler reads [CLS]
 
-    def _labels(self, batch: Any) -> Tensor:
+    def _labels(self, batch: SentencePairBatch) -> Tensor:
         labels = batch.next_sentence_labels
         if labels is None:
             raise DataError(f"objective {self.name!r} needs next-sentence labels, but the batches have none "
                             f"(data.instances.kind must be 'nsp')")
         return labels
 
-    def units(self, batch: Any) -> Tensor:
+    def units(self, batch: SentencePairBatch) -> Tensor:
         return torch.tensor(self._labels(batch).shape[0], dtype=torch.int64)
 
-    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+    def __call__(self, passes: Passes, batch: SentencePairBatch) -> ObjectiveOutput:
         logits = passes.shared.head_logits[self.name]
         labels = self._labels(batch)
         return classification_output(self.name, logits, labels, nsp_loss(logits, labels, reduction="sum"))

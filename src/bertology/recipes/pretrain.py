@@ -24,8 +24,8 @@ from bertology.data.dataset import PretrainingDataset
 from bertology.data.instances import SpecialTokens
 from bertology.data.masking import Masker
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
-from bertology.errors import CheckpointError, ConfigError, TokenizerError
-from bertology.model.checkpoint import FAMILY_FIXED, architecture_name, load_model
+from bertology.errors import ConfigError, TokenizerError
+from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.encoder import EncoderModel
 from bertology.objectives.base import Objective
@@ -109,16 +109,11 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
     return train, heldout
 
 
-def special_tokens(tokenizer: Tokenizer) -> SpecialTokens:
-    return SpecialTokens(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id,
-                         style=tokenizer.style)
-
-
 def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
                    heldout: TokenizedCorpus | None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
     """Training instances (masked as configured) and held-out instances (one fixed, static masking)."""
     inst = config.data.instances
-    special = special_tokens(tokenizer)
+    special = SpecialTokens.from_tokenizer(tokenizer)
     masking = config.data.masking
 
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
@@ -204,11 +199,6 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     else:
         model = EncoderModel(model_config, heads)
         model.init_weights(torch.Generator().manual_seed(config.run.seed))
-    try:
-        architecture_name(model_config.family, tuple(spec.name for spec in heads))
-    except CheckpointError as error:
-        raise ConfigError(f"objectives: {', '.join(o.name for o in objectives)} on a {model_config.family} model "
-                          f"cannot be saved in the transformers layout: {error}") from None
     return model
 
 

@@ -2,7 +2,7 @@
 checkpoints, DDP/FSDP."""
 
 from bertology.training.checkpoint import TrainingState, latest_checkpoint, list_checkpoints
-from bertology.training.config import PretrainConfig, apply_overrides, load_config
+from bertology.training.config import PretrainConfig, TrainConfig, apply_overrides, load_config
 from bertology.training.distributed import DistEnv, init_distributed
 from bertology.training.trainer import (
     BatchSource,
@@ -23,6 +23,7 @@ __all__ = [
     "DistEnv",
     "PretrainConfig",
     "StepReport",
+    "TrainConfig",
     "Trainer",
     "TrainingState",
     "apply_overrides",

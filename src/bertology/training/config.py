@@ -228,6 +228,23 @@ class SpeedConfig:
 
 
 @dataclass
+class TrainConfig:
+    """The sections every training run has, and all the trainer reads: a run whose data, model and objectives are
+    built in Python (a fine-tuning task, a test) needs only these. ``PretrainConfig`` adds its own sections."""
+
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrainConfig:
+        return from_mapping(cls, data, "")
+
+
+@dataclass
 class PretrainConfig:
     """A whole pretraining run (see the module docstring for the sections).
 
@@ -252,11 +269,7 @@ class PretrainConfig:
         validate(self)
         if not self.objectives:
             raise ConfigError("objectives: at least one objective is needed")
-        built = self._build_objectives()
-        for name, objective in built.items():
-            weight = getattr(objective, "weight", None)
-            if isinstance(weight, float) and weight < 0:
-                raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {weight}")
+        built = self._build_objectives()  # each objective checks its own options
         # The options as given (null as {}), with their values checked and converted (2 -> 2.0 for a float).
         self.objectives = {name: {key: getattr(built[name], key) for key in (options or {})}
                            for name, options in self.objectives.items()}

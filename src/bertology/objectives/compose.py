@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.encoder import EncoderModel
-from bertology.objectives.base import Objective, Passes
+from bertology.objectives.base import Batch, Objective, Passes
 
 
 class TrainingLoss(nn.Module):
@@ -35,10 +34,10 @@ class TrainingLoss(nn.Module):
         # Objectives with parameters of their own are registered so that they train and checkpoint with the model.
         self.objective_modules = nn.ModuleDict({o.name: o for o in objectives if isinstance(o, nn.Module)})
 
-    def units(self, batch: Any) -> dict[str, Tensor]:
+    def units(self, batch: Batch) -> dict[str, Tensor]:
         return {o.name: o.units(batch) for o in self.objectives}
 
-    def last_layer_at(self, batch: Any) -> Tensor | None:
+    def last_layer_at(self, batch: Batch) -> Tensor | None:
         """Where any objective reads the shared pass's last layer (None: somewhere every token is read)."""
         positions = []
         for objective in self.objectives:
@@ -48,7 +47,7 @@ class TrainingLoss(nn.Module):
             positions.append(read)
         return torch.cat(positions) if positions else None
 
-    def forward(self, batch: Any, units: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, batch: Batch, units: Mapping[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         passes = Passes(self.model, batch, self.last_layer_at(batch))
         total: Tensor | None = None
         stats: dict[str, Tensor] = {}

@@ -43,8 +43,8 @@ GENERIC_CLASS = "PreTrainedTokenizerFast"
 
 
 @dataclass(frozen=True)
-class SpecialTokens:
-    """The five special tokens every BERT-family tokenizer has."""
+class SpecialTokenTexts:
+    """The texts of the five special tokens of a BERT-family tokenizer (ids: `bertology.data.SpecialTokens`)."""
 
     cls: str
     sep: str
@@ -57,12 +57,12 @@ class SpecialTokens:
         return list(dict.fromkeys([self.cls, self.sep, self.pad, self.mask, self.unk]))
 
 
-BERT_SPECIALS = SpecialTokens(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
-ALBERT_SPECIALS = SpecialTokens(cls="[CLS]", sep="[SEP]", pad="<pad>", mask="[MASK]", unk="<unk>")
-ROBERTA_SPECIALS = SpecialTokens(cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>")
+BERT_SPECIALS = SpecialTokenTexts(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
+ALBERT_SPECIALS = SpecialTokenTexts(cls="[CLS]", sep="[SEP]", pad="<pad>", mask="[MASK]", unk="<unk>")
+ROBERTA_SPECIALS = SpecialTokenTexts(cls="<s>", sep="</s>", pad="<pad>", mask="<mask>", unk="<unk>")
 
 
-def default_specials(style: str, kind: str) -> SpecialTokens:
+def default_specials(style: str, kind: str) -> SpecialTokenTexts:
     """The special tokens of the reference model of this style and kind (BERT, ALBERT, RoBERTa, XLM-R)."""
     if style == "roberta":
         return ROBERTA_SPECIALS
@@ -80,7 +80,7 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
 
 
 def post_processor(
-    style: str, kind: str, specials: SpecialTokens, ids: dict[str, int], *, trim_offsets: bool, add_prefix_space: bool
+    style: str, kind: str, specials: SpecialTokenTexts, ids: dict[str, int], *, trim_offsets: bool, add_prefix_space: bool
 ) -> tokenizers.processors.PostProcessor:
     """The post-processor transformers' tokenizer for this style uses: BERT pairs get type ids 0/1, RoBERTa-style
     pairs are ``<s> A </s></s> B </s>`` with type ids all 0 (byte-level BPE also trims offsets, like RoBERTa)."""

@@ -16,7 +16,7 @@ from bertology.tokenization._pipeline import (
     CLASS_STYLE,
     MODEL_TYPE_STYLE,
     MODEL_TYPE_TO_KIND,
-    SpecialTokens,
+    SpecialTokenTexts,
     byte_level_prefix_space,
     default_specials,
     with_byte_level_prefix_space,
@@ -195,10 +195,10 @@ def _token_value(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _specials(style: str, kind: str, tok_config: dict[str, Any], special_map: dict[str, Any]) -> SpecialTokens:
+def _specials(style: str, kind: str, tok_config: dict[str, Any], special_map: dict[str, Any]) -> SpecialTokenTexts:
     defaults = default_specials(style, kind)
     chosen = {}
     for field in ("cls", "sep", "pad", "mask", "unk"):
         key = f"{field}_token"
         chosen[field] = _token_value(special_map.get(key)) or _token_value(tok_config.get(key)) or getattr(defaults, field)
-    return SpecialTokens(**chosen)
+    return SpecialTokenTexts(**chosen)

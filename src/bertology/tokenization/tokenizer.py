@@ -19,7 +19,7 @@ from bertology.io import atomic_directory, atomic_write
 from bertology.tokenization._pipeline import (
     MODEL_TYPE_TO_KIND,
     STYLES,
-    SpecialTokens,
+    SpecialTokenTexts,
     byte_level_prefix_space,
     check_choice,
     post_processor,
@@ -83,7 +83,7 @@ class Tokenizer:
         backend: tokenizers.Tokenizer,
         *,
         style: str,
-        specials: SpecialTokens,
+        specials: SpecialTokenTexts,
         model_max_length: int | None = None,
         trim_offsets: bool = True,
     ) -> None:

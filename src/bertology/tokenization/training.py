@@ -17,7 +17,7 @@ from bertology.tokenization._pipeline import (
     KINDS,
     STYLES,
     TRAINING_SPECIALS,
-    SpecialTokens,
+    SpecialTokenTexts,
     check_choice,
     default_specials,
 )
@@ -119,7 +119,7 @@ def train_tokenizer(
             yield batch
 
     backend.train_from_iterator(batches(), trainer)
-    specials: SpecialTokens = default_specials(style, kind)
+    specials: SpecialTokenTexts = default_specials(style, kind)
     return Tokenizer(backend, style=style, specials=specials, model_max_length=model_max_length)
 
 

@@ -23,7 +23,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -41,6 +41,9 @@ from bertology.model.checkpoint import (
     write_model_files,
 )
 from bertology.model.encoder import EncoderModel
+
+if TYPE_CHECKING:
+    from bertology.tokenization import Tokenizer
 
 CHECKPOINTS_DIR = "checkpoints"
 STATE_JSON = "trainer_state.json"
@@ -199,7 +202,7 @@ def decode_state(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------------- writing
-def save_checkpoint(output_dir: str | Path, model: EncoderModel, tokenizer: Any, state: TrainingState,
+def save_checkpoint(output_dir: str | Path, model: EncoderModel, tokenizer: Tokenizer | None, state: TrainingState,
                     trainer_state: dict[str, Any]) -> Path:
     """Write checkpoint ``step-<state.step>`` atomically and return its path."""
     path = checkpoints_dir(output_dir) / f"step-{state.step:07d}"

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -47,6 +47,9 @@ from bertology.training.checkpoint import (
 )
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
 from bertology.training.optim import build_optimizer, build_scheduler
+
+if TYPE_CHECKING:
+    from bertology.tokenization import Tokenizer
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
@@ -167,7 +170,7 @@ class Trainer:
     """
 
     def __init__(self, config: TrainerConfig, model: EncoderModel, objectives: Sequence[Objective],
-                 train_data: BatchSource, eval_data: BatchSource | None = None, tokenizer: Any = None,
+                 train_data: BatchSource, eval_data: BatchSource | None = None, tokenizer: Tokenizer | None = None,
                  env: D.DistEnv | None = None, hooks: Sequence[Hook] = (),
                  evaluators: Sequence[Evaluator] = ()) -> None:
         self.config = config

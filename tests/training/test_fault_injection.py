@@ -182,13 +182,14 @@ def kill_at_random(reference: Reference, out: Path, seed: int) -> Outcome:
     return resume_and_check(reference, out, moment, killed)
 
 
-def assert_outcome(outcome: Outcome) -> None:
+def assert_outcome(outcome: Outcome, killed: bool = True) -> None:
+    assert outcome.killed or not killed, f"the run ended before {outcome.moment}"
     assert outcome.passed, f"killed at {outcome.moment}: " + "; ".join(outcome.problems)
 
 
 # ------------------------------------------------------------------------------------------ default suite
 def test_the_fault_points_are_where_the_tests_aim(reference):
-    for point in ("dir-synced:step-0000004/trainer_state.pt", "dir-before-rename:step-0000004",
+    for point in ("dir-synced:step-0000004/model.safetensors", "dir-before-rename:step-0000004",
                   "dir-renamed:step-0000006", "dir-created:model", "dir-synced:model/model.safetensors",
                   "write-written:model/tokenizer.json", "dir-done:model"):
         assert point in reference.points, point
@@ -196,12 +197,13 @@ def test_the_fault_points_are_where_the_tests_aim(reference):
 
 
 def test_killed_at_a_random_moment_during_training(reference, tmp_path):
-    assert_outcome(kill_at_random(reference, tmp_path / "run", seed=1))
+    assert_outcome(kill_at_random(reference, tmp_path / "run", seed=1), killed=False)
 
 
 def test_killed_inside_a_checkpoint_write(reference, tmp_path):
-    # The checkpoint of step 4 is complete in its temporary directory but for being synced and renamed in.
-    assert_outcome(kill_at_point(reference, tmp_path / "run", "dir-synced:step-0000004/trainer_state.pt"))
+    # The checkpoint of step 4 is complete in its temporary directory, all but its last file synced.
+    last = [p for p in reference.points if p.startswith("dir-synced:step-0000004/")][-1]
+    assert_outcome(kill_at_point(reference, tmp_path / "run", last))
 
 
 def test_killed_inside_the_final_model_writes(reference, tmp_path):
@@ -298,4 +300,4 @@ def test_killed_at_every_fault_point_of_a_resume(reference, tmp_path):
 def test_killed_at_random_moments(reference, tmp_path, seed):
     outcome = kill_at_random(reference, tmp_path / "run", seed)
     print_table("random kill", [outcome])
-    assert_outcome(outcome)
+    assert_outcome(outcome, killed=False)

@@ -201,7 +201,7 @@ def test_killed_at_a_random_moment_during_training(reference, tmp_path):
 
 
 def test_killed_inside_a_checkpoint_write(reference, tmp_path):
-    # The checkpoint of step 4 is complete in its temporary directory, all but its last file synced.
+    # The checkpoint of step 4 is complete and synced in its temporary directory, not yet renamed into place.
     last = [p for p in reference.points if p.startswith("dir-synced:step-0000004/")][-1]
     assert_outcome(kill_at_point(reference, tmp_path / "run", last))
 

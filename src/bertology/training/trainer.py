@@ -198,7 +198,17 @@ class Trainer:
         self.autocast_enabled = self._bf16(speed.bf16)
         self._stat_keys: list[str] | None = None
         self._resumed = False
+        self._stop_reason: str | None = None
         self.history: list[dict[str, Any]] = []
+
+    def request_stop(self, reason: str) -> None:
+        """End training after the current step's events (early stopping: an evaluator or hook calls this on every
+        rank). The final model is written as at the last step."""
+        self._stop_reason = reason
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self._stop_reason
 
     # ------------------------------------------------------------------------------------------------ set-up
     def _bf16(self, wanted: bool | None) -> bool:
@@ -294,6 +304,9 @@ class Trainer:
                     window_start = time.perf_counter()  # evaluation and checkpoints are not training throughput
                 for hook in self.hooks:
                     hook(self, report)
+                if self._stop_reason is not None:
+                    self._log("stop", {"reason": self._stop_reason})  # type: ignore[dict-item]
+                    break
         finally:
             progress.close()
             if hasattr(stream, "close"):
@@ -419,7 +432,7 @@ class Trainer:
             json.dump(self.config.to_dict(), handle, indent=2)
             handle.write("\n")
 
-    def _log(self, kind: str, metrics: Mapping[str, float]) -> None:
+    def _log(self, kind: str, metrics: Mapping[str, Any]) -> None:
         record = {"kind": kind, "step": self.state.step, "epoch": self.state.epoch, "tokens": self.state.tokens,
                   **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
         self.history.append(record)

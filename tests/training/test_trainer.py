@@ -200,3 +200,29 @@ def test_read_checkpoint_rejects_a_model_directory(assets, tmp_path):
     model = load_model(out / "model")
     with pytest.raises(CheckpointError, match="not a training checkpoint"):
         ckpt.read_checkpoint(out / "model", model)
+
+
+def test_layer_wise_learning_rate_decay_groups():
+    from bertology.model import EncoderModel, preset
+    from bertology.model.encoder import HeadSpec
+    from bertology.training.config import OptimConfig
+    from bertology.training.optim import build_optimizer
+
+    model = EncoderModel(preset("tiny", vocab_size=30, num_layers=3, hidden_size=16, num_heads=2,
+                                intermediate_size=32), [HeadSpec("classifier", "pooled")])
+    plain = build_optimizer(model, OptimConfig(lr=1e-3), fused=False)
+    assert [g["lr"] for g in plain.param_groups] == [1e-3, 1e-3]
+    decayed = build_optimizer(model, OptimConfig(lr=1e-3, layer_decay=0.5), fused=False)
+    lr_of = {id(p): g["lr"] for g in decayed.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    assert lr_of[id(params["heads.classifier.out.weight"])] == pytest.approx(1e-3)
+    assert lr_of[id(params["encoder.pooler.weight"])] == pytest.approx(1e-3)
+    assert lr_of[id(params["encoder.layers.2.ffn_in.weight"])] == pytest.approx(5e-4)
+    assert lr_of[id(params["encoder.layers.0.query.weight"])] == pytest.approx(1.25e-4)
+    assert lr_of[id(params["encoder.embeddings.word.weight"])] == pytest.approx(6.25e-5)
+    assert len(lr_of) == len(params)  # every parameter once
+    decay_of = {id(p): g["weight_decay"] for g in decayed.param_groups for p in g["params"]}
+    assert decay_of[id(params["encoder.layers.1.attn_norm.weight"])] == 0.0
+    assert decay_of[id(params["encoder.layers.1.query.weight"])] == 0.01
+    with pytest.raises(Exception, match="optim.layer_decay: must be in \\(0, 1\\]"):
+        OptimConfig(layer_decay=0.0)

@@ -143,6 +143,8 @@ class OptimConfig:
     schedule: Literal["linear", "cosine", "constant"] = "linear"
     min_lr_ratio: float = 0.0  # the learning rate decays to lr x min_lr_ratio
     clip_norm: float | None = 1.0
+    # Layer-wise learning-rate decay: layer i of L learns at lr x layer_decay ** (L - i), heads at lr (1: off).
+    layer_decay: float = 1.0
 
     def __post_init__(self) -> None:
         validate(self, "optim")
@@ -165,6 +167,8 @@ class OptimConfig:
             raise ConfigError(f"optim.min_lr_ratio: must be in [0, 1], got {self.min_lr_ratio}")
         if self.clip_norm is not None and self.clip_norm <= 0:
             raise ConfigError(f"optim.clip_norm: must be > 0 or null, got {self.clip_norm}")
+        if not 0 < self.layer_decay <= 1:
+            raise ConfigError(f"optim.layer_decay: must be in (0, 1], got {self.layer_decay}")
 
     @property
     def warmup(self) -> int:

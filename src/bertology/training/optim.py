@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 
 import torch
@@ -11,21 +12,50 @@ from torch import nn
 from bertology.training.config import OptimConfig
 
 
-def parameter_groups(module: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices and embeddings decay; biases, LayerNorm weights (1-D tensors) do not, as in BERT."""
-    decay, no_decay = [], []
+_LAYER = re.compile(r"(?:^|\.)encoder\.layers\.(\d+)\.")
+
+
+def layer_depth(name: str, num_layers: int) -> int:
+    """Depth of a parameter for layer-wise learning-rate decay: 0 for the embeddings, i + 1 for layer i, and
+    num_layers + 1 for everything above the stack (pooler, heads, objectives' own modules)."""
+    if ".embeddings." in f".{name}":
+        return 0
+    match = _LAYER.search(name)
+    return int(match.group(1)) + 1 if match else num_layers + 1
+
+
+def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """AdamW groups: matrices and embeddings decay; biases, LayerNorm weights (1-D tensors) do not, as in BERT.
+
+    With ``layer_decay`` < 1 (layer-wise learning-rate decay, as ELECTRA fine-tunes) a parameter at depth d of D + 1
+    (see ``layer_depth``) learns at ``lr * layer_decay ** (D + 1 - d)``: the heads at the full rate, each layer
+    below at a fraction of the one above. Frozen parameters are left out."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    layers = [int(m.group(1)) for n, _ in named if (m := _LAYER.search(n))]
+    top = (max(layers) + 1 if layers else 0) + 1
+    groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
     seen: set[int] = set()
-    for name, parameter in module.named_parameters():
-        if not parameter.requires_grad or id(parameter) in seen:
+    for name, parameter in named:
+        if id(parameter) in seen:
             continue
         seen.add(id(parameter))
         is_norm = isinstance(module.get_submodule(name.rpartition(".")[0]), nn.LayerNorm)
-        (no_decay if parameter.ndim < 2 or is_norm else decay).append(parameter)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = not (parameter.ndim < 2 or is_norm)
+        depth = layer_depth(name, top - 1) if layer_decay != 1.0 else top
+        groups.setdefault((decays, depth), []).append(parameter)
+    out = []
+    for (decays, depth), params in sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1])):
+        group: dict = {"params": params, "weight_decay": weight_decay if decays else 0.0}
+        if layer_decay != 1.0:
+            group["lr_scale"] = layer_decay ** (top - depth)
+        out.append(group)
+    return out
 
 
 def build_optimizer(module: nn.Module, config: OptimConfig, fused: bool) -> torch.optim.AdamW:
-    groups = parameter_groups(module, config.weight_decay)
+    groups = parameter_groups(module, config.weight_decay, config.layer_decay)
+    for group in groups:
+        group["lr"] = config.lr * group.pop("lr_scale", 1.0)
     device = next(module.parameters()).device
     # The fused kernel needs floating-point parameters on a device that has it (CPU and CUDA in current torch).
     use_fused = fused and device.type in ("cpu", "cuda")

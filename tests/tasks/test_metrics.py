@@ -181,6 +181,12 @@ def test_reader_errors_name_file_and_line(tmp_path, text, message):
     assert str(error.value).startswith(str(tmp_path / message)) and "\n" not in str(error.value)
 
 
+def test_reader_splits_at_spaces_and_tabs_only(tmp_path):
+    path = tmp_path / "out.txt"
+    path.write_text("New\u00a0York NNP\tB-LOC  B-LOC \r\n\t\nit PRP O O\n", encoding="utf-8")
+    assert read_conlleval(path) == [[("B-LOC", "B-LOC")], [("O", "O")]]
+
+
 def test_reader_rejects_non_utf8(tmp_path):
     path = tmp_path / "out.txt"
     path.write_bytes(b"a O O\nb\xff O O\n")

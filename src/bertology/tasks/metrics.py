@@ -234,7 +234,8 @@ def read_conlleval(path: str | Path) -> list[list[tuple[str, str]]]:
     current: list[tuple[str, str]] = []
     width = first_line = 0
     for number, line in _text_lines(path):
-        columns = line.split()
+        stripped = line.strip(" \t")
+        columns = _COLUMN_SEPARATOR.split(stripped) if stripped else []
         if not columns:
             if current:
                 sentences.append(current)
@@ -260,6 +261,9 @@ def read_conlleval(path: str | Path) -> list[list[tuple[str, str]]]:
     if not width:
         raise DataError(f"{path}: no tagged lines (the file is empty or blank)")
     return sentences
+
+
+_COLUMN_SEPARATOR = re.compile(r"[ \t]+")  # not str.split(): a no-break space inside a word is no separator
 
 
 def conlleval_file(path: str | Path) -> ConllevalResult:

@@ -141,3 +141,18 @@ def test_native_metadata_errors_name_the_file(tmp_path):
     path.write_text(json.dumps({k: v for k, v in meta.items() if k != "encoder"}))
     with pytest.raises(CheckpointError, match=r"bertology\.json: cannot build .*missing key 'encoder'"):
         load_model(tmp_path / "m")
+
+
+def test_read_state_dict_reads_either_format_into_a_built_model(tmp_path):
+    from bertology.model.checkpoint import read_state_dict
+
+    model = custom_model()
+    save_model(model, tmp_path / "native")
+    fresh = custom_model()
+    fresh.load_state_dict(read_state_dict(tmp_path / "native", model))
+    assert torch.equal(forward(fresh).last_hidden_state, forward(model).last_hidden_state)
+    plain = EncoderModel(model.config, [HeadSpec("mlm", "masked_lm")])
+    save_model(plain, tmp_path / "hf")
+    assert set(read_state_dict(tmp_path / "hf", plain)) == set(plain.state_dict())
+    with pytest.raises(CheckpointError, match="unexpected keys: encoder.layers.0.ffn_adapter"):
+        read_state_dict(tmp_path / "native", plain)

@@ -548,6 +548,27 @@ def write_native(model: EncoderModel, directory: Path) -> None:
               metadata={"format": "pt"})
 
 
+def read_state_dict(directory: str | os.PathLike, model: EncoderModel) -> dict[str, Tensor]:
+    """The weights of a model directory in either format as `model`'s state dict (for resuming into a model built
+    already); missing, unexpected and mis-shaped keys are one CheckpointError."""
+    directory = Path(directory)
+    if not (directory / NATIVE_FILE).is_file():
+        weights = read_weights(directory)
+        prefixed = any(k.startswith(ENCODER_NAMES[model.config.family]["prefix"] + ".") for k in weights)
+        return to_state_dict(model, weights, prefixed, str(directory))
+    weights = read_weights(directory, renamed=False)
+    check_native_keys(str(directory), model, weights)
+    return weights
+
+
+def check_native_keys(source: str, model: EncoderModel, weights: dict[str, Tensor]) -> None:
+    expected = model.state_dict()
+    mismatched = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(v.shape)}"
+                  for k, v in expected.items() if k in weights and weights[k].shape != v.shape]
+    check_keys(source, model.config.family, sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected)),
+               mismatched)
+
+
 def load_native(directory: Path, heads: tuple[str, ...] | None) -> EncoderModel:
     path = directory / NATIVE_FILE
     metadata = read_json_object(path)
@@ -564,11 +585,7 @@ def load_native(directory: Path, heads: tuple[str, ...] | None) -> EncoderModel:
         dropped = tuple(f"heads.{name}." for name in saved - set(heads))
         weights = {k: v for k, v in weights.items() if not k.startswith(dropped)}
     model = build_native(metadata, str(path))
-    expected = model.state_dict()
-    mismatched = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(v.shape)}"
-                  for k, v in expected.items() if k in weights and weights[k].shape != v.shape]
-    check_keys(str(directory), model.config.family, sorted(set(expected) - set(weights)),
-               sorted(set(weights) - set(expected)), mismatched)
+    check_native_keys(str(directory), model, weights)
     model.load_state_dict(weights)
     return model.eval()
 

@@ -150,7 +150,7 @@ class EncoderLayer(nn.Module):
             rows = x
         else:
             if layout is None:
-                raise ValueError("queries select packed tokens: they need the packed layout")
+                raise InputError("queries select packed tokens: they need the packed layout")
             a, probs = self.attention_at(x, layout, queries), None
             rows = x[queries]
         h = self.attn_norm(rows + self.sublayer_output(self.attn_out(a), self.attn_adapter))
@@ -537,7 +537,8 @@ class EncoderModel(nn.Module):
         if last_layer_at is None or input_ids.dim() != 2:  # the encoder names a wrong input_ids rank
             return None
         batch, width = input_ids.shape
-        if last_layer_at.dim() != 2 or last_layer_at.shape[1] != 2 or last_layer_at.dtype.is_floating_point:
+        if last_layer_at.dim() != 2 or last_layer_at.shape[1] != 2 or last_layer_at.dtype.is_floating_point \
+                or last_layer_at.dtype == torch.bool:
             raise InputError(f"last_layer_at must be integer (row, column) pairs [N, 2], got "
                              f"{last_layer_at.dtype} of shape {tuple(last_layer_at.shape)}")
         if last_layer_at.numel() and not (0 <= int(last_layer_at.min()) and int(last_layer_at[:, 0].max()) < batch

@@ -38,7 +38,7 @@ from bertology.tasks.examples import Answer, LabelSet, QAExample, TaggedSentence
 
 __all__ = [
     "GLUE_TASKS", "GlueTask", "TaskFileConfig", "bio_to_iob1", "check_glue_splits", "check_label_sets",
-    "iob1_to_bio", "read_conll", "read_glue", "read_squad", "read_task_file", "split_squad_by_article",
+    "glue_task", "iob1_to_bio", "read_conll", "read_glue", "read_squad", "read_task_file", "split_squad_by_article",
 ]
 
 PathLike = str | os.PathLike

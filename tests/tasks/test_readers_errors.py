@@ -225,6 +225,8 @@ def test_squad_invalid_json(tmp_path: Path) -> None:
      r"data\[0\].paragraphs\[0\].qas\[0\].answers\[0\].answer_start: expected an integer, got a string \"0\""),
     (lambda d: d["data"][0]["paragraphs"][0]["qas"][0]["answers"][0].__setitem__("answer_start", True),
      r"data\[0\].paragraphs\[0\].qas\[0\].answers\[0\].answer_start: expected an integer, got boolean true"),
+    (lambda d: d["data"][0]["paragraphs"][0]["qas"][0]["answers"][0].update(text=" ", answer_start=6),
+     r"question 'q1' \(data\[0\].paragraphs\[0\].qas\[0\].answers\[0\]\): empty answer text$"),
     (lambda d: d["data"][0]["paragraphs"][0]["qas"][0].__setitem__("is_impossible", True),
      r"data\[0\].paragraphs\[0\].qas\[0\]: question 'q1' is a SQuAD 2.0 unanswerable question"),
 ])

@@ -469,7 +469,9 @@ def read_squad(path: PathLike) -> list[QAExample]:
                     answer_text = field(answer, "text", str, where_answer)
                     start = field(answer, "answer_start", int, where_answer)
                     end = start + len(answer_text)
-                    if not answer_text or start < 0 or context[start:end] != answer_text:
+                    if not answer_text.strip():
+                        raise DataError(f"{path}: question {qid!r} ({where_answer}): empty answer text")
+                    if start < 0 or context[start:end] != answer_text:
                         found = context[start:end] if start >= 0 else ""
                         raise DataError(f"{path}: question {qid!r} ({where_answer}): answer {answer_text!r} at "
                                         f"characters [{start}, {end}) does not match the context there "

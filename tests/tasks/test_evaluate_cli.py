@@ -11,6 +11,7 @@ import pytest
 from bertology.cli import evaluate as evaluate_cli
 from bertology.cli.main import main
 from bertology.tasks import metrics
+from bertology.tasks.readers import read_glue
 
 
 def run(capsys, *argv) -> tuple[int, dict | None, str]:
@@ -83,7 +84,7 @@ def test_squad_bad_files(capsys, squad_gold, tmp_path):
     no_answers = json.loads(json.dumps(SQUAD))
     del no_answers["data"][0]["paragraphs"][0]["qas"][1]["answers"]
     gold = write_json(tmp_path / "gold.json", no_answers)
-    assert f"{gold}: data[0].paragraphs[0].qas[1]: no 'answers' list" in \
+    assert f"{gold}: data[0].paragraphs[0].qas[1]: missing key 'answers'" in \
         fails(capsys, "--task", "squad", "--gold", gold, "--predictions", number)
     assert "squad needs the gold file (--gold)" in fails(capsys, "--task", "squad", "--predictions", number)
 
@@ -230,12 +231,12 @@ def test_glue_bad_files(capsys, tmp_path):
     assert f"{pred}: empty file" in fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
     pred.write_text("index\tprediction\n0\t1\n", encoding="utf-8")
     gold.write_text("sentence\tlabel\na\t1\nb\n", encoding="utf-8")
-    assert f"{gold}:3: 1 columns, expected 2" in fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
+    assert f"{gold}: line 3: expected 2 tab-separated columns, got 1" in fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
     gold.write_text("sentence\tlabel\na\tpositive\n", encoding="utf-8")
-    assert f"{gold}:2: label 'positive' is not one of 0, 1" in \
+    assert f"{gold}: line 2: unknown label 'positive' (expected one of '0', '1')" in \
         fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
     gold.write_text("sentence\tlabel\na\t1\n\nb\t0\n", encoding="utf-8")
-    assert f"{gold}:3: empty line" in fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
+    assert f"{gold}: line 3: blank line between rows" in fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred)
     assert "--allow-missing applies to squad only" in \
         fails(capsys, "--task", "sst2", "--gold", gold, "--predictions", pred, "--allow-missing")
 
@@ -251,7 +252,7 @@ def test_real_glue_dev_gold_as_predictions(capsys, data_dir, tmp_path, task, fol
     gold = data_dir / "glue" / folder / "dev.tsv"
     if not gold.is_file():
         pytest.skip(f"{gold} not found")
-    labels = metrics._read_glue_gold(gold, metrics.GLUE_TASKS[task])
+    labels = [example.label for example in read_glue(task, gold)]
     assert len(labels) == rows
     pred = tmp_path / "pred.tsv"
     pred.write_text("index\tprediction\n" + "".join(f"{i}\t{label}\n" for i, label in enumerate(labels)),

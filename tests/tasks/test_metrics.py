@@ -294,9 +294,9 @@ def test_real_squad_gold_answers_score_100(data_dir):
     path = data_dir / "squad" / "squad-v1.1-dev-part-a.json"
     if not path.is_file():
         pytest.skip(f"{path} not found")
-    from bertology.tasks.metrics import _read_squad_gold
+    from bertology.tasks.readers import read_squad
 
-    gold = _read_squad_gold(path)
+    gold = [(example.id, [answer.text for answer in example.answers]) for example in read_squad(path)]
     assert len(gold) == 5397 and sum(len(answers) for _, answers in gold) == 18368
     result = squad_v1(gold, {qid: answers[0] for qid, answers in gold})
     assert (result.exact_match, result.f1, result.total) == (100.0, 100.0, 5397)

@@ -38,6 +38,7 @@ from typing import Any, Hashable
 import numpy as np
 
 from bertology.errors import ConfigError, DataError
+from bertology.tasks.readers import GLUE_TASKS, GlueTask, read_glue, read_squad
 
 # --------------------------------------------------------------------------------------------------------------
 # conlleval
@@ -426,24 +427,6 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> float:
 # --------------------------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _GlueTask:
-    """Where a GLUE dev tsv keeps its label, the labels a prediction may take (None: a float), and the metrics."""
-
-    header: bool
-    label_column: str | int  # a header name, or a column index when there is no header
-    width: int | None  # columns every row must have (None: as many as the header)
-    labels: tuple[str, ...] | None
-    metrics: tuple[str, ...]
-
-
-GLUE_TASKS: dict[str, _GlueTask] = {
-    "sst2": _GlueTask(True, "label", None, ("0", "1"), ("accuracy",)),
-    "cola": _GlueTask(False, 1, 4, ("0", "1"), ("mcc",)),
-    "mrpc": _GlueTask(True, "Quality", None, ("0", "1"), ("accuracy", "f1")),
-    "rte": _GlueTask(True, "label", None, ("entailment", "not_entailment"), ("accuracy",)),
-    "stsb": _GlueTask(True, "score", None, None, ("pearson", "spearman")),
-}
 CONLL_TASKS = ("conll", "conll2003")
 TASKS = ("squad", *CONLL_TASKS, *GLUE_TASKS)
 
@@ -473,7 +456,8 @@ def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None =
     if allow_missing and task != "squad":
         raise ConfigError("--allow-missing applies to squad only: every GLUE row needs a prediction")
     if task == "squad":
-        questions, answers = _read_squad_gold(gold), _read_squad_predictions(predictions)
+        questions = [(example.id, [answer.text for answer in example.answers]) for example in read_squad(gold)]
+        answers = _read_squad_predictions(predictions)
         try:
             result = squad_v1(questions, answers, allow_missing)
         except DataError as error:
@@ -482,7 +466,7 @@ def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None =
     if task not in GLUE_TASKS:
         raise ConfigError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     spec = GLUE_TASKS[task]
-    gold_labels = _read_glue_gold(gold, spec)
+    gold_labels = [example.label for example in read_glue(task, gold)]
     predicted = _read_glue_predictions(predictions, spec, len(gold_labels), gold)
     scores = {name: _GLUE_METRICS[name](gold_labels, predicted) for name in spec.metrics}
     return {name: (100 * value if math.isfinite(value) else None) for name, value in scores.items()}
@@ -527,30 +511,6 @@ def _read_json(path: str | Path) -> Any:
         raise DataError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
 
 
-def _read_squad_gold(path: str | Path) -> list[tuple[str, list[str]]]:
-    """(question id, answer texts) of a SQuAD JSON file, in file order. To be replaced by
-    `bertology.tasks.readers`."""
-    document = _read_json(path)
-    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
-        raise DataError(f"{path}: not a SQuAD file (no 'data' list at the top)")
-    questions: list[tuple[str, list[str]]] = []
-    for a, article in enumerate(document["data"]):
-        for p, paragraph in enumerate(_field(article, "paragraphs", list, path, f"data[{a}]")):
-            for q, qa in enumerate(_field(paragraph, "qas", list, path, f"data[{a}].paragraphs[{p}]")):
-                where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                qid = _field(qa, "id", str, path, where)
-                answers = [_field(answer, "text", str, path, f"{where}.answers[{i}]")
-                           for i, answer in enumerate(_field(qa, "answers", list, path, where))]
-                questions.append((qid, answers))
-    return questions
-
-
-def _field(node: Any, key: str, kind: type, path: str | Path, where: str) -> Any:
-    if not isinstance(node, dict) or not isinstance(node.get(key), kind):
-        raise DataError(f"{path}: {where}: no {key!r} {kind.__name__}")
-    return node[key]
-
-
 def _read_squad_predictions(path: str | Path) -> dict[str, str]:
     predictions = _read_json(path)
     if not isinstance(predictions, dict):
@@ -571,27 +531,7 @@ def _tsv_rows(path: str | Path) -> list[tuple[int, list[str]]]:
     return rows
 
 
-def _read_glue_gold(path: str | Path, spec: _GlueTask) -> list[str]:
-    """The label of each data row of a GLUE dev tsv. To be replaced by `bertology.tasks.readers`."""
-    rows = _tsv_rows(path)
-    if spec.header:
-        (_, header), rows = rows[0], rows[1:]
-        if spec.label_column not in header:
-            raise DataError(f"{path}:1: no {spec.label_column!r} column in the header")
-        column, width = header.index(spec.label_column), len(header)
-    else:
-        column, width = int(spec.label_column), spec.width
-    if not rows:
-        raise DataError(f"{path}: no data rows")
-    labels = []
-    for number, fields in rows:
-        if len(fields) != width:
-            raise DataError(f"{path}:{number}: {len(fields)} columns, expected {width}")
-        labels.append(_check_label(fields[column], spec, path, number))
-    return labels
-
-
-def _check_label(text: str, spec: _GlueTask, path: str | Path, number: int) -> Any:
+def _check_label(text: str, spec: GlueTask, path: str | Path, number: int) -> Any:
     if spec.labels is None:
         try:
             value = float(text)
@@ -601,11 +541,11 @@ def _check_label(text: str, spec: _GlueTask, path: str | Path, number: int) -> A
             raise DataError(f"{path}:{number}: {text!r} is not a number")
         return value
     if text not in spec.labels:
-        raise DataError(f"{path}:{number}: label {text!r} is not one of {', '.join(spec.labels)}")
+        raise DataError(f"{path}:{number}: label {text!r} is not one of {', '.join(spec.labels.names)}")
     return text
 
 
-def _read_glue_predictions(path: str | Path, spec: _GlueTask, count: int, gold: str | Path) -> list[Any]:
+def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: str | Path) -> list[Any]:
     rows = _tsv_rows(path)
     (_, header), rows = rows[0], rows[1:]
     if header != ["index", "prediction"]:

@@ -11,7 +11,7 @@ of ``*ForSequenceClassification``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -244,21 +244,3 @@ def predict_logits(model: EncoderModel, examples: EncodedExamples, batch_size: i
         model.train(was_training)
     assert out is not None
     return out
-
-
-@dataclass
-class LabelIds:
-    """Label names <-> class ids, in a fixed order (the order of the task's label set)."""
-
-    names: tuple[str, ...]
-    index: dict[str, int] = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.index = {name: i for i, name in enumerate(self.names)}
-
-    def ids(self, labels: Sequence[Any], where: str) -> Tensor:
-        unknown = sorted({str(label) for label in labels} - set(self.index))
-        if unknown:
-            raise DataError(f"{where}: label(s) {', '.join(map(repr, unknown[:5]))} not in the task's label set "
-                            f"{list(self.names)}")
-        return torch.tensor([self.index[str(label)] for label in labels], dtype=torch.long)

@@ -155,3 +155,51 @@ def test_lora_weights_are_the_same_tensors_under_peft_names(tmp_path):
     assert torch.equal(stored["base_model.model.bert.encoder.layer.1.attention.self.value.lora_B.weight"], layer.lora_B)
     assert torch.equal(stored["base_model.model.classifier.weight"], model.heads["classifier"].out.weight)
     assert len(stored) == 3 * 2 * 2 + 2
+
+
+FAMILIES = {  # transformers classes, extra config, (task_type, target_modules, modules_to_save) bertology writes
+    "bert-bare": ("BertConfig", "BertModel", {}, ("FEATURE_EXTRACTION", ["query", "value"], None)),
+    "bert-mlm": ("BertConfig", "BertForMaskedLM", {}, (None, ["query", "value"], ["cls"])),
+    "roberta-classifier": ("RobertaConfig", "RobertaForSequenceClassification", {"pad_token_id": 1, "num_labels": 3},
+                           ("SEQ_CLS", ["query", "value"], ["classifier"])),
+    "distilbert-classifier": ("DistilBertConfig", "DistilBertForSequenceClassification", {},
+                              ("SEQ_CLS", ["q_lin", "v_lin"], ["classifier", "pre_classifier"])),
+    "albert-classifier": ("AlbertConfig", "AlbertForSequenceClassification", {"embedding_size": 16},
+                          ("SEQ_CLS", ["query", "value"], ["classifier"])),
+    "electra-tokens": ("ElectraConfig", "ElectraForTokenClassification", {"embedding_size": 16, "num_labels": 4},
+                       ("TOKEN_CLS", ["query", "value"], ["classifier"])),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_families(tmp_path, family):
+    config_class, model_class, extra, expected = FAMILIES[family]
+    model_class = getattr(transformers, model_class)
+    torch.manual_seed(0)
+    config = getattr(transformers, config_class)(
+        vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
+        max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra)
+    model_class(config).save_pretrained(tmp_path / "base")
+    model = bertology.load(tmp_path / "base").model
+    apply_lora(model, rank=2, alpha=4)
+    with torch.no_grad():  # as after training: non-zero updates and changed heads
+        for name, parameter in model.named_parameters():
+            if parameter.requires_grad:
+                parameter.add_(torch.randn_like(parameter) * 0.2)
+    config = save_lora_peft(model, tmp_path / "adapter")
+    assert (config["task_type"], config["target_modules"], config["modules_to_save"]) == expected
+    ids, mask, _ = batch()
+    ids[:, 0] = 2
+    hf = peft.PeftModel.from_pretrained(model_class.from_pretrained(tmp_path / "base"), tmp_path / "adapter").eval()
+    with torch.no_grad():
+        ours = model.eval()(ids, mask)
+        theirs = hf(input_ids=ids, attention_mask=mask)
+        back = load_lora_peft(tmp_path / "base", tmp_path / "adapter")(ids, mask)
+    if ours.logits is None:
+        torch.testing.assert_close(ours.last_hidden_state * mask[..., None], theirs.last_hidden_state * mask[..., None],
+                                   atol=TOL, rtol=0)
+        assert torch.equal(back.last_hidden_state, ours.last_hidden_state)
+    else:
+        real = mask.bool() if ours.logits.dim() == 3 else slice(None)
+        torch.testing.assert_close(ours.logits[real], theirs.logits[real], atol=TOL, rtol=0)
+        assert torch.equal(back.logits, ours.logits)

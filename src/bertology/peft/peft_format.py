@@ -98,7 +98,10 @@ def save_lora_peft(model: EncoderModel, directory: str | os.PathLike, base_model
     unnamed = sorted(name for name in saved if name not in mapping)
     if unnamed:
         raise ConfigError(f"trainable parameters {', '.join(unnamed[:5])} have no transformers name")
-    to_save = {mapping[name].rsplit(".", 1)[0] for name in saved}
+    # A head is saved as its top module (transformers' "classifier", "cls", "qa_outputs"): peft wraps the module it
+    # names, and a task type's own entry (SEQ_CLS adds "classifier") must not wrap a module inside another one.
+    to_save = {mapping[name].split(".", 1)[0] if name.startswith("heads.") else mapping[name].rsplit(".", 1)[0]
+               for name in saved}
     to_save = sorted(m for m in to_save if not any(m.startswith(other + ".") for other in to_save))
     for module in to_save:
         tensors.update({f"{PREFIX}{k}": v for k, v in base.items() if k.startswith(module + ".")})

@@ -1,0 +1,50 @@
+"""`bertology finetune`: fine-tune a model on a GLUE task with the shared training loop."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "finetune",
+        help="fine-tune a model on a sentence or sentence-pair task (sst2, cola, mrpc, rte, stsb)",
+        description="Fine-tune a model directory on a GLUE task: the family's classifier head, the dev metric at "
+        "every evaluation, the best model kept (in the transformers layout, with its label names) in OUT/model, "
+        "dev predictions and their official metrics in OUT. Settings: --config FILE (YAML or JSON: model, task, "
+        "select, optim, run, speed sections) and --set key=value.",
+    )
+    parser.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    parser.add_argument("--model", required=True, metavar="DIR", help="the model directory to fine-tune")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the run's output directory")
+    parser.add_argument("--data", metavar="DIR", help="the GLUE folder (holding SST-2/, CoLA/, ...)")
+    parser.add_argument("--config", metavar="FILE", help="run config (.yaml, .yml or .json)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value, e.g. --set optim.lr=3e-5 (repeatable; values are YAML)")
+    parser.add_argument("--max-steps", type=int, metavar="N", help="at most N optimizer steps")
+    parser.add_argument("--limit-train", type=int, metavar="N", help="train on the first N examples only")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's outputs in --out")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertology.recipes.finetune import FinetuneConfig, finetune
+    from bertology.training.config import apply_overrides, read_config_file
+
+    data = read_config_file(args.config) if args.config else {}
+    settings = [f"model={json.dumps(args.model)}", f"task.name={args.task}", f"run.output_dir={json.dumps(args.out)}"]
+    if args.data:
+        settings.append(f"task.data={json.dumps(args.data)}")
+    if args.max_steps is not None:
+        settings.append(f"task.max_steps={args.max_steps}")
+    if args.limit_train is not None:
+        settings.append(f"task.limit_train={args.limit_train}")
+    config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))
+    result = finetune(config, resume=args.resume, overwrite=args.overwrite)
+    best = result.best
+    print(f"fine-tuned {result.steps} steps; best dev {best['metric']} {best['value']:.2f} at step {best['step']}; "
+          f"model at {result.model_dir}; dev metrics {json.dumps(result.dev_metrics)}", file=sys.stderr)
+    return 0

@@ -1,0 +1,318 @@
+"""Fine-tuning on a sentence or sentence-pair task (GLUE: SST-2, CoLA, MRPC, RTE, STS-B) with the shared training
+loop: the task's reader, the family's classifier head, the dev metric at every evaluation, the best model kept.
+
+    from bertology.recipes.finetune import FinetuneConfig, finetune
+    result = finetune(FinetuneConfig.from_dict({"task": {"name": "sst2", "data": "../shared/data/glue"},
+                                                "model": "path/to/model", "run": {"output_dir": "runs/sst2"}}))
+
+Outputs in ``run.output_dir``: ``metrics.jsonl`` (training loss, dev loss and the task's metrics, x100 as the GLUE
+leaderboard reports them), ``checkpoints/``, ``best/`` (the model with the best dev metric so far and
+``best.json``), ``model/`` (the best model at the end, in the transformers layout of ``*ForSequenceClassification``
+with the label names in config.json), ``dev_predictions.tsv`` and ``dev_metrics.json`` (what ``bertology
+evaluate`` computes from them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bertology.config import from_mapping, to_mapping, validate
+from bertology.errors import ConfigError, DataError
+from bertology.io import atomic_directory, atomic_write
+from bertology.model.checkpoint import Pretrained, load, write_model_files
+from bertology.model.encoder import EncoderModel
+from bertology.recipes.pretrain import seed_everything
+from bertology.tasks.examples import TextExample
+from bertology.tasks.metrics import evaluate_files
+from bertology.tasks.readers import GlueTask, glue_task, read_glue
+from bertology.tasks.sequence import (
+    CLASSIFIER,
+    EncodedExamples,
+    SequenceClassification,
+    SequenceRegression,
+    classifier_head,
+    predict_logits,
+)
+from bertology.tokenization import Tokenizer
+from bertology.training import distributed as D
+from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
+from bertology.training.trainer import FINAL_MODEL_DIR, Trainer, check_output_dir
+
+BEST_DIR = "best"
+BEST_FILE = "best.json"
+DEV_PREDICTIONS = "dev_predictions.tsv"
+DEV_METRICS = "dev_metrics.json"
+
+
+@dataclass
+class TaskConfig:
+    """The task and its data. ``data``: the GLUE folder (holding ``SST-2/``, ``CoLA/`` ...; its ``train.tsv`` and
+    ``dev.tsv`` are read). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
+    ``limit_dev`` take only the first examples (quick runs)."""
+
+    name: str = "sst2"
+    data: str | None = None
+    max_length: int = 128
+    epochs: float = 3.0
+    max_steps: int | None = None
+    limit_train: int | None = None
+    limit_dev: int | None = None
+
+    def __post_init__(self) -> None:
+        validate(self, "task")
+        glue_task(self.name)  # a known task, or a ConfigError naming the known ones
+        if self.max_length < 4:
+            raise ConfigError(f"task.max_length: must be >= 4, got {self.max_length}")
+        if not self.epochs > 0:
+            raise ConfigError(f"task.epochs: must be > 0, got {self.epochs}")
+        for key in ("max_steps", "limit_train", "limit_dev"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"task.{key}: must be >= 1 or null, got {value}")
+
+
+@dataclass
+class SelectConfig:
+    """Which model is kept: the best dev ``metric`` (default: the task's first, e.g. accuracy, mcc, pearson),
+    higher is better; after ``patience`` evaluations without improvement training stops (0: never early)."""
+
+    metric: str | None = None
+    patience: int = 0
+
+    def __post_init__(self) -> None:
+        validate(self, "select")
+        if self.patience < 0:
+            raise ConfigError(f"select.patience: must be >= 0, got {self.patience}")
+
+
+def _finetune_optim() -> OptimConfig:
+    return OptimConfig(batch_size=32, lr=5e-5, warmup_ratio=0.1, weight_decay=0.01)
+
+
+def _finetune_run() -> RunConfig:
+    return RunConfig(output_dir="runs/finetune", log_every=20)
+
+
+@dataclass
+class FinetuneConfig:
+    """A whole fine-tuning run: ``model`` (a model directory ``bertology.load`` reads), ``task``, ``select`` and
+    the ``optim``, ``run`` and ``speed`` sections of every training run (``optim.total_steps`` is set from
+    ``task.epochs`` and ``task.max_steps``; ``run.eval_every`` 0 means once an epoch)."""
+
+    model: str = ""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    select: SelectConfig = field(default_factory=SelectConfig)
+    optim: OptimConfig = field(default_factory=_finetune_optim)
+    run: RunConfig = field(default_factory=_finetune_run)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+
+    def __post_init__(self) -> None:
+        validate(self)
+        if not self.model.strip():
+            raise ConfigError("model: the model directory to fine-tune is required")
+        metrics = glue_task(self.task.name).metrics
+        if self.select.metric is not None and self.select.metric not in metrics:
+            raise ConfigError(f"select.metric: {self.task.name} reports {', '.join(metrics)}; got "
+                              f"{self.select.metric!r}")
+
+    @property
+    def metric(self) -> str:
+        return self.select.metric or glue_task(self.task.name).metrics[0]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_mapping(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FinetuneConfig:
+        return from_mapping(cls, data, "")
+
+
+@dataclass
+class FinetuneResult:
+    output_dir: Path
+    model_dir: Path
+    best: dict[str, Any]
+    dev_metrics: dict[str, Any]
+    steps: int
+
+
+def _split(config: FinetuneConfig, split: str, limit: int | None) -> tuple[Path, list[TextExample]]:
+    if config.task.data is None:
+        raise ConfigError("task.data: the GLUE folder (holding SST-2/, CoLA/, ...) is required")
+    path = glue_task(config.task.name).path(config.task.data, split)
+    examples = []
+    for example in read_glue(config.task.name, path):
+        if limit is not None and len(examples) >= limit:
+            break
+        examples.append(example)
+    return path, examples
+
+
+def _labels(spec: GlueTask, examples: list[TextExample], path: Path) -> torch.Tensor:
+    if spec.labels is None:
+        return torch.tensor([float(e.label) for e in examples], dtype=torch.float32)  # type: ignore[arg-type]
+    return torch.tensor([spec.labels.index(str(e.label), f"{path}: row {e.id}") for e in examples], dtype=torch.long)
+
+
+def encode(tokenizer: Tokenizer, examples: list[TextExample], labels: torch.Tensor | None, max_length: int,
+           **options: Any) -> EncodedExamples:
+    pairs = [e.text_pair or "" for e in examples] if examples and examples[0].text_pair is not None else None
+    return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, labels, max_length=max_length,
+                                      **options)
+
+
+def build_classifier(pretrained: Pretrained, spec: GlueTask, seed: int) -> EncoderModel:
+    """The pretrained encoder with a fresh classifier head of its family (a pooler is added, freshly initialised,
+    where the family's head needs one and the checkpoint has none)."""
+    config = pretrained.model.config
+    num_labels = len(spec.labels) if spec.labels is not None else 1
+    head = classifier_head(config, num_labels)
+    if head.kind == "pooled" and not config.pooler:
+        config.pooler = True
+    model = EncoderModel(config, [head])
+    model.init_weights(torch.Generator().manual_seed(seed))
+    missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
+    if unexpected or any(not name.startswith("pooler.") for name in missing):
+        raise ConfigError(f"model: the encoder's weights do not fit: missing {missing}, unexpected {unexpected}")
+    if spec.labels is not None:
+        model.config.extra["id2label"] = {str(i): name for i, name in enumerate(spec.labels.names)}
+        model.config.extra["label2id"] = {name: i for i, name in enumerate(spec.labels.names)}
+    return model
+
+
+def predictions_from_logits(spec: GlueTask, logits: np.ndarray) -> list[str]:
+    """The label names (or scores) a GLUE predictions file holds."""
+    if spec.labels is None:
+        return [f"{value:.6g}" for value in logits[:, 0].tolist()]
+    return [spec.labels.names[i] for i in logits.argmax(1).tolist()]
+
+
+def write_predictions(path: Path, predictions: list[str]) -> None:
+    """``index<TAB>prediction`` rows, the format ``bertology evaluate`` reads."""
+    with atomic_write(path, "w", encoding="utf-8") as handle:
+        handle.write("index\tprediction\n")
+        handle.writelines(f"{i}\t{p}\n" for i, p in enumerate(predictions))
+
+
+class DevSelection:
+    """An evaluator: the dev metric of the current model, the best model kept in ``best/``, early stopping."""
+
+    def __init__(self, config: FinetuneConfig, spec: GlueTask, dev: EncodedExamples, dev_examples: list[TextExample],
+                 tokenizer: Tokenizer) -> None:
+        self.config, self.spec, self.dev, self.tokenizer = config, spec, dev, tokenizer
+        self.gold = [e.label for e in dev_examples]
+        self.directory = Path(config.run.output_dir) / BEST_DIR
+        self.best = self._read_best()
+        self.since_best = 0
+
+    def _read_best(self) -> dict[str, Any] | None:
+        path = self.directory / BEST_FILE
+        if not path.is_file():
+            return None
+        try:
+            return json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as error:
+            raise DataError(f"{path}: invalid JSON: {error}") from None
+
+    def scores(self, model: EncoderModel) -> dict[str, float]:
+        from bertology.tasks import metrics
+
+        logits = predict_logits(model, self.dev, batch_size=max(32, self.config.optim.batch_size))
+        predicted: list[Any] = predictions_from_logits(self.spec, logits)
+        gold: list[Any] = self.gold
+        if self.spec.labels is None:
+            predicted = [float(p) for p in predicted]
+        functions = {"accuracy": metrics.accuracy, "mcc": metrics.matthews_corrcoef, "pearson": metrics.pearson,
+                     "spearman": metrics.spearman,
+                     "f1": lambda g, p: metrics.f1_binary(g, p, positive=self.spec.labels.names[1])}  # type: ignore[union-attr]
+        return {name: 100 * functions[name](gold, predicted) for name in self.spec.metrics}
+
+    def __call__(self, trainer: Trainer) -> dict[str, float]:
+        scores = self.scores(trainer.model)
+        value = scores[self.config.metric]
+        improved = self.best is None or (math.isfinite(value) and value > self.best["value"])
+        if improved:
+            self.best = {"step": trainer.state.step, "metric": self.config.metric, "value": value, "scores": scores}
+            self.since_best = 0
+            if trainer.env.is_main:
+                with atomic_directory(self.directory) as tmp:
+                    write_model_files(trainer.model, tmp)
+                    self.tokenizer.save(tmp)
+                    (tmp / BEST_FILE).write_text(json.dumps(self.best, indent=2) + "\n", encoding="utf-8")
+        else:
+            self.since_best += 1
+            patience = self.config.select.patience
+            if patience and self.since_best >= patience:
+                trainer.request_stop(f"no better dev {self.config.metric} in {patience} evaluations "
+                                     f"(best {self.best['value']:.2f} at step {self.best['step']})")
+        return {f"dev_{name}": score for name, score in scores.items()}
+
+
+def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = False) -> FinetuneResult:
+    """Fine-tune ``config.model`` on ``config.task`` (see the module docstring for what is written)."""
+    out = Path(config.run.output_dir)
+    env = D.init_distributed(config.speed)
+    try:
+        if overwrite and not resume:
+            if env.is_main:
+                check_output_dir(out, resume=False, overwrite=True)
+                shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+            D.barrier(env)
+        else:
+            check_output_dir(out, resume=resume, overwrite=False)
+        torch.set_num_threads(config.speed.threads or D.default_threads(env))
+        seed_everything(config.run.seed, env.rank)
+        spec = glue_task(config.task.name)
+        train_path, train_examples = _split(config, "train", config.task.limit_train)
+        dev_path, dev_examples = _split(config, "dev", config.task.limit_dev)
+        pretrained = load(config.model)
+        if pretrained.tokenizer is None:
+            raise ConfigError(f"model: {config.model} has no tokenizer files")
+        tokenizer = pretrained.tokenizer
+        max_length = min(config.task.max_length, pretrained.model.config.max_length)
+        train = encode(tokenizer, train_examples, _labels(spec, train_examples, train_path), max_length,
+                       seed=config.run.seed)
+        dev = encode(tokenizer, dev_examples, _labels(spec, dev_examples, dev_path), max_length, shuffle=False)
+        per_epoch = train.num_batches(0, config.optim.batch_size, env.rank, env.world_size)
+        if per_epoch == 0:
+            raise ConfigError(f"optim.batch_size: {config.optim.batch_size} x {env.world_size} is more than the "
+                              f"{len(train)} training examples")
+        steps = max(1, math.ceil(config.task.epochs * per_epoch / config.optim.grad_accumulation))
+        config.optim.total_steps = min(steps, config.task.max_steps or steps)
+        if config.run.eval_every == 0:
+            config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
+        model = build_classifier(pretrained, spec, config.run.seed)
+        objective = (SequenceRegression if spec.labels is None else SequenceClassification)(model.head_specs[0])
+        selection = DevSelection(config, spec, dev, dev_examples, tokenizer)
+        trainer = Trainer(config, model, [objective], train, dev, tokenizer, env, evaluators=[selection])
+        if resume:
+            trainer.resume()
+        trainer.train()
+        if selection.best is None:  # the run was already complete: score the final model once
+            selection(trainer)
+        model_dir = out / FINAL_MODEL_DIR
+        if env.is_main:
+            best = load(out / BEST_DIR)  # the final model is the best one
+            model.load_state_dict(best.model.state_dict())
+            Pretrained(model, tokenizer).save(model_dir)
+            logits = predict_logits(model, dev, batch_size=max(32, config.optim.batch_size))
+            write_predictions(out / DEV_PREDICTIONS, predictions_from_logits(spec, logits))
+            dev_metrics = evaluate_files(spec.name, out / DEV_PREDICTIONS, gold=dev_path) \
+                if config.task.limit_dev is None else {f"{k}": v for k, v in selection.scores(model).items()}
+            with atomic_write(out / DEV_METRICS, "w", encoding="utf-8") as handle:
+                json.dump(dev_metrics, handle, indent=2)
+                handle.write("\n")
+        D.barrier(env)
+        dev_metrics = json.loads((out / DEV_METRICS).read_text(encoding="utf-8"))
+        assert selection.best is not None
+        return FinetuneResult(out, model_dir, selection.best, dev_metrics, trainer.state.step)
+    finally:
+        D.shutdown()

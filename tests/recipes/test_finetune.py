@@ -1,0 +1,119 @@
+"""Fine-tuning end to end on tiny GLUE-format files: outputs, the best model kept, early stopping, transformers
+loading the result with its label names, and the official metric of the dev predictions."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertology.cli.main import main
+from bertology.errors import ConfigError
+from bertology.model import EncoderModel, Pretrained, load, preset
+from bertology.recipes.finetune import FinetuneConfig, finetune
+from bertology.tasks.metrics import evaluate_files
+from bertology.tokenization import train_tokenizer
+from bertology.training import read_metrics
+
+GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
+
+
+def _sentence(rng, positive):
+    words = list(rng.choice(FILL, int(rng.integers(2, 7))))
+    words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(GOOD if positive else BAD)))
+    return " ".join(words)
+
+
+@pytest.fixture(scope="module")
+def glue(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glue")
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 192), ("dev", 48)):
+        (root / "SST-2").mkdir(exist_ok=True)
+        rows = [(_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
+        (root / "SST-2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+        (root / "STS-B").mkdir(exist_ok=True)
+        header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+        lines = []
+        for i in range(n):
+            a, b = rng.integers(0, 2, 2)
+            score = 4.0 + rng.random() if a == b else rng.random()
+            lines.append(f"{i}\tg\tf\t2012\t{i}\ts\ts\t{_sentence(rng, a)}\t{_sentence(rng, b)}\t{score:.3f}\n")
+        (root / "STS-B" / f"{split}.tsv").write_text(header + "".join(lines), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("base")
+    tokenizer = train_tokenizer(iter(GOOD + BAD + FILL), "wordpiece", 40, show_progress=False, min_frequency=1)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=64)
+    model = EncoderModel(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    Pretrained(model, tokenizer).save(root / "model")
+    return root / "model"
+
+
+def _config(glue, model_dir, out, task="sst2", epochs=4, **sections):
+    raw = {"model": str(model_dir), "task": {"name": task, "data": str(glue), "epochs": epochs},
+           "optim": {"batch_size": 16, "lr": 3e-3, "warmup_ratio": 0.1},
+           "run": {"output_dir": str(out), "log_every": 4, "progress": False},
+           "speed": {"threads": 1, "prefetch": 0}}
+    for name, values in sections.items():
+        raw.setdefault(name, {}).update(values)
+    return FinetuneConfig.from_dict(raw)
+
+
+def test_sst2_learns_keeps_the_best_model_and_transformers_loads_it(glue, model_dir, tmp_path):
+    out = tmp_path / "run"
+    result = finetune(_config(glue, model_dir, out, epochs=8))
+    assert result.steps == 8 * (192 // 16)
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["step"] for r in evals] == [12 * e for e in range(1, 9)]  # once an epoch
+    best = json.loads((out / "best" / "best.json").read_text())
+    assert best["value"] == max(r["dev_accuracy"] for r in evals) == result.best["value"]
+    assert best["value"] > 90  # the cue word decides the label
+    # dev_metrics.json is what `bertology evaluate` computes from the written predictions.
+    official = evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv")
+    assert result.dev_metrics == official and official["accuracy"] == pytest.approx(best["value"])
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
+    assert hf.config.id2label == {0: "0", 1: "1"}
+    ours = load(out / "model")
+    ids = torch.tensor([ours.tokenizer.encode("the film was great").ids])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits, ours.model(ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_stsb_regression_and_early_stopping(glue, model_dir, tmp_path):
+    out = tmp_path / "run"
+    config = _config(glue, model_dir, out, task="stsb", select={"patience": 1}, optim={"lr": 1e-7})
+    result = finetune(config)
+    records = read_metrics(out / "metrics.jsonl")
+    stops = [r for r in records if r["kind"] == "stop"]
+    evals = [r for r in records if r["kind"] == "eval"]
+    assert {"dev_pearson", "dev_spearman"} <= set(evals[0])
+    if stops:  # with a learning rate this small the dev correlation stalls, and training stops early
+        assert "no better dev pearson in 1 evaluations" in stops[0]["reason"] and result.steps < 48
+    assert (out / "model" / "config.json").is_file()
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["architectures"] == ["BertForSequenceClassification"] and saved["problem_type"] == "regression"
+
+
+def test_the_cli_runs_and_bad_settings_are_named(glue, model_dir, tmp_path, capsys):
+    out = tmp_path / "cli"
+    assert main(["finetune", "--task", "sst2", "--model", str(model_dir), "--out", str(out), "--data", str(glue),
+                 "--max-steps", "3", "--limit-train", "64", "--set", "run.progress=false",
+                 "--set", "speed.threads=1"]) == 0
+    assert "fine-tuned 3 steps; best dev accuracy" in capsys.readouterr().err
+    assert main(["finetune", "--task", "sst2", "--model", str(model_dir), "--out", str(out), "--data",
+                 str(glue)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="unknown GLUE task 'sst3'"):
+        _config(glue, model_dir, out, task="sst3")
+    with pytest.raises(ConfigError, match="select.metric: sst2 reports accuracy"):
+        _config(glue, model_dir, out, select={"metric": "f1"})

@@ -134,8 +134,6 @@ def test_methods_combine():
     assert HEADS == 4  # the prefix arithmetic above assumes hidden // heads keys per head
 
 
-@pytest.mark.xfail(strict=True, reason="bertology.load does not import bertology.peft for the factories a native "
-                                       "checkpoint names: needs a built-in extension table in bertology.model.encoder")
 def test_native_checkpoint_loads_without_importing_bertology_peft(tmp_path):
     import subprocess
     import sys

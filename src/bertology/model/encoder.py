@@ -16,6 +16,7 @@ computation instead; both give the same outputs at real tokens.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -435,6 +436,16 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
 # Factories of modules plugged into a model (adapters, prefixes, projection wrappers), by name. A factory is called as
 # factory(config, current_module_or_None, **options) and returns the module to put in its place.
 EXTENSIONS: dict[str, Callable[..., nn.Module]] = {}
+# Factories bertology ships, by the module that registers them when imported: a checkpoint naming one loads without
+# the caller importing that module first.
+BUILTIN_EXTENSIONS: dict[str, str] = {
+    "lora": "bertology.peft.lora",
+    "bottleneck_adapter": "bertology.peft.adapters",
+    "prefix": "bertology.peft.prefix",
+}
+# The module that registers each of bertology's own factories, imported on first use so that a saved model with
+# LoRA, adapters or prefixes loads without importing bertology.peft first.
+BUILTIN_EXTENSIONS = {"lora": "bertology.peft", "bottleneck_adapter": "bertology.peft", "prefix": "bertology.peft"}
 
 
 def register_extension(name: str, factory: Callable[..., nn.Module]) -> None:
@@ -512,6 +523,10 @@ class EncoderModel(nn.Module):
         "encoder.layers.3.attn_adapter", or "encoder.layers.0.query" to wrap that projection; `current` is what is
         there now) and record it in `self.extensions`, so that the native checkpoint format can rebuild it. Options
         must be JSON values. Returns the new module."""
+        if factory not in EXTENSIONS and factory in BUILTIN_EXTENSIONS:
+            importlib.import_module(BUILTIN_EXTENSIONS[factory])  # registers its factories
+        if factory not in EXTENSIONS and factory in BUILTIN_EXTENSIONS:
+            importlib.import_module(BUILTIN_EXTENSIONS[factory])
         if factory not in EXTENSIONS:
             raise ConfigError(f"unknown extension {factory!r}; registered: {', '.join(sorted(EXTENSIONS)) or 'none'} "
                               "(bertology.model.register_extension)")

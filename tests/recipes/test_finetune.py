@@ -117,3 +117,19 @@ def test_the_cli_runs_and_bad_settings_are_named(glue, model_dir, tmp_path, caps
         _config(glue, model_dir, out, task="sst3")
     with pytest.raises(ConfigError, match="select.metric: sst2 reports accuracy"):
         _config(glue, model_dir, out, select={"metric": "f1"})
+
+
+def test_predict_writes_what_evaluate_reads(glue, model_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    finetune(_config(glue, model_dir, out, epochs=1))
+    predictions = tmp_path / "pred.tsv"
+    dev = glue / "SST-2" / "dev.tsv"
+    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input", str(dev),
+                 "--output", str(predictions)]) == 0
+    assert predictions.read_text() == (out / "dev_predictions.tsv").read_text()
+    assert main(["evaluate", "--task", "sst2", "--gold", str(dev), "--predictions", str(predictions)]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads((out / "dev_metrics.json").read_text())
+    assert main(["predict", "--model", str(out / "model"), "--task", "stsb", "--input", str(dev),
+                 "--output", str(tmp_path / "x.tsv")]) == 2
+    assert "its classifier has 2 outputs; stsb needs 1" in capsys.readouterr().err
+    assert not (tmp_path / "x.tsv").exists()

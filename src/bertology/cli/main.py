@@ -17,7 +17,8 @@ from bertology.errors import BertologyError  # noqa: E402
 
 # Modules under bertology.cli that each define `register(subparsers) -> None`.
 COMMAND_MODULES: tuple[str, ...] = (
-    "tokenizer", "data", "pretrain", "finetune", "fill_mask", "embed", "info", "demo", "quickstart", "evaluate",
+    "tokenizer", "data", "pretrain", "finetune", "predict", "evaluate", "fill_mask", "embed", "info", "demo",
+    "quickstart",
 )
 
 

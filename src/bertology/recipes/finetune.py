@@ -256,6 +256,28 @@ class DevSelection:
         return {f"dev_{name}": score for name, score in scores.items()}
 
 
+def predict_file(model_dir: str | Path, task: str, input_path: str | Path, output_path: str | Path,
+                 max_length: int = 128, batch_size: int = 64) -> int:
+    """Predict the label (or score) of every row of a task file in the layout the task's reader takes (GLUE
+    train/dev tsv) with a fine-tuned model; writes ``index<TAB>prediction`` rows (what ``bertology evaluate``
+    reads) atomically and returns their number."""
+    spec = glue_task(task)
+    pretrained = load(model_dir)
+    if CLASSIFIER not in pretrained.model.heads or pretrained.tokenizer is None:
+        raise ConfigError(f"{model_dir}: not a fine-tuned sequence classifier with its tokenizer (heads: "
+                          f"{', '.join(pretrained.model.heads) or 'none'})")
+    expected = len(spec.labels) if spec.labels is not None else 1
+    if pretrained.model.head_specs[0].num_labels != expected:
+        raise ConfigError(f"{model_dir}: its classifier has {pretrained.model.head_specs[0].num_labels} outputs; "
+                          f"{spec.name} needs {expected}")
+    examples = list(read_glue(spec.name, input_path))
+    data = encode(pretrained.tokenizer, examples, None, min(max_length, pretrained.model.config.max_length),
+                  shuffle=False)
+    logits = predict_logits(pretrained.model, data, batch_size=batch_size)
+    write_predictions(Path(output_path), predictions_from_logits(spec, logits))
+    return len(examples)
+
+
 def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = False) -> FinetuneResult:
     """Fine-tune ``config.model`` on ``config.task`` (see the module docstring for what is written)."""
     out = Path(config.run.output_dir)

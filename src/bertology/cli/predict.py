@@ -1,0 +1,30 @@
+"""`bertology predict`: a fine-tuned model's predictions for a task file, in the format `bertology evaluate` reads."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "predict",
+        help="predictions of a fine-tuned model for a task file (sst2, cola, mrpc, rte, stsb)",
+        description="Predict every row of a GLUE-layout tsv (the task's train/dev columns) with a model fine-tuned "
+        "by `bertology finetune`, writing `index<TAB>prediction` rows (what `bertology evaluate` reads).",
+    )
+    parser.add_argument("--model", required=True, metavar="DIR", help="the fine-tuned model directory")
+    parser.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    parser.add_argument("--input", required=True, metavar="FILE", help="a tsv in the task's GLUE layout")
+    parser.add_argument("--output", required=True, metavar="FILE", help="where the predictions go (tsv)")
+    parser.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example (default 128)")
+    parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples per batch (default 64)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertology.recipes.finetune import predict_file
+
+    count = predict_file(args.model, args.task, args.input, args.output, args.max_length, args.batch_size)
+    print(f"{count} predictions written to {args.output}", file=sys.stderr)
+    return 0

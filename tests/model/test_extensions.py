@@ -213,3 +213,16 @@ def test_add_extension_plugs_in_and_records():
         model.add_extension("encoder.layers.1.keys", "test-lora", rank=1)
     with pytest.raises(ConfigError, match="options must be JSON values"):
         model.add_extension("encoder.layers.1.key", "test-lora", rank=torch.ones(1))
+
+
+def test_builtin_factories_are_found_without_importing_their_module():
+    import subprocess
+    import sys
+
+    code = ("import torch; from bertology.model import EncoderConfig, EncoderModel; "
+            "m = EncoderModel(EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, "
+            "intermediate_size=8)); from bertology.model.encoder import BUILTIN_EXTENSIONS, EXTENSIONS; "
+            "assert not set(BUILTIN_EXTENSIONS) & set(EXTENSIONS); "
+            "m.add_extension('encoder.layers.0.query', 'lora', rank=2, alpha=2, dropout=0.0); print('ok')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr.strip().splitlines()[-1:]

@@ -45,6 +45,6 @@ def run(args: argparse.Namespace) -> int:
     config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))
     result = finetune(config, resume=args.resume, overwrite=args.overwrite)
     best = result.best
-    print(f"fine-tuned {result.steps} steps; best dev {best['metric']} {best['value']:.2f} at step {best['step']}; "
+    print(f"fine-tuned {result.steps} steps ({result.trainable}); best dev {best['metric']} {best['value']:.2f} at step {best['step']}; "
           f"model at {result.model_dir}; dev metrics {json.dumps(result.dev_metrics)}", file=sys.stderr)
     return 0

@@ -8,8 +8,9 @@ loop: the task's reader, the family's classifier head, the dev metric at every e
 Outputs in ``run.output_dir``: ``metrics.jsonl`` (training loss, dev loss and the task's metrics, x100 as the GLUE
 leaderboard reports them), ``checkpoints/``, ``best/`` (the model with the best dev metric so far and
 ``best.json``), ``model/`` (the best model at the end, in the transformers layout of ``*ForSequenceClassification``
-with the label names in config.json), ``dev_predictions.tsv`` and ``dev_metrics.json`` (what ``bertology
-evaluate`` computes from them).
+with the label names in config.json; bertology's native format when LoRA, adapters or prefixes are in it),
+``dev_predictions.tsv`` and ``dev_metrics.json`` (what ``bertology evaluate`` computes from them), and with
+``strategy.kind: lora`` also ``peft_adapter/`` (the adapter in Hugging Face peft's files).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -29,6 +30,7 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.encoder import EncoderModel
+from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.examples import TextExample
 from bertology.tasks.metrics import evaluate_files
@@ -50,6 +52,7 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 DEV_PREDICTIONS = "dev_predictions.tsv"
 DEV_METRICS = "dev_metrics.json"
+PEFT_ADAPTER_DIR = "peft_adapter"
 
 
 @dataclass
@@ -93,6 +96,54 @@ class SelectConfig:
             raise ConfigError(f"select.patience: must be >= 0, got {self.patience}")
 
 
+@dataclass
+class StrategyConfig:
+    """What trains. ``full``: everything; ``frozen``: the head only (the encoder as a fixed feature extractor);
+    ``lora``: low-rank updates of the ``targets`` projections (``rank``, ``alpha``, ``dropout``) plus the head;
+    ``adapters``: bottleneck adapters after attention and feed-forward (``bottleneck``) plus the head; ``prefix``:
+    ``prefix_length`` learned keys and values per layer plus the head. A pooler that the checkpoint lacked (and
+    the head needs) trains too."""
+
+    kind: Literal["full", "frozen", "lora", "adapters", "prefix"] = "full"
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["query", "value"])
+    bottleneck: int = 64
+    prefix_length: int = 20
+
+    def __post_init__(self) -> None:
+        validate(self, "strategy")
+        for key in ("rank", "bottleneck", "prefix_length"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"strategy.{key}: must be >= 1, got {getattr(self, key)}")
+        if not self.alpha > 0:
+            raise ConfigError(f"strategy.alpha: must be > 0, got {self.alpha}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"strategy.dropout: must be in [0, 1), got {self.dropout}")
+        known = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out")
+        unknown = [t for t in self.targets if t not in known]
+        if unknown or not self.targets:
+            raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
+
+
+def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
+    """Freeze and extend ``model`` as ``strategy`` says; returns the trainable share."""
+    from bertology.peft import apply_adapters, apply_lora, apply_prefix, freeze_base, trainable_parameters
+
+    also = ("encoder.pooler.",) if fresh_pooler else ()
+    if strategy.kind == "lora":
+        return apply_lora(model, strategy.rank, strategy.alpha, strategy.dropout, tuple(strategy.targets),
+                          also_train=also)
+    if strategy.kind == "adapters":
+        return apply_adapters(model, strategy.bottleneck, also_train=also)
+    if strategy.kind == "prefix":
+        return apply_prefix(model, strategy.prefix_length, also_train=also)
+    if strategy.kind == "frozen":
+        freeze_base(model, train_heads=True, also_train=also)
+    return trainable_parameters(model)
+
+
 def _finetune_optim() -> OptimConfig:
     return OptimConfig(batch_size=32, lr=5e-5, warmup_ratio=0.1, weight_decay=0.01)
 
@@ -109,6 +160,7 @@ class FinetuneConfig:
 
     model: str = ""
     task: TaskConfig = field(default_factory=TaskConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
     select: SelectConfig = field(default_factory=SelectConfig)
     optim: OptimConfig = field(default_factory=_finetune_optim)
     run: RunConfig = field(default_factory=_finetune_run)
@@ -142,6 +194,7 @@ class FinetuneResult:
     best: dict[str, Any]
     dev_metrics: dict[str, Any]
     steps: int
+    trainable: Trainable
 
 
 def _split(config: FinetuneConfig, split: str, limit: int | None) -> tuple[Path, list[TextExample]]:
@@ -169,13 +222,14 @@ def encode(tokenizer: Tokenizer, examples: list[TextExample], labels: torch.Tens
                                       **options)
 
 
-def build_classifier(pretrained: Pretrained, spec: GlueTask, seed: int) -> EncoderModel:
-    """The pretrained encoder with a fresh classifier head of its family (a pooler is added, freshly initialised,
-    where the family's head needs one and the checkpoint has none)."""
+def build_classifier(pretrained: Pretrained, spec: GlueTask, seed: int) -> tuple[EncoderModel, bool]:
+    """The pretrained encoder with a fresh classifier head of its family, and whether a pooler was added (freshly
+    initialised: the family's head needs one and the checkpoint has none)."""
     config = pretrained.model.config
     num_labels = len(spec.labels) if spec.labels is not None else 1
     head = classifier_head(config, num_labels)
-    if head.kind == "pooled" and not config.pooler:
+    fresh_pooler = head.kind == "pooled" and not config.pooler
+    if fresh_pooler:
         config.pooler = True
     model = EncoderModel(config, [head])
     model.init_weights(torch.Generator().manual_seed(seed))
@@ -185,7 +239,7 @@ def build_classifier(pretrained: Pretrained, spec: GlueTask, seed: int) -> Encod
     if spec.labels is not None:
         model.config.extra["id2label"] = {str(i): name for i, name in enumerate(spec.labels.names)}
         model.config.extra["label2id"] = {name: i for i, name in enumerate(spec.labels.names)}
-    return model
+    return model, fresh_pooler
 
 
 def predictions_from_logits(spec: GlueTask, logits: np.ndarray) -> list[str]:
@@ -311,7 +365,8 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
-        model = build_classifier(pretrained, spec, config.run.seed)
+        model, fresh_pooler = build_classifier(pretrained, spec, config.run.seed)
+        trainable = apply_strategy(model, config.strategy, fresh_pooler)
         objective = (SequenceRegression if spec.labels is None else SequenceClassification)(model.head_specs[0])
         selection = DevSelection(config, spec, dev, dev_examples, tokenizer)
         trainer = Trainer(config, model, [objective], train, dev, tokenizer, env, evaluators=[selection])
@@ -325,6 +380,10 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             best = load(out / BEST_DIR)  # the final model is the best one
             model.load_state_dict(best.model.state_dict())
             Pretrained(model, tokenizer).save(model_dir)
+            if config.strategy.kind == "lora":  # the adapter as Hugging Face peft reads it, beside our own format
+                from bertology.peft import save_lora_peft
+
+                save_lora_peft(model, out / PEFT_ADAPTER_DIR, base_model_name_or_path=config.model)
             logits = predict_logits(model, dev, batch_size=max(32, config.optim.batch_size))
             write_predictions(out / DEV_PREDICTIONS, predictions_from_logits(spec, logits))
             dev_metrics = evaluate_files(spec.name, out / DEV_PREDICTIONS, gold=dev_path) \
@@ -335,6 +394,6 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         D.barrier(env)
         dev_metrics = json.loads((out / DEV_METRICS).read_text(encoding="utf-8"))
         assert selection.best is not None
-        return FinetuneResult(out, model_dir, selection.best, dev_metrics, trainer.state.step)
+        return FinetuneResult(out, model_dir, selection.best, dev_metrics, trainer.state.step, trainable)
     finally:
         D.shutdown()

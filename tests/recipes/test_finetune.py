@@ -153,3 +153,20 @@ def test_parameter_efficient_strategies(glue, model_dir, tmp_path, kind):
         assert (out / "peft_adapter" / "adapter_config.json").is_file()
         config = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
         assert config["r"] == 4 and config["peft_type"] == "LORA"
+
+
+def test_a_lora_run_resumes_from_its_native_checkpoint(glue, model_dir, tmp_path):
+    """LoRA models checkpoint in the native format; --resume reads them back, and a resume at the last step
+    writes the final model again."""
+    import shutil
+
+    out = tmp_path / "run"
+    config = dict(epochs=2, strategy={"kind": "lora", "rank": 2}, run={"checkpoint_every": 6})
+    first = finetune(_config(glue, model_dir, out, **config))
+    assert (out / "checkpoints" / "step-0000024" / "bertology.json").is_file()
+    reference = load(out / "model").model.state_dict()
+    shutil.rmtree(out / "model")
+    again = finetune(_config(glue, model_dir, out, **config), resume=True)
+    assert again.steps == first.steps == 24 and again.best == first.best
+    restored = load(out / "model").model.state_dict()
+    assert all(torch.equal(restored[k], reference[k]) for k in reference)

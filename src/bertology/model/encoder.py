@@ -443,9 +443,6 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "bottleneck_adapter": "bertology.peft.adapters",
     "prefix": "bertology.peft.prefix",
 }
-# The module that registers each of bertology's own factories, imported on first use so that a saved model with
-# LoRA, adapters or prefixes loads without importing bertology.peft first.
-BUILTIN_EXTENSIONS = {"lora": "bertology.peft", "bottleneck_adapter": "bertology.peft", "prefix": "bertology.peft"}
 
 
 def register_extension(name: str, factory: Callable[..., nn.Module]) -> None:
@@ -523,8 +520,6 @@ class EncoderModel(nn.Module):
         "encoder.layers.3.attn_adapter", or "encoder.layers.0.query" to wrap that projection; `current` is what is
         there now) and record it in `self.extensions`, so that the native checkpoint format can rebuild it. Options
         must be JSON values. Returns the new module."""
-        if factory not in EXTENSIONS and factory in BUILTIN_EXTENSIONS:
-            importlib.import_module(BUILTIN_EXTENSIONS[factory])  # registers its factories
         if factory not in EXTENSIONS and factory in BUILTIN_EXTENSIONS:
             importlib.import_module(BUILTIN_EXTENSIONS[factory])
         if factory not in EXTENSIONS:

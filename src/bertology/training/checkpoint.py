@@ -32,14 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError
 from bertology.io import atomic_directory, clean_stale
-from bertology.model.checkpoint import (
-    ENCODER_NAMES,
-    NATIVE_FILE,
-    check_keys,
-    read_weights,
-    to_state_dict,
-    write_model_files,
-)
+from bertology.model.checkpoint import NATIVE_FILE, read_state_dict, write_model_files
 from bertology.model.encoder import EncoderModel
 
 if TYPE_CHECKING:
@@ -260,20 +253,9 @@ def read_checkpoint(path: str | Path, model: EncoderModel) -> tuple[dict[str, to
             raise CheckpointError(f"{path}: not a training checkpoint (no {name})")
     state, encoded = _read_state_json(path / STATE_JSON)
     try:
-        weights = read_weights(path, renamed=not native)
+        model_state = read_state_dict(path, model)
     except (SafetensorError, OSError) as error:
         raise CheckpointError(f"{path / MODEL_FILE}: cannot be read as safetensors: {_one_line(error)}") from None
-    if native:
-        expected = model.state_dict()
-        mismatched = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(v.shape)}"
-                      for k, v in expected.items() if k in weights and weights[k].shape != v.shape]
-        check_keys(str(path), model.config.family, sorted(set(expected) - set(weights)),
-                   sorted(set(weights) - set(expected)), mismatched)
-        model_state = weights
-    else:
-        prefix = ENCODER_NAMES[model.config.family]["prefix"] + "."
-        prefixed = any(k.startswith(prefix) for k in weights)
-        model_state = to_state_dict(model, weights, prefixed, str(path))
     try:
         tensors = load_file(path / STATE_TENSORS)
     except (SafetensorError, OSError) as error:

@@ -48,8 +48,7 @@ class ModelInfo:
     @property
     def usable_positions(self) -> int:
         """Tokens per sequence, specials included: RoBERTa-style positions start after the padding index."""
-        c = self.config
-        return c.max_position_embeddings - (c.pad_token_id + 1 if c.positions_after_padding else 0)
+        return self.config.max_length
 
     def format(self) -> str:
         c, p = self.config, self.parameters

@@ -167,8 +167,8 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
     if problems:
         raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
     length = config.data.instances.max_seq_length
-    offset = model_config.pad_token_id + 1 if model_config.positions_after_padding else 0
-    if length + offset > model_config.max_position_embeddings:
+    offset = model_config.position_offset
+    if length > model_config.max_length:
         raise ConfigError(f"data.instances.max_seq_length: {length} needs {length + offset} positions, but the "
                           f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
 

@@ -1,16 +1,18 @@
-"""Fine-tuning on a sentence or sentence-pair task (GLUE: SST-2, CoLA, MRPC, RTE, STS-B) with the shared training
-loop: the task's reader, the family's classifier head, the dev metric at every evaluation, the best model kept.
+"""Fine-tuning on a registered task (``bertology.tasks.base.FinetuneTask``; built in: the GLUE tasks SST-2, CoLA,
+MRPC, RTE, STS-B) with the shared training loop: the task's reader, heads and objectives, the dev metrics at every
+evaluation, the best model kept, predictions in the task's own format scored by its official metric.
 
     from bertology.recipes.finetune import FinetuneConfig, finetune
     result = finetune(FinetuneConfig.from_dict({"task": {"name": "sst2", "data": "../shared/data/glue"},
                                                 "model": "path/to/model", "run": {"output_dir": "runs/sst2"}}))
 
-Outputs in ``run.output_dir``: ``metrics.jsonl`` (training loss, dev loss and the task's metrics, x100 as the GLUE
-leaderboard reports them), ``checkpoints/``, ``best/`` (the model with the best dev metric so far and
-``best.json``), ``model/`` (the best model at the end, in the transformers layout of ``*ForSequenceClassification``
-with the label names in config.json; bertology's native format when LoRA, adapters or prefixes are in it),
-``dev_predictions.tsv`` and ``dev_metrics.json`` (what ``bertology evaluate`` computes from them), and with
-``strategy.kind: lora`` also ``peft_adapter/`` (the adapter in Hugging Face peft's files).
+Outputs in ``run.output_dir``: ``metrics.jsonl`` (training loss, dev loss and the task's metrics, x100 as the
+papers report them), ``checkpoints/``, ``best/`` (the model with the best dev metric so far and ``best.json``),
+``model/`` (the best model at the end, in the transformers layout of the task's head class, e.g.
+``*ForSequenceClassification``, with the label names in config.json; bertology's native format when LoRA, adapters
+or prefixes are in it), the dev predictions in the task's format and ``dev_metrics.json`` (what ``bertology
+evaluate`` computes from them), and with ``strategy.kind: lora`` also ``peft_adapter/`` (the adapter in Hugging
+Face peft's files).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import torch
 
 from bertology.config import from_mapping, to_mapping, validate
@@ -32,33 +34,22 @@ from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.encoder import EncoderModel
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
-from bertology.tasks.examples import TextExample
-from bertology.tasks.metrics import evaluate_files
-from bertology.tasks.readers import GlueTask, glue_task, read_glue
-from bertology.tasks.sequence import (
-    CLASSIFIER,
-    EncodedExamples,
-    SequenceClassification,
-    SequenceRegression,
-    classifier_head,
-    predict_logits,
-)
+from bertology.tasks.base import FinetuneTask, get_task
 from bertology.tokenization import Tokenizer
 from bertology.training import distributed as D
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
-from bertology.training.trainer import FINAL_MODEL_DIR, Trainer, check_output_dir
+from bertology.training.trainer import FINAL_MODEL_DIR, BatchSource, Trainer, check_output_dir
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
-DEV_PREDICTIONS = "dev_predictions.tsv"
 DEV_METRICS = "dev_metrics.json"
 PEFT_ADAPTER_DIR = "peft_adapter"
 
 
 @dataclass
 class TaskConfig:
-    """The task and its data. ``data``: the GLUE folder (holding ``SST-2/``, ``CoLA/`` ...; its ``train.tsv`` and
-    ``dev.tsv`` are read). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
+    """The task (a registered name: sst2, cola, mrpc, rte, stsb) and ``data``, the folder of its files (for GLUE the
+    GLUE folder holding ``SST-2/``, ``CoLA/`` ..., whose ``train.tsv`` and ``dev.tsv`` are read). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
     ``limit_dev`` take only the first examples (quick runs)."""
 
     name: str = "sst2"
@@ -71,7 +62,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         validate(self, "task")
-        glue_task(self.name)  # a known task, or a ConfigError naming the known ones
+        get_task(self.name)  # a known task, or a ConfigError naming the known ones
         if self.max_length < 4:
             raise ConfigError(f"task.max_length: must be >= 4, got {self.max_length}")
         if not self.epochs > 0:
@@ -170,14 +161,14 @@ class FinetuneConfig:
         validate(self)
         if not self.model.strip():
             raise ConfigError("model: the model directory to fine-tune is required")
-        metrics = glue_task(self.task.name).metrics
+        metrics = get_task(self.task.name).metrics
         if self.select.metric is not None and self.select.metric not in metrics:
             raise ConfigError(f"select.metric: {self.task.name} reports {', '.join(metrics)}; got "
                               f"{self.select.metric!r}")
 
     @property
     def metric(self) -> str:
-        return self.select.metric or glue_task(self.task.name).metrics[0]
+        return self.select.metric or get_task(self.task.name).metrics[0]
 
     def to_dict(self) -> dict[str, Any]:
         return to_mapping(self)
@@ -197,72 +188,39 @@ class FinetuneResult:
     trainable: Trainable
 
 
-def _split(config: FinetuneConfig, split: str, limit: int | None) -> tuple[Path, list[TextExample]]:
+def _data(config: FinetuneConfig) -> str:
     if config.task.data is None:
-        raise ConfigError("task.data: the GLUE folder (holding SST-2/, CoLA/, ...) is required")
-    path = glue_task(config.task.name).path(config.task.data, split)
-    examples = []
-    for example in read_glue(config.task.name, path):
-        if limit is not None and len(examples) >= limit:
-            break
-        examples.append(example)
-    return path, examples
+        raise ConfigError(f"task.data: the folder with {config.task.name}'s files is required")
+    return config.task.data
 
 
-def _labels(spec: GlueTask, examples: list[TextExample], path: Path) -> torch.Tensor:
-    if spec.labels is None:
-        return torch.tensor([float(e.label) for e in examples], dtype=torch.float32)  # type: ignore[arg-type]
-    return torch.tensor([spec.labels.index(str(e.label), f"{path}: row {e.id}") for e in examples], dtype=torch.long)
-
-
-def encode(tokenizer: Tokenizer, examples: list[TextExample], labels: torch.Tensor | None, max_length: int,
-           **options: Any) -> EncodedExamples:
-    pairs = [e.text_pair or "" for e in examples] if examples and examples[0].text_pair is not None else None
-    return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, labels, max_length=max_length,
-                                      **options)
-
-
-def build_classifier(pretrained: Pretrained, spec: GlueTask, seed: int) -> tuple[EncoderModel, bool]:
-    """The pretrained encoder with a fresh classifier head of its family, and whether a pooler was added (freshly
-    initialised: the family's head needs one and the checkpoint has none)."""
+def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int) -> tuple[EncoderModel, bool]:
+    """The pretrained encoder with the task's fresh heads, and whether a pooler was added (freshly initialised: a
+    head of the family needs one and the checkpoint has none)."""
     config = pretrained.model.config
-    num_labels = len(spec.labels) if spec.labels is not None else 1
-    head = classifier_head(config, num_labels)
-    fresh_pooler = head.kind == "pooled" and not config.pooler
+    heads = task.heads(config)
+    fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
     if fresh_pooler:
         config.pooler = True
-    model = EncoderModel(config, [head])
+    model = EncoderModel(config, heads)
     model.init_weights(torch.Generator().manual_seed(seed))
     missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
     if unexpected or any(not name.startswith("pooler.") for name in missing):
         raise ConfigError(f"model: the encoder's weights do not fit: missing {missing}, unexpected {unexpected}")
-    if spec.labels is not None:
-        model.config.extra["id2label"] = {str(i): name for i, name in enumerate(spec.labels.names)}
-        model.config.extra["label2id"] = {name: i for i, name in enumerate(spec.labels.names)}
+    names = task.label_names()
+    if names is not None:
+        model.config.extra["id2label"] = {str(i): name for i, name in enumerate(names)}
+        model.config.extra["label2id"] = {name: i for i, name in enumerate(names)}
     return model, fresh_pooler
 
 
-def predictions_from_logits(spec: GlueTask, logits: np.ndarray) -> list[str]:
-    """The label names (or scores) a GLUE predictions file holds."""
-    if spec.labels is None:
-        return [f"{value:.6g}" for value in logits[:, 0].tolist()]
-    return [spec.labels.names[i] for i in logits.argmax(1).tolist()]
-
-
-def write_predictions(path: Path, predictions: list[str]) -> None:
-    """``index<TAB>prediction`` rows, the format ``bertology evaluate`` reads."""
-    with atomic_write(path, "w", encoding="utf-8") as handle:
-        handle.write("index\tprediction\n")
-        handle.writelines(f"{i}\t{p}\n" for i, p in enumerate(predictions))
-
-
 class DevSelection:
-    """An evaluator: the dev metric of the current model, the best model kept in ``best/``, early stopping."""
+    """An evaluator: the task's dev metrics of the current model, the best model kept in ``best/``, early
+    stopping after ``select.patience`` evaluations without improvement."""
 
-    def __init__(self, config: FinetuneConfig, spec: GlueTask, dev: EncodedExamples, dev_examples: list[TextExample],
+    def __init__(self, config: FinetuneConfig, task: FinetuneTask, dev: BatchSource, dev_examples: Sequence[Any],
                  tokenizer: Tokenizer) -> None:
-        self.config, self.spec, self.dev, self.tokenizer = config, spec, dev, tokenizer
-        self.gold = [e.label for e in dev_examples]
+        self.config, self.task, self.dev, self.dev_examples, self.tokenizer = config, task, dev, dev_examples, tokenizer
         self.directory = Path(config.run.output_dir) / BEST_DIR
         self.best = self._read_best()
         self.since_best = 0
@@ -277,17 +235,8 @@ class DevSelection:
             raise DataError(f"{path}: invalid JSON: {error}") from None
 
     def scores(self, model: EncoderModel) -> dict[str, float]:
-        from bertology.tasks import metrics
-
-        logits = predict_logits(model, self.dev, batch_size=max(32, self.config.optim.batch_size))
-        predicted: list[Any] = predictions_from_logits(self.spec, logits)
-        gold: list[Any] = self.gold
-        if self.spec.labels is None:
-            predicted = [float(p) for p in predicted]
-        functions = {"accuracy": metrics.accuracy, "mcc": metrics.matthews_corrcoef, "pearson": metrics.pearson,
-                     "spearman": metrics.spearman,
-                     "f1": lambda g, p: metrics.f1_binary(g, p, positive=self.spec.labels.names[1])}  # type: ignore[union-attr]
-        return {name: 100 * functions[name](gold, predicted) for name in self.spec.metrics}
+        predictions = self.task.predict(model, self.dev, self.dev_examples, max(32, self.config.optim.batch_size))
+        return self.task.scores(predictions, self.dev_examples)
 
     def __call__(self, trainer: Trainer) -> dict[str, float]:
         scores = self.scores(trainer.model)
@@ -310,25 +259,27 @@ class DevSelection:
         return {f"dev_{name}": score for name, score in scores.items()}
 
 
-def predict_file(model_dir: str | Path, task: str, input_path: str | Path, output_path: str | Path,
+def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
                  max_length: int = 128, batch_size: int = 64) -> int:
-    """Predict the label (or score) of every row of a task file in the layout the task's reader takes (GLUE
-    train/dev tsv) with a fine-tuned model; writes ``index<TAB>prediction`` rows (what ``bertology evaluate``
-    reads) atomically and returns their number."""
-    spec = glue_task(task)
+    """Predict every example of a task file (in the layout the task reads) with a fine-tuned model; writes the
+    predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number."""
+    task = get_task(task_name)
     pretrained = load(model_dir)
-    if CLASSIFIER not in pretrained.model.heads or pretrained.tokenizer is None:
-        raise ConfigError(f"{model_dir}: not a fine-tuned sequence classifier with its tokenizer (heads: "
-                          f"{', '.join(pretrained.model.heads) or 'none'})")
-    expected = len(spec.labels) if spec.labels is not None else 1
-    if pretrained.model.head_specs[0].num_labels != expected:
-        raise ConfigError(f"{model_dir}: its classifier has {pretrained.model.head_specs[0].num_labels} outputs; "
-                          f"{spec.name} needs {expected}")
-    examples = list(read_glue(spec.name, input_path))
-    data = encode(pretrained.tokenizer, examples, None, min(max_length, pretrained.model.config.max_length),
-                  shuffle=False)
-    logits = predict_logits(pretrained.model, data, batch_size=batch_size)
-    write_predictions(Path(output_path), predictions_from_logits(spec, logits))
+    if pretrained.tokenizer is None:
+        raise ConfigError(f"{model_dir}: no tokenizer files")
+    wanted = task.heads(pretrained.model.config)
+    have = {spec.name: spec for spec in pretrained.model.head_specs}
+    for spec in wanted:
+        if spec.name not in have:
+            raise ConfigError(f"{model_dir}: not fine-tuned for {task.name}: it has no {spec.name!r} head (heads: "
+                              f"{', '.join(have) or 'none'})")
+        if have[spec.name].num_labels != spec.num_labels:
+            raise ConfigError(f"{model_dir}: its {spec.name} has {have[spec.name].num_labels} outputs; "
+                              f"{task.name} needs {spec.num_labels}")
+    examples = task.read(Path(input_path))
+    encoded = task.encode(pretrained.tokenizer, examples, min(max_length, pretrained.model.config.max_length),
+                          train=False)
+    task.write(Path(output_path), task.predict(pretrained.model, encoded, examples, batch_size), examples)
     return len(examples)
 
 
@@ -346,30 +297,31 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             check_output_dir(out, resume=resume, overwrite=False)
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
-        spec = glue_task(config.task.name)
-        train_path, train_examples = _split(config, "train", config.task.limit_train)
-        dev_path, dev_examples = _split(config, "dev", config.task.limit_dev)
+        task = get_task(config.task.name)
+        data = _data(config)
+        train_examples = task.read(task.path(data, "train"), config.task.limit_train)
+        dev_path = task.path(data, "dev")
+        dev_examples = task.read(dev_path, config.task.limit_dev)
         pretrained = load(config.model)
         if pretrained.tokenizer is None:
             raise ConfigError(f"model: {config.model} has no tokenizer files")
         tokenizer = pretrained.tokenizer
         max_length = min(config.task.max_length, pretrained.model.config.max_length)
-        train = encode(tokenizer, train_examples, _labels(spec, train_examples, train_path), max_length,
-                       seed=config.run.seed)
-        dev = encode(tokenizer, dev_examples, _labels(spec, dev_examples, dev_path), max_length, shuffle=False)
+        train = task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed)
+        dev = task.encode(tokenizer, dev_examples, max_length, train=False)
         per_epoch = train.num_batches(0, config.optim.batch_size, env.rank, env.world_size)
         if per_epoch == 0:
             raise ConfigError(f"optim.batch_size: {config.optim.batch_size} x {env.world_size} is more than the "
-                              f"{len(train)} training examples")
+                              f"{len(train_examples)} training examples")
         steps = max(1, math.ceil(config.task.epochs * per_epoch / config.optim.grad_accumulation))
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
-        model, fresh_pooler = build_classifier(pretrained, spec, config.run.seed)
+        model, fresh_pooler = build_model(pretrained, task, config.run.seed)
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
-        objective = (SequenceRegression if spec.labels is None else SequenceClassification)(model.head_specs[0])
-        selection = DevSelection(config, spec, dev, dev_examples, tokenizer)
-        trainer = Trainer(config, model, [objective], train, dev, tokenizer, env, evaluators=[selection])
+        selection = DevSelection(config, task, dev, dev_examples, tokenizer)
+        trainer = Trainer(config, model, task.objectives(model.head_specs), train, dev, tokenizer, env,
+                          evaluators=[selection])
         if resume:
             trainer.resume()
         trainer.train()
@@ -384,10 +336,11 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
                 from bertology.peft import save_lora_peft
 
                 save_lora_peft(model, out / PEFT_ADAPTER_DIR, base_model_name_or_path=config.model)
-            logits = predict_logits(model, dev, batch_size=max(32, config.optim.batch_size))
-            write_predictions(out / DEV_PREDICTIONS, predictions_from_logits(spec, logits))
-            dev_metrics = evaluate_files(spec.name, out / DEV_PREDICTIONS, gold=dev_path) \
-                if config.task.limit_dev is None else {f"{k}": v for k, v in selection.scores(model).items()}
+            batch_size = max(32, config.optim.batch_size)
+            task.write(out / task.predictions_file, task.predict(model, dev, dev_examples, batch_size), dev_examples)
+            # The official scoring of the written file; on a dev subset, the same metrics computed in memory.
+            dev_metrics = task.evaluate(out / task.predictions_file, dev_path) if config.task.limit_dev is None \
+                else selection.scores(model)
             with atomic_write(out / DEV_METRICS, "w", encoding="utf-8") as handle:
                 json.dump(dev_metrics, handle, indent=2)
                 handle.write("\n")

@@ -1,0 +1,93 @@
+"""What a fine-tuning task is to the recipe (``bertology.recipes.finetune``): where its files are and how to read
+them, its heads and objectives, how its examples become batches, and how predictions are made, scored, and
+written in the task's own format. A new task is one class registered here; the recipe and the training loop do
+not change.
+
+    class MyTask:  # the FinetuneTask protocol
+        name = "mytask"; metrics = ("accuracy",); predictions_file = "dev_predictions.tsv"
+        ...
+    register_task(MyTask())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from bertology.errors import ConfigError
+from bertology.model.config import EncoderConfig
+from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.objectives.base import Objective
+from bertology.tokenization import Tokenizer
+from bertology.training.trainer import BatchSource
+
+
+class FinetuneTask(Protocol):
+    """A task the fine-tuning recipe can train, select on, predict and score."""
+
+    name: str
+    metrics: tuple[str, ...]  # dev metrics by name (x100, as the task's papers report them); the first selects
+    predictions_file: str  # the file name of the dev predictions in the run directory
+
+    def path(self, data: str, split: str) -> Path:
+        """The file of ``split`` ("train", "dev") under the task's data folder ``data``."""
+        ...
+
+    def read(self, path: Path, limit: int | None = None) -> Sequence[Any]:
+        """The examples of a file (the first ``limit`` only, when given)."""
+        ...
+
+    def label_names(self) -> tuple[str, ...] | None:
+        """The task's label names in id order (written to config.json), None when there are none (regression)."""
+        ...
+
+    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+        """The heads the task puts on an encoder of this config (the first is the primary one)."""
+        ...
+
+    def objectives(self, heads: Sequence[HeadSpec]) -> list[Objective]:
+        """The training objectives on those heads."""
+        ...
+
+    def encode(self, tokenizer: Tokenizer, examples: Sequence[Any], max_length: int, *, train: bool,
+               seed: int = 0) -> BatchSource:
+        """Batches of the examples: shuffled, resumable and labelled for training (``train``), in an order cheap to
+        run otherwise (labels kept when the examples have them, for the held-out loss)."""
+        ...
+
+    def predict(self, model: EncoderModel, encoded: BatchSource, examples: Sequence[Any],
+                batch_size: int) -> list[Any]:
+        """One prediction per example, in the examples' order."""
+        ...
+
+    def scores(self, predictions: Sequence[Any], examples: Sequence[Any]) -> dict[str, float]:
+        """The task's metrics (x100) of predictions against the examples' gold labels."""
+        ...
+
+    def write(self, path: Path, predictions: Sequence[Any], examples: Sequence[Any]) -> None:
+        """The predictions in the task's own file format (what ``bertology evaluate`` reads), written atomically."""
+        ...
+
+    def evaluate(self, predictions_path: Path, gold_path: Path) -> dict[str, Any]:
+        """The official scoring of a written predictions file against the gold file (``bertology evaluate``)."""
+        ...
+
+
+TASKS: dict[str, FinetuneTask] = {}
+
+
+def register_task(task: FinetuneTask) -> FinetuneTask:
+    """Make ``task`` available to ``bertology finetune --task NAME`` and ``predict``."""
+    TASKS[task.name] = task
+    return task
+
+
+def get_task(name: str) -> FinetuneTask:
+    """The registered task ``name`` (the built-in ones are registered on first use)."""
+    from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
+
+    key = str(name).lower()
+    if key not in TASKS:
+        raise ConfigError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+    return TASKS[key]

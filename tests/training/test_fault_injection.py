@@ -200,6 +200,12 @@ def test_killed_at_a_random_moment_during_training(reference, tmp_path):
     assert_outcome(kill_at_random(reference, tmp_path / "run", seed=1), killed=False)
 
 
+def test_killed_between_steps(reference, tmp_path):
+    # Step 3 updated the weights; its metrics row, and the next checkpoint (step 4), are not written yet.
+    assert "step:3" in reference.points and "step-done:8" in reference.points
+    assert_outcome(kill_at_point(reference, tmp_path / "run", "step:3"))
+
+
 def test_killed_inside_a_checkpoint_write(reference, tmp_path):
     # The checkpoint of step 4 is complete and synced in its temporary directory, not yet renamed into place.
     last = [p for p in reference.points if p.startswith("dir-synced:step-0000004/")][-1]

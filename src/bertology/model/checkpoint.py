@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from bertology.errors import BertologyError, CheckpointError
-from bertology.io import atomic_directory
+from bertology.io import atomic_directory, recover
 from bertology.model.config import FAMILIES, EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
 
@@ -426,6 +426,7 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     architecture names, or bertology's native format (bertology.json), with its heads and extensions. `heads`
     overrides which heads are built (a subset of the saved ones, for the native format)."""
     directory = Path(directory)
+    recover(directory)  # a writer killed while replacing it left the previous directory aside
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such model directory")
     if (directory / NATIVE_FILE).is_file():

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from bertology import faults
 from bertology.errors import CheckpointError, ConfigError, TrainingError
 from bertology.io import atomic_write
 from bertology.model.encoder import EncoderModel
@@ -283,6 +284,7 @@ class Trainer:
                 self.state.epoch, self.state.batch = epoch, index + 1
                 self.state.tokens += tokens * self.env.world_size  # ranks see batches of similar size
                 progress.update(1)
+                faults.point("step", str(self.state.step))  # updated, nothing logged or saved yet
                 ids = [getattr(b, "instance_ids", None) for _, _, b in micro]
                 report = StepReport(self.state.step, self.state.epoch, self.state.batch,
                                     [i for i in ids if i is not None])
@@ -304,6 +306,7 @@ class Trainer:
                     window_start = time.perf_counter()  # evaluation and checkpoints are not training throughput
                 for hook in self.hooks:
                     hook(self, report)
+                faults.point("step-done", str(self.state.step))
                 if self._stop_reason is not None:
                     self._log("stop", {"reason": self._stop_reason})  # type: ignore[dict-item]
                     break

@@ -86,7 +86,6 @@ def register_task(task: FinetuneTask) -> FinetuneTask:
 def get_task(name: str) -> FinetuneTask:
     """The registered task ``name`` (the built-in ones are registered on first use)."""
     from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
-    from bertology.tasks import qa  # noqa: F401  (registers squad)
     from bertology.tasks import tagging  # noqa: F401  (registers conll2003)
 
     key = str(name).lower()

@@ -87,6 +87,7 @@ def get_task(name: str) -> FinetuneTask:
     """The registered task ``name`` (the built-in ones are registered on first use)."""
     from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
     from bertology.tasks import tagging  # noqa: F401  (registers conll2003)
+    from bertology.tasks import spans  # noqa: F401  (registers conll2003-spans)
 
     key = str(name).lower()
     if key not in TASKS:

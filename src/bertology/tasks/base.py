@@ -86,6 +86,7 @@ def register_task(task: FinetuneTask) -> FinetuneTask:
 def get_task(name: str) -> FinetuneTask:
     """The registered task ``name`` (the built-in ones are registered on first use)."""
     from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
+    from bertology.tasks import qa  # noqa: F401  (registers squad)
     from bertology.tasks import tagging  # noqa: F401  (registers conll2003)
     from bertology.tasks import spans  # noqa: F401  (registers conll2003-spans)
 

@@ -88,20 +88,6 @@ def test_the_classifier_is_saved_and_rebuilt_with_the_model(model_dir, tmp_path)
         task.predict(EncoderModel(config), None, [], 8)
 
 
-def _extending_build_model(monkeypatch):
-    """What the recipe's build_model must do for a task with ``extend_model``: call it on the model it built."""
-    original = finetune_recipe.build_model
-
-    def build_model(pretrained, task, seed):
-        model, fresh_pooler = original(pretrained, task, seed)
-        extend = getattr(task, "extend_model", None)
-        if extend is not None and span_classifier(model) is None:
-            extend(model)
-        return model, fresh_pooler
-
-    monkeypatch.setattr(finetune_recipe, "build_model", build_model)
-
-
 def _config(conll, model_dir, out, epochs=3):  # noqa: F811
     return FinetuneConfig.from_dict({
         "model": str(model_dir), "task": {"name": "conll2003-spans", "data": str(conll), "epochs": epochs},
@@ -110,8 +96,7 @@ def _config(conll, model_dir, out, epochs=3):  # noqa: F811
         "speed": {"threads": 1, "prefetch": 0}})
 
 
-def test_span_typing_end_to_end(conll, model_dir, tmp_path, monkeypatch):  # noqa: F811
-    _extending_build_model(monkeypatch)
+def test_span_typing_end_to_end(conll, model_dir, tmp_path):  # noqa: F811
     out = tmp_path / "run"
     result = finetune(_config(conll, model_dir, out))
     assert result.best["value"] > 90 and result.dev_metrics["accuracy"] == pytest.approx(result.best["value"])
@@ -123,9 +108,7 @@ def test_span_typing_end_to_end(conll, model_dir, tmp_path, monkeypatch):  # noq
     assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
 
 
-@pytest.mark.xfail(strict=True, raises=ConfigError,
-                   reason="the recipe does not call FinetuneTask.extend_model yet (see _extending_build_model)")
-def test_span_typing_through_the_unchanged_recipe(conll, model_dir, tmp_path):  # noqa: F811
+def test_span_typing_through_the_recipe(conll, model_dir, tmp_path):  # noqa: F811
     result = finetune(_config(conll, model_dir, tmp_path / "run", epochs=1))
     assert span_classifier(load(tmp_path / "run" / "model").model) is not None and result.steps
 

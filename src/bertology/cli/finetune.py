@@ -1,4 +1,4 @@
-"""`bertology finetune`: fine-tune a model on a GLUE task with the shared training loop."""
+"""`bertology finetune`: fine-tune a model on a registered task with the shared training loop."""
 
 from __future__ import annotations
 
@@ -10,16 +10,18 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "finetune",
-        help="fine-tune a model on a sentence or sentence-pair task (sst2, cola, mrpc, rte, stsb)",
-        description="Fine-tune a model directory on a GLUE task: the family's classifier head, the dev metric at "
-        "every evaluation, the best model kept (in the transformers layout, with its label names) in OUT/model, "
+        help="fine-tune a model on a task (GLUE, CoNLL-2003 NER and span typing, SQuAD)",
+        description="Fine-tune a model directory on a task: the task's head, its dev metrics at every "
+        "evaluation, the best model kept (in the transformers layout, with its label names) in OUT/model, "
         "dev predictions and their official metrics in OUT. Settings: --config FILE (YAML or JSON: model, task, "
         "select, optim, run, speed sections) and --set key=value.",
     )
-    parser.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
+    parser.add_argument("--task", required=True,
+                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad")
     parser.add_argument("--model", required=True, metavar="DIR", help="the model directory to fine-tune")
     parser.add_argument("--out", required=True, metavar="DIR", help="the run's output directory")
-    parser.add_argument("--data", metavar="DIR", help="the GLUE folder (holding SST-2/, CoLA/, ...)")
+    parser.add_argument("--data", metavar="DIR", help="the task's data: the GLUE folder (holding SST-2/, CoLA/, ...), "
+                        "the CoNLL-2003 folder (eng.train, eng.testa) or the SQuAD folder")
     parser.add_argument("--config", metavar="FILE", help="run config (.yaml, .yml or .json)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config value, e.g. --set optim.lr=3e-5 (repeatable; values are YAML)")

@@ -9,13 +9,15 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "predict",
-        help="predictions of a fine-tuned model for a task file (sst2, cola, mrpc, rte, stsb)",
-        description="Predict every row of a GLUE-layout tsv (the task's train/dev columns) with a model fine-tuned "
-        "by `bertology finetune`, writing `index<TAB>prediction` rows (what `bertology evaluate` reads).",
+        help="predictions of a fine-tuned model for a task file (GLUE, CoNLL-2003 NER and span typing, SQuAD)",
+        description="Predict every example of a task file (in the layout the task reads: a GLUE tsv, a CoNLL file, "
+        "a SQuAD JSON) with a model fine-tuned by `bertology finetune`, writing the task's own predictions format "
+        "(what `bertology evaluate` reads).",
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="the fine-tuned model directory")
-    parser.add_argument("--task", required=True, help="sst2, cola, mrpc, rte or stsb")
-    parser.add_argument("--input", required=True, metavar="FILE", help="a tsv in the task's GLUE layout")
+    parser.add_argument("--task", required=True,
+                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad")
+    parser.add_argument("--input", required=True, metavar="FILE", help="a file in the layout the task reads")
     parser.add_argument("--output", required=True, metavar="FILE", help="where the predictions go (tsv)")
     parser.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example (default 128)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples per batch (default 64)")

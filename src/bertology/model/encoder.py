@@ -442,6 +442,7 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "lora": "bertology.peft.lora",
     "bottleneck_adapter": "bertology.peft.adapters",
     "prefix": "bertology.peft.prefix",
+    "span_classifier": "bertology.tasks.spans",
 }
 
 

@@ -203,6 +203,9 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int) -> tuple[
     if fresh_pooler:
         config.pooler = True
     model = EncoderModel(config, heads)
+    extend = getattr(task, "extend_model", None)  # a task whose classifier is a model extension (span typing)
+    if extend is not None:
+        extend(model)
     model.init_weights(torch.Generator().manual_seed(seed))
     missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
     if unexpected or any(not name.startswith("pooler.") for name in missing):

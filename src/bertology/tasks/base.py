@@ -73,6 +73,9 @@ class FinetuneTask(Protocol):
         """The official scoring of a written predictions file against the gold file (``bertology evaluate``)."""
         ...
 
+    # Optional: ``extend_model(model)`` adds modules a task's predictions need beyond heads (through
+    # ``EncoderModel.add_extension``, so the native format saves and rebuilds them), before the weights are set.
+
 
 TASKS: dict[str, FinetuneTask] = {}
 

@@ -19,7 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad")
     parser.add_argument("--input", required=True, metavar="FILE", help="a file in the layout the task reads")
     parser.add_argument("--output", required=True, metavar="FILE", help="where the predictions go (tsv)")
-    parser.add_argument("--max-length", type=int, default=128, metavar="N", help="tokens per example (default 128)")
+    parser.add_argument("--max-length", type=int, metavar="N",
+                        help="tokens per example; use the run's task.max_length (default: the task's, 128 or 384)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples per batch (default 64)")
     parser.set_defaults(func=run)
 

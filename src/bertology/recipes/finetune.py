@@ -44,6 +44,7 @@ BEST_DIR = "best"
 BEST_FILE = "best.json"
 DEV_METRICS = "dev_metrics.json"
 PEFT_ADAPTER_DIR = "peft_adapter"
+DEFAULT_MAX_LENGTH = 128  # for tasks that name no length of their own (`max_length` attribute: SQuAD's 384)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class TaskConfig:
 
     name: str = "sst2"
     data: str | None = None
-    max_length: int = 128
+    max_length: int | None = None  # tokens per example, specials included; None: the task's default
     epochs: float = 3.0
     max_steps: int | None = None
     limit_train: int | None = None
@@ -63,7 +64,7 @@ class TaskConfig:
     def __post_init__(self) -> None:
         validate(self, "task")
         get_task(self.name)  # a known task, or a ConfigError naming the known ones
-        if self.max_length < 4:
+        if self.max_length is not None and self.max_length < 4:
             raise ConfigError(f"task.max_length: must be >= 4, got {self.max_length}")
         if not self.epochs > 0:
             raise ConfigError(f"task.epochs: must be > 0, got {self.epochs}")
@@ -263,7 +264,7 @@ class DevSelection:
 
 
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
-                 max_length: int = 128, batch_size: int = 64) -> int:
+                 max_length: int | None = None, batch_size: int = 64) -> int:
     """Predict every example of a task file (in the layout the task reads) with a fine-tuned model; writes the
     predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number."""
     task = get_task(task_name)
@@ -280,7 +281,8 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
             raise ConfigError(f"{model_dir}: its {spec.name} has {have[spec.name].num_labels} outputs; "
                               f"{task.name} needs {spec.num_labels}")
     examples = task.read(Path(input_path))
-    encoded = task.encode(pretrained.tokenizer, examples, min(max_length, pretrained.model.config.max_length),
+    length = max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
+    encoded = task.encode(pretrained.tokenizer, examples, min(length, pretrained.model.config.max_length),
                           train=False)
     task.write(Path(output_path), task.predict(pretrained.model, encoded, examples, batch_size), examples)
     return len(examples)
@@ -309,7 +311,8 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         if pretrained.tokenizer is None:
             raise ConfigError(f"model: {config.model} has no tokenizer files")
         tokenizer = pretrained.tokenizer
-        max_length = min(config.task.max_length, pretrained.model.config.max_length)
+        wanted = config.task.max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
+        max_length = min(wanted, pretrained.model.config.max_length)
         train = task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed)
         dev = task.encode(tokenizer, dev_examples, max_length, train=False)
         per_epoch = train.num_batches(0, config.optim.batch_size, env.rank, env.world_size)

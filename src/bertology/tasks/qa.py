@@ -408,6 +408,7 @@ class SquadTask:
 
     metrics = ("f1", "exact_match")
     predictions_file = "dev_predictions.json"
+    max_length = 384  # question + context windows, as BERT's run_squad.py (the recipe's default for this task)
 
     def __init__(self, name: str = "squad", *, max_query_length: int = 64, doc_stride: int = 128,
                  max_answer_length: int = 30, n_best: int = 20, dev_fraction: float = DEV_FRACTION,

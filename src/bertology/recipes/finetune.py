@@ -211,6 +211,9 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int) -> tuple[
     missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
     if unexpected or any(not name.startswith("pooler.") for name in missing):
         raise ConfigError(f"model: the encoder's weights do not fit: missing {missing}, unexpected {unexpected}")
+    for spec in heads:  # a head the checkpoint has just as the task wants it (a cloze task's masked-LM head) is kept
+        if spec in pretrained.model.head_specs:
+            model.heads[spec.name].load_state_dict(pretrained.model.heads[spec.name].state_dict())
     names = task.label_names()
     if names is not None:
         model.config.extra["id2label"] = {str(i): name for i, name in enumerate(names)}

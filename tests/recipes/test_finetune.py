@@ -115,7 +115,7 @@ def test_the_cli_runs_and_bad_settings_are_named(glue, model_dir, tmp_path, caps
     assert main(["finetune", "--task", "sst2", "--model", str(model_dir), "--out", str(out), "--data",
                  str(glue)]) == 2
     assert "already holds a run" in capsys.readouterr().err
-    with pytest.raises(ConfigError, match="task.name: unknown task 'sst3'; known: cola, conll2003, .*, sst2, stsb"):
+    with pytest.raises(ConfigError, match="task.name: unknown task 'sst3'; known: cola, conll2003, .*, sst2, .*stsb"):
         _config(glue, model_dir, out, task="sst3")
     with pytest.raises(ConfigError, match="select.metric: sst2 reports accuracy"):
         _config(glue, model_dir, out, select={"metric": "f1"})

@@ -35,6 +35,7 @@ from bertology.model.encoder import EncoderModel
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.base import FinetuneTask, get_task
+from bertology.tasks.user import is_task_file
 from bertology.tokenization import Tokenizer
 from bertology.training import distributed as D
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
@@ -49,8 +50,10 @@ DEFAULT_MAX_LENGTH = 128  # for tasks that name no length of their own (`max_len
 
 @dataclass
 class TaskConfig:
-    """The task (a registered name: sst2, cola, mrpc, rte, stsb) and ``data``, the folder of its files (for GLUE the
-    GLUE folder holding ``SST-2/``, ``CoLA/`` ..., whose ``train.tsv`` and ``dev.tsv`` are read). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
+    """The task (a registered name: sst2, cola, mrpc, rte, stsb, ..., or the path of a task file, .yaml/.yml/.json,
+    describing a user's own files: ``bertology.tasks.user``) and ``data``, the folder of its files (for GLUE the
+    GLUE folder holding ``SST-2/``, ``CoLA/`` ..., whose ``train.tsv`` and ``dev.tsv`` are read; not used by a task
+    file, which names its own train and dev files). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
     ``limit_dev`` take only the first examples (quick runs)."""
 
     name: str = "sst2"
@@ -63,7 +66,7 @@ class TaskConfig:
 
     def __post_init__(self) -> None:
         validate(self, "task")
-        get_task(self.name)  # a known task, or a ConfigError naming the known ones
+        get_task(self.name)  # a known task or a valid task file, else a ConfigError naming the known ones / the file
         if self.max_length is not None and self.max_length < 4:
             raise ConfigError(f"task.max_length: must be >= 4, got {self.max_length}")
         if not self.epochs > 0:
@@ -191,6 +194,8 @@ class FinetuneResult:
 
 def _data(config: FinetuneConfig) -> str:
     if config.task.data is None:
+        if is_task_file(config.task.name):
+            return ""  # a task file names its own train and dev files
         raise ConfigError(f"task.data: the folder with {config.task.name}'s files is required")
     return config.task.data
 

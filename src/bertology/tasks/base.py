@@ -87,7 +87,12 @@ def register_task(task: FinetuneTask) -> FinetuneTask:
 
 
 def get_task(name: str) -> FinetuneTask:
-    """The registered task ``name`` (the built-in ones are registered on first use)."""
+    """The registered task ``name`` (the built-in ones are registered on first use), or, for a name ending in
+    .yaml, .yml or .json, the user's task that file describes (``bertology.tasks.user``)."""
+    from bertology.tasks.user import is_task_file, load_task_file
+
+    if is_task_file(name):
+        return load_task_file(name)  # a ConfigError naming the file when it is missing or invalid
     from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
     from bertology.tasks import qa  # noqa: F401  (registers squad)
     from bertology.tasks import tagging  # noqa: F401  (registers conll2003)
@@ -96,5 +101,6 @@ def get_task(name: str) -> FinetuneTask:
 
     key = str(name).lower()
     if key not in TASKS:
-        raise ConfigError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}")
+        raise ConfigError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}; or the path of a "
+                          f"task file (.yaml, .yml, .json)")
     return TASKS[key]

@@ -170,3 +170,10 @@ def test_a_lora_run_resumes_from_its_native_checkpoint(glue, model_dir, tmp_path
     assert again.steps == first.steps == 24 and again.best == first.best
     restored = load(out / "model").model.state_dict()
     assert all(torch.equal(restored[k], reference[k]) for k in reference)
+
+
+def test_fine_tuning_defaults_hold_when_a_section_is_partly_given(model_dir):
+    config = FinetuneConfig.from_dict({"model": str(model_dir), "task": {"name": "sst2"},
+                                       "optim": {"batch_size": 8}, "run": {"seed": 1}})
+    assert (config.optim.lr, config.optim.warmup_ratio, config.optim.batch_size) == (5e-5, 0.1, 8)
+    assert (config.run.output_dir, config.run.log_every, config.run.seed) == ("runs/finetune", 20, 1)

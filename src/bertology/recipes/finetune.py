@@ -139,12 +139,20 @@ def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: 
     return trainable_parameters(model)
 
 
-def _finetune_optim() -> OptimConfig:
-    return OptimConfig(batch_size=32, lr=5e-5, warmup_ratio=0.1, weight_decay=0.01)
+@dataclass
+class FinetuneOptimConfig(OptimConfig):
+    """The optimizer section with fine-tuning's usual defaults (BERT's recipe: a small learning rate, 10 % warm-up)."""
+
+    lr: float = 5e-5
+    warmup_ratio: float = 0.1
 
 
-def _finetune_run() -> RunConfig:
-    return RunConfig(output_dir="runs/finetune", log_every=20)
+@dataclass
+class FinetuneRunConfig(RunConfig):
+    """The run section with fine-tuning's defaults."""
+
+    output_dir: str = "runs/finetune"
+    log_every: int = 20
 
 
 @dataclass
@@ -157,8 +165,8 @@ class FinetuneConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     select: SelectConfig = field(default_factory=SelectConfig)
-    optim: OptimConfig = field(default_factory=_finetune_optim)
-    run: RunConfig = field(default_factory=_finetune_run)
+    optim: FinetuneOptimConfig = field(default_factory=FinetuneOptimConfig)
+    run: FinetuneRunConfig = field(default_factory=FinetuneRunConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:

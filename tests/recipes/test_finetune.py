@@ -11,11 +11,11 @@ import torch
 
 from bertology.cli.main import main
 from bertology.errors import ConfigError
-from bertology.model import EncoderModel, Pretrained, load, preset
+from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.metrics import evaluate_files
-from bertology.tokenization import train_tokenizer
 from bertology.training import read_metrics
+from finetune_helpers import save_tiny_model
 
 GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
 
@@ -48,14 +48,7 @@ def glue(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("base")
-    tokenizer = train_tokenizer(iter(GOOD + BAD + FILL), "wordpiece", 40, show_progress=False, min_frequency=1)
-    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
-                    intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    Pretrained(model, tokenizer).save(root / "model")
-    return root / "model"
+    return save_tiny_model(tmp_path_factory.mktemp("base") / "model", GOOD + BAD + FILL, vocab_size=40)
 
 
 def _config(glue, model_dir, out, task="sst2", epochs=4, **sections):

@@ -12,12 +12,13 @@ import torch
 
 from bertology.cli.main import main
 from bertology.errors import DataError
-from bertology.model import EncoderModel, Pretrained, load, preset
+from bertology.model import EncoderModel, load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.tagging import IGNORE, TaggingTask, chunk_words, encode_chunks, encode_tagged
-from bertology.tokenization import load_tokenizer, train_tokenizer
+from bertology.tokenization import load_tokenizer
+from finetune_helpers import save_tiny_model
 
 # Entity words decide their type and their place: a head word starts an entity (B-), a tail word continues it (I-).
 HEAD_WORDS = {"LOC": ["paris", "berlin"], "PER": ["maria", "peter"], "ORG": ["acme", "ibm"],
@@ -59,14 +60,7 @@ def conll(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("base")
-    tokenizer = train_tokenizer(iter(WORDS), "wordpiece", 300, show_progress=False, min_frequency=1)
-    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
-                    intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    Pretrained(model, tokenizer).save(root / "model")
-    return root / "model"
+    return save_tiny_model(tmp_path_factory.mktemp("base") / "model", WORDS, vocab_size=300)
 
 
 @pytest.fixture

@@ -9,15 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
-from bertology.model import EncoderModel, Pretrained, preset
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
 from bertology.tasks.user import UserTask
-from bertology.tokenization import train_tokenizer
+from finetune_helpers import save_tiny_model
 
 GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "task-example.yaml"
@@ -31,14 +29,7 @@ def _sentence(rng, positive):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("base")
-    tokenizer = train_tokenizer(iter(GOOD + BAD + FILL), "wordpiece", 40, show_progress=False, min_frequency=1)
-    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
-                    intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    Pretrained(model, tokenizer).save(root / "model")
-    return root / "model"
+    return save_tiny_model(tmp_path_factory.mktemp("base") / "model", GOOD + BAD + FILL, vocab_size=40)
 
 
 @pytest.fixture(scope="module")

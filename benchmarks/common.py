@@ -168,3 +168,22 @@ def model_flops(config: EncoderConfig, lengths: list[int]) -> float:
     attention = config.num_layers * sum(4 * n * n * h for n in lengths)
     pooler = 2 * h * h * len(lengths) if config.pooler else 0
     return 2 * per_token * tokens + attention + pooler
+
+
+def interleaved(sides: dict[str, Callable[[], object]], warmup: int, repeats: int,
+                warmups: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
+    """Median seconds of each side's pass. Passes take turns between sides, the order rotating every pass (with two
+    sides: a-b, b-a, ...), so that a busy neighbour on a shared machine slows every side alike. ``warmups``: what
+    to run untimed first instead of ``warmup`` whole passes."""
+    for name, fn in sides.items():
+        for _ in range(warmup):
+            (warmups or sides)[name]()
+    times: dict[str, list[float]] = {name: [] for name in sides}
+    names = list(sides)
+    for r in range(repeats):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            start = time.perf_counter()
+            sides[name]()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}

@@ -41,7 +41,6 @@ import argparse
 import itertools
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -286,25 +285,6 @@ def hf_predict(model, batches: list[dict[str, torch.Tensor]], rows: list[list[in
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
-def interleaved(sides: dict[str, Callable[[], object]], warmup: int, repeats: int,
-                warmups: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
-    """Median seconds of each side's pass; passes alternate between sides, the order rotating every pass.
-    ``warmups``: what to run untimed first instead of ``warmup`` whole passes."""
-    for name, fn in sides.items():
-        for _ in range(warmup):
-            (warmups or sides)[name]()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
-    for r in range(repeats):
-        shift = r % len(names)
-        order = names[shift:] + names[:shift]
-        for name in (order if r % 2 == 0 else order[::-1]):
-            start = time.perf_counter()
-            sides[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 @dataclass
 class Row:
     kind: str  # "train" or "predict"
@@ -536,7 +516,7 @@ def main() -> int:
                 in_order.name: lambda: hf_predict(hf_model, in_order.batches, in_order.rows,  # type: ignore
                                                   len(encoded)),
             }
-            seconds = interleaved(sides, args.warmup, args.repeats)
+            seconds = common.interleaved(sides, args.warmup, args.repeats)
             for w in (dev, same, in_order):
                 rows.append(Row("predict", w.name, w.examples, w.padding_share, seconds[w.name]))
                 print(f"  predict  {w.name:42s} {w.examples / seconds[w.name]:8.1f} examples/s", file=sys.stderr)
@@ -555,7 +535,7 @@ def main() -> int:
         warmups = {ours.name: run(lambda b: trainer._step([b]), ours.batches[:WARMUP_BATCHES]),
                    random.name: run(hf_step, random.batches[:WARMUP_BATCHES]),
                    grouped.name: run(hf_step, grouped.batches[:WARMUP_BATCHES])}
-        seconds = interleaved(sides, args.warmup, args.repeats, warmups)
+        seconds = common.interleaved(sides, args.warmup, args.repeats, warmups)
         train_rows = [Row("train", w.name, w.examples, w.padding_share, seconds[w.name])
                       for w in (ours, random, grouped)]
         for r in train_rows:

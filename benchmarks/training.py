@@ -29,11 +29,9 @@ import argparse
 import functools
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,7 +51,7 @@ import common  # noqa: E402
 from bertology.data.dataset import PretrainingBatch  # noqa: E402
 from bertology.io import atomic_write  # noqa: E402
 from bertology.model import EncoderConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
-from bertology.objectives import MaskedLM  # noqa: E402
+from bertology.objectives import MaskedLM, Passes  # noqa: E402
 from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
@@ -174,9 +172,7 @@ def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> f
     worst = 0.0
     with torch.no_grad():
         for hf, ours in zip(batches.hf, batches.ours, strict=True):
-            out = model(ours.input_ids, ours.attention_mask, ours.token_type_ids,
-                        masked_positions=ours.masked_positions)
-            mine = float(loss(out, ours).loss_sum) / len(ours.mlm_labels)
+            mine = float(loss(Passes(model, ours, None), ours).loss_sum) / len(ours.mlm_labels)
             worst = max(worst, abs(mine - float(theirs(**hf).loss)))
     model.train()
     return worst
@@ -209,21 +205,6 @@ def run_pass(step: Callable[[Any], object], batches: list[Any]) -> None:
         step(batch)
 
 
-def interleaved(sides: dict[str, Callable[[], None]], warmup: int, repeats: int) -> dict[str, float]:
-    """Median seconds of each side's pass, passes alternating between sides (and in alternating order)."""
-    for fn in sides.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in sides}
-    names = list(sides)
-    for r in range(repeats):
-        for name in (names if r % 2 == 0 else names[::-1]):
-            start = time.perf_counter()
-            sides[name]()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 @dataclass
 class Row:
     model: str
@@ -248,7 +229,7 @@ def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats:
         gap = check_same_loss(model, directory, batches)
         sides = {"bertology": functools.partial(run_pass, bertology_step(model, workdir), batches.ours),
                  "transformers": functools.partial(run_pass, transformers_step(directory), batches.hf)}
-        seconds = interleaved(sides, warmup, repeats)
+        seconds = common.interleaved(sides, warmup, repeats)
         flops = train_flops(config, batches)
         tokens = batches.real_tokens
         ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]

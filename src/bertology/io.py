@@ -300,3 +300,12 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     if replaced:
         _remove(old)
     faults.point("dir-done", name)
+
+
+def file_in_the_way(path: str | os.PathLike) -> Path | None:
+    """The existing file that stops ``path``'s missing parent directories from being created (the nearest existing
+    ancestor, when it is not a directory), else None. Checked before work whose output goes to ``path``."""
+    parent = Path(path).parent
+    while not parent.exists():
+        parent = parent.parent
+    return None if parent.is_dir() else parent

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
 from bertology.errors import ConfigError
+from bertology.io import file_in_the_way
 from bertology.tokenization import train_tokenizer
 
 # Files that make a directory a model directory: its weights were trained with the tokenizer stored beside them.
@@ -46,11 +47,9 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out}: is a file, not a directory")
-    parent = out.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"--out {out}: {parent} is a file, not a directory")
+    blocker = file_in_the_way(out)
+    if blocker is not None:
+        raise ConfigError(f"--out {out}: {blocker} is a file, not a directory")
     if out.is_dir() and not overwrite:
         present = [name for name in MODEL_FILES if (out / name).exists()]
         if present:

@@ -12,7 +12,7 @@ import numpy as np
 from bertology.data.corpus import jsonl_text, read_lines
 from bertology.embeddings.result import LEVELS, Embeddings, Level
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_write
+from bertology.io import atomic_write, file_in_the_way
 
 InputFormat = Literal["lines", "jsonl"]
 INPUT_FORMATS: tuple[str, ...] = ("lines", "jsonl")
@@ -57,11 +57,9 @@ def check_output(path: str | os.PathLike, level: Level) -> str:
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"{path}: is a directory; the output is a file (OUT.npy or OUT.npz)")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ConfigError(f"{path}: cannot create it, {parent} is a file, not a directory")
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise ConfigError(f"{path}: cannot create it, {blocker} is a file, not a directory")
     suffix = path.suffix.lower()
     if suffix == ".npy":
         if level != "sentence":

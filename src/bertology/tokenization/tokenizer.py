@@ -15,7 +15,7 @@ import tokenizers
 import torch
 
 from bertology.errors import TokenizerError
-from bertology.io import atomic_directory, atomic_write
+from bertology.io import atomic_directory, atomic_write, file_in_the_way
 from bertology.tokenization._pipeline import (
     MODEL_TYPE_TO_KIND,
     STYLES,
@@ -320,11 +320,9 @@ class Tokenizer:
         directory = Path(directory)
         if directory.exists() and not directory.is_dir():
             raise TokenizerError(f"cannot save the tokenizer to {directory}: it is a file, not a directory")
-        parent = directory.parent
-        while not parent.exists():
-            parent = parent.parent
-        if not parent.is_dir():
-            raise TokenizerError(f"cannot save the tokenizer to {directory}: {parent} is a file, not a directory")
+        blocker = file_in_the_way(directory)
+        if blocker is not None:
+            raise TokenizerError(f"cannot save the tokenizer to {directory}: {blocker} is a file, not a directory")
         if directory.is_dir():
             self._write_files(directory)
         else:

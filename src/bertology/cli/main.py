@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import pkgutil
 import sys
 
 # Passive OpenMP waiting, set before torch loads: with spinning workers every parallel region waits for a
@@ -15,11 +16,20 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from bertology import __version__  # noqa: E402  (after the environment is set)
 from bertology.errors import BertologyError  # noqa: E402
 
-# Modules under bertology.cli that each define `register(subparsers) -> None`.
-COMMAND_MODULES: tuple[str, ...] = (
-    "tokenizer", "data", "pretrain", "finetune", "predict", "evaluate", "fill_mask", "embed", "info", "demo",
-    "quickstart",
+# The commands in the order `--help` lists them; any other module under bertology.cli that defines
+# `register(subparsers) -> None` follows in alphabetical order, so a new command is one new file.
+FIRST_COMMANDS: tuple[str, ...] = (
+    "quickstart", "tokenizer", "data", "pretrain", "finetune", "predict", "evaluate", "fill_mask", "embed", "info",
+    "demo",
 )
+
+
+def command_modules() -> list[str]:
+    import bertology.cli as package
+
+    found = sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_")
+                   and m.name != "main")
+    return [name for name in FIRST_COMMANDS if name in found] + [n for n in found if n not in FIRST_COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,8 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"bertology {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(f"bertology.cli.{name}").register(subparsers)
+    for name in command_modules():
+        module = importlib.import_module(f"bertology.cli.{name}")
+        if hasattr(module, "register"):
+            module.register(subparsers)
     return parser
 
 

@@ -350,8 +350,8 @@ class Encoder(nn.Module):
 # ---------------------------------------------------------------------------------------------------------------
 # Heads. Which kind each family uses for each task, and the weight names, are data in bertology.model.checkpoint.
 
-HeadKind = Literal["masked_lm", "pooled", "first_token", "token", "token_mlp"]
-HEAD_KINDS: tuple[str, ...] = ("masked_lm", "pooled", "first_token", "token", "token_mlp")
+HeadKind = Literal["masked_lm", "pooled", "first_token", "mean_pooled", "token", "token_mlp"]
+HEAD_KINDS: tuple[str, ...] = ("masked_lm", "pooled", "first_token", "mean_pooled", "token", "token_mlp")
 
 
 @dataclass(frozen=True)
@@ -411,6 +411,21 @@ class FirstTokenHead(nn.Module):
         return self.out(F.dropout(x, self.dropout, self.training))
 
 
+class MeanPooledHead(nn.Module):
+    """Dropout then a linear layer on the mean of the real tokens' vectors (sentence-transformers' pooling):
+    sequence classification that reads every token instead of [CLS]."""
+
+    def __init__(self, config: EncoderConfig, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def forward(self, h: Tensor, attention_mask: Tensor) -> Tensor:
+        real = attention_mask.to(h.dtype).unsqueeze(-1)
+        mean = (h * real).sum(1) / real.sum(1).clamp(min=1)
+        return self.out(F.dropout(mean, self.dropout, self.training))
+
+
 class TokenMLPHead(nn.Module):
     """dense -> act -> one logit per token: ELECTRA's replaced-token discriminator."""
 
@@ -428,6 +443,7 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
     "masked_lm": MaskedLMHead,
     "pooled": LinearHead,
     "first_token": FirstTokenHead,
+    "mean_pooled": MeanPooledHead,
     "token": LinearHead,
     "token_mlp": TokenMLPHead,
 }
@@ -443,6 +459,7 @@ BUILTIN_EXTENSIONS: dict[str, str] = {
     "bottleneck_adapter": "bertology.peft.adapters",
     "prefix": "bertology.peft.prefix",
     "span_classifier": "bertology.tasks.spans",
+    "scalar_mix": "bertology.peft.scalar_mix",
 }
 
 
@@ -453,7 +470,7 @@ def register_extension(name: str, factory: Callable[..., nn.Module]) -> None:
 
 
 # Heads that read every token of the last layer: with one of them the last layer is never pruned.
-DENSE_HEAD_KINDS = frozenset({"token", "token_mlp"})
+DENSE_HEAD_KINDS = frozenset({"token", "token_mlp", "mean_pooled"})
 
 
 class EncoderModel(nn.Module):
@@ -467,6 +484,9 @@ class EncoderModel(nn.Module):
         self.heads = nn.ModuleDict({spec.name: HEAD_CLASSES[spec.kind](config, spec) for spec in heads})
         # Modules plugged in with add_extension: module path -> (factory name, options), to rebuild them on load.
         self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+        # An optional mix of all hidden states (ELMo's scalar mix, the extension "scalar_mix" at "mix"): when set,
+        # the heads read it instead of the last layer; the pooler still reads the last layer's [CLS].
+        self.mix: nn.Module | None = None
 
     def forward(
         self,
@@ -489,23 +509,29 @@ class EncoderModel(nn.Module):
         as pretraining wants; `last_hidden_state` is then zero everywhere else. Nothing is pruned (every position is
         computed) when it is None, when a head reads every token (kinds token, token_mlp), when a masked-LM head has
         no `masked_positions`, when hidden states or attentions are requested, or with `packed=False`."""
-        flat_at = self.last_layer_positions(input_ids, masked_positions, last_layer_at)
+        flat_at = None if self.mix is not None else self.last_layer_positions(input_ids, masked_positions,
+                                                                              last_layer_at)
         out = self.encoder(
             input_ids,
             attention_mask,
             token_type_ids,
             position_ids,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=output_hidden_states or self.mix is not None,
             output_attentions=output_attentions,
             packed=packed,
             last_layer_at=flat_at,
         )
-        h = out.last_hidden_state
+        h = out.last_hidden_state if self.mix is None else self.mix(out.hidden_states)
+        if self.mix is not None and not output_hidden_states:
+            out.hidden_states = None
         for spec in self.head_specs:
             head = self.heads[spec.name]
             if spec.kind == "masked_lm":
                 at = h[masked_positions[:, 0], masked_positions[:, 1]] if masked_positions is not None else h
                 out.head_logits[spec.name] = head(at, self.encoder.embeddings.word.weight)
+            elif spec.kind == "mean_pooled":
+                mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+                out.head_logits[spec.name] = head(h, mask)
             elif spec.kind == "pooled":
                 if out.pooler_output is None:
                     raise ValueError(f"head {spec.name!r} needs the pooler, which this encoder does not have")

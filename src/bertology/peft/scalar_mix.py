@@ -10,11 +10,13 @@ from a frozen encoder.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
+from bertology.model.encoder import register_extension
 from bertology.peft.common import check_positive_int
 
 
@@ -50,3 +52,14 @@ def scalar_mix_for(model: nn.Module) -> ScalarMix:
     if config is None or not hasattr(config, "num_layers"):
         raise ConfigError(f"scalar mix: {type(model).__name__} has no encoder config")
     return ScalarMix(config.num_layers + 1)
+
+
+def scalar_mix_extension(config: Any, current: nn.Module | None) -> ScalarMix:
+    """The extension factory ``scalar_mix``, plugged in at the model's ``mix``: the heads then read the mix of the
+    embedding output and every layer's output instead of the last layer."""
+    if current is not None:
+        raise ConfigError("extension 'scalar_mix': the model already has a mix")
+    return ScalarMix(config.num_layers + 1)
+
+
+register_extension("scalar_mix", scalar_mix_extension)

@@ -31,7 +31,8 @@ from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write
 from bertology.model.checkpoint import Pretrained, load, write_model_files
-from bertology.model.encoder import EncoderModel
+from bertology.model.config import EncoderConfig
+from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.base import FinetuneTask, get_task
@@ -53,12 +54,16 @@ class TaskConfig:
     """The task (a registered name: sst2, cola, mrpc, rte, stsb, ..., or the path of a task file, .yaml/.yml/.json,
     describing a user's own files: ``bertology.tasks.user``) and ``data``, the folder of its files (for GLUE the
     GLUE folder holding ``SST-2/``, ``CoLA/`` ..., whose ``train.tsv`` and ``dev.tsv`` are read; not used by a task
-    file, which names its own train and dev files). ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
+    file, which names its own train and dev files). ``pooling`` is what a sentence task's classifier reads.
+    ``epochs`` sets the length of the run; ``max_steps`` caps it; ``limit_train`` /
     ``limit_dev`` take only the first examples (quick runs)."""
 
     name: str = "sst2"
     data: str | None = None
     max_length: int | None = None  # tokens per example, specials included; None: the task's default
+    # Sentence tasks: the classifier reads [CLS] through the family's own head ("cls": saved in the transformers
+    # layout) or the mean of the real tokens' vectors ("mean": a linear layer on it, saved in the native format).
+    pooling: Literal["cls", "mean"] = "cls"
     epochs: float = 3.0
     max_steps: int | None = None
     limit_train: int | None = None
@@ -96,10 +101,12 @@ class StrategyConfig:
     """What trains. ``full``: everything; ``frozen``: the head only (the encoder as a fixed feature extractor);
     ``lora``: low-rank updates of the ``targets`` projections (``rank``, ``alpha``, ``dropout``) plus the head;
     ``adapters``: bottleneck adapters after attention and feed-forward (``bottleneck``) plus the head; ``prefix``:
-    ``prefix_length`` learned keys and values per layer plus the head. A pooler that the checkpoint lacked (and
-    the head needs) trains too."""
+    ``prefix_length`` learned keys and values per layer plus the head; ``scalar-mix``: ELMo's recipe, a frozen
+    encoder whose heads read gamma * sum_j softmax(s)_j h_j over the embedding output and every layer (a sentence
+    classifier then reads the mix at [CLS] through dense-tanh-linear, or its mean with ``task.pooling: mean``). A
+    pooler that the checkpoint lacked (and the head needs) trains too."""
 
-    kind: Literal["full", "frozen", "lora", "adapters", "prefix"] = "full"
+    kind: Literal["full", "frozen", "lora", "adapters", "prefix", "scalar-mix"] = "full"
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
@@ -134,7 +141,7 @@ def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: 
         return apply_adapters(model, strategy.bottleneck, also_train=also)
     if strategy.kind == "prefix":
         return apply_prefix(model, strategy.prefix_length, also_train=also)
-    if strategy.kind == "frozen":
+    if strategy.kind in ("frozen", "scalar-mix"):  # the mix is an extension: it trains with the heads
         freeze_base(model, train_heads=True, also_train=also)
     return trainable_parameters(model)
 
@@ -208,11 +215,30 @@ def _data(config: FinetuneConfig) -> str:
     return config.task.data
 
 
-def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int) -> tuple[EncoderModel, bool]:
-    """The pretrained encoder with the task's fresh heads, and whether a pooler was added (freshly initialised: a
-    head of the family needs one and the checkpoint has none)."""
-    config = pretrained.model.config
+SENTENCE_HEAD_KINDS = ("pooled", "first_token")
+
+
+def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False
+               ) -> list[HeadSpec]:
+    """The task's heads, with a sentence classifier reading the mean of the tokens (``pooling="mean"``), or, under a
+    scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix: dense-tanh-linear takes its place)."""
     heads = task.heads(config)
+    if pooling == "mean":
+        if not any(h.kind in SENTENCE_HEAD_KINDS for h in heads):
+            raise ConfigError(f"task.pooling: 'mean' applies to sentence tasks; {task.name} has no sentence "
+                              f"classifier (heads: {', '.join(h.kind for h in heads)})")
+        return [HeadSpec(h.name, "mean_pooled", h.num_labels) if h.kind in SENTENCE_HEAD_KINDS else h for h in heads]
+    if scalar_mix:
+        return [HeadSpec(h.name, "first_token", h.num_labels, "tanh") if h.kind == "pooled" else h for h in heads]
+    return heads
+
+
+def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: str = "cls",
+                scalar_mix: bool = False) -> tuple[EncoderModel, bool]:
+    """The pretrained encoder with the task's fresh heads (and a fresh scalar mix), and whether a pooler was added
+    (freshly initialised: a head of the family needs one and the checkpoint has none)."""
+    config = pretrained.model.config
+    heads = task_heads(task, config, pooling, scalar_mix)
     fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
     if fresh_pooler:
         config.pooler = True
@@ -220,6 +246,8 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int) -> tuple[
     extend = getattr(task, "extend_model", None)  # a task whose classifier is a model extension (span typing)
     if extend is not None:
         extend(model)
+    if scalar_mix:
+        model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
     missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
     if unexpected or any(not name.startswith("pooler.") for name in missing):
@@ -339,7 +367,8 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
-        model, fresh_pooler = build_model(pretrained, task, config.run.seed)
+        model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
+                                          config.strategy.kind == "scalar-mix")
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
         selection = DevSelection(config, task, dev, dev_examples, tokenizer)
         trainer = Trainer(config, model, task.objectives(model.head_specs), train, dev, tokenizer, env,

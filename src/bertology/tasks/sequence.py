@@ -44,6 +44,12 @@ def classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
     return HeadSpec(CLASSIFIER, kind, num_labels=num_labels, activation=act or config.hidden_act)  # type: ignore[arg-type]
 
 
+def sentence_reads(head: HeadSpec, batch: TaskBatch) -> Tensor | None:
+    """Where a sentence classifier reads the last layer: [CLS] (the pooler, a first-token head), or every token
+    (a mean-pooled head)."""
+    return None if head.kind == "mean_pooled" else first_tokens(batch)
+
+
 @dataclass
 class TaskBatch:
     """A right-padded batch of encoded examples; ``labels`` are class ids (long) or scores (float), None when the
@@ -170,8 +176,8 @@ class SequenceClassification:
     def heads(self) -> Sequence[HeadSpec]:
         return (self.head,)
 
-    def reads(self, batch: TaskBatch) -> Tensor:
-        return first_tokens(batch)  # the pooler / first-token head reads [CLS]
+    def reads(self, batch: TaskBatch) -> Tensor | None:
+        return sentence_reads(self.head, batch)
 
     def units(self, batch: TaskBatch) -> Tensor:
         return torch.tensor(len(batch), dtype=torch.int64)
@@ -204,8 +210,8 @@ class SequenceRegression:
     def heads(self) -> Sequence[HeadSpec]:
         return (self.head,)
 
-    def reads(self, batch: TaskBatch) -> Tensor:
-        return first_tokens(batch)
+    def reads(self, batch: TaskBatch) -> Tensor | None:
+        return sentence_reads(self.head, batch)
 
     def units(self, batch: TaskBatch) -> Tensor:
         return torch.tensor(len(batch), dtype=torch.int64)

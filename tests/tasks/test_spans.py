@@ -3,11 +3,14 @@ the classifier saved and rebuilt with the model, end to end on a tiny synthetic 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 import bertology.recipes.finetune as finetune_recipe
+from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
 from bertology.model import EncoderModel, load, save_model
 from bertology.recipes.finetune import FinetuneConfig, finetune
@@ -113,7 +116,7 @@ def test_span_typing_through_the_recipe(conll, model_dir, tmp_path):  # noqa: F8
     assert span_classifier(load(tmp_path / "run" / "model").model) is not None and result.steps
 
 
-def test_predictions_file_round_trip_and_errors(tmp_path):
+def test_predictions_file_round_trip_and_errors(tmp_path, capsys):
     path = tmp_path / "dev.conll"
     write_conll(path, [[("paris", "I-LOC"), ("city", "I-LOC"), ("said", "O"), ("acme", "I-ORG")],
                        [("the", "O")], [("peter", "I-PER")]], docs_every=0)
@@ -127,6 +130,10 @@ def test_predictions_file_round_trip_and_errors(tmp_path):
     # LOC F1 1, ORG F1 0, PER F1 2/3: macro 5/9
     assert scores == pytest.approx({"accuracy": 200 / 3, "macro_f1": 500 / 9})
     assert task.evaluate(tmp_path / "p.tsv", path) == pytest.approx(scores)
+    # `bertology evaluate` scores it the same, with or without the CoNLL file (the tsv holds the gold types).
+    for gold in ([], ["--gold", str(path)]):
+        assert main(["evaluate", "--task", "conll2003-spans", "--predictions", str(tmp_path / "p.tsv"), *gold]) == 0
+        assert json.loads(capsys.readouterr().out) == pytest.approx(scores)
     bad = tmp_path / "bad.tsv"
     bad.write_text("sentence_id\tstart\tend\tpredicted\tgold\n0\t0\t2\tLOC\tLOC\n")
     with pytest.raises(DataError, match="bad.tsv: 2 gold spans of .* have no prediction"):

@@ -98,6 +98,11 @@ def test_jsonl_classification_through_the_cli_and_predict(jsonl_task, model_dir,
                  "--output", str(predictions)]) == 0
     assert predictions.read_text().splitlines() == lines
     assert task.evaluate(predictions, dev) == dev_metrics
+    capsys.readouterr()
+    assert main(["evaluate", "--task", str(jsonl_task), "--gold", str(dev), "--predictions", str(predictions)]) == 0
+    assert json.loads(capsys.readouterr().out) == dev_metrics
+    assert main(["evaluate", "--task", str(jsonl_task), "--predictions", str(predictions)]) == 2
+    assert "--gold FILE is required" in capsys.readouterr().err
 
 
 def test_tsv_pair_regression(tsv_task, model_dir, tmp_path):
@@ -113,7 +118,7 @@ def test_tsv_pair_regression(tsv_task, model_dir, tmp_path):
     assert saved["problem_type"] == "regression"
 
 
-def test_conll_tagging(model_dir, tmp_path):
+def test_conll_tagging(model_dir, tmp_path, capsys):
     rng = np.random.default_rng(2)
     for split, n in (("train", 64), ("dev", 16)):
         sentences = []
@@ -131,6 +136,11 @@ def test_conll_tagging(model_dir, tmp_path):
     assert result.best["metric"] == "f1" and result.dev_metrics["f1"] > 50
     first = (out / "dev_predictions.conll").read_text().split("\n\n")[0].splitlines()
     assert len(first) == 4 and all(len(line.split()) == 4 for line in first)  # word, tag, gold, predicted
+    # `bertology evaluate` scores a tagging task file's predictions alone (conlleval: gold is in the file).
+    assert main(["evaluate", "--task", str(tmp_path / "cue.json"), "--predictions",
+                 str(out / "dev_predictions.conll")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["f1"] == pytest.approx(result.dev_metrics["f1"])
 
 
 def test_unknown_dev_label_is_named_by_file_and_line(jsonl_task, model_dir, tmp_path):

@@ -1,4 +1,5 @@
-"""`bertology evaluate`: the official metrics of a predictions file (SQuAD v1.1, conlleval, GLUE)."""
+"""`bertology evaluate`: the official metrics of a predictions file (SQuAD v1.1, conlleval, GLUE, span typing, a
+user's task file)."""
 
 from __future__ import annotations
 
@@ -19,9 +20,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "conll2003: --predictions alone, in conlleval's format (gold and predicted tag the last two columns); "
         "prints precision, recall, f1, accuracy, counts and per_type. sst2, rte (accuracy), cola (mcc), mrpc "
         "(accuracy, f1), stsb (pearson, spearman): --gold is the GLUE dev tsv, --predictions a tsv with the header "
-        "'index<TAB>prediction' and a label for each gold row.",
+        "'index<TAB>prediction' and a label for each gold row. conll2003-spans: --predictions alone (the span "
+        "typing predictions tsv holds the gold type); prints accuracy and macro_f1. A task file (.yaml/.json): "
+        "the metrics it names, of the predictions `bertology predict` wrote for it.",
     )
-    parser.add_argument("--task", required=True, choices=TASKS, type=str.lower)
+    parser.add_argument("--task", required=True, metavar="TASK",
+                        help=f"{', '.join(TASKS)}, conll2003-spans, or a task file")
     parser.add_argument("--predictions", required=True, metavar="FILE")
     parser.add_argument("--gold", metavar="FILE", help="the gold file (not used by conll)")
     parser.add_argument("--allow-missing", action="store_true",
@@ -31,8 +35,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from bertology.errors import ConfigError
     from bertology.tasks.metrics import evaluate_files
 
-    metrics = evaluate_files(args.task, args.predictions, args.gold, allow_missing=args.allow_missing)
+    name = args.task.lower() if args.task.lower() in TASKS else args.task
+    if name in TASKS:
+        metrics = evaluate_files(name, args.predictions, args.gold, allow_missing=args.allow_missing)
+    else:  # any other registered task (span typing) or a user's task file scores with its own evaluate
+        from bertology.tasks.base import get_task
+
+        task = get_task(name)
+        gold = Path(args.gold) if args.gold else None
+        if gold is None and not _gold_in_predictions(task):
+            raise ConfigError(f"evaluate --task {args.task}: --gold FILE is required")
+        metrics = task.evaluate(Path(args.predictions), gold)  # type: ignore[arg-type]
     print(json.dumps(metrics))
     return 0
+
+
+def _gold_in_predictions(task: object) -> bool:
+    """Span typing and a tagging task file write the gold label beside each prediction."""
+    return getattr(task, "kind", None) == "tagging" or getattr(task, "name", "") == "conll2003-spans"

@@ -25,12 +25,15 @@ class TrainingLoss(nn.Module):
         super().__init__()
         if not objectives:
             raise ConfigError("objectives: at least one objective is needed")
-        names = [o.name for o in objectives]
+        # An objective made of several losses with units of their own (ELECTRA: the generator's MLM per masked
+        # token, replaced-token detection per token) lists them in ``terms()``; each is composed as an objective.
+        terms = [term for o in objectives for term in (o.terms() if hasattr(o, "terms") else (o,))]
+        names = [o.name for o in terms]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ConfigError(f"objectives: two objectives are named {repeated[0]!r}; their stats would collide")
         self.model = model
-        self.objectives = tuple(objectives)
+        self.objectives = tuple(terms)
         # Objectives with parameters of their own are registered so that they train and checkpoint with the model.
         self.objective_modules = nn.ModuleDict({o.name: o for o in objectives if isinstance(o, nn.Module)})
 

@@ -1,0 +1,357 @@
+"""The HTTP service: a FastAPI app over one loaded model (see `bertology.serve.create_app`).
+
+Endpoints: `POST /v1/embed`, `POST /v1/fill-mask`, `GET /health`, `GET /metrics` (Prometheus text format), and
+FastAPI's OpenAPI schema at `/openapi.json` (interactive at `/docs`). Every response that is not a success is a
+JSON object `{"detail": message}` (plus `"field"` when one field of the request is at fault).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+from bertology.embeddings import Embeddings, Pieces, parse_layers, select_layers
+from bertology.errors import BertologyError
+from bertology.model import Pretrained
+from bertology.objectives.fill_mask import fill_mask
+from bertology.serve.batcher import Batcher, EmbedOptions
+from bertology.serve.limits import BodyLimit, Limits, ServiceError
+from bertology.serve.metrics import ServiceMetrics
+
+ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/health", "/metrics", "/openapi.json", "/docs")
+
+
+# ----------------------------------------------------------------------------------------- request and response
+
+
+class EmbedRequest(BaseModel):
+    """Texts to embed and how; the options are `bertology.embed`'s (and `bertology embed`'s)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[StrictStr] = Field(description="the texts, one vector (sentence level) or one list of vectors "
+                                   "(word and token level) per text, in order")
+    level: Literal["sentence", "word", "token"] = "sentence"
+    layers: Union[StrictStr, StrictInt, list[StrictInt]] = Field(
+        "last", description="last, sum-last-four, mean, concat, a hidden-state index (0 = embedding output, -1 = "
+        "last layer), a list of indices, or comma-separated indices as in `bertology embed --layers`")
+    combine: Literal["sum", "mean", "concat"] | None = Field(
+        None, description="how a list of layer indices is combined (default: mean)")
+    pooling: Literal["first", "mean", "last"] = Field("mean", description="subword pooling for word vectors")
+    sentence: Literal["mean", "cls"] = Field(
+        "mean", description="sentence vector: mean of all tokens, specials included, or the first token")
+    normalize: StrictBool = Field(False, description="scale every vector to unit L2 norm")
+
+
+class EmbedResponse(BaseModel):
+    """Sentence level: `vectors[i]` is text i's vector. Word and token level: `vectors[i]`, `strings[i]` and
+    `spans[i]` list text i's words or tokens (spans are [start, end) offsets in Unicode code points of the text
+    as sent), and token level adds the vocabulary `ids`."""
+
+    model: str
+    level: str
+    dim: int
+    layers: list[int]
+    tokens: int = Field(description="real tokens the texts cost, specials included, summed over windows")
+    vectors: list[list[float]] | list[list[list[float]]]
+    strings: list[list[str]] | None = None
+    spans: list[list[tuple[int, int]]] | None = None
+    ids: list[list[int]] | None = None
+
+
+class FillMaskRequest(BaseModel):
+    """Texts with the model's mask token ([MASK] for BERT, <mask> for RoBERTa) where a word is to be predicted."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    texts: list[StrictStr]
+    top_k: StrictInt = Field(5, ge=1, le=100, description="predictions per mask")
+
+
+class FillMaskCandidate(BaseModel):
+    token: str
+    token_id: int
+    probability: float
+    sequence: str
+
+
+class FillMaskResponse(BaseModel):
+    """`results[i][m]` holds the candidates for mask m of text i, most probable first."""
+
+    model: str
+    results: list[list[list[FillMaskCandidate]]]
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+    field: str | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in ((400, "malformed JSON, or a body that is not UTF-8"),
+                       (401, "missing or wrong API key (when the service has one)"),
+                       (413, "body, number of texts or a text's length over the service's limits"),
+                       (422, "a field of the wrong type or value (named in `field`)"))
+}
+
+
+# ----------------------------------------------------------------------------------------- app
+
+
+class _StrictJSONRequest(Request):
+    """A request whose JSON body must be UTF-8 (RFC 8259), not any encoding `json.loads` would guess."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ServiceError(400, f"the request body is not UTF-8: byte 0x{body[error.start]:02x} at byte "
+                                        f"offset {error.start} ({error.reason})") from None
+            self._json = json.loads(text)  # a JSONDecodeError becomes FastAPI's json_invalid, answered below
+        return self._json
+
+
+class _StrictJSONRoute(APIRoute):
+    def get_route_handler(self) -> Callable:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict
+
+
+def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_batch_tokens: int,
+              max_wait_ms: float, api_key: str | None) -> FastAPI:
+    """The app (see `bertology.serve.create_app`, which loads the model and checks the arguments)."""
+    metrics = ServiceMetrics()
+    batcher = Batcher(pretrained, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, observe=metrics)
+    num_layers = pretrained.model.config.num_layers
+    has_mlm = "mlm" in pretrained.model.heads
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()  # uvicorn calls this after every in-flight request has been answered
+
+    app = FastAPI(title="bertology", version=_version(), lifespan=lifespan,
+                  description=f"Contextual embeddings and fill-mask from {model_name}.")
+    app.router.route_class = _StrictJSONRoute
+    app.state.batcher = batcher
+    app.state.metrics = metrics
+    app.state.limits = limits
+    app.add_middleware(_Metered, metrics=metrics)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+
+    bearer = HTTPBearer(auto_error=False, description="the service's API key, when it was started with one")
+    expected = api_key.encode("utf-8") if api_key is not None else None
+
+    async def authorized(credentials: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        if expected is None:
+            return
+        given = credentials.credentials.encode("utf-8") if credentials is not None else b""
+        # compare_digest takes time independent of where the strings differ (no timing oracle on the key).
+        if credentials is None or not hmac.compare_digest(given, expected):
+            what = "no Authorization: Bearer header" if credentials is None else "wrong API key"
+            raise ServiceError(401, f"{what}; send 'Authorization: Bearer <key>'",
+                               headers={"WWW-Authenticate": "Bearer"})
+
+    guarded = [Depends(authorized)]
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        body = {"detail": str(error.detail)}
+        if getattr(error, "field", None) is not None:
+            body["field"] = error.field
+        return JSONResponse(body, status_code=error.status_code, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _validation_response(error)
+
+    @app.get("/health", summary="liveness and the model served")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "dim": pretrained.model.config.hidden_size,
+                "layers": num_layers, "window": batcher.window_length, "fill_mask": has_mlm}
+
+    @app.get("/metrics", summary="Prometheus metrics (text format)", dependencies=guarded,
+             response_class=Response, responses={200: {"content": {"text/plain": {}}}})
+    async def prometheus() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.post("/v1/embed", summary="contextual sentence, word or token vectors", dependencies=guarded,
+              response_model=EmbedResponse, responses=ERRORS)
+    async def embed_texts(request: EmbedRequest) -> Response:
+        texts = limits.check_texts(request.texts)
+        options = _options(request, num_layers)
+        cost = await asyncio.to_thread(batcher.cost, texts)
+        result = await batcher.embed(texts, options, cost)
+        body = await asyncio.to_thread(_embed_body, result, model_name, request.level, request.normalize,
+                                       cost.tokens)
+        return Response(body, media_type="application/json")
+
+    @app.post("/v1/fill-mask", summary="the most probable tokens at each mask token", dependencies=guarded,
+              response_model=FillMaskResponse, responses={**ERRORS, 501: {"model": ErrorResponse,
+                                                                      "description": "no masked-LM head"}})
+    async def fill_masks(request: FillMaskRequest) -> Response:
+        if not has_mlm:
+            raise ServiceError(501, f"{model_name} has no masked-LM head, so fill-mask is not available")
+        texts = limits.check_texts(request.texts)
+        results = await batcher.run(_fill_masks, pretrained, texts, request.top_k)
+        return JSONResponse({"model": model_name, "results": results})
+
+    return app
+
+
+def _fill_masks(pretrained: Pretrained, texts: list[str], top_k: int) -> list[list[list[dict[str, Any]]]]:
+    out = []
+    for i, text in enumerate(texts):
+        try:
+            predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k)
+        except BertologyError as error:
+            raise ServiceError(422, f"texts[{i}]: {error}", field=f"texts[{i}]") from None
+        out.append([[{"token": p.token, "token_id": p.token_id, "probability": p.probability,
+                      "sequence": p.sequence} for p in mask] for mask in predictions])
+    return out
+
+
+def _options(request: EmbedRequest, num_layers: int) -> EmbedOptions:
+    """The request's embed options, checked here so that a bad value is answered before any work is queued."""
+    layers: Any = request.layers
+    try:
+        if isinstance(layers, str):
+            layers = parse_layers(layers)
+        selection = select_layers(layers, request.combine, num_layers)
+    except BertologyError as error:
+        field = "combine" if "combine" in str(error).split(":")[0] else "layers"
+        raise ServiceError(422, str(error), field=field) from None
+    del selection  # validated; embed resolves the same spec again
+    return EmbedOptions(level=request.level, layers=layers if isinstance(layers, str) else tuple(layers)
+                        if isinstance(layers, list) else (layers,), combine=request.combine,
+                        pooling=request.pooling, sentence=request.sentence)
+
+
+def _embed_body(result: Embeddings, model_name: str, level: str, normalize: bool, tokens: int) -> bytes:
+    body: dict[str, Any] = {"model": model_name, "level": level, "dim": result.dim, "layers": list(result.layers),
+                            "tokens": tokens}
+    if level == "sentence":
+        body["vectors"] = _rows(result.sentences, normalize)
+    else:
+        pieces: Pieces = result.words if level == "word" else result.tokens
+        vectors = _rows(pieces.vectors, normalize)
+        spans = np.stack([pieces.start, pieces.end], axis=1).tolist()
+        per_text = [pieces.rows(i) for i in range(len(result))]
+        body["vectors"] = [vectors[rows] for rows in per_text]
+        body["strings"] = [pieces.strings[rows] for rows in per_text]
+        body["spans"] = [spans[rows] for rows in per_text]
+        if level == "token":
+            ids = pieces.ids.tolist()
+            body["ids"] = [ids[rows] for rows in per_text]
+    return json.dumps(body, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _rows(vectors: np.ndarray, normalize: bool) -> list[list[float]]:
+    if normalize:
+        norms = np.linalg.norm(vectors.astype(np.float64), axis=1, keepdims=True)
+        vectors = (vectors / np.maximum(norms, 1e-12)).astype(np.float32)  # a zero vector stays zero
+    return vectors.tolist()
+
+
+def _validation_response(error: RequestValidationError) -> JSONResponse:
+    problems = error.errors()
+    for problem in problems:
+        if problem.get("type") == "json_invalid":
+            position = problem["loc"][-1] if problem.get("loc") else 0
+            document = error.body if isinstance(error.body, str) else ""
+            line = document.count("\n", 0, position) + 1
+            column = position - (document.rfind("\n", 0, position) + 1) + 1
+            message = problem.get("ctx", {}).get("error", "invalid JSON")
+            return JSONResponse({"detail": f"malformed JSON: {message} at line {line}, column {column} "
+                                           f"(character {position})"}, status_code=400)
+    fields = [_field(problem.get("loc", ())) for problem in problems]
+    messages = [f"{field or 'request body'}: {_message(problem)}" for field, problem in zip(fields, problems)]
+    return JSONResponse({"detail": "; ".join(messages), "field": fields[0] if fields and fields[0] else None,
+                         "errors": [{"field": f, "message": _message(p)} for f, p in zip(fields, problems)]},
+                        status_code=422)
+
+
+def _field(loc: tuple) -> str:
+    """('body', 'texts', 3) -> 'texts[3]'. Union members that pydantic adds to the path are dropped."""
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "int", "list[int]") or "[" in str(part) or part.startswith("function-"):
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _message(problem: dict) -> str:
+    if problem.get("type") == "missing" and len(problem.get("loc", ())) <= 1:
+        return "missing: expected a JSON object"
+    if problem.get("type") == "extra_forbidden":
+        return "unknown field"
+    return str(problem.get("msg", "invalid"))
+
+
+class _Metered:
+    """Counts every HTTP request by endpoint and status and times it (an ASGI middleware)."""
+
+    def __init__(self, app: Any, metrics: ServiceMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        self.metrics.in_flight.inc()
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.in_flight.dec()
+            path = scope.get("path", "")
+            endpoint = path if path in ENDPOINTS else "other"  # unknown paths share a label: bounded cardinality
+            self.metrics.request(endpoint, scope.get("method", ""), status, time.perf_counter() - started)
+
+
+def _version() -> str:
+    from bertology import __version__
+
+    return __version__
+
+
+def model_name_of(directory: str | Path) -> str:
+    return Path(directory).resolve().name or str(directory)

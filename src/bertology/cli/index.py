@@ -1,0 +1,83 @@
+"""`bertology index build`: embed a passages file (or a SQuAD file's paragraphs) and write a dense index."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "index",
+        help="build a dense retrieval index (faiss, inner product over normalised sentence vectors)",
+        description="Dense passage indexes for `bertology search` and `bertology evaluate --task retrieval`.",
+    )
+    commands = parser.add_subparsers(dest="index_command", metavar="COMMAND", required=True)
+    build = commands.add_parser(
+        "build",
+        help="embed passages and write an index directory",
+        description="Embed every passage with the model (normalised sentence vectors, by default as the model "
+        "was trained: a sentence-transformers directory's pooling and max_seq_length, else the mean of the last "
+        "layer) and write an index directory atomically: index.json (model fingerprint, options, structure), "
+        "vectors.faiss, passages.jsonl. Passages: JSON lines {\"id\": string or integer, \"text\": string}, ids "
+        "unique; other keys are ignored.",
+    )
+    build.add_argument("--model", required=True, help="model directory")
+    source = build.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", metavar="PASSAGES.jsonl", help="passages file (JSON lines with id and text)")
+    source.add_argument("--squad", metavar="FILE",
+                        help="index the paragraphs of a SQuAD v1.1 file (ids <article>-<paragraph>)")
+    build.add_argument("--out", required=True, metavar="INDEX", help="index directory to write (replaced if it is one)")
+    build.add_argument("--approximate", choices=("hnsw", "ivf"), default=None,
+                       help="approximate search instead of exact (faiss IndexFlatIP)")
+    build.add_argument("--hnsw-m", type=int, default=32, help="hnsw: neighbours per node (default 32)")
+    build.add_argument("--ef-construction", type=int, default=200, help="hnsw: build-time beam (default 200)")
+    build.add_argument("--ef-search", type=int, default=128, help="hnsw: search-time beam (default 128)")
+    build.add_argument("--nlist", type=int, default=None, help="ivf: k-means cells (default about 4 sqrt(N))")
+    build.add_argument("--nprobe", type=int, default=16, help="ivf: cells visited per query (default 16)")
+    build.add_argument("--sentence", choices=("mean", "cls"), default=None,
+                       help="sentence pooling (default: the model's own, else mean)")
+    build.add_argument("--layers", default=None,
+                       help="hidden states as for `bertology embed` (default: the last layer)")
+    build.add_argument("--max-length", type=int, default=None,
+                       help="tokens per text, specials included (default: the model's max_seq_length or positions)")
+    build.add_argument("--long-texts", choices=("windows", "truncate"), default=None,
+                       help="texts over --max-length: embedded in windows, or truncated (default: truncate for a "
+                       "sentence-transformers model, as it encodes, else windows)")
+    build.add_argument("--batch-size", type=int, default=32)
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.set_defaults(func=run_build)
+
+
+def run_build(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from bertology.cli.embed import layers_argument
+    from bertology.model import load
+    from bertology.retrieval import Index, Structure, model_options, read_passages, squad_passages
+
+    structure = Structure(args.approximate or "flat", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
+                          ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe)
+    passages = read_passages(args.input) if args.input else squad_passages(args.squad)
+    options = model_options(args.model)
+    changes = {}
+    if args.sentence is not None:
+        changes["sentence"] = args.sentence
+    if args.layers is not None:
+        layers = layers_argument(args.layers)
+        changes["layers"] = list(layers) if isinstance(layers, (list, tuple)) else layers
+    if args.max_length is not None:
+        changes["max_length"] = args.max_length
+    if args.long_texts is not None:
+        changes["long_texts"] = args.long_texts
+    if changes:
+        options = dataclasses.replace(options, **changes, source=f"{options.source}, changed: {', '.join(changes)}")
+    started = time.perf_counter()
+    pretrained = load(args.model)
+    index = Index.build(pretrained, passages, options=options, structure=structure, batch_size=args.batch_size,
+                        show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model)
+    index.save(args.out)
+    print(f"indexed {len(index)} passages ({index.dim} dimensions, {structure.kind}) in "
+          f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,432 @@
+"""A dense passage index: normalised sentence vectors of one model in a faiss index, searched by inner product.
+
+An index directory holds (written atomically: a temporary directory renamed into place):
+
+- ``index.json``: the format, the model's fingerprint and directory, the embedding options, the faiss structure and
+  its parameters, the number of passages and the vector width;
+- ``vectors.faiss``: the faiss index (faiss's own binary format, not a pickle); row i is passage i;
+- ``passages.jsonl``: the passages' ids and texts, row i on line i + 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import numpy as np
+
+from bertology.config import from_mapping, to_mapping, validate
+from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.io import atomic_directory, file_in_the_way, recover
+from bertology.model import Pretrained
+from bertology.retrieval.passages import Passage, as_passages, read_passages, write_passages
+
+FORMAT = "bertology-index"
+VERSION = 1
+META_FILE = "index.json"
+FAISS_FILE = "vectors.faiss"
+PASSAGES_FILE = "passages.jsonl"
+# Encoder settings that do not change what the model computes in eval mode, left out of the fingerprint.
+_NOT_FINGERPRINTED = ("hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range")
+
+
+class IndexMismatchError(BertologyError):
+    """An index is searched with a model other than the one that built it (their fingerprints differ)."""
+
+
+# ------------------------------------------------------------------------------------------------------ options
+@dataclass(frozen=True)
+class EmbeddingOptions:
+    """How passages and queries become vectors (the same for both, recorded in the index).
+
+    `layers`, `combine`, `sentence`, `max_length`, `stride` are `bertology.embed`'s options. `long_texts`: what
+    happens to a text longer than `max_length` tokens (specials included): ``"windows"`` embeds all of it in
+    overlapping windows (embed's behaviour), ``"truncate"`` keeps its first tokens, as sentence-transformers does.
+    Vectors are always L2-normalised, so inner product is cosine similarity. `source` says where the options came
+    from (``"sentence-transformers config"`` or ``"bertology defaults"`` or ``"given"``)."""
+
+    layers: Union[str, int, list[int]] = "last"
+    combine: Union[Literal["sum", "mean", "concat"], None] = None
+    sentence: Literal["mean", "cls"] = "mean"
+    max_length: Union[int, None] = None
+    stride: Union[int, None] = None
+    long_texts: Literal["windows", "truncate"] = "windows"
+    source: str = "given"
+
+    def __post_init__(self) -> None:
+        validate(self, "embedding")
+        if self.long_texts == "truncate" and self.max_length is None:
+            raise ConfigError('embedding.long_texts: "truncate" needs embedding.max_length')
+
+
+def model_options(model_dir: str | os.PathLike | None) -> EmbeddingOptions:
+    """The sentence-embedding options a model was trained with: from a sentence-transformers directory
+    (``modules.json`` naming a Pooling module: its ``1_Pooling/config.json`` mode, mean or CLS, of the last layer,
+    and ``sentence_bert_config.json``'s ``max_seq_length`` with truncation, as sentence-transformers encodes);
+    otherwise bertology's defaults (mean of the last layer, long texts in windows)."""
+    if model_dir is None:
+        return EmbeddingOptions(source="bertology defaults")
+    directory = Path(model_dir)
+    modules_file = directory / "modules.json"
+    if not modules_file.is_file():
+        return EmbeddingOptions(source="bertology defaults")
+    modules = _json_file(modules_file)
+    pooling = [m for m in modules if isinstance(m, Mapping) and str(m.get("type", "")).endswith(".Pooling")] \
+        if isinstance(modules, list) else []
+    if not pooling:
+        return EmbeddingOptions(source="bertology defaults")
+    config_file = directory / str(pooling[0].get("path", "")) / "config.json"
+    config = _json_file(config_file)
+    modes = [key for key, on in config.items() if key.startswith("pooling_mode_") and on is True]
+    if modes == ["pooling_mode_mean_tokens"]:
+        sentence = "mean"
+    elif modes == ["pooling_mode_cls_token"]:
+        sentence = "cls"
+    else:
+        raise ConfigError(f"{config_file}: pooling {', '.join(modes) or 'none'} is not supported (mean or CLS "
+                          f"only); pass the embedding options explicitly")
+    max_length = None
+    settings_file = directory / "sentence_bert_config.json"
+    if settings_file.is_file():
+        value = _json_file(settings_file).get("max_seq_length")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 3):
+            raise ConfigError(f"{settings_file}: max_seq_length must be an integer of at least 3, got {value!r}")
+        max_length = value
+    return EmbeddingOptions(sentence=sentence, max_length=max_length,
+                            long_texts="truncate" if max_length is not None else "windows",
+                            source="sentence-transformers config")
+
+
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read it as JSON: {error}") from None
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The faiss structure: ``"flat"`` (exact inner product, IndexFlatIP), ``"hnsw"`` (IndexHNSWFlat: `hnsw_m`
+    neighbours per node, `ef_construction` when building, `ef_search` when searching) or ``"ivf"`` (IndexIVFFlat
+    over a flat inner-product quantizer: `nlist` k-means cells, default about 4 sqrt(N), and `nprobe` cells
+    visited per query). All use the inner-product metric."""
+
+    kind: Literal["flat", "hnsw", "ivf"] = "flat"
+    hnsw_m: int = 32
+    ef_construction: int = 200
+    ef_search: int = 128
+    nlist: Union[int, None] = None
+    nprobe: int = 16
+
+    def __post_init__(self) -> None:
+        validate(self, "structure")
+        for name in ("hnsw_m", "ef_construction", "ef_search", "nprobe"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"structure.{name} must be at least 1, got {getattr(self, name)}")
+        if self.nlist is not None and self.nlist < 1:
+            raise ConfigError(f"structure.nlist must be at least 1, got {self.nlist}")
+
+    def parameters(self) -> dict[str, Any]:
+        """The parameters that apply to this kind (what the index records)."""
+        if self.kind == "hnsw":
+            return {"kind": "hnsw", "hnsw_m": self.hnsw_m, "ef_construction": self.ef_construction,
+                    "ef_search": self.ef_search}
+        if self.kind == "ivf":
+            return {"kind": "ivf", "nlist": self.nlist, "nprobe": self.nprobe}
+        return {"kind": "flat"}
+
+
+# --------------------------------------------------------------------------------------------------- fingerprint
+def model_fingerprint(model: Pretrained) -> str:
+    """SHA-256 of what decides a model's vectors: the encoder's config (dropout and initialisation left out), the
+    encoder's tensors (names, dtypes, shapes, bytes; heads left out: they do not change embeddings) and the
+    tokenizer's definition. Equal for the same weights in transformers' layout and bertology's native one."""
+    from bertology.data.shards import tokenizer_fingerprint
+    from bertology.peft.trained import fingerprint
+
+    if not isinstance(model, Pretrained):
+        raise ConfigError(f"expected a loaded model (bertology.load), got {type(model).__name__}")
+    config = model.model.config.to_dict()
+    for key in _NOT_FINGERPRINTED:
+        config.pop(key, None)
+    digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    digest.update(fingerprint(model.model.encoder.state_dict(), set()).encode())
+    digest.update(tokenizer_fingerprint(model.tokenizer).encode() if model.tokenizer is not None else b"-")
+    return digest.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------------- the index
+@dataclass(frozen=True)
+class Hit:
+    """One search result: the passage's id and text, its inner product with the query (cosine: both are
+    normalised), and its row in the index."""
+
+    id: str
+    score: float
+    text: str
+    row: int
+
+
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError:
+        raise ConfigError("dense retrieval needs faiss: pip install 'bertology[index]' (faiss-cpu)") from None
+    return faiss
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (float32; an all-zero row stays zero)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def _load_model(model: Pretrained | str | os.PathLike) -> tuple[Pretrained, str | None]:
+    if isinstance(model, Pretrained):
+        return model, None
+    from bertology.model import load
+
+    return load(model), str(Path(model).resolve())
+
+
+class Index:
+    """Passages, their normalised sentence vectors in a faiss index, and the model and options that made them.
+
+    Make one with `Index.build`, write it with `save`, read it with `Index.load`; `search` takes query texts
+    (embedded with the recorded options by the index's model) or query vectors."""
+
+    def __init__(self, faiss_index: Any, passages: list[Passage], meta: dict[str, Any],
+                 model: Pretrained | None = None) -> None:
+        self.faiss_index = faiss_index
+        self.passages = passages
+        self.meta = meta
+        self.options: EmbeddingOptions = from_mapping(EmbeddingOptions, meta["embedding"], "embedding")
+        self.structure: Structure = from_mapping(Structure, meta["structure"], "structure")
+        self.model: Pretrained | None = None
+        if model is not None:
+            self.attach(model)
+
+    # ----------------------------------------------------------------------------------------------- properties
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["model"]["fingerprint"]
+
+    @property
+    def model_path(self) -> str | None:
+        """The model directory the index was built from, as recorded (None if it was built from a loaded model)."""
+        return self.meta["model"].get("path")
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def __len__(self) -> int:
+        return len(self.passages)
+
+    # ------------------------------------------------------------------------------------------------- building
+    @classmethod
+    def build(cls, model: Pretrained | str | os.PathLike, passages: str | os.PathLike | Sequence[Passage | Mapping],
+              *, options: EmbeddingOptions | None = None, structure: Structure | None = None, batch_size: int = 32,
+              show_progress: bool = False, model_dir: str | os.PathLike | None = None) -> Index:
+        """Embed `passages` (a JSON-lines file, or Passage objects / ``{"id", "text"}`` mappings) with `model` (a
+        model directory or a loaded `Pretrained`) and index the normalised vectors. `options` default to what the
+        model was trained for (`model_options` of its directory; for a loaded model, of `model_dir` if given, else
+        bertology's defaults); `structure` to exact search (``Structure("flat")``). `model_dir`: where a loaded
+        model came from, recorded so that `bertology search` can load it."""
+        passages = as_passages(passages)
+        pretrained, path = _load_model(model)
+        if path is None and model_dir is not None:
+            path = str(Path(model_dir).resolve())
+        options = options if options is not None else model_options(path)
+        structure = structure if structure is not None else Structure()
+        vectors = encode(pretrained, [p.text for p in passages], options, batch_size=batch_size,
+                         show_progress=show_progress)
+        faiss_index, parameters = _build_faiss(vectors, structure)
+        meta = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model": {"fingerprint": model_fingerprint(pretrained), "path": path,
+                      "family": pretrained.config.family, "hidden_size": pretrained.config.hidden_size},
+            "embedding": to_mapping(options),
+            "structure": to_mapping(Structure(**parameters)),
+            "structure_parameters": parameters,
+            "passages": len(passages),
+            "dim": int(vectors.shape[1]),
+            "faiss_version": _faiss().__version__,
+        }
+        return cls(faiss_index, passages, meta, pretrained)
+
+    # ---------------------------------------------------------------------------------------------------- files
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write the index directory atomically (a temporary directory renamed into place; an existing index
+        there is replaced). Returns its path."""
+        directory = Path(directory)
+        if directory.exists() and not directory.is_dir():
+            raise ConfigError(f"{directory}: is a file; the index is written as a directory")
+        if directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file():
+            raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
+        blocker = file_in_the_way(directory)
+        if blocker is not None:
+            raise ConfigError(f"{directory}: cannot create it, {blocker} is a file, not a directory")
+        faiss = _faiss()
+        with atomic_directory(directory) as tmp:
+            (tmp / META_FILE).write_text(json.dumps(self.meta, indent=2) + "\n", encoding="utf-8")
+            faiss.write_index(self.faiss_index, str(tmp / FAISS_FILE))
+            write_passages(self.passages, tmp / PASSAGES_FILE)
+        return directory
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, model: Pretrained | str | os.PathLike | None = None) -> Index:
+        """Read an index directory. With `model` (a loaded model or a model directory), it is checked against the
+        recorded fingerprint (an `IndexMismatchError` if it differs) and used to embed text queries; without one,
+        only vector queries work until `attach` is called (the recorded directory is `model_path`)."""
+        directory = Path(directory)
+        recover(directory)
+        meta_file = directory / META_FILE
+        if not directory.is_dir():
+            raise DataError(f"{directory}: no such index directory")
+        if not meta_file.is_file():
+            raise DataError(f"{directory}: not an index ({META_FILE} is missing)")
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+            raise DataError(f"{meta_file}: cannot read it as JSON: {error}") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise DataError(f"{meta_file}: not a bertology index (format {found!r}, expected {FORMAT!r})")
+        if meta.get("version") != VERSION:
+            raise DataError(f"{meta_file}: index format version {meta.get('version')!r}; this bertology reads "
+                            f"version {VERSION}")
+        for key in ("model", "embedding", "structure", "passages", "dim"):
+            if key not in meta:
+                raise DataError(f"{meta_file}: missing key {key!r}")
+        faiss_file = directory / FAISS_FILE
+        if not faiss_file.is_file():
+            raise DataError(f"{directory}: {FAISS_FILE} is missing")
+        try:
+            faiss_index = _faiss().read_index(str(faiss_file))
+        except RuntimeError as error:
+            raise DataError(f"{faiss_file}: faiss cannot read it: {str(error).strip().splitlines()[-1]}") from None
+        passages = read_passages(directory / PASSAGES_FILE)
+        if not (len(passages) == faiss_index.ntotal == meta["passages"]) or faiss_index.d != meta["dim"]:
+            raise DataError(f"{directory}: the files disagree: {len(passages)} passages, {faiss_index.ntotal} "
+                            f"vectors of width {faiss_index.d}, {META_FILE} says {meta['passages']} of width "
+                            f"{meta['dim']}")
+        return cls(faiss_index, passages, meta, None if model is None else _load_model(model)[0])
+
+    def attach(self, model: Pretrained | str | os.PathLike) -> None:
+        """Use `model` to embed text queries, after checking that it is the model that built the index."""
+        pretrained, path = _load_model(model)
+        found = model_fingerprint(pretrained)
+        if found != self.fingerprint:
+            where = f" ({path})" if path else ""
+            raise IndexMismatchError(
+                f"the index was built with another model: its fingerprint is {self.fingerprint[:16]}... (model "
+                f"{self.model_path or 'given as a loaded object'}), this model's{where} is {found[:16]}...; search "
+                f"with the model that built the index, or build a new index with this one")
+        self.model = pretrained
+
+    # --------------------------------------------------------------------------------------------------- search
+    def encode(self, texts: str | Sequence[str], *, batch_size: int = 32, show_progress: bool = False) -> np.ndarray:
+        """Normalised sentence vectors [N, D] of `texts`, made as the passages' were (needs the model)."""
+        if self.model is None:
+            raise ConfigError("this index has no model attached: load it with Index.load(path, model=...) or call "
+                              f"index.attach(model) (it was built with {self.model_path or 'a loaded model'})")
+        return encode(self.model, texts, self.options, batch_size=batch_size, show_progress=show_progress)
+
+    def search(self, queries: str | Sequence[str] | np.ndarray, k: int = 10, *, batch_size: int = 32,
+               ef_search: int | None = None, nprobe: int | None = None) -> list[list[Hit]]:
+        """The `k` passages with the largest inner product for each query, best first (fewer when the index holds
+        fewer). `queries`: texts (a string counts as one), embedded with the index's options, or vectors [N, D]
+        (a [D] vector counts as one) from the same model and options, normalised here. `ef_search` (hnsw) and
+        `nprobe` (ivf) override the recorded search parameters for this call."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"k must be a positive integer, got {k!r}")
+        if isinstance(queries, np.ndarray):
+            vectors = queries[None, :] if queries.ndim == 1 else queries
+            if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+                raise ConfigError(f"query vectors must have shape [N, {self.dim}], got {list(queries.shape)}")
+            if not np.isfinite(vectors).all():
+                raise ConfigError("query vectors hold NaN or infinite values")
+            vectors = normalize(vectors)
+        else:
+            vectors = self.encode(queries, batch_size=batch_size)
+        if len(vectors) == 0:
+            return []
+        scores, rows = self.search_vectors(vectors, k, ef_search=ef_search, nprobe=nprobe)
+        return [[Hit(self.passages[r].id, float(s), self.passages[r].text, int(r))
+                 for s, r in zip(score_row, row_ids) if r >= 0]
+                for score_row, row_ids in zip(scores, rows)]
+
+    def search_vectors(self, vectors: np.ndarray, k: int, *, ef_search: int | None = None,
+                       nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """faiss's answer for normalised float32 query vectors: scores [N, k] and rows [N, k] (-1 past the end)."""
+        faiss = _faiss()
+        if self.structure.kind == "hnsw":
+            params = faiss.SearchParametersHNSW(efSearch=ef_search or self.structure.ef_search)
+        elif self.structure.kind == "ivf":
+            params = faiss.SearchParametersIVF(nprobe=nprobe or self.structure.nprobe)
+        else:
+            params = None
+        return self.faiss_index.search(np.ascontiguousarray(vectors, dtype=np.float32), k, params=params)
+
+
+def _build_faiss(vectors: np.ndarray, structure: Structure) -> tuple[Any, dict[str, Any]]:
+    faiss = _faiss()
+    n, dim = vectors.shape
+    parameters = structure.parameters()
+    if structure.kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, structure.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = structure.ef_construction
+        index.hnsw.efSearch = structure.ef_search
+    elif structure.kind == "ivf":
+        nlist = structure.nlist if structure.nlist is not None else max(1, min(n, round(4 * n ** 0.5)))
+        if nlist > n:
+            raise ConfigError(f"structure.nlist {nlist} exceeds the {n} passages (k-means needs a passage per cell)")
+        parameters["nlist"] = nlist
+        quantizer = faiss.IndexFlatIP(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+        index.cp.seed = 1234  # k-means is seeded, so a rebuild gives the same cells
+        index.train(vectors)
+        index.nprobe = structure.nprobe
+    else:
+        index = faiss.IndexFlatIP(dim)
+    index.add(vectors)
+    return index, parameters
+
+
+# ---------------------------------------------------------------------------------------------------- embedding
+def encode(model: Pretrained, texts: str | Sequence[str], options: EmbeddingOptions, *, batch_size: int = 32,
+           show_progress: bool = False) -> np.ndarray:
+    """Normalised sentence vectors [N, D] of `texts` by `bertology.embed` with `options`."""
+    from bertology.embeddings import as_backbone, embed
+
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    if options.long_texts == "truncate":
+        specials = len(as_backbone(model, None).frame([]).ids)
+        capacity = options.max_length - specials
+        if capacity < 1:
+            raise ConfigError(f"embedding.max_length {options.max_length} leaves no room beside {specials} specials")
+        texts = [_truncate(model, text, capacity) for text in texts]
+    result = embed(model, texts, layers=options.layers, combine=options.combine, sentence=options.sentence,
+                   levels=("sentence",), batch_size=batch_size, max_length=options.max_length,
+                   stride=options.stride, show_progress=show_progress)
+    return normalize(result.sentences)
+
+
+def _truncate(model: Pretrained, text: str, capacity: int) -> str:
+    """`text` up to the end of its `capacity`-th token. WordPiece tokenises such a prefix into exactly those
+    tokens: greedy longest-match pieces of a word stay the same when the word is cut after one of them."""
+    offsets = model.tokenizer.encode(text, add_special_tokens=False).offsets
+    if len(offsets) <= capacity:
+        return text
+    return text[: offsets[capacity - 1][1]]

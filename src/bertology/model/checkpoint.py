@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from bertology.errors import BertologyError, CheckpointError
+from bertology.errors import BertologyError, CheckpointError, ConfigError
 from bertology.io import atomic_directory, recover
 from bertology.model.config import FAMILIES, EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
@@ -252,8 +252,14 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
             used.add(theirs)
     if family == "electra" and values.get("embedding_size") == values.get("hidden_size"):
         values["embedding_size"] = None  # transformers adds no projection when the widths agree
+    if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
+        values["pruned_heads"] = hf["pruned_heads"] or {}
+        used.add("pruned_heads")
     extra = {k: v for k, v in hf.items() if k not in used}
-    return EncoderConfig(family=family, extra=extra, **values)  # type: ignore[arg-type]
+    try:
+        return EncoderConfig(family=family, extra=extra, **values)  # type: ignore[arg-type]
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
 
 
 def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str, Any]:
@@ -265,6 +271,9 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
             value = config.hidden_size
         if value is not None or theirs not in hf:
             hf[theirs] = value
+    hf.pop("pruned_heads", None)
+    if config.pruned_heads:
+        hf["pruned_heads"] = {str(layer): list(h) for layer, h in config.pruned_heads.items()}
     hf["model_type"] = family
     hf["architectures"] = [architecture_name(family, tuple(h.name for h in heads))]
     labelled = [h for h in heads if h.name in ("classifier", "token_classifier")]

@@ -42,6 +42,9 @@ class EncoderConfig:
     classifier_dropout: float | None = None
     pooler: bool = True
     initializer_range: float = 0.02
+    # Heads removed from each layer (layer index -> head indices in the unpruned numbering), as transformers'
+    # config.json `pruned_heads` says: those layers' query/key/value and attention output are narrower.
+    pruned_heads: dict[int, list[int]] = field(default_factory=dict)
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -59,6 +62,38 @@ class EncoderConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
+
+    def checked_pruned_heads(self, pruned: Any) -> dict[int, list[int]]:
+        """`pruned` with int layer keys (JSON writes them as strings) and sorted, distinct head lists; empty lists
+        dropped. Layers and heads out of range are a ConfigError."""
+        if not isinstance(pruned, dict):
+            raise ConfigError(f"pruned_heads must be a mapping of layer -> heads, got {type(pruned).__name__}")
+        if pruned and self.num_layer_groups is not None:
+            raise ConfigError("pruned_heads: pruning the heads of shared layers (ALBERT) is not supported")
+        out: dict[int, list[int]] = {}
+        for layer, heads in pruned.items():
+            try:
+                index = int(layer)
+                chosen = sorted({int(h) for h in heads})
+            except (TypeError, ValueError):
+                raise ConfigError(f"pruned_heads[{layer!r}]: expected a layer index and a list of head indices, "
+                                  f"got {heads!r}") from None
+            if not 0 <= index < self.num_layers:
+                raise ConfigError(f"pruned_heads: layer {layer!r} is not in [0, {self.num_layers})")
+            if chosen and not (0 <= chosen[0] and chosen[-1] < self.num_heads):
+                raise ConfigError(f"pruned_heads[{layer!r}]: heads {chosen} are not all in [0, {self.num_heads})")
+            if chosen:
+                out[index] = chosen
+        return dict(sorted(out.items()))
+
+    def kept_heads(self, layer: int) -> list[int]:
+        """The heads (unpruned numbering) that layer `layer` has, in order."""
+        pruned = set(self.pruned_heads.get(layer, ()))
+        return [h for h in range(self.num_heads) if h not in pruned]
+
+    def heads_in_layer(self, layer: int) -> int:
+        return self.num_heads - len(self.pruned_heads.get(layer, ()))
 
     @property
     def head_dim(self) -> int:

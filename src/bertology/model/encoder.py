@@ -19,6 +19,7 @@ import functools
 import importlib
 import json
 import math
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -87,12 +88,19 @@ class Layout:
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,
-           prefix: tuple[Tensor, Tensor] | None = None):
+           prefix: tuple[Tensor, Tensor] | None = None, head_scale: Tensor | None = None):
     """Scaled dot-product attention on [..., heads, len, head_dim]; `mask` is True where a key may be attended.
 
     `prefix` (keys, values), each [heads, P, head_dim]: P more positions that every query attends to, in front of
     its own keys (prefix tuning). The probabilities returned cover the sequence's own keys only, so with a prefix a
-    row sums to 1 minus the share that went to the prefix positions."""
+    row sums to 1 minus the share that went to the prefix positions.
+
+    `head_scale` [heads]: each head's output (and its returned probabilities) multiplied by its entry, as
+    transformers' `head_mask` multiplies the probabilities (Michel et al. 2019's mask variables)."""
+    if head_scale is not None:
+        out, probs = attend(q, k, v, mask, dropout, need_weights, prefix)
+        scale = head_scale.to(out.dtype)[:, None, None]
+        return out * scale, (probs * scale if probs is not None else None)
     num_prefix = prefix[0].shape[-2] if prefix is not None else 0
     if num_prefix:
         k = torch.cat([prefix[0].expand(*k.shape[:-2], -1, -1), k], -2)
@@ -121,14 +129,19 @@ class EncoderLayer(nn.Module):
     [P, heads, head_dim], attended by every query beside its own sequence (prefix tuning). `query`, `key` and `value`
     are separate modules, so a wrapper (LoRA) can replace any of them."""
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
         super().__init__()
         hidden, eps = config.hidden_size, config.layer_norm_eps
-        self.num_heads = config.num_heads
-        self.query = nn.Linear(hidden, hidden)
-        self.key = nn.Linear(hidden, hidden)
-        self.value = nn.Linear(hidden, hidden)
-        self.attn_out = nn.Linear(hidden, hidden)
+        # A pruned layer (config.pruned_heads) keeps fewer heads of the same size: its projections are narrower.
+        self.num_heads = config.heads_in_layer(index)
+        self.head_dim = config.head_dim
+        width = self.num_heads * self.head_dim
+        with warnings.catch_warnings():  # a layer with every head pruned has empty projections: nothing to initialise
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.query = nn.Linear(hidden, width)
+            self.key = nn.Linear(hidden, width)
+            self.value = nn.Linear(hidden, width)
+            self.attn_out = nn.Linear(width, hidden)
         self.attn_norm = nn.LayerNorm(hidden, eps=eps)
         self.ffn_in = nn.Linear(hidden, config.intermediate_size)
         self.ffn_out = nn.Linear(config.intermediate_size, hidden)
@@ -141,18 +154,19 @@ class EncoderLayer(nn.Module):
         self.attention_dropout = config.attention_dropout
 
     def forward(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool = False,
-                queries: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                queries: Tensor | None = None, head_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, 1, 1, L].
 
         `queries` (packed path only): sorted indices of packed tokens; the layer's output is computed only at these
-        rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer)."""
+        rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer).
+        `head_scale` [num_heads]: multiplies each head's output (a head mask)."""
         if queries is None:
-            a, probs = self.attention(x, layout, key_mask, need_weights)
+            a, probs = self.attention(x, layout, key_mask, need_weights, head_scale)
             rows = x
         else:
             if layout is None:
                 raise InputError("queries select packed tokens: they need the packed layout")
-            a, probs = self.attention_at(x, layout, queries), None
+            a, probs = self.attention_at(x, layout, queries, head_scale), None
             rows = x[queries]
         h = self.attn_norm(rows + self.sublayer_output(self.attn_out(a), self.attn_adapter))
         f = self.ffn_out(self.act(self.ffn_in(h)))
@@ -181,32 +195,38 @@ class EncoderLayer(nn.Module):
         keys, values = self.prefix()
         return keys.transpose(0, 1), values.transpose(0, 1)
 
-    def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool):
-        heads, head_dim = self.num_heads, x.shape[-1] // self.num_heads
+    def attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
+                  head_scale: Tensor | None = None):
+        heads, head_dim = self.num_heads, self.head_dim
         p = self.attention_dropout if self.training else 0.0
         q, k, v = self.project(x)
         prefix = self.prefix_states()
+        if heads == 0:  # every head pruned: the sublayer adds attn_out's bias alone
+            batch, length = (layout.batch_size, layout.seq_len) if layout is not None else x.shape[:2]
+            return q, (x.new_zeros(batch, 0, length, length) if need_weights else None)
         if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
             q, k, v = (t.unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in (q, k, v))
-            out, probs = attend(q, k, v, key_mask, p, need_weights, prefix)
+            out, probs = attend(q, k, v, key_mask, p, need_weights, prefix, head_scale)
             return out.transpose(1, 2).flatten(2), probs
         outs, probs_by_group = [], []
         for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in x
             q_g, k_g, v_g = (t[start:start + count * length].view(count, length, heads, head_dim).transpose(1, 2)
                              for t in (q, k, v))
-            o, probs = attend(q_g, k_g, v_g, None, p, need_weights, prefix)
+            o, probs = attend(q_g, k_g, v_g, None, p, need_weights, prefix, head_scale)
             outs.append(o.transpose(1, 2).reshape(count * length, -1))
             probs_by_group.append(probs)
-        out = outs[0] if len(outs) == 1 else torch.cat(outs or [x[:0]])  # one group: no copy; none: no tokens
+        out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens
         return out, (scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 
-    def attention_at(self, x: Tensor, layout: Layout, queries: Tensor) -> Tensor:
-        """Attention output [len(queries), H] at the packed tokens `queries` (sorted): keys and values come from
-        every token, the query projection runs on the selected rows alone."""
-        hidden = x.shape[-1]
-        heads, head_dim = self.num_heads, hidden // self.num_heads
+    def attention_at(self, x: Tensor, layout: Layout, queries: Tensor, head_scale: Tensor | None = None) -> Tensor:
+        """Attention output [len(queries), heads x head_dim] at the packed tokens `queries` (sorted): keys and
+        values come from every token, the query projection runs on the selected rows alone."""
+        heads, head_dim = self.num_heads, self.head_dim
+        hidden = heads * head_dim
         p = self.attention_dropout if self.training else 0.0
         q = self.query(x[queries])
+        if heads == 0:
+            return q
         k, v = (layout.unpack(t).unflatten(-1, (heads, head_dim)).transpose(1, 2) for t in (self.key(x), self.value(x)))
         # Each sequence's selected queries side by side: [B, Q_max, H], slots past a row's count are zeros. A
         # sequence's tokens are contiguous in packed order, so its queries form one run of `queries`.
@@ -219,8 +239,21 @@ class EncoderLayer(nn.Module):
         q_padded[row, slot] = q
         mask = layout.unpack(torch.ones(len(x), dtype=torch.bool, device=x.device))[:, None, None, :]
         o, _ = attend(q_padded.unflatten(-1, (heads, head_dim)).transpose(1, 2), k, v, mask, p, False,
-                      self.prefix_states())
+                      self.prefix_states(), head_scale)
         return o.transpose(1, 2).flatten(2)[row, slot]
+
+
+def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
+    """A copy of `linear` keeping only the outputs (dim 0) or inputs (dim 1) at `index`."""
+    weight = linear.weight.index_select(dim, index)
+    # Built on the meta device: no initialisation to throw away (and none to warn about for zero heads left).
+    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta", dtype=weight.dtype)
+    out = out.to_empty(device=weight.device)
+    out.weight.copy_(weight)
+    if linear.bias is not None:
+        out.bias.copy_(linear.bias.index_select(0, index) if dim == 0 else linear.bias)
+    out.requires_grad_(linear.weight.requires_grad)
+    return out
 
 
 def scatter_attention(probs_by_group: list[Tensor], layout: Layout, heads: int, like: Tensor) -> Tensor:
@@ -261,7 +294,7 @@ class Encoder(nn.Module):
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_unique_layers))
+        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_unique_layers))
         self.plan = [index for step in config.layer_plan() for index in step]  # unique-layer index per call
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
 
@@ -286,6 +319,19 @@ class Encoder(nn.Module):
             raise InputError(f"token ids must lie in [0, {self.config.vocab_size}), got "
                              f"[{int(input_ids.min())}, {int(input_ids.max())}]: does the tokenizer match the model?")
 
+    def head_scales(self, head_mask: Tensor | None) -> list[Tensor | None]:
+        """Per layer call, the mask entries of the heads that layer has (None everywhere without a mask)."""
+        if head_mask is None:
+            return [None] * len(self.plan)
+        expected = (len(self.plan), self.config.num_heads)
+        if tuple(head_mask.shape) != expected:
+            raise InputError(f"head_mask must be [layer calls, heads] = {list(expected)}, got {list(head_mask.shape)}")
+        scales = []
+        for call, index in enumerate(self.plan):
+            kept = self.config.kept_heads(index)
+            scales.append(head_mask[call] if len(kept) == self.config.num_heads else head_mask[call, kept])
+        return scales
+
     def forward(
         self,
         input_ids: Tensor,
@@ -297,10 +343,17 @@ class Encoder(nn.Module):
         output_attentions: bool = False,
         packed: bool = True,
         last_layer_at: Tensor | None = None,
+        head_mask: Tensor | None = None,
     ) -> EncoderOutput:
         """`last_layer_at` (flat indices into [B * L], packed path only, without hidden states or attentions): run
-        the last layer only at these positions; `last_hidden_state` is then zero everywhere else."""
+        the last layer only at these positions; `last_hidden_state` is then zero everywhere else.
+
+        `head_mask` [layer calls, num_heads] (layer calls = num_layers, times inner_group_size for ALBERT): each
+        head's output is multiplied by its entry (0 removes the head, as transformers' head_mask did; a mask that
+        requires grad gives Michel et al.'s head importance). Heads keep their original numbering in a pruned
+        model: the entries of pruned heads are ignored."""
         self.check_inputs(input_ids)
+        head_scales = self.head_scales(head_mask)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         if position_ids is None:
@@ -320,8 +373,8 @@ class Encoder(nn.Module):
         prune = last_layer_at is not None and layout is not None and not (output_hidden_states or output_attentions)
         if prune:
             plan = plan[:-1]
-        for index in plan:
-            x, probs = self.layers[index](x, layout, key_mask, output_attentions)
+        for call, index in enumerate(plan):
+            x, probs = self.layers[index](x, layout, key_mask, output_attentions, head_scale=head_scales[call])
             if attentions is not None:
                 attentions.append(probs)
             if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
@@ -334,7 +387,8 @@ class Encoder(nn.Module):
             real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
             queries = torch.unique(packed_of_flat[real])  # sorted, each once
             out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
-            out[layout.flat_index[queries]] = self.layers[self.plan[-1]](x, layout, key_mask, queries=queries)[0]
+            out[layout.flat_index[queries]] = self.layers[self.plan[-1]](x, layout, key_mask, queries=queries,
+                                                                         head_scale=head_scales[-1])[0]
             last = out.view(layout.batch_size, layout.seq_len, -1)
         else:
             last = hidden_states[-1] if hidden_states is not None else to_padded(x)
@@ -500,8 +554,10 @@ class EncoderModel(nn.Module):
         output_attentions: bool = False,
         packed: bool = True,
         last_layer_at: Tensor | None = None,
+        head_mask: Tensor | None = None,
     ) -> EncoderOutput:
         """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
+        `head_mask` [layers, heads]: multiplies each head's output (see Encoder.forward).
 
         `last_layer_at` [N, 2] (row, column), possibly empty: the positions where the caller will read
         `last_hidden_state`. Given it, the last layer runs only at those positions plus the ones the heads read
@@ -520,6 +576,7 @@ class EncoderModel(nn.Module):
             output_attentions=output_attentions,
             packed=packed,
             last_layer_at=flat_at,
+            head_mask=head_mask,
         )
         h = out.last_hidden_state if self.mix is None else self.mix(out.hidden_states)
         if self.mix is not None and not output_hidden_states:
@@ -567,6 +624,35 @@ class EncoderModel(nn.Module):
         setattr(parent, attribute, module)
         self.extensions[where] = (factory, dict(options))
         return module
+
+    @torch.no_grad()
+    def prune_heads(self, heads: dict[int, Sequence[int]]) -> None:
+        """Remove attention heads for good. `heads` maps a layer index to head indices in the unpruned numbering
+        (heads pruned already are ignored). Those heads' rows of query, key and value and their columns of the
+        attention output are dropped, so the model is smaller and computes what it computed with them masked to 0;
+        `config.pruned_heads` records them (transformers' config.json `pruned_heads`)."""
+        config = self.config
+        wanted = {int(layer): set(config.pruned_heads.get(int(layer), ())) | {int(h) for h in chosen}
+                  for layer, chosen in heads.items()}
+        pruned = config.checked_pruned_heads({**config.pruned_heads, **wanted})
+        for index, removed in pruned.items():
+            layer = self.encoder.layers[index]
+            kept_before = config.kept_heads(index)
+            keep = [position for position, head in enumerate(kept_before) if head not in removed]
+            if len(keep) == len(kept_before):
+                continue
+            modules = {name: getattr(layer, name) for name in ("query", "key", "value", "attn_out")}
+            if not all(plain_linear(m) for m in modules.values()) or layer.prefix is not None:
+                raise ConfigError(f"layer {index}: heads cannot be pruned under extensions (LoRA, prefixes); prune "
+                                  "before adding them")
+            d = layer.head_dim
+            columns = torch.tensor([position * d + j for position in keep for j in range(d)], dtype=torch.long,
+                                   device=layer.query.weight.device)
+            for name in ("query", "key", "value"):
+                setattr(layer, name, narrowed_linear(modules[name], columns, dim=0))
+            layer.attn_out = narrowed_linear(modules["attn_out"], columns, dim=1)
+            layer.num_heads = len(keep)
+        config.pruned_heads = pruned
 
     def last_layer_positions(self, input_ids: Tensor, masked_positions: Tensor | None,
                              last_layer_at: Tensor | None) -> Tensor | None:

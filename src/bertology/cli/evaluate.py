@@ -25,12 +25,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the metrics it names, of the predictions `bertology predict` wrote for it.",
     )
     parser.add_argument("--task", required=True, metavar="TASK",
-                        help=f"{', '.join(TASKS)}, conll2003-spans, or a task file")
-    parser.add_argument("--predictions", required=True, metavar="FILE")
+                        help=f"{', '.join(TASKS)}, conll2003-spans, retrieval, or a task file")
+    parser.add_argument("--predictions", metavar="FILE", help="the predictions file (every task but retrieval)")
     parser.add_argument("--gold", metavar="FILE", help="the gold file (not used by conll)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="squad: score a question without a prediction 0, as the official script does, "
                         "and print their number as 'missing', instead of stopping with an error")
+    parser.add_argument("--index", metavar="INDEX",
+                        help="retrieval: a dense index (`bertology index build --squad FILE`); with --squad FILE, "
+                        "prints recall@1/5/20 (percent) of every question against all its paragraphs")
+    parser.add_argument("--squad", metavar="FILE", help="retrieval: the SQuAD v1.1 file the index was built from")
     parser.set_defaults(func=run)
 
 
@@ -41,6 +45,13 @@ def run(args: argparse.Namespace) -> int:
     from bertology.tasks.metrics import evaluate_files
 
     name = args.task.lower() if args.task.lower() in TASKS else args.task
+    if name.lower() == "retrieval":
+        from bertology.retrieval.evaluate import evaluate_retrieval
+
+        print(json.dumps(evaluate_retrieval(args.index, args.squad)))
+        return 0
+    if args.predictions is None:
+        raise ConfigError(f"evaluate --task {args.task}: --predictions FILE is required")
     if name in TASKS:
         metrics = evaluate_files(name, args.predictions, args.gold, allow_missing=args.allow_missing)
     else:  # any other registered task (span typing) or a user's task file scores with its own evaluate

@@ -144,3 +144,19 @@ def evaluate_squad(index, squad: str | os.PathLike, *, ks: Sequence[int] = DEFAU
     vectors = index.encode([q.question for q in questions], batch_size=batch_size, show_progress=show_progress)
     _, rows = index.search_vectors(vectors, min(max(ks), len(index)))
     return recall_at_k(questions, index.passages, [[r for r in row if r >= 0] for row in rows], ks)
+
+
+def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike | None,
+                       model: str | os.PathLike | None = None) -> dict[str, float | int]:
+    """`bertology evaluate --task retrieval`: load the index directory (with `model`, default the recorded one) and
+    return `evaluate_squad(...).summary()`."""
+    from bertology.retrieval.index import Index
+
+    if index is None or squad is None:
+        raise ConfigError("evaluate --task retrieval: --index INDEX and --squad FILE are required")
+    loaded = Index.load(index)
+    model = model or loaded.model_path
+    if model is None:
+        raise ConfigError(f"{index}: the index records no model directory (it was built from a loaded model)")
+    loaded.attach(model)
+    return evaluate_squad(loaded, squad).summary()

@@ -12,11 +12,16 @@ from typing import Any
 from bertology.config import build_registered
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
 from bertology.objectives.compose import TrainingLoss
+from bertology.objectives.distill import Distillation
+from bertology.objectives.electra import Electra
 from bertology.objectives.fill_mask import Prediction, fill_mask
 from bertology.objectives.mlm import MaskedLM, mlm_loss
 from bertology.objectives.nsp import NextSentence, nsp_loss
+from bertology.objectives.sop import SentenceOrder
+from bertology.objectives.span import SpanBoundary
 
-OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence}
+OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -33,8 +38,12 @@ def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objec
 __all__ = [
     "OBJECTIVES",
     "Batch",
+    "Distillation",
+    "Electra",
     "MaskedLM",
     "NextSentence",
+    "SentenceOrder",
+    "SpanBoundary",
     "Objective",
     "ObjectiveOutput",
     "Prediction",

@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from bertology.data.corpus import CorpusSource, read_documents
-from bertology.data.dataset import PretrainingDataset
+from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.instances import SpecialTokens
 from bertology.data.masking import Masker
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
+from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import EncoderConfig, preset
@@ -116,17 +117,23 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     special = SpecialTokens.from_tokenizer(tokenizer)
     masking = config.data.masking
 
+    # A masking-rate schedule reads the optimizer step of each micro-batch.
+    clock = StepClock(config.optim.grad_accumulation, config.optim.total_steps)
+
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
                 bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
-        return PretrainingDataset(corpus, special, instance_config, masker, bucket_window)
+        make_batch: Any = masker
+        if masking_config.spans is not None:  # SpanBERT's span masking
+            make_batch = SpanBatches(masker, config.run.seed, dupe_factor, clock)
+        return PretrainingDataset(corpus, special, instance_config, make_batch, bucket_window, clock)
 
     train_data = dataset(train, masking, inst.dupe_factor, config.data.bucket_window)
     eval_data = None
-    if heldout is not None:
-        eval_data = dataset(heldout, dataclasses.replace(masking, dynamic=False), 1)
+    if heldout is not None:  # one fixed masking, at the schedule's final rate
+        eval_data = dataset(heldout, dataclasses.replace(masking.final(), dynamic=False), 1)
     return train_data, eval_data
 
 
@@ -161,8 +168,7 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
     if model_config.pad_token_id != tokenizer.pad_id:
         problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.pad_id} "
                         f"({tokenizer.pad_token!r})")
-    if tokenizer.style == "bert" and model_config.type_vocab_size < 2 and config.data.instances.kind in (
-            "nsp", "segment-pair"):
+    if tokenizer.style == "bert" and model_config.type_vocab_size < 2 and config.data.instances.pairs:
         problems.append(f"type_vocab_size {model_config.type_vocab_size} < 2, but BERT-style pairs use segment 1")
     if problems:
         raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
@@ -187,7 +193,10 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         if getattr(objective, "activation", "") is None:
             objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
-    if config.model.init_from is not None:
+    derived = _model_from_objectives(config, tokenizer, objectives, heads)
+    if derived is not None:
+        model = derived
+    elif config.model.init_from is not None:
         model = EncoderModel(model_config, heads)
         generator = torch.Generator().manual_seed(config.run.seed)
         model.init_weights(generator)
@@ -199,7 +208,32 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     else:
         model = EncoderModel(model_config, heads)
         model.init_weights(torch.Generator().manual_seed(config.run.seed))
+    for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
+        attach = getattr(objective, "attach", None)
+        if attach is not None:
+            attach(model, torch.Generator().manual_seed(config.run.seed + 1))
     return model
+
+
+def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective],
+                           heads: list[Any]) -> EncoderModel | None:
+    """The model an objective derives from another one (a distillation student from its teacher), or None. Such an
+    objective also checks that the run's tokenizer is its teacher's (``check_tokenizer``)."""
+    for objective in objectives:
+        check = getattr(objective, "check_tokenizer", None)
+        if check is not None:
+            check(tokenizer, tokenizer.vocab_size, tokenizer.pad_id)
+        derive = getattr(objective, "initial_model", None)
+        model = derive(heads, torch.Generator().manual_seed(config.run.seed)) if derive is not None else None
+        if model is None:
+            continue
+        where = f"objectives.{getattr(objective, 'name', '?')}"
+        if config.model.init_from is not None:
+            raise ConfigError(f"model.init_from: {where} builds the model from its teacher; leave model.init_from "
+                              "unset")
+        check_model_matches(model.config, tokenizer, config, f"{where}.teacher")
+        return model
+    return None
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,
@@ -229,6 +263,10 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
             trainer.resume()
         metrics = trainer.train()
         output_dir = Path(config.run.output_dir)
+        for objective in objectives:  # what an objective trains beside the model (ELECTRA's generator)
+            save = getattr(objective, "save_with_model", None)
+            if save is not None and env.is_main:
+                save(output_dir, tokenizer)
         return PretrainResult(output_dir, output_dir / FINAL_MODEL_DIR, metrics, trainer.state.step)
     finally:
         D.shutdown()

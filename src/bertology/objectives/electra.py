@@ -1,0 +1,315 @@
+"""ELECTRA's replaced-token detection (Clark et al., 2020): a small masked-LM generator fills the masked positions
+with tokens sampled from its output distribution, and the model being trained (the discriminator) labels every real
+token original or replaced.
+
+    L = w_gen * MLM_gen + w_rtd * RTD,   w_gen = 1, w_rtd = 50 (the paper's lambda)
+
+* The generator is an encoder ``generator_size`` times the discriminator's width (hidden size, feed-forward size;
+  ``hidden // 64`` heads, as ELECTRA's ``get_generator_config``) with the discriminator's depth unless
+  ``generator_layers`` says otherwise. It shares the discriminator's token, position and segment embeddings and
+  their LayerNorm; when its width differs from the embedding width it has its own projection (ELECTRA's
+  ``embedding_size``), as transformers' ``ElectraForMaskedLM`` does.
+* Sampling is at temperature 1 from the generator's softmax, with no gradient through it: the discriminator's
+  input is the original sequence with every masked position replaced by the sample. A sample equal to the original
+  token counts as original (label 0), as in ELECTRA.
+* RTD is the binary cross-entropy of the discriminator's per-token logit, averaged over the real tokens ([CLS] and
+  [SEP] included, as ELECTRA weights by the input mask); MLM_gen is averaged over the masked tokens. Each term is
+  normalised by its own unit count over the effective batch (``terms()``: two objectives in ``TrainingLoss``).
+* The sample at a masked position is an inverse-CDF draw with a uniform that hashes (``seed``, the instance id,
+  the row's masked ids, the column): a pure function of the batch, so resumed runs and evaluations repeat it.
+
+The discriminator is the model (head ``rtd``, saved as ``ElectraForPreTraining`` for the ``electra`` family); the
+generator is this objective's module (saved with the trainer state in checkpoints, and as ``ElectraForMaskedLM`` in
+``<output_dir>/generator`` at the end of a run by ``save_with_model``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.data.masking import _GOLDEN, _keyed_uniforms, _mix64
+from bertology.errors import ConfigError
+from bertology.model.config import EncoderConfig
+from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
+from bertology.objectives.mlm import MaskedBatch, mlm_loss
+
+if TYPE_CHECKING:
+    from bertology.tokenization import Tokenizer
+
+GENERATOR_DIR = "generator"
+_SAMPLE_TAG = np.uint64(0x656C656374726121)  # separates these streams from masking's
+
+
+def generator_config(discriminator: EncoderConfig, size: float, layers: int | None = None) -> EncoderConfig:
+    """The generator's config: ``size`` x the discriminator's hidden and feed-forward widths, ``hidden // 64`` heads
+    (at least one, and a divisor of the width), the same embedding width (projected when the widths differ)."""
+    hidden = max(1, int(round(discriminator.hidden_size * size)))
+    heads = max(1, hidden // 64)
+    while hidden % heads:
+        heads -= 1
+    embedding = discriminator.token_embedding_size
+    return dataclasses.replace(
+        discriminator,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=max(1, int(round(discriminator.intermediate_size * size))),
+        num_layers=layers if layers is not None else discriminator.num_layers,
+        embedding_size=None if embedding == hidden else embedding,
+        num_layer_groups=None,
+        inner_group_size=1,
+        pooler=False,
+        extra={},
+    )
+
+
+def sampling_keys(seed: int, input_ids: Tensor, attention_mask: Tensor, instance_ids: Tensor | None) -> Tensor:
+    """One 64-bit key per row (int64 ``[B]``) from ``seed``, the row's instance id (its index when there is none)
+    and a hash of its (masked) ids at real tokens."""
+    ids = input_ids.detach().cpu().numpy().astype(np.int64).view(np.uint64)
+    real = attention_mask.detach().cpu().numpy().astype(bool)
+    columns = (np.arange(ids.shape[1], dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+    with np.errstate(over="ignore"):
+        content = np.where(real, _mix64(ids + columns[None, :]), np.uint64(0)).sum(axis=1, dtype=np.uint64)
+        rows = (instance_ids.detach().cpu().numpy() if instance_ids is not None
+                else np.arange(ids.shape[0])).astype(np.int64).view(np.uint64)
+        base = _mix64(np.array([int(seed) % 2**64], dtype=np.uint64) ^ _SAMPLE_TAG)
+        keys = _mix64(_mix64(base + (rows + np.uint64(1)) * _GOLDEN) ^ content)
+    return torch.from_numpy(keys.view(np.int64).copy())
+
+
+def sample_from_logits(logits: Tensor, uniforms: Tensor) -> Tensor:
+    """Inverse-CDF draws from ``softmax(logits)`` (``[N, V]``) with ``uniforms`` in [0, 1) (``[N]``), in float64."""
+    if logits.shape[0] == 0:
+        return torch.zeros(0, dtype=torch.long, device=logits.device)
+    cdf = torch.cumsum(torch.softmax(logits.detach().double(), dim=-1), dim=-1)
+    u = uniforms.to(cdf.device, torch.float64)[:, None] * cdf[:, -1:]  # the last entry is 1 up to rounding
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp(max=logits.shape[1] - 1)
+
+
+@dataclass
+class Replaced:
+    """What the generator did to one batch: its logits at the masked positions, the discriminator's input and the
+    per-token labels (1 = replaced)."""
+
+    generator_logits: Tensor  # [N, V]
+    samples: Tensor  # [N]
+    corrupted: Tensor  # [B, L]
+    labels: Tensor  # [B, L] float, 0 at padding
+
+
+@dataclass(eq=False, repr=False)
+class Electra(nn.Module):
+    """ELECTRA pretraining (see the module docstring). Options: ``generator_size`` in (0, 1] (the paper uses 1/4 to
+    1/3), ``generator_layers`` (None: the discriminator's), ``generator_weight`` and ``rtd_weight`` (ELECTRA: 1 and
+    50), ``weight`` (a factor on both terms), ``seed`` of the sampling. Metrics: ``generator_loss``,
+    ``generator_accuracy`` and ``generator_perplexity`` at the masked positions; ``rtd_loss``, ``rtd_accuracy``
+    over every real token, ``rtd_precision`` and ``rtd_recall`` of "replaced", ``rtd_replaced_share`` (replaced
+    tokens per masked token)."""
+
+    generator_size: float = 0.25
+    generator_layers: int | None = None
+    generator_weight: float = 1.0
+    rtd_weight: float = 50.0
+    weight: float = 1.0
+    seed: int = 0
+    activation: str | None = None  # of the discriminator head; None: the model's hidden_act (set by the recipe)
+    name: str = "electra"
+
+    def __post_init__(self) -> None:
+        super().__init__()
+        check_objective(self)
+        where = f"objectives.{self.name}"
+        if not 0.0 < self.generator_size <= 1.0:
+            raise ConfigError(f"{where}.generator_size: must be in (0, 1] (a fraction of the discriminator's "
+                              f"width; a generator wider than the discriminator is not ELECTRA), got "
+                              f"{self.generator_size}")
+        if self.generator_layers is not None and self.generator_layers < 1:
+            raise ConfigError(f"{where}.generator_layers: must be >= 1 or null, got {self.generator_layers}")
+        for key in ("generator_weight", "rtd_weight"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{where}.{key}: must be >= 0, got {getattr(self, key)}")
+        if self.seed < 0:
+            raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
+        self.generator: EncoderModel | None = None
+        self._replaced: weakref.WeakKeyDictionary[Passes, Replaced] = weakref.WeakKeyDictionary()
+
+    # ------------------------------------------------------------------------------------------- the generator
+    def attach(self, model: EncoderModel, generator: torch.Generator | None = None) -> EncoderModel:
+        """Build the generator for ``model`` (the discriminator), initialised from ``generator``, and tie its token,
+        position and segment embeddings and their LayerNorm to the discriminator's. Returns the generator."""
+        where = f"objectives.{self.name}"
+        disc = model.config
+        if int(round(disc.hidden_size * self.generator_size)) > disc.hidden_size:
+            raise ConfigError(f"{where}.generator_size: the generator would be wider than the discriminator")
+        if self.generator_layers is not None and self.generator_layers > disc.num_layers:
+            raise ConfigError(f"{where}.generator_layers: {self.generator_layers} is deeper than the "
+                              f"discriminator's {disc.num_layers} layers")
+        config = generator_config(disc, self.generator_size, self.generator_layers)
+        gen = EncoderModel(config, (HeadSpec("mlm", "masked_lm", activation="gelu"),))
+        gen.init_weights(generator)
+        shared, own = model.encoder.embeddings, gen.encoder.embeddings
+        own.word, own.position, own.token_type, own.norm = shared.word, shared.position, shared.token_type, shared.norm
+        self.generator = gen.to(next(model.parameters()).device)
+        return self.generator
+
+    def _gen(self) -> EncoderModel:
+        if self.generator is None:
+            raise ConfigError(f"objectives.{self.name}: the generator is not built; call attach(model) before "
+                              "training (bertology.recipes.pretrain does)")
+        return self.generator
+
+    def replace(self, passes: Passes, batch: MaskedBatch) -> Replaced:
+        """The generator's pass and samples for this batch (computed once per batch, shared by both terms)."""
+        done = self._replaced.get(passes)
+        if done is not None:
+            return done
+        gen = self._gen()
+        positions = batch.masked_positions
+        out = gen(batch.input_ids, batch.attention_mask, getattr(batch, "token_type_ids", None),  # type: ignore[attr-defined]
+                  masked_positions=positions, last_layer_at=positions[:0])
+        logits = out.head_logits["mlm"]
+        keys = sampling_keys(self.seed, batch.input_ids, batch.attention_mask,  # type: ignore[attr-defined]
+                             getattr(batch, "instance_ids", None))
+        width = batch.input_ids.shape[1]  # type: ignore[attr-defined]
+        uniforms = _keyed_uniforms(keys, width, 0)[positions[:, 0].cpu(), positions[:, 1].cpu()]
+        with torch.no_grad():
+            samples = sample_from_logits(logits, uniforms)
+            corrupted = batch.input_ids.clone()  # type: ignore[attr-defined]
+            corrupted[positions[:, 0], positions[:, 1]] = samples.to(corrupted.dtype)
+            labels = torch.zeros(corrupted.shape, dtype=torch.float32, device=corrupted.device)
+            labels[positions[:, 0], positions[:, 1]] = (samples != batch.mlm_labels).float()
+        done = Replaced(logits, samples, corrupted, labels)
+        self._replaced[passes] = done
+        return done
+
+    # ------------------------------------------------------------------------------------------- the protocol
+    def heads(self) -> Sequence[HeadSpec]:
+        return (HeadSpec("rtd", "token_mlp", activation=self.activation or "gelu"),)
+
+    def terms(self) -> tuple[GeneratorMLM, ReplacedTokenDetection]:
+        """The two losses, each with its own units (masked tokens, real tokens), composed by ``TrainingLoss``."""
+        return (GeneratorMLM(self), ReplacedTokenDetection(self))
+
+    def reads(self, batch: Any) -> Tensor:
+        return batch.masked_positions[:0]
+
+    def units(self, batch: Any) -> Tensor:
+        return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
+
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:  # type: ignore[override]
+        raise ConfigError(f"objectives.{self.name}: compose ELECTRA through its terms() (TrainingLoss does)")
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for term in self.terms():
+            out.update(term.summarize(totals))
+        return out
+
+    def save_with_model(self, output_dir: str | Path, tokenizer: Tokenizer | None) -> Path:
+        """Write the generator (with the tokenizer) to ``<output_dir>/generator``: ``ElectraForMaskedLM``'s layout
+        for the ``electra`` family."""
+        from bertology.model.checkpoint import Pretrained
+
+        path = Path(output_dir) / GENERATOR_DIR
+        Pretrained(self._gen(), tokenizer).save(path)
+        return path
+
+
+class GeneratorMLM:
+    """ELECTRA's generator loss: MLM cross-entropy at the masked positions. Stats ``generator_*``."""
+
+    name = "generator"
+
+    def __init__(self, electra: Electra) -> None:
+        self.electra = electra
+        self.weight = electra.weight * electra.generator_weight
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return ()
+
+    def reads(self, batch: Any) -> Tensor:
+        return batch.masked_positions[:0]  # reads nothing of the shared pass
+
+    def units(self, batch: Any) -> Tensor:
+        return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
+
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+        done = self.electra.replace(passes, batch)
+        logits = done.generator_logits
+        loss_sum = mlm_loss(logits, batch.mlm_labels, reduction="sum")
+        with torch.no_grad():
+            correct = (logits.argmax(-1) == batch.mlm_labels).sum()
+        return ObjectiveOutput(loss_sum, {
+            "generator_units": torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64, device=logits.device),
+            "generator_loss_sum": loss_sum.detach().float(),
+            "generator_correct": correct,
+        })
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        units = totals.get("generator_units", 0.0)
+        loss = ratio(totals.get("generator_loss_sum", 0.0), units)
+        return {"generator_loss": loss, "generator_accuracy": ratio(totals.get("generator_correct", 0.0), units),
+                "generator_perplexity": safe_exp(loss)}
+
+
+class ReplacedTokenDetection:
+    """ELECTRA's discriminator loss: per-token binary cross-entropy of the ``rtd`` head over the real tokens of the
+    corrupted batch. Stats ``rtd_*``."""
+
+    name = "rtd"
+
+    def __init__(self, electra: Electra) -> None:
+        self.electra = electra
+        self.weight = electra.weight * electra.rtd_weight
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return ()
+
+    def reads(self, batch: Any) -> Tensor:
+        return batch.masked_positions[:0]  # the discriminator reads its own pass, on the corrupted ids
+
+    def units(self, batch: Any) -> Tensor:
+        return batch.attention_mask.sum().to(torch.int64).cpu()
+
+    def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
+        done = self.electra.replace(passes, batch)
+        out = passes.run(done.corrupted, batch.attention_mask, getattr(batch, "token_type_ids", None))
+        logits = out.head_logits["rtd"].float()
+        real = batch.attention_mask.bool()
+        labels = done.labels
+        loss_sum = F.binary_cross_entropy_with_logits(logits[real], labels[real], reduction="sum")
+        with torch.no_grad():
+            predicted = (logits > 0) & real
+            replaced = labels.bool()
+            device = logits.device
+            stats = {
+                "rtd_units": real.sum().to(torch.int64),
+                "rtd_loss_sum": loss_sum.detach(),
+                "rtd_correct": ((predicted == replaced) & real).sum(),
+                "rtd_predicted": predicted.sum(),
+                "rtd_replaced": replaced.sum(),
+                "rtd_true_positive": (predicted & replaced).sum(),
+                "rtd_masked": torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64, device=device),
+            }
+        return ObjectiveOutput(loss_sum, stats)
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        get = totals.get
+        return {
+            "rtd_loss": ratio(get("rtd_loss_sum", 0.0), get("rtd_units", 0.0)),
+            "rtd_accuracy": ratio(get("rtd_correct", 0.0), get("rtd_units", 0.0)),
+            "rtd_precision": ratio(get("rtd_true_positive", 0.0), get("rtd_predicted", 0.0)),
+            "rtd_recall": ratio(get("rtd_true_positive", 0.0), get("rtd_replaced", 0.0)),
+            "rtd_replaced_share": ratio(get("rtd_replaced", 0.0), get("rtd_masked", 0.0)),
+        }

@@ -290,6 +290,10 @@ def _validation_response(error: RequestValidationError) -> JSONResponse:
             return JSONResponse({"detail": f"malformed JSON: {message} at line {line}, column {column} "
                                            f"(character {position})"}, status_code=400)
     fields = [_field(problem.get("loc", ())) for problem in problems]
+    # A union (layers: str | int | list[int]) fails once per member: keep the deepest, e.g. layers[1] over layers.
+    deepest = [i for i, f in enumerate(fields)
+               if not any(g != f and (g.startswith(f + "[") or g.startswith(f + ".")) for g in fields)]
+    problems, fields = [problems[i] for i in deepest], [fields[i] for i in deepest]
     messages = [f"{field or 'request body'}: {_message(problem)}" for field, problem in zip(fields, problems)]
     return JSONResponse({"detail": "; ".join(messages), "field": fields[0] if fields and fields[0] else None,
                          "errors": [{"field": f, "message": _message(p)} for f, p in zip(fields, problems)]},

@@ -339,6 +339,6 @@ def test_masker_call_errors():
 
 
 def test_masking_config_normalises_numbers():
-    config = MaskingConfig(mlm_probability=1, max_predictions=np.int64(5))
-    assert config.mlm_probability == 1.0 and type(config.mlm_probability) is float
+    config = MaskingConfig(mlm_probability=np.float32(0.5), max_predictions=np.int64(5))
+    assert config.mlm_probability == 0.5 and type(config.mlm_probability) is float
     assert config.max_predictions == 5 and type(config.max_predictions) is int

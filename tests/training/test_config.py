@@ -45,7 +45,7 @@ def test_json_config(tmp_path):
     (["run.progress=3"], "run.progress: expected bool"),
     (["data.instances.kind=pairs"], "data.instances.kind: expected one of"),
     (["optim.betas=[0.9]"], "optim.betas: expected a list of 2 values"),
-    (["data.masking.mlm_probability=1.5"], "data.masking.mlm_probability: must be in [0, 1]"),
+    (["data.masking.mlm_probability=1.5"], "data.masking.mlm_probability: must be in (0, 1)"),
     (["optim.total_steps=0"], "optim.total_steps: must be >= 1"),
     (["objectives.nsp={}", "data.instances.kind=full-sentences"], "objectives.nsp: next-sentence prediction needs"),
     (["optim=3"], "optim: expected a mapping"),
@@ -213,7 +213,7 @@ def test_huge_integer_for_a_float():
     ("data.instances.short_seq_prob=1.5", r"data.instances.short_seq_prob: must be in \[0, 1\]"),
     ("data.instances.short_seq_prob=-0.1", r"data.instances.short_seq_prob: must be in \[0, 1\]"),
     ("data.instances.dupe_factor=0", "data.instances.dupe_factor: must be >= 1"),
-    ("data.masking.mlm_probability=-0.1", r"data.masking.mlm_probability: must be in \[0, 1\]"),
+    ("data.masking.mlm_probability=-0.1", r"data.masking.mlm_probability: must be in \(0, 1\)"),
     ("data.masking.mask_token_prob=1.1", r"data.masking.mask_token_prob: must be in \[0, 1\]"),
     ("data.masking.random_token_prob=-1", r"data.masking.random_token_prob: must be in \[0, 1\]"),
     ("data.masking.random_token_prob=0.5", r"data.masking: mask_token_prob \+ random_token_prob must be <= 1"),
@@ -231,7 +231,7 @@ def test_out_of_range_settings(setting, message):
     "optim.warmup_steps=0", "optim.weight_decay=0", "optim.min_lr_ratio=1", "optim.clip_norm=null",
     "run.seed=0", "run.eval_batches=null", "speed.prefetch=0", "data.heldout_documents=0.5",
     "data.heldout_documents=3", "data.bucket_window=0", "data.instances.max_seq_length=6",
-    "data.instances.short_seq_prob=0", "data.masking.mlm_probability=1", "tokenizer.min_frequency=0",
+    "data.instances.short_seq_prob=0", "data.masking.mlm_probability=0.99", "tokenizer.min_frequency=0",
 ])
 def test_boundary_settings_are_accepted(setting):
     load_config(None, [setting])

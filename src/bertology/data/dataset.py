@@ -42,14 +42,18 @@ class InstanceBatch:
     attention_mask: torch.Tensor  # [B, L], 1 at real tokens
     token_type_ids: torch.Tensor  # [B, L]
     word_starts: torch.Tensor  # [B, L] bool: the token starts a word (whole-word and span masking)
-    next_sentence_labels: torch.Tensor | None  # [B] for NSP instances, else None
+    next_sentence_labels: torch.Tensor | None  # [B] for NSP (1 = random next) and SOP (1 = swapped), else None
     instance_ids: torch.Tensor  # [B] ids in the epoch's instance list
     epoch: int
+    # This rank's micro-batch count from the start of training (epoch 0, batch 0) to this batch: set when the
+    # batch maker asks for it (``needs_position``), for schedules over training steps; else 0.
+    position: int = 0
 
 
 class BatchMaker(Protocol):
     """Turns collated instances into a training batch (e.g. masks them); must be a pure function of its input
-    (randomness keyed by ``instance_ids`` and ``epoch``), so that resumed runs see the same batches."""
+    (randomness keyed by ``instance_ids`` and ``epoch``, and ``position`` when it has ``needs_position = True``),
+    so that resumed runs see the same batches."""
 
     def __call__(self, instances: InstanceBatch) -> Any: ...
 
@@ -68,8 +72,8 @@ class PretrainingBatch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PretrainingBatch:
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
-        return PretrainingBatch(**{k: None if v is None else v.to(device, non_blocking=non_blocking)
-                                   for k, v in moved.items()})
+        return type(self)(**{k: None if v is None else v.to(device, non_blocking=non_blocking)
+                             for k, v in moved.items()})
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -105,18 +109,53 @@ class PackedInstances:
         return input_ids, real.astype(np.int64), token_type_ids, word_starts
 
 
-class MaskedBatches:
-    """The BERT / RoBERTa batch maker: MLM masking with a ``Masker``, keyed by (seed, instance, epoch)."""
+@dataclass(frozen=True)
+class StepClock:
+    """Where a micro-batch falls in training: this rank's micro-batch ``position`` (counted from the start) is in
+    optimizer step ``position // grad_accumulation``, and ``progress`` runs from 0 at the first step to 1 at the
+    last (``total_steps``). Masking-rate schedules read it."""
 
-    def __init__(self, masker: Masker, seed: int, dupe_factor: int) -> None:
+    grad_accumulation: int = 1
+    total_steps: int = 1
+
+    def __post_init__(self) -> None:
+        if self.grad_accumulation < 1 or self.total_steps < 1:
+            raise ConfigError(f"StepClock: grad_accumulation and total_steps must be >= 1, got "
+                              f"{self.grad_accumulation} and {self.total_steps}")
+
+    def step(self, position: int) -> int:
+        return position // self.grad_accumulation
+
+    def progress(self, position: int) -> float:
+        return min(1.0, self.step(position) / max(1, self.total_steps - 1))
+
+
+class MaskedBatches:
+    """The BERT / RoBERTa batch maker: MLM masking with a ``Masker``, keyed by (seed, instance, epoch); with a
+    masking-rate schedule the rate is the one of the batch's optimizer step (``clock``)."""
+
+    def __init__(self, masker: Masker, seed: int, dupe_factor: int, clock: StepClock | None = None) -> None:
+        if masker.config.schedule != "constant" and clock is None:
+            raise ConfigError("MaskedBatches: a masking-rate schedule needs a StepClock (the run's "
+                              "grad_accumulation and total_steps)")
         self.masker = masker
         self.seed = seed
         self.dupe_factor = dupe_factor
+        self.clock = clock
+        self.needs_position = masker.config.schedule != "constant"
+
+    def rate(self, instances: InstanceBatch) -> float:
+        """The masking rate of this batch (the config's, or its step's on a schedule)."""
+        if not self.needs_position:
+            return self.masker.config.mlm_probability
+        assert self.clock is not None
+        return self.masker.config.probability_at(self.clock.progress(instances.position))
 
     def __call__(self, instances: InstanceBatch) -> PretrainingBatch:
         seeds = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, self.dupe_factor,
                               self.masker.config.dynamic)
-        masked = self.masker(instances.input_ids, instances.attention_mask, instances.word_starts, seeds=seeds)
+        masked = self.masker(instances.input_ids, instances.attention_mask, instances.word_starts, seeds=seeds,
+                             mlm_probability=self.rate(instances))
         return PretrainingBatch(masked.input_ids, instances.attention_mask, instances.token_type_ids,
                                 masked.masked_positions, masked.mlm_labels, instances.next_sentence_labels,
                                 instances.instance_ids)
@@ -131,12 +170,12 @@ class PretrainingDataset:
     """
 
     def __init__(self, source: DocumentSource, special: SpecialTokens, config: InstanceConfig,
-                 make_batch: Masker | BatchMaker, bucket_window: int = 0) -> None:
+                 make_batch: Masker | BatchMaker, bucket_window: int = 0, clock: StepClock | None = None) -> None:
         if isinstance(make_batch, Masker):
             if make_batch.special != special:
                 raise ConfigError(f"PretrainingDataset: the masker's special tokens {make_batch.special} differ "
                                   f"from {special}")
-            make_batch = MaskedBatches(make_batch, config.seed, config.dupe_factor)
+            make_batch = MaskedBatches(make_batch, config.seed, config.dupe_factor, clock)
         if bucket_window < 0:
             raise ConfigError(f"PretrainingDataset: bucket_window must be >= 0, got {bucket_window}")
         self.source = source
@@ -147,6 +186,7 @@ class PretrainingDataset:
         self._duplicate = -1
         self._packed: PackedInstances | None = None
         self._stats: InstanceStats | None = None
+        self._counts: dict[int, int] = {}  # instances per duplicate
         self._load(0)  # fail early on a corpus that gives no instance
 
     def _load(self, epoch: int) -> PackedInstances:
@@ -154,7 +194,28 @@ class PretrainingDataset:
         if duplicate != self._duplicate or self._packed is None:
             instances, stats = create_instances(self.source, self.config, self.special, duplicate)
             self._packed, self._stats, self._duplicate = PackedInstances(instances), stats, duplicate
+            self._counts[duplicate] = len(instances)
         return self._packed
+
+    def _count(self, epoch: int) -> int:
+        """Instances of ``epoch``'s duplicate, made once (without replacing the loaded duplicate) if not known."""
+        duplicate = epoch % self.config.dupe_factor
+        if duplicate not in self._counts:
+            self._counts[duplicate] = len(create_instances(self.source, self.config, self.special, duplicate)[0])
+        return self._counts[duplicate]
+
+    def position(self, epoch: int, batch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                 drop_last: bool = True) -> int:
+        """This rank's micro-batches from the start of training to batch ``batch`` of ``epoch``."""
+        before = 0
+        for e in range(min(epoch, self.config.dupe_factor)):
+            # Epochs e, e + dupe_factor, ... use the same duplicate, so the same number of batches.
+            repeats = len(range(e, epoch, self.config.dupe_factor))
+            count = self._count(e)
+            kept = count // (batch_size * world_size) * batch_size * world_size if drop_last else count
+            size = len(range(rank, kept, world_size))
+            before += repeats * -(-size // batch_size)
+        return before + batch
 
     def num_instances(self, epoch: int) -> int:
         return len(self._load(epoch))
@@ -223,13 +284,17 @@ class PretrainingDataset:
         window = self.bucket_window if bucket_window is None else bucket_window
         # Checked and planned here, not lazily, so that bad arguments fail at the call.
         plan = self._batch_indices(epoch, batch_size, rank, world_size, drop_last, window)
-        return self._iterate(epoch, plan[start_batch:])
+        first = 0
+        if getattr(self.make_batch, "needs_position", False):
+            first = self.position(epoch, start_batch, batch_size, rank, world_size, drop_last)
+        return self._iterate(epoch, plan[start_batch:], first)
 
-    def _iterate(self, epoch: int, plan: list[np.ndarray]) -> Iterator[Any]:
+    def _iterate(self, epoch: int, plan: list[np.ndarray], first: int = 0) -> Iterator[Any]:
         packed = self._load(epoch)
-        for indices in plan:
+        for offset, indices in enumerate(plan):
             input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.pad_id)
-            labels = torch.from_numpy(packed.random_next[indices].copy()) if self.config.nsp else None
+            labels = torch.from_numpy(packed.random_next[indices].copy()) if self.config.sentence_labels else None
             yield self.make_batch(InstanceBatch(
                 torch.from_numpy(input_ids), torch.from_numpy(attention_mask), torch.from_numpy(token_type_ids),
-                torch.from_numpy(word_starts), labels, torch.from_numpy(indices.astype(np.int64)), epoch))
+                torch.from_numpy(word_starts), labels, torch.from_numpy(indices.astype(np.int64)), epoch,
+                first + offset))

@@ -7,8 +7,11 @@ Four kinds:
   sentences gathered into a chunk up to that length, a random split point into A and B, B replaced by text from a
   random other document half of the time (the unused sentences of the chunk are put back), and pair truncation
   from the longer side, front or back at random.
-* ``segment-pair``: the same chunks without the random-next replacement (plain MLM, or sentence order later);
-  a chunk of one sentence becomes a single-segment instance.
+* ``segment-pair``: the same chunks without the random-next replacement (plain MLM); a chunk of one sentence
+  becomes a single-segment instance.
+* ``sop`` (ALBERT's sentence order): the same chunks, A and B swapped with probability 1/2 (label 1 = swapped),
+  following ALBERT's ``create_pretraining_data.py``: as there, a chunk of one sentence takes its B from a random
+  other document and is labelled 1.
 * ``full-sentences`` (RoBERTa): contiguous sentences packed up to ``max_seq_length - 2`` tokens, crossing document
   boundaries with an extra separator between documents.
 * ``doc-sentences`` (RoBERTa): the same packing, never crossing a document boundary.
@@ -31,7 +34,7 @@ from bertology.errors import ConfigError, DataError
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
-Kind = Literal["nsp", "segment-pair", "full-sentences", "doc-sentences"]
+Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
@@ -171,6 +174,16 @@ class InstanceConfig:
     def from_dict(cls, data: Mapping[str, Any]) -> InstanceConfig:
         return from_mapping(cls, data, "instances")
 
+    @property
+    def sentence_labels(self) -> bool:
+        """Instances carry a sentence-relation label: next sentence (``nsp``) or sentence order (``sop``)."""
+        return bool(self.nsp) or self.kind == "sop"
+
+    @property
+    def pairs(self) -> bool:
+        """Instances are segment pairs (BERT's chunks), not packed sentences."""
+        return self.kind in ("nsp", "segment-pair", "sop")
+
 
 @dataclass
 class InstanceStats:
@@ -251,6 +264,10 @@ def create_instances(
     if not documents:
         raise DataError(f"{name}the corpus has no tokens: {stats.documents} document(s), "
                         f"{stats.empty_documents} empty, {stats.empty_sentences} empty sentence(s)")
+    if config.kind == "sop" and len(documents) < 2:
+        raise DataError(f"{name}sentence-order instances (kind 'sop') need at least two non-empty documents: as "
+                        f"in ALBERT, a one-sentence chunk takes its second segment from another document; the "
+                        f"corpus has {len(documents)}")
     if config.nsp:
         if len(documents) < 2:
             raise DataError(f"{name}NSP needs at least two non-empty documents to draw random next segments; "
@@ -261,7 +278,7 @@ def create_instances(
     rng = random.Random(derive_seed(config.seed, _INSTANCE_STREAM, duplicate))
     rng.shuffle(documents)
     instances: list[Instance] = []
-    if config.kind in ("nsp", "segment-pair"):
+    if config.pairs:
         for index in range(len(documents)):
             _segment_pairs(documents, index, config, special, rng, stats, instances)
     else:
@@ -324,8 +341,9 @@ def _build(special: SpecialTokens, a: tuple[np.ndarray, np.ndarray], b: tuple[np
 
 def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfig, special: SpecialTokens,
                    rng: random.Random, stats: InstanceStats, out: list[Instance]) -> None:
-    """Instances of document ``index``: BERT's create_instances_from_document."""
+    """Instances of document ``index``: BERT's create_instances_from_document (ALBERT's, for ``sop``)."""
     document = documents[index]
+    sop = config.kind == "sop"
     max_num_tokens = config.max_seq_length - special.pair_overhead
     # Mostly fill the whole sequence; sometimes (short_seq_prob) use a shorter one so that pretraining also sees
     # the short inputs of fine-tuning. Drawn once per document, as in BERT.
@@ -351,8 +369,15 @@ def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfi
                 b = _random_segment(documents, index, target - len(a[0]), rng)
                 # The sentences of this chunk that B did not use start the next chunk.
                 i -= len(chunk) - a_end
+            elif sop and len(chunk) == 1:
+                # ALBERT's create_pretraining_data does this too: one segment, B from a random other document.
+                is_random_next = True
+                b = _random_segment(documents, index, target - len(a[0]), rng)
+            elif sop and rng.random() < 0.5:
+                is_random_next = True  # label 1: the two segments in swapped order
+                a, b = _concat(chunk[a_end:]), a
             elif len(chunk) >= 2:
-                is_random_next = False if config.nsp else None
+                is_random_next = False if config.sentence_labels else None
                 b = _concat(chunk[a_end:])
             else:
                 b = None

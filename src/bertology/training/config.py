@@ -6,7 +6,8 @@ Sections and what belongs where:
   checkpoint).
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
 * ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``).
-* ``objectives``: ``name -> options`` (``mlm``, ``nsp``); the default is MLM, plus NSP for ``nsp`` instances.
+* ``objectives``: ``name -> options`` (``mlm``, ``nsp``, ``sop``, ``span_boundary``, ...); the default is MLM, plus
+  NSP for ``nsp`` instances, SOP for ``sop`` instances and the span boundary objective with span masking.
 * ``optim``: everything that shapes the optimisation: batch size, accumulation, learning rate and schedule, clipping.
 * ``run``: seed, output directory, how often to log, evaluate and checkpoint.
 * ``speed``: settings that change only how fast the run goes, never what it computes (up to floating-point
@@ -270,6 +271,10 @@ class PretrainConfig:
             self.objectives = {"mlm": {}}
             if self.data.instances.nsp:
                 self.objectives["nsp"] = {}
+            if self.data.instances.kind == "sop":
+                self.objectives["sop"] = {}
+            if self.data.masking.spans is not None:
+                self.objectives["span_boundary"] = {}
         validate(self)
         if not self.objectives:
             raise ConfigError("objectives: at least one objective is needed")
@@ -280,6 +285,18 @@ class PretrainConfig:
         if "nsp" in self.objectives and not self.data.instances.nsp:
             raise ConfigError(f"objectives.nsp: next-sentence prediction needs data.instances.kind 'nsp', "
                               f"got {self.data.instances.kind!r}")
+        if "sop" in self.objectives and self.data.instances.kind != "sop":
+            raise ConfigError(f"objectives.sop: sentence-order prediction needs data.instances.kind 'sop', "
+                              f"got {self.data.instances.kind!r}")
+        spans = self.data.masking.spans
+        if "span_boundary" in self.objectives and spans is None:
+            raise ConfigError("objectives.span_boundary: the span boundary objective needs span masking "
+                              "(data.masking.spans, e.g. {geometric_p: 0.2, max_words: 10})")
+        room = self.data.instances.max_seq_length - 2  # tokens of text beside [CLS] and [SEP]
+        if spans is not None and spans.max_words > room:
+            raise ConfigError(f"data.masking.spans.max_words: a span of {spans.max_words} words is longer than a "
+                              f"sequence (data.instances.max_seq_length {self.data.instances.max_seq_length} holds "
+                              f"at most {room} tokens of text)")
 
     def _build_objectives(self) -> dict[str, Any]:
         from bertology.objectives import build_objectives

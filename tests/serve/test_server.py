@@ -1,0 +1,118 @@
+"""`bertology serve` as a real uvicorn process on 127.0.0.1 (a free port): concurrent requests, a streamed body
+over the limit, and graceful shutdown (SIGTERM while requests are in flight: all are answered, then it exits)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from bertology import embed
+from bertology.model import load
+from bertology.serve.metrics import metric_value
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="SIGTERM semantics are POSIX")
+START_TIMEOUT = 90.0  # seconds for the process to import torch and load the model on a busy machine
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model_dir, port: int, *extra: str) -> subprocess.Popen:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bertology.cli.main", "serve", "--model", str(model_dir), "--port", str(port),
+         "--threads", "1", "--log-level", "warning", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited with {process.returncode}: {process.stdout.read().decode()}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).status_code == 200:
+                return process
+        except httpx.TransportError:
+            time.sleep(0.1)
+    process.kill()
+    raise AssertionError(f"the server did not answer /health within {START_TIMEOUT} s")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    """One server for the module (starting one costs seconds); the SIGTERM test, last, ends it."""
+    port = free_port()
+    process = start_server(tiny_dir, port, "--max-wait-ms", "3000", "--max-body-bytes", "4096")
+    yield process, f"http://127.0.0.1:{port}"
+    if process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)
+
+
+def test_streamed_body_over_the_limit_is_413(server):
+    _, url = server
+
+    def chunks():
+        yield b'{"texts": ["'
+        for _ in range(10):
+            yield b"a" * 1000  # 10 kB in chunks, no Content-Length
+        yield b'"]}'
+
+    response = httpx.post(f"{url}/v1/embed", content=chunks(), headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 413
+    assert response.json() == {"detail": "the request body passed 4096 bytes (--max-body-bytes)"}
+    declared = httpx.post(f"{url}/v1/embed", content=b"x" * 5000, headers={"content-type": "application/json"},
+                          timeout=30)
+    assert declared.status_code == 413
+    assert declared.json() == {"detail": "the request body is 5000 bytes; the limit is 4096 (--max-body-bytes)"}
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # the server carries on
+
+
+def test_sigterm_answers_every_request_in_flight_then_exits(server, tiny_dir):
+    """Requests wait up to 3 s for a batch; SIGTERM arrives while all of them wait: the listening socket closes
+    (a new connection is refused), every waiting request is answered with its correct vectors, then the process
+    exits."""
+    process, url = server
+    texts = [[f"the cat sat on the mat {'.' * (i % 3)}", "a dog ran"] for i in range(12)]
+
+    async def scenario():
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
+            tasks = [asyncio.create_task(client.post("/v1/embed", json={"texts": t})) for t in texts]
+            deadline = time.monotonic() + 30
+            while True:  # until all 12 are being served (the /metrics request itself is the 13th)
+                exposition = (await client.get("/metrics")).text
+                if metric_value(exposition, "bertology_requests_in_flight") >= len(texts) + 1:
+                    break
+                assert time.monotonic() < deadline, "the requests never got in flight"
+                await asyncio.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            pending = sum(not task.done() for task in tasks)
+            async with httpx.AsyncClient(timeout=5.0) as fresh:
+                with pytest.raises(httpx.ConnectError):
+                    await fresh.get(f"{url}/health")
+            return pending, await asyncio.gather(*tasks)
+
+    pending, responses = asyncio.run(scenario())
+    assert pending == len(texts), "the requests should still have been waiting for their batch"
+    pretrained = load(tiny_dir)
+    for request_texts, response in zip(texts, responses):
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(response.json()["vectors"], embed(pretrained, request_texts).sentences,
+                                   atol=1e-5, rtol=0)
+    # uvicorn re-raises the signal it handled once it has drained, so the exit status is SIGTERM's (systemd and
+    # Kubernetes count that as a clean stop).
+    assert process.wait(timeout=30) == -signal.SIGTERM
+    log = process.stdout.read().decode()
+    assert "Traceback" not in log, log

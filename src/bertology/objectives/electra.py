@@ -59,6 +59,9 @@ def generator_config(discriminator: EncoderConfig, size: float, layers: int | No
     while hidden % heads:
         heads -= 1
     embedding = discriminator.token_embedding_size
+    # Fields of the discriminator's structure that do not carry over to a narrower encoder (pruned heads).
+    reset = {f.name: f.default_factory() for f in dataclasses.fields(discriminator)  # type: ignore[misc]
+             if f.name == "pruned_heads" and f.default_factory is not dataclasses.MISSING}
     return dataclasses.replace(
         discriminator,
         hidden_size=hidden,
@@ -70,6 +73,7 @@ def generator_config(discriminator: EncoderConfig, size: float, layers: int | No
         inner_group_size=1,
         pooler=False,
         extra={},
+        **reset,
     )
 
 

@@ -331,3 +331,58 @@ def test_minilm_sentence_and_word_vectors_equal_embed(minilm_path):
     for i in range(len(texts)):
         np.testing.assert_allclose(np.asarray(words["vectors"][i]).reshape(-1, 384),
                                    expected.vectors[expected.rows(i)], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ int8 and search
+
+
+def test_int8_service_equals_embed_on_the_quantized_model(tiny_dir, pretrained):
+    """--dtype int8: the vectors are embed's on bertology.model.quantize's int8 model (its per-token activation
+    scales make them independent of what else is in the batch)."""
+    from bertology.model.quantize import quantize
+
+    quantized = quantize(pretrained)
+    with TestClient(create_app(tiny_dir, dtype="int8")) as c:
+        assert c.get("/health").json()["dtype"] == "int8"
+        body = c.post("/v1/embed", json={"texts": TEXTS}).json()
+    np.testing.assert_allclose(body["vectors"], embed(quantized, TEXTS).sentences, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="dtype: unknown 'int4'"):
+        create_app(tiny_dir, dtype="int4")
+
+
+PASSAGES = [{"id": "p1", "text": "the cat sat on the mat ."}, {"id": "p2", "text": "a dog ran in the park !"},
+            {"id": "p3", "text": "good film"}, {"id": "p4", "text": "bad film twice"}]
+
+
+@pytest.fixture(scope="module")
+def index_dir(tiny_dir, tmp_path_factory):
+    pytest.importorskip("faiss")
+    from bertology.retrieval import Index
+
+    return Index.build(tiny_dir, PASSAGES).save(tmp_path_factory.mktemp("serve-index") / "films")
+
+
+def test_search_equals_the_index_api(tiny_dir, index_dir):
+    from bertology.retrieval import Index
+
+    queries = ["a cat on a mat", "film"]
+    expected = Index.load(index_dir, model=tiny_dir).search(queries, k=3)
+    with TestClient(create_app(tiny_dir, index=index_dir)) as c:
+        body = c.post("/v1/search", json={"queries": queries, "k": 3}).json()
+        bad_k = c.post("/v1/search", json={"queries": queries, "k": 0})
+        empty = c.post("/v1/search", json={"queries": []})
+    assert body["index"] == "films"
+    for got, hits in zip(body["results"], expected):
+        assert [h["id"] for h in got] == [h.id for h in hits]
+        assert np.allclose([h["score"] for h in got], [h.score for h in hits], atol=1e-5)
+        assert [h["text"] for h in got] == [h.text for h in hits]
+    assert bad_k.status_code == 422 and bad_k.json()["field"] == "k"
+    assert empty.status_code == 422 and empty.json()["field"] == "queries"
+
+
+def test_search_needs_an_index_and_an_index_of_another_model_is_refused(client, mlm_dir, index_dir):
+    from bertology.retrieval import IndexMismatchError
+
+    assert client.post("/v1/search", json={"queries": ["a"]}).status_code == 404  # started without --index
+    with pytest.raises(IndexMismatchError, match="the index was built with another model"):
+        create_app(mlm_dir, index=index_dir)

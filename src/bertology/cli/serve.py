@@ -12,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="POST /v1/embed, POST /v1/fill-mask, GET /health, GET /metrics (Prometheus), the OpenAPI "
         "schema at /openapi.json. Embedding requests arriving within --max-wait-ms are packed into one "
         "padding-free forward of up to --max-batch-tokens real tokens. Binds to loopback unless --host says "
-        "otherwise; SIGTERM stops accepting, answers every request in flight, then exits. See docs/SERVING.md.",
+        "otherwise; with --index, POST /v1/search answers queries against a dense index; SIGTERM stops accepting, answers every request in flight, then exits. See docs/SERVING.md.",
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="model directory with its tokenizer")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
@@ -31,6 +31,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-chars", type=int, default=20_000, metavar="N",
                         help="characters per text (default: 20000; longer texts than the model's positions are "
                         "embedded in windows)")
+    parser.add_argument("--dtype", choices=("float32", "int8"), default="float32",
+                        help="int8: the encoder's linear layers in int8 (bertology.model.quantize): faster on CPU, "
+                        "vectors close to but not equal to float32's")
+    parser.add_argument("--index", metavar="DIR", default=None,
+                        help="an index directory from `bertology index build` with this model: adds POST /v1/search")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="torch intra-op threads for the encoder (default: torch's)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -51,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, api_key_file=args.api_key_file,
-          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars)
+          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=args.dtype, index=args.index)
     return 0

@@ -57,12 +57,16 @@ def load_for_serving(model: str | os.PathLike) -> Pretrained:
 def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None = None,
                max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, api_key: str | None = None,
                api_key_file: str | os.PathLike | None = None, max_body_bytes: int = 4 * 1024 * 1024,
-               max_texts: int = 256, max_chars: int = 20_000) -> FastAPI:
+               max_texts: int = 256, max_chars: int = 20_000, dtype: str = "float32",
+               index: str | os.PathLike | None = None) -> FastAPI:
     """The service's ASGI app for a model directory (or a loaded `Pretrained`).
 
     Requests to `POST /v1/embed` that arrive within `max_wait_ms` of the oldest waiting one are embedded together,
     up to `max_batch_tokens` real tokens per forward. With `api_key` (or `api_key_file`), every endpoint but
-    `/health`, `/docs` and `/openapi.json` needs `Authorization: Bearer <key>`.
+    `/health`, `/docs` and `/openapi.json` needs `Authorization: Bearer <key>`. `dtype="int8"` quantizes the
+    encoder's linear layers (`bertology.model.quantize`). With `index` (a directory of `bertology index build`),
+    `POST /v1/search` answers queries against it; an index built with another model is refused here (the check
+    runs on the float32 model, so an int8 service embeds its queries in int8 against float32 passages).
     """
     _require("fastapi")
     _require("prometheus_client")
@@ -83,9 +87,21 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
             raise CheckpointError("the model has no tokenizer; the service needs one")
     else:
         pretrained, name = load_for_serving(model), model_name or model_name_of(model)
+    from bertology.model.quantize import check_dtype, quantize
+
+    dtype = check_dtype(dtype)
     pretrained.model.eval()
+    loaded_index, index_name = None, None
+    if index is not None:
+        from bertology.retrieval import Index
+
+        loaded_index = Index.load(index, model=pretrained)  # IndexMismatchError unless this model built it
+        index_name = Path(index).resolve().name
+    if dtype == "int8":
+        pretrained = quantize(pretrained, inplace=True)  # in place: the index embeds its queries with it too
     return build_app(pretrained, model_name=name, limits=limits, max_batch_tokens=max_batch_tokens,
-                     max_wait_ms=max_wait_ms, api_key=api_key)
+                     max_wait_ms=max_wait_ms, api_key=api_key, index=loaded_index, index_name=index_name,
+                     dtype=dtype)
 
 
 def serve(model: str | os.PathLike | Pretrained, *, host: str = "127.0.0.1", port: int = 8080,

@@ -32,7 +32,7 @@ from bertology.serve.batcher import Batcher, EmbedOptions
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
 from bertology.serve.metrics import ServiceMetrics
 
-ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/health", "/metrics", "/openapi.json", "/docs")
+ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/v1/search", "/health", "/metrics", "/openapi.json", "/docs")
 
 
 # ----------------------------------------------------------------------------------------- request and response
@@ -96,6 +96,29 @@ class FillMaskResponse(BaseModel):
     results: list[list[list[FillMaskCandidate]]]
 
 
+class SearchRequest(BaseModel):
+    """Queries against the service's index (started with `--index`), embedded as the index's passages were."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[StrictStr]
+    k: StrictInt = Field(10, ge=1, le=1000, description="passages per query")
+
+
+class SearchHit(BaseModel):
+    id: str
+    score: float = Field(description="inner product of normalised vectors (cosine similarity)")
+    text: str
+
+
+class SearchResponse(BaseModel):
+    """`results[i]` holds query i's best passages, best first."""
+
+    model: str
+    index: str
+    results: list[list[SearchHit]]
+
+
 class ErrorResponse(BaseModel):
     detail: str
     field: str | None = None
@@ -139,7 +162,8 @@ class _StrictJSONRoute(APIRoute):
 
 
 def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_batch_tokens: int,
-              max_wait_ms: float, api_key: str | None) -> FastAPI:
+              max_wait_ms: float, api_key: str | None, index: Any = None, index_name: str | None = None,
+              dtype: str = "float32") -> FastAPI:
     """The app (see `bertology.serve.create_app`, which loads the model and checks the arguments)."""
     metrics = ServiceMetrics()
     batcher = Batcher(pretrained, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, observe=metrics)
@@ -191,8 +215,9 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
 
     @app.get("/health", summary="liveness and the model served")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "dim": pretrained.model.config.hidden_size,
-                "layers": num_layers, "window": batcher.window_length, "fill_mask": has_mlm}
+        return {"status": "ok", "model": model_name, "dtype": dtype, "dim": pretrained.model.config.hidden_size,
+                "layers": num_layers, "window": batcher.window_length, "fill_mask": has_mlm,
+                "index": None if index is None else {"name": index_name, "passages": len(index)}}
 
     @app.get("/metrics", summary="Prometheus metrics (text format)", dependencies=guarded,
              response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -220,6 +245,15 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         texts = limits.check_texts(request.texts)
         results = await batcher.run(_fill_masks, pretrained, texts, request.top_k)
         return JSONResponse({"model": model_name, "results": results})
+
+    if index is not None:
+        @app.post("/v1/search", summary="the index's passages nearest to each query", dependencies=guarded,
+                  response_model=SearchResponse, responses=ERRORS)
+        async def search(request: SearchRequest) -> Response:
+            queries = limits.check_texts(request.queries, field="queries")
+            hits = await batcher.run(index.search, queries, request.k)
+            return JSONResponse({"model": model_name, "index": index_name, "results": [
+                [{"id": hit.id, "score": hit.score, "text": hit.text} for hit in row] for row in hits]})
 
     return app
 

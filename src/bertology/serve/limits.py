@@ -36,23 +36,23 @@ class Limits:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
-    def check_texts(self, texts: list[str]) -> list[str]:
+    def check_texts(self, texts: list[str], field: str = "texts") -> list[str]:
         """`texts` if within the limits and valid Unicode, else a ServiceError naming the field."""
         if not texts:
-            raise ServiceError(422, "texts: the list is empty; send at least one text", field="texts")
+            raise ServiceError(422, f"{field}: the list is empty; send at least one text", field=field)
         if len(texts) > self.max_texts:
-            raise ServiceError(413, f"texts: {len(texts)} texts in one request; the limit is {self.max_texts} "
-                                    "(--max-texts)", field="texts")
+            raise ServiceError(413, f"{field}: {len(texts)} texts in one request; the limit is {self.max_texts} "
+                                    "(--max-texts)", field=field)
         for i, text in enumerate(texts):
             if len(text) > self.max_chars:
-                raise ServiceError(413, f"texts[{i}]: {len(text)} characters; the limit is {self.max_chars} "
-                                        "(--max-chars)", field=f"texts[{i}]")
+                raise ServiceError(413, f"{field}[{i}]: {len(text)} characters; the limit is {self.max_chars} "
+                                        "(--max-chars)", field=f"{field}[{i}]")
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as error:  # JSON's \ud800 escapes decode to lone surrogates
-                raise ServiceError(422, f"texts[{i}]: character {error.start} is a lone surrogate "
+                raise ServiceError(422, f"{field}[{i}]: character {error.start} is a lone surrogate "
                                         f"(U+{ord(text[error.start]):04X}), which is not Unicode text",
-                                   field=f"texts[{i}]") from None
+                                   field=f"{field}[{i}]") from None
         return texts
 
 

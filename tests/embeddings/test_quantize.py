@@ -1,0 +1,157 @@
+"""int8 inference (bertology.model.quantize): the int8 linear map, the quantized encoder against float32, --dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bertology.cli.main import main
+from bertology.embeddings import embed
+from bertology.errors import ConfigError
+from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+from bertology.model.quantize import Int8Linear, check_dtype, is_quantized, quantize, with_dtype
+
+TEXTS = [
+    "The bank raised its rates.",
+    "An unaffable clerk stamped the form twice, then left.",
+    "Hi",
+    "She sat on the river bank and watched the water rush past the old mill.",
+    "",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm(minilm_path) -> Pretrained:
+    return load(minilm_path)
+
+
+def test_int8_linear_is_exact_on_values_it_can_represent():
+    # Weights that are integers in [-127, 127] times a per-row scale, and input rows that are low + integers in
+    # [0, 255] times a per-row step, are represented exactly: the int8 product equals the float one up to float32
+    # rounding.
+    g = torch.Generator().manual_seed(0)
+    linear = nn.Linear(24, 10)
+    with torch.no_grad():
+        row_scale = torch.rand(10, 1, generator=g) + 0.1
+        ints = torch.randint(-127, 128, (10, 24), generator=g).float()
+        ints[:, 0] = 127  # each row reaches 127, so its scale is exactly row_scale / 127
+        linear.weight.copy_(ints * row_scale / 127)
+    q = Int8Linear.from_linear(linear)
+    torch.testing.assert_close(q.dequantized_weight(), linear.weight.detach(), rtol=1e-6, atol=1e-7)
+    levels = torch.randint(0, 256, (3, 5, 24), generator=g).float()
+    levels[..., 0], levels[..., 1] = 0, 255  # each row spans exactly 255 steps
+    x = -1.5 + levels * 0.0625  # the step is a power of two: x is exact in float32
+    torch.testing.assert_close(q(x), linear(x).detach(), rtol=1e-5, atol=1e-5)
+    assert q(x).shape == (3, 5, 10)
+
+
+def test_int8_linear_handles_zero_rows_and_no_rows():
+    linear = nn.Linear(8, 4)
+    q = Int8Linear.from_linear(linear)
+    zeros = torch.zeros(2, 8)
+    torch.testing.assert_close(q(zeros), linear.bias.detach().expand(2, 4))
+    assert q(torch.zeros(0, 8)).shape == (0, 4)
+
+
+def test_int8_linear_error_is_within_the_rounding_bound():
+    # Per-row activation and per-channel weight rounding: |error| <= sum_k (|x_k| dw_k + |w_k| dx_k + dx_k dw_k),
+    # with dx = x_scale / 2 and dw = w_scale / 2.
+    g = torch.Generator().manual_seed(1)
+    linear = nn.Linear(64, 16)
+    x = torch.randn(50, 64, generator=g) * 3
+    q = Int8Linear.from_linear(linear)
+    w = linear.weight.detach()
+    dx = x.abs().amax(1, keepdim=True) / 127 / 2  # [50, 1]
+    dw = (w.abs().amax(1) / 127 / 2)[None, :, None]  # [1, 16, 1]
+    bound = (x.abs()[:, None, :] * dw + w.abs()[None] * dx[:, :, None] + dx[:, :, None] * dw).sum(-1)
+    error = (q(x) - linear(x).detach()).abs()
+    assert (error <= bound + 1e-5).all()
+    assert error.max() > 0  # it is an approximation, not a copy of the float layer
+
+
+def test_quantize_replaces_the_layer_linears_and_leaves_the_original(minilm):
+    q = quantize(minilm)
+    assert isinstance(q, Pretrained) and q.tokenizer is minilm.tokenizer
+    layer = q.model.encoder.layers[0]
+    assert all(isinstance(getattr(layer, n), Int8Linear) for n in ("query", "key", "value", "attn_out", "ffn_in",
+                                                                     "ffn_out"))
+    assert type(minilm.model.encoder.layers[0].query) is nn.Linear  # a copy: the float32 model is untouched
+    assert is_quantized(q) and not is_quantized(minilm)
+    assert not q.model.training
+
+
+def test_quantized_minilm_sentence_vectors_are_close_to_float32(minilm):
+    base = embed(minilm, TEXTS, levels=("sentence",)).sentences
+    int8 = embed(quantize(minilm), TEXTS, levels=("sentence",)).sentences
+    cosine = (base * int8).sum(1) / np.linalg.norm(base, axis=1) / np.linalg.norm(int8, axis=1)
+    assert cosine.min() > 0.99, cosine
+    assert not np.array_equal(base, int8)
+
+
+def test_quantized_packed_and_padded_paths_are_both_close_to_float32(minilm):
+    # Not equal to each other: float32 differences of 1e-7 between the two paths flip an int8 level here and there.
+    model = quantize(minilm).model
+    batch = minilm.tokenizer.encode_batch(TEXTS[:4])
+    real = batch.attention_mask.bool()
+    with torch.inference_mode():
+        base = minilm.model(batch.input_ids, batch.attention_mask, batch.token_type_ids).last_hidden_state[real]
+        for packed in (True, False):
+            out = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, packed=packed)
+            cosine = torch.nn.functional.cosine_similarity(out.last_hidden_state[real], base)
+            assert cosine.min() > 0.98, (packed, cosine.min())
+
+
+def test_wrapped_linears_stay_float32():
+    class Wrapped(nn.Module):
+        def __init__(self, inner: nn.Linear) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
+
+    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                           max_position_embeddings=16)
+    model = EncoderModel(config)
+    model.encoder.layers[0].value = Wrapped(model.encoder.layers[0].value)
+    q = quantize(model)
+    assert isinstance(q.encoder.layers[0].value, Wrapped) and type(q.encoder.layers[0].value.inner) is nn.Linear
+    assert isinstance(q.encoder.layers[0].query, Int8Linear)
+    ids = torch.randint(0, 50, (2, 6))
+    with torch.inference_mode():
+        assert q(ids).last_hidden_state.shape == (2, 6, 16)
+
+
+def test_dtype_names():
+    assert check_dtype("fp32") == "float32" and check_dtype("int8") == "int8"
+    with pytest.raises(ConfigError, match="dtype: unknown 'int4'; expected one of float32, int8"):
+        check_dtype("int4")
+    model = EncoderModel(EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8,
+                                       max_position_embeddings=8))
+    assert with_dtype(model, "float32") is model
+    assert is_quantized(with_dtype(model, "int8"))
+    with pytest.raises(ConfigError, match="quantize needs a Pretrained, EncoderModel or Encoder"):
+        quantize(nn.Linear(2, 2))
+
+
+def test_embed_cli_int8(minilm_path, minilm, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
+    out = tmp_path / "int8.npy"
+    assert main(["embed", "--model", str(minilm_path), "--input", str(source), "--output", str(out), "--quiet",
+                 "--dtype", "int8"]) == 0
+    np.testing.assert_allclose(np.load(out), embed(quantize(minilm), TEXTS, levels=("sentence",)).sentences,
+                               atol=1e-6)
+
+
+def test_embed_cli_bad_dtype(minilm_path, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("a text\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["embed", "--model", str(minilm_path), "--input", str(source), "--output", str(tmp_path / "o.npy"),
+              "--dtype", "int4"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    assert not (tmp_path / "o.npy").exists()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertology.data.corpus import CorpusSource, read_documents
+from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.instances import SpecialTokens
 from bertology.data.masking import Masker
@@ -37,6 +37,7 @@ from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_out
 
 TOKENIZER_DIR = "tokenizer"
 SHARDS_DIR = "shards"
+MIXTURE_DIR = "mixture"
 
 
 @dataclass
@@ -64,6 +65,28 @@ def _on_rank0_first(env: D.DistEnv, make: Any) -> Any:
     return result
 
 
+def corpus_source(config: PretrainConfig, env: D.DistEnv | None = None) -> CorpusSource | None:
+    """The training text: ``data.corpus``, or with ``data.multilingual`` the sampled mixture of its languages
+    (drawn once into ``<output_dir>/mixture``, so that the tokenizer and the shards read the same text); None when
+    neither is given."""
+    data = config.data
+    if data.multilingual is None:
+        return CorpusSource(data.corpus, data.format, data.text_field, data.encoding) if data.corpus else None
+    from bertology.data.multilingual import MIXTURE_FILE, check_mixture, sample_mixture, write_mixture
+
+    directory = Path(config.run.output_dir) / MIXTURE_DIR
+    multilingual = data.multilingual
+
+    def make() -> Path:
+        if (directory / MIXTURE_FILE).is_file():
+            check_mixture(directory, multilingual, config.run.seed)
+        else:
+            write_mixture(sample_mixture(multilingual, config.run.seed), directory)
+        return directory / MIXTURE_FILE
+
+    return CorpusSource(str(_on_rank0_first(env or D.DistEnv(), make)), "bert")
+
+
 def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tokenizer:
     """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
     env = env or D.DistEnv()
@@ -75,10 +98,10 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
     def make() -> Tokenizer:
         if (directory / "tokenizer.json").is_file():
             return load_tokenizer(directory)
-        if not config.data.corpus:
+        source = corpus_source(config, env)
+        if source is None:
             raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
-        documents = read_documents(config.data.corpus, config.data.format, config.data.text_field,
-                                   config.data.encoding)
+        documents = source.documents()
         tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
                                     show_progress=False)
@@ -98,9 +121,9 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
     def make() -> TokenizedCorpus:
         if (directory / "metadata.json").is_file():
             return TokenizedCorpus(directory, tokenizer)
-        if not data.corpus:
+        source = corpus_source(config, env)
+        if source is None:
             raise ConfigError(f"data.corpus: no corpus files given and no shards at {directory}")
-        source = CorpusSource(data.corpus, data.format, data.text_field, data.encoding)
         return prepare_corpus(source, tokenizer, directory, shard_size_tokens=data.shard_size_tokens,
                               heldout_documents=data.heldout_documents, seed=config.run.seed,
                               show_progress=config.run.progress and env.is_main)

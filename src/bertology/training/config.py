@@ -40,6 +40,7 @@ from bertology.config import (
 )
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
+from bertology.data.multilingual import MultilingualConfig
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, FAMILIES, PRESET_SIZES, EncoderConfig
 
@@ -104,6 +105,8 @@ class DataConfig:
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     # > 1: batch instances of similar length within windows of this many batches (less padding, other batches).
     bucket_window: int = 0
+    # Language-tagged corpora mixed by XLM-R's sampling (bertology.data.multilingual), instead of ``corpus``.
+    multilingual: MultilingualConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self, "data")
@@ -125,6 +128,8 @@ class DataConfig:
             raise ConfigError(f"data.shard_size_tokens: must be >= 1, got {self.shard_size_tokens}")
         if self.bucket_window < 0:
             raise ConfigError(f"data.bucket_window: must be >= 0, got {self.bucket_window}")
+        if self.multilingual is not None and self.corpus:
+            raise ConfigError("data.corpus: give the corpora under data.multilingual.languages, not both")
 
 
 @dataclass

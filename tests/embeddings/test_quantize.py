@@ -155,3 +155,28 @@ def test_embed_cli_bad_dtype(minilm_path, tmp_path, capsys):
     assert exit_info.value.code == 2
     assert "invalid choice: 'int4'" in capsys.readouterr().err
     assert not (tmp_path / "o.npy").exists()
+
+
+def test_predict_cli_int8_agrees_with_float32(tmp_path, capsys):
+    from bertology.tasks.base import get_task
+    from finetune_helpers import save_tiny_model
+
+    words = ["good", "bad", "film", "plot", "great", "dull", "the", "was", "a", "very"]
+    base = save_tiny_model(tmp_path / "base", words * 5)
+    pretrained = load(base)
+    heads = get_task("sst2").heads(pretrained.config)
+    model = EncoderModel(pretrained.config, heads)
+    model.init_weights(torch.Generator().manual_seed(3))
+    Pretrained(model.eval(), pretrained.tokenizer).save(tmp_path / "model")
+    g = torch.Generator().manual_seed(0)
+    rows = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (6,), generator=g)) for _ in range(40)]
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\n" + "".join(f"{r}\t{n % 2}\n" for n, r in enumerate(rows)), encoding="utf-8")
+    outputs = {}
+    for dtype in ("float32", "int8"):
+        outputs[dtype] = tmp_path / f"{dtype}.tsv"
+        assert main(["predict", "--task", "sst2", "--model", str(tmp_path / "model"), "--input", str(dev),
+                     "--output", str(outputs[dtype]), "--dtype", dtype]) == 0
+    fp32, int8 = (outputs[d].read_text().splitlines() for d in ("float32", "int8"))
+    assert len(fp32) == len(int8) == 41
+    assert sum(a == b for a, b in zip(fp32, int8)) >= 39  # a random head's near-ties may flip one

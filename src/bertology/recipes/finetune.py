@@ -308,11 +308,15 @@ class DevSelection:
 
 
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
-                 max_length: int | None = None, batch_size: int = 64) -> int:
+                 max_length: int | None = None, batch_size: int = 64, dtype: str = "float32") -> int:
     """Predict every example of a task file (in the layout the task reads) with a fine-tuned model; writes the
-    predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number."""
+    predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number.
+    ``dtype="int8"`` runs the encoder layers in int8 (``bertology.model.quantize``)."""
+    from bertology.model.quantize import check_dtype, with_dtype
+
     task = get_task(task_name)
-    pretrained = load(model_dir)
+    check_dtype(dtype)  # before the model is loaded
+    pretrained = with_dtype(load(model_dir), dtype)
     if pretrained.tokenizer is None:
         raise ConfigError(f"{model_dir}: no tokenizer files")
     wanted = task.heads(pretrained.model.config)

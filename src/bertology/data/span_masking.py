@@ -48,6 +48,7 @@ class RowSpans:
 
 
 def row_key_generator(key: int) -> np.random.Generator:
+    """A row's random stream, from its 64-bit masking key (``masking_seeds``)."""
     return np.random.Generator(np.random.PCG64(int(key) % 2**64))
 
 
@@ -68,7 +69,7 @@ def sample_row_spans(candidate: np.ndarray, new_word: np.ndarray, budget: int, s
     gaps = np.append(np.flatnonzero(~candidate), length)
     ends = np.minimum(np.append(starts[1:], length), gaps[np.searchsorted(gaps, starts)])
     # Segment of each word: words separated by a gap cannot be in one span.
-    segment = np.cumsum(np.r_[True, starts[1:] != ends[:-1]]) - 1
+    segment = np.cumsum(np.concatenate([[True], starts[1:] != ends[:-1]])) - 1
     last_word_of_segment = np.searchsorted(segment, segment, side="right") - 1
     cdf = np.cumsum(spans.length_probabilities())
     cdf[-1] = 1.0
@@ -86,9 +87,9 @@ def sample_row_spans(candidate: np.ndarray, new_word: np.ndarray, budget: int, s
         count += len(new)
     columns = np.flatnonzero(selected)
     # Maximal runs of selected columns: touching spans are one span (SpanBERT merges them).
-    breaks = np.flatnonzero(np.diff(columns) != 1)
-    firsts = np.r_[columns[0], columns[breaks + 1]]
-    lasts = np.r_[columns[breaks], columns[-1]]
+    breaks = np.flatnonzero(columns[1:] - columns[:-1] != 1)
+    firsts = np.concatenate([columns[:1], columns[breaks + 1]])
+    lasts = np.concatenate([columns[breaks], columns[-1:]])
     return RowSpans(columns, drawn, list(zip(firsts.tolist(), lasts.tolist())))
 
 
@@ -105,6 +106,7 @@ class SpanBatches:
             raise ConfigError("SpanBatches: a masking-rate schedule needs a StepClock (the run's grad_accumulation "
                               "and total_steps)")
         self.masker = masker
+        self._specials = torch.tensor(sorted(masker.special_ids), dtype=torch.long)
         self.spans = config.spans
         self.seed = seed
         self.dupe_factor = dupe_factor
@@ -118,14 +120,13 @@ class SpanBatches:
         return self.masker.config.probability_at(self.clock.progress(instances.position))
 
     def select(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, word_starts: torch.Tensor,
-               keys: torch.Tensor, rate: float) -> list[RowSpans]:
-        """Every row's span selection (see ``sample_row_spans``)."""
+               generators: list[np.random.Generator], rate: float) -> list[RowSpans]:
+        """Every row's span selection (see ``sample_row_spans``), row ``r`` drawing from ``generators[r]``."""
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape or word_starts.shape != input_ids.shape:
             raise DataError(f"SpanBatches: input_ids, attention_mask and word_starts must be [B, L] alike, got "
                             f"{tuple(input_ids.shape)}, {tuple(attention_mask.shape)}, {tuple(word_starts.shape)}")
         cfg = self.masker.config
-        specials = self.masker._specials
-        candidate = (attention_mask.bool() & ~torch.isin(input_ids, specials)).numpy()
+        candidate = (attention_mask.bool() & ~torch.isin(input_ids, self._specials)).numpy()
         after_gap = np.ones_like(candidate)
         after_gap[:, 1:] = ~candidate[:, :-1]
         new_word = candidate & (word_starts.bool().numpy() | after_gap)
@@ -133,45 +134,51 @@ class SpanBatches:
         budgets = np.where(maskable > 0, np.maximum(1, np.round(maskable * rate)), 0).astype(np.int64)
         if cfg.max_predictions is not None:
             budgets = np.minimum(budgets, cfg.max_predictions)
-        return [sample_row_spans(candidate[r], new_word[r], int(budgets[r]), self.spans,
-                                 row_key_generator(int(keys[r]) & (2**64 - 1)))
+        return [sample_row_spans(candidate[r], new_word[r], int(budgets[r]), self.spans, generators[r])
                 for r in range(input_ids.shape[0])]
 
     def __call__(self, instances: InstanceBatch) -> SpanBatch:
         cfg = self.masker.config
         keys = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, self.dupe_factor,
-                             cfg.dynamic)
+                             cfg.dynamic).numpy().view(np.uint64)
+        generators = [row_key_generator(int(key)) for key in keys]
         ids = instances.input_ids
-        rows = self.select(ids, instances.attention_mask, instances.word_starts, keys, self.rate(instances))
-        masked = ids.clone()
-        position_rows, columns, lefts, rights, offsets = [], [], [], [], []
+        rows = self.select(ids, instances.attention_mask, instances.word_starts, generators, self.rate(instances))
+        # Per span: its row, first and last column; the corruption draws continue each row's own stream.
+        span_rows, firsts, lasts, actions, token_uniforms = [], [], [], [], []
         for r, row in enumerate(rows):
             if not row.spans:
                 continue
-            rng = row_key_generator((int(keys[r]) ^ 0x5350414E) & (2**64 - 1))  # the corruption's own stream
-            actions = rng.random(len(row.spans))
-            for (first, last), u in zip(row.spans, actions):
-                n = last - first + 1
-                columns.append(np.arange(first, last + 1))
-                position_rows.append(np.full(n, r))
-                lefts.append(np.full(n, first - 1))
-                rights.append(np.full(n, last + 1))
-                offsets.append(np.arange(n))
-                if u < cfg.mask_token_prob:
-                    masked[r, first:last + 1] = self.masker.special.mask_id
-                elif u < cfg.mask_token_prob + cfg.random_token_prob:
-                    uniforms = torch.from_numpy(rng.random(n))
-                    masked[r, first:last + 1] = self.masker.replacement_ids(uniforms).to(masked.dtype)
-        if columns:
-            row_index = torch.from_numpy(np.concatenate(position_rows))
-            column_index = torch.from_numpy(np.concatenate(columns))
-            left = torch.from_numpy(np.concatenate(lefts))
-            right = torch.from_numpy(np.concatenate(rights))
-            offset = torch.from_numpy(np.concatenate(offsets))
-        else:
-            row_index = column_index = left = right = offset = torch.zeros(0, dtype=torch.long)
+            bounds = np.array(row.spans, dtype=np.int64)
+            span_rows.append(np.full(len(bounds), r))
+            firsts.append(bounds[:, 0])
+            lasts.append(bounds[:, 1])
+            actions.append(generators[r].random(len(bounds)))
+            token_uniforms.append(generators[r].random(len(row.selected)))
+        if not span_rows:
+            empty = torch.zeros(0, dtype=torch.long)
+            return SpanBatch(ids.clone(), instances.attention_mask, instances.token_type_ids,
+                             torch.zeros(0, 2, dtype=torch.long), empty, instances.next_sentence_labels,
+                             instances.instance_ids, empty, empty, empty)
+        span_row, first, last = (np.concatenate(a) for a in (span_rows, firsts, lasts))
+        action = np.concatenate(actions)
+        sizes = last - first + 1
+        # One entry per masked token, row-major: rows and spans are in order, tokens in order within a span.
+        token_span = np.repeat(np.arange(len(sizes)), sizes)
+        offset = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        row_index = torch.from_numpy(span_row[token_span])
+        column_index = torch.from_numpy(first[token_span] + offset)
+        token_action = torch.from_numpy(action[token_span])
+        to_mask = token_action < cfg.mask_token_prob
+        to_random = ~to_mask & (token_action < cfg.mask_token_prob + cfg.random_token_prob)
+        masked = ids.clone()
+        masked[row_index[to_mask], column_index[to_mask]] = self.masker.special.mask_id
+        if bool(to_random.any()):
+            replacement = self.masker.replacement_ids(torch.from_numpy(np.concatenate(token_uniforms)))
+            masked[row_index[to_random], column_index[to_random]] = replacement[to_random].to(masked.dtype)
         positions = torch.stack([row_index, column_index], dim=1).long()
         labels = ids[row_index, column_index].long()
         return SpanBatch(masked, instances.attention_mask, instances.token_type_ids, positions, labels,
-                         instances.next_sentence_labels, instances.instance_ids, left.long(), right.long(),
-                         offset.long())
+                         instances.next_sentence_labels, instances.instance_ids,
+                         torch.from_numpy(first[token_span] - 1), torch.from_numpy(last[token_span] + 1),
+                         torch.from_numpy(offset))

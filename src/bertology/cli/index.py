@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--hnsw-m", type=int, default=32, help="hnsw: neighbours per node (default 32)")
     build.add_argument("--ef-construction", type=int, default=200, help="hnsw: build-time beam (default 200)")
     build.add_argument("--ef-search", type=int, default=128, help="hnsw: search-time beam (default 128)")
-    build.add_argument("--nlist", type=int, default=None, help="ivf: k-means cells (default about 4 sqrt(N))")
+    build.add_argument("--nlist", type=int, default=None, help="ivf: k-means cells (default 4 sqrt(N), at most N / 39)")
     build.add_argument("--nprobe", type=int, default=16, help="ivf: cells visited per query (default 16)")
     build.add_argument("--sentence", choices=("mean", "cls"), default=None,
                        help="sentence pooling (default: the model's own, else mean)")

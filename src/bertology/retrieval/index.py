@@ -14,7 +14,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -115,7 +115,7 @@ def _json_file(path: Path) -> Any:
 class Structure:
     """The faiss structure: ``"flat"`` (exact inner product, IndexFlatIP), ``"hnsw"`` (IndexHNSWFlat: `hnsw_m`
     neighbours per node, `ef_construction` when building, `ef_search` when searching) or ``"ivf"`` (IndexIVFFlat
-    over a flat inner-product quantizer: `nlist` k-means cells, default about 4 sqrt(N), and `nprobe` cells
+    over a flat inner-product quantizer: `nlist` k-means cells, default 4 sqrt(N) but at most N / 39, and `nprobe` cells
     visited per query). All use the inner-product metric."""
 
     kind: Literal["flat", "hnsw", "ivf"] = "flat"
@@ -389,7 +389,8 @@ def _build_faiss(vectors: np.ndarray, structure: Structure) -> tuple[Any, dict[s
         index.hnsw.efConstruction = structure.ef_construction
         index.hnsw.efSearch = structure.ef_search
     elif structure.kind == "ivf":
-        nlist = structure.nlist if structure.nlist is not None else max(1, min(n, round(4 * n ** 0.5)))
+        # faiss's guidance: about 4 sqrt(N) cells, with at least 39 training points each for k-means.
+        nlist = structure.nlist if structure.nlist is not None else max(1, min(round(4 * n ** 0.5), n // 39))
         if nlist > n:
             raise ConfigError(f"structure.nlist {nlist} exceeds the {n} passages (k-means needs a passage per cell)")
         parameters["nlist"] = nlist

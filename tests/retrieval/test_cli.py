@@ -1,0 +1,92 @@
+"""`bertology index build`, `bertology search` and `bertology evaluate --task retrieval` end to end, and their errors
+(exit status 2 with one line naming what and where)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bertology.cli.main import main
+from bertology.retrieval import Index
+
+
+def run(*argv) -> int:
+    return main([str(a) for a in argv])
+
+
+@pytest.fixture
+def passages_file(tmp_path):
+    path = tmp_path / "passages.jsonl"
+    rows = [{"id": "cat", "text": "the cat sat on the mat .", "title": "ignored"},
+            {"id": 2, "text": "paris is the capital of france ."},
+            {"id": "bread", "text": "bread is baked from flour and water ."}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n", encoding="utf-8")  # a final blank line
+    return path
+
+
+def test_build_and_search(tiny_dir, passages_file, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", out,
+               "--approximate", "hnsw", "--ef-search", "16", "--quiet") == 0
+    assert "indexed 3 passages (32 dimensions, hnsw)" in capsys.readouterr().err
+    meta = json.loads((out / "index.json").read_text())
+    assert meta["structure_parameters"] == {"kind": "hnsw", "hnsw_m": 32, "ef_construction": 200, "ef_search": 16}
+    assert run("search", "--index", out, "--k", "2", "capital of france", "flour") == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = Index.load(out, model=tiny_dir).search(["capital of france", "flour"], k=2)
+    assert [line["query"] for line in lines] == ["capital of france", "flour"]
+    assert [[h["id"] for h in line["hits"]] for line in lines] == [[h.id for h in hits] for hits in expected]
+    assert [[h["score"] for h in line["hits"]] for line in lines] == \
+        [[round(h.score, 6) for h in hits] for hits in expected]
+
+
+def test_build_options_are_recorded(tiny_dir, passages_file, tmp_path):
+    out = tmp_path / "index"
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", out, "--sentence", "cls",
+               "--layers=-2,-1", "--max-length", "8", "--long-texts", "truncate", "--quiet") == 0
+    embedding = json.loads((out / "index.json").read_text())["embedding"]
+    assert embedding == {"layers": [-2, -1], "combine": None, "sentence": "cls", "max_length": 8, "stride": None,
+                         "long_texts": "truncate",
+                         "source": "bertology defaults, changed: sentence, layers, max_length, long_texts"}
+
+
+def test_search_with_another_model_is_refused(tiny_dir, other_dir, passages_file, tmp_path, capsys):
+    out = tmp_path / "index"
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", out, "--quiet") == 0
+    assert run("search", "--index", out, "--model", other_dir, "paris") == 2
+    assert "the index was built with another model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"id": "a", "text": "x"}\n{"id": "b", "text": "y"\n', "passages.jsonl: line 2: invalid JSON"),
+    (b'{"id": "a", "text": "x"}\n{"id": "a", "text": "y"}\n', "passages.jsonl: line 2: id 'a' repeats the one on line 1"),
+    (b'{"text": "x"}\n', "passages.jsonl: line 1: missing field 'id' (fields: 'text')"),
+    (b'{"id": "a"}\n', "passages.jsonl: line 1: missing field 'text'"),
+    (b'{"id": 1.5, "text": "x"}\n', "passages.jsonl: line 1: field 'id' is a number"),
+    (b'{"id": "", "text": "x"}\n', "passages.jsonl: line 1: field 'id' is an empty string"),
+    (b'{"id": "a", "text": null}\n', "passages.jsonl: line 1: field 'text' is null"),
+    (b'["a", "x"]\n', "passages.jsonl: line 1: expected a JSON object"),
+    (b'{"id": "a", "text": "x"}\n{"id": "b", "text": "caf\xe9"}\n',
+     "passages.jsonl: line 2: cannot decode as utf-8 at byte offset 49 (byte 0xe9)"),
+    (b"\n\n", "passages.jsonl: no passages"),
+])
+def test_malformed_passages_name_file_and_line(tiny_dir, tmp_path, capsys, content, message):
+    path = tmp_path / "passages.jsonl"
+    path.write_bytes(content)
+    assert run("index", "build", "--model", tiny_dir, "--input", path, "--out", tmp_path / "index") == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "index").exists()
+
+
+def test_evaluate_retrieval_prints_recall(tiny_dir, mini_squad, tmp_path, capsys):
+    squad = mini_squad
+    out = tmp_path / "index"
+    assert run("index", "build", "--model", tiny_dir, "--squad", squad, "--out", out, "--quiet") == 0
+    capsys.readouterr()
+    assert run("evaluate", "--task", "retrieval", "--index", out, "--squad", squad) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert list(printed) == ["recall@1", "recall@5", "recall@20", "questions"]
+    assert printed["questions"] == 4 and printed["recall@5"] == 100.0  # 4 paragraphs: every one is retrieved
+    assert run("evaluate", "--task", "retrieval", "--squad", squad) == 2
+    assert "--index INDEX and --squad FILE are required" in capsys.readouterr().err

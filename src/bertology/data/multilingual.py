@@ -80,7 +80,7 @@ class MultilingualConfig:
                 raise ConfigError(f"{where}.languages[{index}].language: must not be empty")
             if not corpus.corpus:
                 raise ConfigError(f"{where}.languages[{index}].corpus: no files given for {corpus.language!r}")
-            if tags.count(corpus.language) > 1:
+            if corpus.language in tags[:index]:
                 raise ConfigError(f"{where}.languages[{index}].language: {corpus.language!r} is given twice")
         if self.block_sentences < 1:
             raise ConfigError(f"{where}.block_sentences: must be >= 1, got {self.block_sentences}")

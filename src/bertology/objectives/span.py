@@ -144,11 +144,11 @@ class SpanBoundary(nn.Module):
         return keep.sum().to(torch.int64)
 
     def forward(self, passes: Passes, batch: SpanMaskedBatch) -> ObjectiveOutput:
+        head = self._head()
         keep, rows, left, right = self._spans(batch)
         hidden = passes.shared.last_hidden_state
         offset = batch.span_offset[keep]  # type: ignore[index]
-        logits = self._head()(hidden[rows, left], hidden[rows, right], offset,
-                              passes.model.encoder.embeddings.word.weight)
+        logits = head(hidden[rows, left], hidden[rows, right], offset, passes.model.encoder.embeddings.word.weight)
         labels = batch.mlm_labels[keep]
         return classification_output(self.name, logits, labels, mlm_loss(logits, labels, reduction="sum"))
 

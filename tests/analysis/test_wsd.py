@@ -347,6 +347,12 @@ def test_nearest_sense_by_hand(tiny, fitted):
             got = wsd.predict(pretrained, senses, wordnet, data, propagate="lexname", gloss_weight=w,
                               standardize=standardize)[0]["d000.s001.t000"]
             assert got == expected, (standardize, w, s)
+    # The first sense's bonus: the other sense wins only when nearer by more than the bonus.
+    margin = cos(t, animal) - cos(t, seen)
+    for bonus in (0.0, max(margin, 0) + 1e-3):
+        got = wsd.predict(pretrained, senses, wordnet, data, propagate="lexname", gloss_weight=0.0,
+                          first_sense_bonus=bonus)[0]["d000.s001.t000"]
+        assert got == ("bark%1:05:00::" if margin > bonus else "bark%1:04:00::")
 
 
 def test_predict_refuses_vectors_of_another_model(tiny, fitted, tmp_path):
@@ -405,3 +411,25 @@ def test_minilm_on_a_semcor_slice(minilm_path, data_dir, tmp_path):
     assert scores["total"] == 455 and scores["answered"] == 455 and 30 < scores["F1"] < 80
     full = wsd.predict(pretrained, senses, data_dir / "wordnet-3.0", data, propagate="lexname")[1]["counts"]
     assert full["answered by nearest sense"] == 455
+
+
+def test_report_section_writes_numbers_and_the_command(tiny, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "semcor3.0-subset").symlink_to(tiny / "semcor")
+    (data / "wordnet-3.0").symlink_to(tiny / "wordnet")
+    for name in ("senseval2", "semeval2007"):
+        folder = data / "wsd-raganato2017" / name
+        folder.mkdir(parents=True)
+        (folder / f"{name}.data.xml").write_text(DATA_XML)
+        (folder / f"{name}.gold.key.txt").write_text(GOLD)
+    section = wsd.report_section(str(tiny / "model"), tmp_path / "out", data)
+    numbers = json.loads((tmp_path / "out" / "wsd.json").read_text())
+    assert section.name == "wsd" and section.numbers == numbers
+    for name in ("senseval2", "semeval2007"):
+        scored = numbers["sets"][name]
+        assert scored["first sense"]["total"] == 8 and scored["nearest sense"]["total"] == 8
+        assert scored["prediction"]["counts"]["instances"] == 8
+        assert (tmp_path / "out" / f"wsd-{name}.key").is_file()
+    assert section.command.startswith(f"bertology wsd fit --model {tiny / 'model'} --semcor ")
+    assert wsd.SenseVectors.load(tmp_path / "out" / "wsd-senses.npz").config == numbers["config"]

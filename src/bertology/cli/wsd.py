@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="as for `bertology embed` (default: %(default)s)")
     fit.add_argument("--combine", choices=("sum", "mean", "concat"), default=None,
                      help="how explicit layer indices are combined (default: mean)")
-    _options(fit, defaults.DEFAULT_PROPAGATE, defaults.DEFAULT_GLOSS_WEIGHT, defaults.DEFAULT_STANDARDIZE)
+    _options(fit, defaults.DEFAULT_PROPAGATE, defaults.DEFAULT_GLOSS_WEIGHT, defaults.DEFAULT_STANDARDIZE,
+             defaults.DEFAULT_FIRST_SENSE_BONUS)
     fit.add_argument("--max-sentences", type=int, default=None, help="use only the first N sentences")
     fit.add_argument("--batch-size", type=int, default=64)
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -49,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pred.add_argument("--wordnet", required=True, help="WordNet 3.0 database directory")
     pred.add_argument("--data", required=True, help="X.data.xml of the WSD evaluation framework")
     pred.add_argument("--output", required=True, help="PRED.key")
-    _options(pred, None, None, None)
+    _options(pred, None, None, None, None)
     pred.add_argument("--batch-size", type=int, default=64)
     pred.add_argument("--quiet", action="store_true", help="no progress bar")
     pred.set_defaults(func=run_predict)
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     scorer.set_defaults(func=run_score)
 
 
-def _options(parser: argparse.ArgumentParser, propagate, gloss_weight, standardize) -> None:
+def _options(parser: argparse.ArgumentParser, propagate, gloss_weight, standardize, first_sense_bonus) -> None:
     from bertology.analysis.wsd import PROPAGATIONS
 
     stored = " (default: the value stored by `wsd fit`)" if propagate is None else " (default: %(default)s)"
@@ -76,6 +77,9 @@ def _options(parser: argparse.ArgumentParser, propagate, gloss_weight, standardi
     parser.add_argument("--standardize", action=argparse.BooleanOptionalAction, default=standardize,
                         help="z-score every dimension (mean and deviation over the SemCor tokens) before the "
                         "cosine" + stored)
+    parser.add_argument("--first-sense-bonus", type=float, default=first_sense_bonus,
+                        help="added to the score of WordNet's first sense: another sense must be nearer by more "
+                        "than this" + stored)
 
 
 def _progress(args: argparse.Namespace) -> bool:
@@ -90,7 +94,8 @@ def run_fit(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {args.out}: sense vectors are written to a .npz file")
     senses = fit_senses(args.model, args.semcor, args.wordnet, layers=args.layers, combine=args.combine,
                         propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
-                        batch_size=args.batch_size, max_sentences=args.max_sentences, show_progress=_progress(args))
+                        first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
+                        max_sentences=args.max_sentences, show_progress=_progress(args))
     senses.save(args.out)
     print(json.dumps({"out": args.out, "config": senses.config, "stats": senses.stats}))
     return 0
@@ -101,7 +106,8 @@ def run_predict(args: argparse.Namespace) -> int:
 
     _, summary = predict(args.model, args.senses, args.wordnet, args.data, args.output,
                          propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
-                         batch_size=args.batch_size, show_progress=_progress(args))
+                         first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
+                         show_progress=_progress(args))
     summary["output"] = args.output
     print(json.dumps(summary))
     return 0

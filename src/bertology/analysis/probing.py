@@ -48,7 +48,7 @@ class ProbeOptions:
 
     epochs: int = 12
     batch_size: int = 256
-    learning_rate: float = 3e-3
+    learning_rate: float = 1e-2
     l2: tuple[float, ...] = (0.0, 1e-3)
     seed: int = 0
 

@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit", type=int, default=None, help="at most this many sentences per split")
     parser.add_argument("--tasks", default="upos,relation", help="comma-separated: upos, relation")
     parser.add_argument("--epochs", type=int, default=12, help="most epochs per probe (best dev epoch kept)")
+    parser.add_argument("--learning-rate", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
+    parser.add_argument("--l2", default="0,0.001", help="comma-separated L2 weights tried, chosen on dev "
+                        "(default 0,0.001)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -39,9 +42,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bertology.analysis.probing import ProbeOptions, probe
+    from bertology.errors import ConfigError
     from bertology.model import load
 
-    options = ProbeOptions(epochs=args.epochs, seed=args.seed)
+    try:
+        l2 = tuple(float(w) for w in args.l2.split(","))
+    except ValueError:
+        raise ConfigError(f"--l2: {args.l2!r} is not comma-separated numbers") from None
+    options = ProbeOptions(epochs=args.epochs, learning_rate=args.learning_rate, l2=l2, seed=args.seed)
     numbers, figures = probe(load(args.model), args.ud, args.out, layers=args.layers, limit=args.limit,
                              tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], options=options,
                              batch_size=args.batch_size, show_progress=not args.quiet and sys.stderr.isatty())

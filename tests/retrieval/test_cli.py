@@ -90,3 +90,36 @@ def test_evaluate_retrieval_prints_recall(tiny_dir, mini_squad, tmp_path, capsys
     assert printed["questions"] == 4 and printed["recall@5"] == 100.0  # 4 paragraphs: every one is retrieved
     assert run("evaluate", "--task", "retrieval", "--squad", squad) == 2
     assert "--index INDEX and --squad FILE are required" in capsys.readouterr().err
+
+
+def test_a_directory_that_is_not_a_model_is_refused(passages_file, tmp_path, capsys):
+    (tmp_path / "not-a-model").mkdir()
+    (tmp_path / "not-a-model" / "notes.txt").write_text("hello")
+    assert run("index", "build", "--model", tmp_path / "not-a-model", "--input", passages_file,
+               "--out", tmp_path / "index") == 2
+    assert "not-a-model" in capsys.readouterr().err
+    assert not (tmp_path / "index").exists()
+
+
+def test_search_names_a_recorded_model_that_moved(tiny_dir, passages_file, tmp_path, capsys):
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    assert run("index", "build", "--model", model, "--input", passages_file, "--out", tmp_path / "index",
+               "--quiet") == 0
+    shutil.rmtree(model)
+    assert run("search", "--index", tmp_path / "index", "paris") == 2
+    assert f"the model directory recorded in the index, {model.resolve()}, does not exist" in capsys.readouterr().err
+    assert run("search", "--index", tmp_path / "index", "--model", tiny_dir, "paris") == 0
+
+
+def test_queries_with_emoji_control_and_zero_width_characters(tiny_dir, passages_file, tmp_path, capsys):
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", tmp_path / "index",
+               "--quiet") == 0
+    capsys.readouterr()
+    queries = ["paris 🙂", "ca\u200bt\x07", "", "\u202enaïve"]
+    assert run("search", "--index", tmp_path / "index", "--k", "3", *queries) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [line["query"] for line in lines] == queries
+    assert all(len(line["hits"]) == 3 for line in lines)

@@ -101,7 +101,9 @@ def test_approximate_structures_agree_with_exact_search(tiny):
     assert hnsw.meta["structure_parameters"] == {"kind": "hnsw", "hnsw_m": 8, "ef_construction": 64,
                                                  "ef_search": 64}
     assert ivf.meta["structure_parameters"] == {"kind": "ivf", "nlist": 8, "nprobe": 8}
-    default_ivf = Index.build(tiny, passages, structure=Structure("ivf"))
+    np.testing.assert_allclose(ivf.vectors(), exact.vectors(), atol=1e-6)
+    assert [[h.row for h in hits] for hits in exact.restructured(Structure("hnsw")).search(queries, k=5)] == expected
+    default_ivf = hnsw.restructured(Structure("ivf"))
     assert default_ivf.meta["structure_parameters"]["nlist"] == 2  # 4 sqrt(80) = 36, but 39 passages a cell
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if model is None:
         raise ConfigError(f"{args.index}: the index was built from a loaded model and records no directory; "
                           f"pass --model")
+    if args.model is None and not Path(model).is_dir():
+        raise ConfigError(f"{args.index}: the model directory recorded in the index, {model}, does not exist any "
+                          f"more; pass --model DIR (it must be the same model)")
     index.attach(model)
     results = index.search(args.queries, k=args.k, ef_search=args.ef_search, nprobe=args.nprobe)
     for query, hits in zip(args.queries, results):

@@ -265,6 +265,19 @@ class Index:
         }
         return cls(faiss_index, passages, meta, pretrained)
 
+    def vectors(self) -> np.ndarray:
+        """The passages' normalised vectors [N, D], read back from the faiss index (row i is passage i)."""
+        faiss = _faiss()
+        if self.structure.kind == "ivf":
+            faiss.extract_index_ivf(self.faiss_index).make_direct_map()  # IVF lists keep no row -> vector map
+        return self.faiss_index.reconstruct_n(0, self.faiss_index.ntotal)
+
+    def restructured(self, structure: Structure) -> Index:
+        """The same passages and vectors in another faiss structure (e.g. exact -> HNSW), without embedding again."""
+        faiss_index, parameters = _build_faiss(self.vectors(), structure)
+        meta = {**self.meta, "structure": to_mapping(Structure(**parameters)), "structure_parameters": parameters}
+        return Index(faiss_index, self.passages, meta, self.model)
+
     # ---------------------------------------------------------------------------------------------------- files
     def save(self, directory: str | os.PathLike) -> Path:
         """Write the index directory atomically (a temporary directory renamed into place; an existing index

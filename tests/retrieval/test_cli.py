@@ -123,3 +123,20 @@ def test_queries_with_emoji_control_and_zero_width_characters(tiny_dir, passages
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [line["query"] for line in lines] == queries
     assert all(len(line["hits"]) == 3 for line in lines)
+
+
+def test_an_output_that_is_not_an_index_is_refused_before_embedding(tiny_dir, passages_file, tmp_path, capsys,
+                                                                      monkeypatch):
+    import bertology.retrieval.index as index_module
+
+    def never(*args, **kwargs):
+        raise AssertionError("embedded before checking --out")
+
+    monkeypatch.setattr(index_module, "encode", never)
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "keep.txt").write_text("mine")
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", tmp_path / "results") == 2
+    assert "results: exists and is not an index; refusing to replace it" in capsys.readouterr().err
+    (tmp_path / "file").write_text("")
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", tmp_path / "file" / "x") == 2
+    assert "file is a file, not a directory" in capsys.readouterr().err

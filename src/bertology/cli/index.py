@@ -56,7 +56,9 @@ def run_build(args: argparse.Namespace) -> int:
     from bertology.cli.embed import layers_argument
     from bertology.model import load
     from bertology.retrieval import Index, Structure, model_options, read_passages, squad_passages
+    from bertology.retrieval.index import check_output
 
+    check_output(args.out)  # before any embedding work
     structure = Structure(args.approximate or "flat", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                           ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe)
     passages = read_passages(args.input) if args.input else squad_passages(args.squad)

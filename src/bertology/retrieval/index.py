@@ -282,14 +282,7 @@ class Index:
     def save(self, directory: str | os.PathLike) -> Path:
         """Write the index directory atomically (a temporary directory renamed into place; an existing index
         there is replaced). Returns its path."""
-        directory = Path(directory)
-        if directory.exists() and not directory.is_dir():
-            raise ConfigError(f"{directory}: is a file; the index is written as a directory")
-        if directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file():
-            raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
-        blocker = file_in_the_way(directory)
-        if blocker is not None:
-            raise ConfigError(f"{directory}: cannot create it, {blocker} is a file, not a directory")
+        directory = check_output(directory)
         faiss = _faiss()
         with atomic_directory(directory) as tmp:
             (tmp / META_FILE).write_text(json.dumps(self.meta, indent=2) + "\n", encoding="utf-8")
@@ -391,6 +384,20 @@ class Index:
         else:
             params = None
         return self.faiss_index.search(np.ascontiguousarray(vectors, dtype=np.float32), k, params=params)
+
+
+def check_output(directory: str | os.PathLike) -> Path:
+    """Where `Index.save` may write (checked before any embedding work): a new directory or an existing index,
+    not a file, not a directory holding something else, not below a file."""
+    directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise ConfigError(f"{directory}: is a file; the index is written as a directory")
+    if directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file():
+        raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
+    blocker = file_in_the_way(directory)
+    if blocker is not None:
+        raise ConfigError(f"{directory}: cannot create it, {blocker} is a file, not a directory")
+    return directory
 
 
 def _build_faiss(vectors: np.ndarray, structure: Structure) -> tuple[Any, dict[str, Any]]:

@@ -14,6 +14,17 @@ from bertology.analysis.geometry import (GeometryError, Standardiser, anisotropy
                                          self_similarity, unit)
 from finetune_helpers import save_tiny_model
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: torch's thread pool only adds synchronisation (10x slower on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 WORDS = "the cat sat on a mat and the dog ran to the park with a ball".split()
 
 

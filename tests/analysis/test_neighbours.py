@@ -11,6 +11,17 @@ from bertology.analysis.neighbours import NeighbourIndex, NeighboursError, neigh
 from bertology.analysis.sense_map import Occurrence, SenseMapError, project, read_labelled, sense_map
 from finetune_helpers import save_tiny_model
 
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: torch's thread pool only adds synchronisation (10x slower on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 pytest.importorskip("faiss")
 
 WORDS = "the bank river money cat sat on a mat dog ran park".split()

@@ -16,6 +16,17 @@ from bertology.analysis.ud import read_conllu
 from finetune_helpers import save_tiny_model
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Small tensors: torch's thread pool only adds synchronisation (10x slower on a loaded machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_control_labels_follow_the_label_distribution_and_are_fixed_per_type():
     train = ["NOUN"] * 600 + ["VERB"] * 300 + ["DET"] * 100
     types = [f"w{i}" for i in range(20000)]

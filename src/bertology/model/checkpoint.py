@@ -269,6 +269,8 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
         value = getattr(config, ours)
         if ours == "embedding_size" and value is None:
             value = config.hidden_size
+        if ours == "classifier_dropout" and value is None and family == "albert":
+            value = config.head_dropout  # transformers' ALBERT needs a number here (its default would be 0.1)
         if value is not None or theirs not in hf:
             hf[theirs] = value
     hf.pop("pruned_heads", None)

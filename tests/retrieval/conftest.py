@@ -40,6 +40,11 @@ def tiny(tiny_dir) -> Pretrained:
     return load(tiny_dir)
 
 
+@pytest.fixture(scope="session")
+def minilm(minilm_path) -> Pretrained:
+    return load(minilm_path)
+
+
 MINI_SQUAD = {"version": "1.1", "data": [
     {"title": "Paris", "paragraphs": [
         {"context": "paris is the capital of france . rain fell over london all day .",

@@ -97,8 +97,9 @@ def test_evaluate_squad_equals_brute_force_recall(tiny, mini_squad):
     assert scores.recall[4] == 100.0 and scores.questions == 4  # all four passages retrieved
 
 
-def test_evaluate_squad_with_minilm(minilm_path, mini_squad):
-    index = Index.build(minilm_path, squad_passages(mini_squad))
+def test_evaluate_squad_with_minilm(minilm, minilm_path, mini_squad):
+    index = Index.build(minilm, squad_passages(mini_squad), model_dir=minilm_path)
+    assert index.options.long_texts == "truncate"
     scores = evaluate_squad(index, mini_squad)
     assert scores.summary() == {"recall@1": 100.0, "recall@5": 100.0, "recall@20": 100.0, "questions": 4}
 

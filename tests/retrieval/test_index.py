@@ -69,8 +69,8 @@ MINILM_PASSAGES = [Passage("fr", "Paris is the capital and largest city of Franc
                    Passage("py", "Python is a popular programming language.")]
 
 
-def test_minilm_finds_the_obvious_passage(minilm_path):
-    index = Index.build(minilm_path, MINILM_PASSAGES)
+def test_minilm_finds_the_obvious_passage(minilm, minilm_path):
+    index = Index.build(minilm, MINILM_PASSAGES, model_dir=minilm_path)  # the directory gives the options
     assert (index.options.sentence, index.options.max_length, index.options.long_texts) == ("mean", 256, "truncate")
     hits = index.search(["Which city is France's capital?", "my kitten naps", "writing code"], k=1)
     assert [h[0].id for h in hits] == ["fr", "cat", "py"]
@@ -93,7 +93,7 @@ def test_approximate_structures_agree_with_exact_search(tiny):
     queries = ["cat on a mat", "bread and flour", "rain over paris", "python dogs"]
     exact = Index.build(tiny, passages)
     hnsw = Index.build(tiny, passages, structure=Structure("hnsw", hnsw_m=8, ef_construction=64, ef_search=64))
-    ivf = Index.build(tiny, passages, structure=Structure("ivf", nlist=8, nprobe=8))  # every cell: exact
+    ivf = exact.restructured(Structure("ivf", nlist=8, nprobe=8))  # every cell visited: exact
     expected = [[h.row for h in hits] for hits in exact.search(queries, k=5)]
     for approximate in (hnsw, ivf):
         found = approximate.search(queries, k=5)

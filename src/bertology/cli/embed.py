@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from bertology.embeddings import check_output, embed, parse_layers, read_texts, save_vectors
+from bertology.embeddings.corpus import CorpusSettings, embed_corpus, is_corpus_input
 from bertology.embeddings.layers import LayerSpec
 from bertology.errors import ConfigError
 from bertology.model import load
@@ -28,14 +29,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ".npy ([N, H]) or any level to .npz (vectors plus an index: text, word/token number, string, "
         "character span; texts and strings as UTF-8 bytes plus offsets, read them with "
         "bertology.embeddings.load_vectors). Texts longer than the model's positions are embedded in overlapping "
-        "windows. The output path is checked before the model is loaded.",
+        "windows. The output path is checked before the model is loaded. "
+        "Corpus mode: when --input is a directory or a glob pattern (quote it), every file is embedded into shards "
+        "under the --output directory (vectors .npy plus a JSONL index per shard, a manifest.json), which --resume "
+        "continues after a kill; --engine ray runs the shards on a Ray cluster (docs/EMBEDDING-AT-SCALE.md).",
     )
     parser.add_argument("--model", required=True, help="model directory (transformers layout)")
-    parser.add_argument("--input", required=True, help="UTF-8 text file")
+    parser.add_argument("--input", required=True,
+                        help="UTF-8 text file, or (corpus mode) a directory or a glob pattern such as 'data/*.jsonl'")
     parser.add_argument("--format", choices=("lines", "jsonl"), default="lines",
                         help="lines: one text per line (empty lines are empty texts); jsonl: one object per line")
     parser.add_argument("--text-field", default="text", help="jsonl key holding the text (default: text)")
-    parser.add_argument("--output", required=True, help="OUT.npy (sentence level) or OUT.npz")
+    parser.add_argument("--output", required=True,
+                        help="OUT.npy (sentence level) or OUT.npz; in corpus mode, a directory")
     parser.add_argument("--level", choices=("sentence", "word", "token"), default="sentence")
     parser.add_argument("--layers", type=layers_argument, default="last",
                         help="last, sum-last-four, mean, concat, or comma-separated hidden-state indices "
@@ -56,10 +62,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="int8: the encoder layers' linear maps in int8 (faster on CPU, vectors differ slightly "
                         "from float32; docs/EMBEDDING-AT-SCALE.md); default: float32")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    corpus = parser.add_argument_group("corpus mode (--input is a directory or a glob)")
+    corpus.add_argument("--shard-size", type=int, default=10000, help="texts per shard (default: 10000)")
+    corpus.add_argument("--id-field", default="id", help="jsonl key copied to the index as the document id "
+                        "(default: id; absent keys give null)")
+    corpus.add_argument("--resume", action="store_true",
+                        help="continue the run in --output (same model, inputs and options), skipping finished shards")
+    corpus.add_argument("--engine", choices=("local", "ray"), default="local",
+                        help="local: this process; ray: an actor pool of encoders on a Ray cluster (pip install "
+                        "'bertology[ray]')")
+    corpus.add_argument("--address", default=None,
+                        help="Ray cluster address (e.g. ray://host:10001 or auto); default: a local Ray instance")
+    corpus.add_argument("--workers", type=int, default=None, help="Ray encoder actors (default: 2)")
+    corpus.add_argument("--threads", type=int, default=None,
+                        help="torch threads per encoder (default: torch's own locally, 1 per Ray actor)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if is_corpus_input(args.input):
+        return run_corpus(args)
     check_output(args.output, args.level)  # paths first: a bad --output fails before any embedding work
     texts = read_texts(args.input, args.format, args.text_field)
     pretrained = with_dtype(load(args.model), args.dtype)
@@ -79,4 +101,17 @@ def run(args: argparse.Namespace) -> int:
     rows = save_vectors(result, args.output, args.level, meta={"model": str(args.model), "input": str(args.input)})
     print(f"wrote {rows} {args.level} vectors ({result.dim} dimensions) for {len(texts)} texts to {args.output}",
           file=sys.stderr)
+    return 0
+
+
+def run_corpus(args: argparse.Namespace) -> int:
+    settings = CorpusSettings(level=args.level, layers=args.layers, combine=args.combine, pooling=args.pooling,
+                              sentence=args.sentence, batch_size=args.batch_size, max_length=args.max_length,
+                              stride=args.stride, dtype=args.dtype, format=args.format, text_field=args.text_field,
+                              id_field=args.id_field, shard_size=args.shard_size)
+    report = embed_corpus(args.model, args.input, args.output, settings, resume=args.resume, engine=args.engine,
+                          address=args.address, workers=args.workers, threads=args.threads,
+                          show_progress=not args.quiet and sys.stderr.isatty())
+    print(f"{report.texts} texts in {len(report.files)} files: {report.written} shards written, {report.skipped} "
+          f"already done, {report.shards} in all ({report.dim} dimensions) in {report.output}", file=sys.stderr)
     return 0

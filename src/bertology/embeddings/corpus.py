@@ -1,0 +1,430 @@
+"""Corpus-scale embedding: every file of a directory or glob, embedded in shards that a killed run resumes.
+
+Layout of an output directory (docs/EMBEDDING-AT-SCALE.md):
+
+    OUT/manifest.json                 the run: format, fingerprint (model, settings, input files), the shard plan
+    OUT/shards/00000/vectors.npy      [rows, D] float32
+    OUT/shards/00000/index.jsonl      one JSON object per row, in row order (see `index_rows`)
+    OUT/shards/00001/...
+
+A shard holds up to `shard_size` consecutive texts of one input file and is written as one atomic directory
+(`bertology.io.atomic_directory`): it exists complete or not at all, so a resumed run redoes exactly the shards that
+are missing. The plan (which texts go to which shard) depends only on the input files and `shard_size`, so a resumed
+run, a run on Ray (`ray_engine`) and an uninterrupted run write the same shards.
+
+Input files are read as `embed` reads one file (`files.read_texts`): `lines` (every line is a text, empty ones too)
+or `jsonl` (one object per non-blank line, the text under `text_field`; `id_field`, when present, is copied to the
+index). Every file is read and checked once before any embedding, so a malformed line stops the run at once,
+naming the file and the line.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from bertology.data.corpus import jsonl_text
+from bertology.embeddings.files import INPUT_FORMATS
+from bertology.embeddings.layers import LayerSpec
+from bertology.embeddings.result import LEVELS, Embeddings
+from bertology.errors import ConfigError, DataError
+from bertology.io import atomic_directory, atomic_write, recover
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+SHARDS = "shards"
+ENGINES: tuple[str, ...] = ("local", "ray")
+GLOB_CHARACTERS = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class CorpusSettings:
+    """Everything besides the model and the inputs that decides what a corpus run writes: the `embed` options, the
+    input format and the shard size. Part of the run's fingerprint: a resume must use the same settings."""
+
+    level: str = "sentence"
+    layers: LayerSpec = "last"
+    combine: str | None = None
+    pooling: str = "mean"
+    sentence: str = "mean"
+    batch_size: int = 32
+    max_length: int | None = None
+    stride: int | None = None
+    dtype: str = "float32"
+    format: str = "lines"
+    text_field: str = "text"
+    id_field: str = "id"
+    shard_size: int = 10000
+
+    def __post_init__(self) -> None:
+        from bertology.model.quantize import check_dtype
+
+        if self.level not in LEVELS:
+            raise ConfigError(f"level: unknown {self.level!r}; expected one of {', '.join(LEVELS)}")
+        if self.format not in INPUT_FORMATS:
+            raise ConfigError(f"input format: unknown {self.format!r}; expected one of {', '.join(INPUT_FORMATS)}")
+        if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
+            raise ConfigError(f"shard_size must be a positive integer, got {self.shard_size!r}")
+        object.__setattr__(self, "dtype", check_dtype(self.dtype))
+        if not isinstance(self.layers, (str, int)):
+            object.__setattr__(self, "layers", tuple(self.layers))
+
+    def embed_options(self) -> dict[str, Any]:
+        """Keyword arguments of `bertology.embed`."""
+        return {"layers": self.layers if not isinstance(self.layers, tuple) else list(self.layers),
+                "combine": self.combine, "pooling": self.pooling, "sentence": self.sentence,
+                "levels": (self.level,), "batch_size": self.batch_size, "max_length": self.max_length,
+                "stride": self.stride}
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        if isinstance(self.layers, tuple):
+            data["layers"] = list(self.layers)
+        return data
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Texts `first` .. `first + count - 1` (0-based, in the file's order) of input file `file`; the first of them
+    starts at byte `offset` on line `line`."""
+
+    name: str
+    file: str  # relative to the inputs' root
+    first: int
+    count: int
+    line: int
+    offset: int
+
+
+@dataclass
+class CorpusReport:
+    """What a call of `embed_corpus` did."""
+
+    output: Path
+    shards: int  # in the plan
+    written: int  # by this call
+    skipped: int  # already complete (a resumed run)
+    texts: int  # in all inputs
+    dim: int | None = None
+    files: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One text of an input file."""
+
+    line: int
+    offset: int  # byte offset of its line
+    text: str
+    id: Any = None
+
+
+def is_corpus_input(spec: str | os.PathLike) -> bool:
+    """True for a directory or a glob pattern: what `bertology embed` embeds in corpus mode."""
+    path = Path(spec)
+    return path.is_dir() or (not path.is_file() and bool(GLOB_CHARACTERS & set(str(spec))))
+
+
+def find_inputs(spec: str | os.PathLike) -> tuple[Path, list[Path]]:
+    """The root directory and the input files of `spec`: a directory (every non-hidden file below it, recursively)
+    or a glob pattern (`**` recurses), in sorted order of their paths relative to the root."""
+    text = str(spec)
+    path = Path(text)
+    if path.is_dir():
+        root = path
+        files = [p for p in path.rglob("*") if p.is_file() and not any(
+            part.startswith(".") for part in p.relative_to(path).parts)]
+    elif GLOB_CHARACTERS & set(text):
+        files = [Path(p) for p in glob.glob(text, recursive=True) if Path(p).is_file()]
+        if not files:
+            raise DataError(f"{text}: no files match")
+        root = Path(os.path.commonpath([str(p.parent.resolve()) for p in files]))
+        files = [p.resolve() for p in files]
+    elif path.is_file():
+        root, files = path.parent, [path]
+    else:
+        raise DataError(f"{text}: no such file or directory")
+    if not files:
+        raise DataError(f"{text}: holds no files")
+    files.sort(key=lambda p: p.relative_to(root).as_posix())
+    return root, files
+
+
+def read_entries(path: Path, settings: CorpusSettings, offset: int = 0, line: int = 1,
+                 limit: int | None = None) -> Iterator[Entry]:
+    """The texts of one input file from byte `offset` (the start of line `line`), at most `limit` of them. Errors
+    name the file, the line and, for bad UTF-8, the byte offset."""
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        count = 0
+        for number, raw in enumerate(handle, start=line):
+            if limit is not None and count >= limit:
+                return
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path}: line {number}: cannot decode as utf-8 at byte offset "
+                                f"{offset + error.start} (byte 0x{raw[error.start]:02x})") from None
+            if offset == 0 and text.startswith("\ufeff"):
+                text = text[1:]
+            here, offset = offset, offset + len(raw)
+            text = text.rstrip("\r\n")
+            if settings.format == "lines":
+                yield Entry(number, here, text)
+            elif text.strip():
+                value = jsonl_text(text, path, number, settings.text_field)
+                record_id = json.loads(text).get(settings.id_field)
+                yield Entry(number, here, value, record_id)
+            else:
+                continue
+            count += 1
+
+
+def plan_shards(root: Path, files: list[Path], settings: CorpusSettings) -> tuple[list[Shard], list[dict[str, Any]]]:
+    """The shards of the inputs and a description of each file (relative name, bytes, SHA-256, texts). Reads and
+    checks every line of every file."""
+    shards: list[Shard] = []
+    described: list[dict[str, Any]] = []
+    for path in files:
+        name = path.relative_to(root).as_posix()
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        count = 0
+        for entry in read_entries(path, settings):
+            if count % settings.shard_size == 0:
+                shards.append(Shard(f"{len(shards):05d}", name, count, 0, entry.line, entry.offset))
+            count += 1
+        for i in range(len(shards) - 1, -1, -1):  # fill in the counts of this file's shards
+            shard = shards[i]
+            if shard.file != name:
+                break
+            shards[i] = Shard(shard.name, name, shard.first, min(settings.shard_size, count - shard.first),
+                              shard.line, shard.offset)
+        described.append({"file": name, "bytes": path.stat().st_size, "sha256": digest.hexdigest(), "texts": count})
+    if not shards:
+        raise DataError(f"{root}: the input files hold no texts")
+    return shards, described
+
+
+def model_fingerprint(directory: str | os.PathLike) -> str:
+    """SHA-256 over the names and contents of the model directory's top-level files (config, weights, tokenizer)."""
+    directory = Path(directory)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def shard_texts(root: Path, shard: Shard, settings: CorpusSettings) -> list[Entry]:
+    """The entries of one shard, read from its file at the shard's byte offset."""
+    entries = list(read_entries(root / shard.file, settings, shard.offset, shard.line, shard.count))
+    if len(entries) != shard.count:
+        raise DataError(f"{root / shard.file}: shard {shard.name} expected {shard.count} texts from line "
+                        f"{shard.line}, found {len(entries)}: the file changed during the run")
+    return entries
+
+
+def index_rows(shard: Shard, entries: list[Entry], result: Embeddings, level: str) -> list[dict[str, Any]]:
+    """The index of a shard's rows. Every row: `file` (relative to the inputs' root), `line` (1-based), `text`
+    (0-based number of the text in its file), `id` (jsonl `id_field`, else null), `start` / `end` (character span in
+    the text; the whole text at sentence level). Word and token rows add `index` (word or token number in its text)
+    and `string`."""
+    def base(i: int) -> dict[str, Any]:
+        entry = entries[i]
+        return {"file": shard.file, "line": entry.line, "text": shard.first + i, "id": entry.id}
+
+    if level == "sentence":
+        return [{**base(i), "start": 0, "end": len(entries[i].text)} for i in range(len(entries))]
+    pieces = result.tokens if level == "token" else result.words
+    assert pieces is not None
+    return [{**base(int(t)), "index": int(k), "string": s, "start": int(a), "end": int(b)}
+            for t, k, s, a, b in zip(pieces.text_index, pieces.index, pieces.strings, pieces.start, pieces.end)]
+
+
+def embed_shard(pretrained: Any, root: Path, shard: Shard, settings: CorpusSettings) -> tuple[np.ndarray, list[dict]]:
+    """Vectors and index rows of one shard: what both engines compute."""
+    from bertology.embeddings.core import embed
+
+    entries = shard_texts(root, shard, settings)
+    result = embed(pretrained, [e.text for e in entries], **settings.embed_options())
+    if settings.level == "sentence":
+        vectors = result.sentences
+    else:
+        pieces = result.tokens if settings.level == "token" else result.words
+        vectors = pieces.vectors
+    assert vectors is not None
+    return np.ascontiguousarray(vectors, dtype=np.float32), index_rows(shard, entries, result, settings.level)
+
+
+def write_shard(output: Path, name: str, vectors: np.ndarray, rows: list[dict[str, Any]]) -> None:
+    """One shard as an atomic directory: complete, or absent."""
+    with atomic_directory(output / SHARDS / name) as tmp:
+        with open(tmp / "vectors.npy", "wb") as handle:
+            np.save(handle, vectors)
+        with open(tmp / "index.jsonl", "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def shard_done(output: Path, name: str) -> bool:
+    path = output / SHARDS / name
+    recover(path)  # a writer killed between moving an old shard aside and renaming the new one in
+    return (path / "index.jsonl").is_file() and (path / "vectors.npy").is_file()
+
+
+def check_output_dir(output: Path, fingerprint: dict[str, Any], resume: bool) -> dict[str, Any] | None:
+    """The manifest of the run to resume, None for a fresh run, or a ConfigError: a directory holding something
+    else, a run without --resume, a run with other settings (each differing key named)."""
+    if output.exists() and not output.is_dir():
+        raise ConfigError(f"{output}: is a file; the output of a corpus run is a directory")
+    manifest_path = output / MANIFEST
+    if not manifest_path.is_file():
+        if output.is_dir() and any(not p.name.startswith(".") for p in output.iterdir()):
+            raise ConfigError(f"{output}: not empty and holds no embedding run ({MANIFEST}); choose a new or empty "
+                              "directory")
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{manifest_path}: not a manifest written by bertology embed ({error})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
+        raise ConfigError(f"{manifest_path}: not a manifest written by bertology embed (no fingerprint)")
+    if not resume:
+        done = sum(shard_done(output, s["name"]) for s in manifest.get("shards", []))
+        raise ConfigError(f"{output}: holds an embedding run ({done} of {len(manifest.get('shards', []))} shards "
+                          "done); pass --resume to continue it, or choose another directory")
+    old = manifest["fingerprint"]
+    differ = []
+    for key in sorted(set(old) | set(fingerprint)):
+        if old.get(key) != fingerprint.get(key):
+            if key in ("model", "inputs"):
+                differ.append(f"{key} (changed)")
+            else:
+                differ.append(f"{key} (was {old.get(key)!r}, now {fingerprint.get(key)!r})")
+    if differ:
+        raise ConfigError(f"{output}: --resume: the run there was made with other settings: {'; '.join(differ)}; "
+                          "use the same model, inputs and options, or another directory")
+    return manifest
+
+
+def embed_corpus(
+    model: str | os.PathLike,
+    inputs: str | os.PathLike,
+    output: str | os.PathLike,
+    settings: CorpusSettings | None = None,
+    *,
+    resume: bool = False,
+    engine: str = "local",
+    address: str | None = None,
+    workers: int | None = None,
+    threads: int | None = None,
+    show_progress: bool = False,
+) -> CorpusReport:
+    """Embed every text of `inputs` (a directory, a glob pattern or one file) with the model directory `model`,
+    writing shards to the directory `output` (see the module docstring). `resume` continues a run in `output` made
+    with the same model, inputs and settings, skipping its complete shards. `engine="ray"` spreads the shards over
+    a pool of `workers` encoder actors on the Ray cluster at `address` (`ray_engine.run_ray`); `threads` is the
+    torch threads per encoder (default: torch's own for the local engine, 1 per actor on Ray)."""
+    settings = settings or CorpusSettings()
+    if engine not in ENGINES:
+        raise ConfigError(f"engine: unknown {engine!r}; expected one of {', '.join(ENGINES)}")
+    output = Path(output)
+    model_dir = Path(model)
+    if not model_dir.is_dir():
+        raise ConfigError(f"{model_dir}: no such model directory")
+    root, files = find_inputs(inputs)
+    shards, described = plan_shards(root, files, settings)
+    fingerprint = {"model": model_fingerprint(model_dir), "inputs": described, **settings.to_json()}
+    manifest = check_output_dir(output, fingerprint, resume)
+    # The model is loaded (and so checked) before anything is written; the Ray actors load their own copies.
+    pretrained = load_encoder(model_dir, settings.dtype, threads) if engine == "local" else load_encoder(
+        model_dir, "float32", None)
+    if manifest is None:
+        manifest = {"format": FORMAT_VERSION, "model": str(model_dir), "root": str(root), "fingerprint": fingerprint,
+                    "shards": [asdict(s) for s in shards], "complete": False}
+        with atomic_write(output / MANIFEST, "w", encoding="utf-8") as handle:
+            json.dump(manifest, handle, indent=1, ensure_ascii=False)
+    pending = [s for s in shards if not shard_done(output, s.name)]
+    report = CorpusReport(output, len(shards), 0, len(shards) - len(pending), sum(d["texts"] for d in described),
+                          files=[d["file"] for d in described])
+    bar = tqdm(total=sum(s.count for s in pending), unit="text", disable=not show_progress, dynamic_ncols=True,
+               file=sys.stderr)
+
+    def finished(shard: Shard, vectors: np.ndarray, rows: list[dict]) -> None:
+        write_shard(output, shard.name, vectors, rows)
+        report.written += 1
+        report.dim = int(vectors.shape[1])
+        bar.update(shard.count)
+
+    with bar:
+        if engine == "ray":
+            from bertology.embeddings.ray_engine import run_ray
+
+            run_ray(model_dir, root, pending, settings, finished, address=address, workers=workers,
+                    threads=threads)
+        else:
+            for shard in pending:
+                finished(shard, *embed_shard(pretrained, root, shard, settings))
+    manifest["complete"] = True
+    with atomic_write(output / MANIFEST, "w", encoding="utf-8") as handle:
+        json.dump(manifest, handle, indent=1, ensure_ascii=False)
+    if report.dim is None:
+        report.dim = int(np.load(output / SHARDS / shards[0].name / "vectors.npy", mmap_mode="r").shape[1])
+    return report
+
+
+def load_encoder(model_dir: Path, dtype: str, threads: int | None) -> Any:
+    """The model of a corpus run, in `dtype`, with `threads` torch threads (None: leave torch's setting)."""
+    import torch
+
+    from bertology.model import load
+    from bertology.model.quantize import with_dtype
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return with_dtype(load(model_dir), dtype)
+
+
+def load_corpus(output: str | os.PathLike) -> tuple[np.ndarray, list[dict[str, Any]]]:
+    """All vectors of a complete corpus run, concatenated in shard order, and their index rows. For corpora that
+    fit in memory; otherwise read the shards one by one (`iter_shards`)."""
+    parts, rows = [], []
+    for _, vectors, index in iter_shards(output):
+        parts.append(vectors)
+        rows.extend(index)
+    return np.concatenate(parts), rows
+
+
+def iter_shards(output: str | os.PathLike) -> Iterator[tuple[str, np.ndarray, list[dict[str, Any]]]]:
+    """(name, vectors, index rows) of every shard of a complete corpus run, in order; the vectors memory-mapped."""
+    output = Path(output)
+    manifest_path = output / MANIFEST
+    if not manifest_path.is_file():
+        raise DataError(f"{output}: no {MANIFEST}: not the output of a corpus embedding run")
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if not manifest.get("complete"):
+        raise DataError(f"{output}: the run is not complete; finish it with --resume")
+    for shard in manifest["shards"]:
+        directory = output / SHARDS / shard["name"]
+        vectors = np.load(directory / "vectors.npy", mmap_mode="r", allow_pickle=False)
+        with open(directory / "index.jsonl", encoding="utf-8") as handle:
+            index = [json.loads(line) for line in handle]
+        if len(index) != len(vectors):
+            raise DataError(f"{directory}: {len(vectors)} vectors but {len(index)} index rows")
+        yield shard["name"], vectors, index

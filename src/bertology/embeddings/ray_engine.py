@@ -1,0 +1,99 @@
+"""The corpus run on Ray Data: the shards of the plan as a dataset, mapped by an actor pool of encoders.
+
+Each actor loads the model once (in the run's dtype) and embeds whole shards, reading each shard's texts from its
+file at the shard's byte offset (`corpus.embed_shard`, the code the local engine runs), so the shards are the same
+as a local run's. Vectors and index rows come back to the driver, which writes every shard atomically and keeps the
+manifest: only the driver needs the output directory; the model directory and the input files must be readable at
+the same paths on every node (a shared file system).
+
+Ray is imported here only, when `--engine ray` is asked for (`pip install 'bertology[ray]'`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertology.embeddings.corpus import CorpusSettings, Shard, embed_shard, load_encoder
+from bertology.errors import ConfigError
+
+DEFAULT_WORKERS = 2
+
+
+class ShardEncoder:
+    """A Ray Data callable class: one encoder per actor, one shard per row of its batches."""
+
+    def __init__(self, model_dir: str, root: str, settings: dict[str, Any], threads: int) -> None:
+        self.root = Path(root)
+        self.settings = CorpusSettings(**settings)
+        self.pretrained = load_encoder(Path(model_dir), self.settings.dtype, threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names, vectors, indexes = [], [], []
+        for i in range(len(batch["name"])):
+            shard = Shard(**{key: _plain(batch[key][i]) for key in Shard.__dataclass_fields__})
+            array, rows = embed_shard(self.pretrained, self.root, shard, self.settings)
+            buffer = io.BytesIO()
+            np.save(buffer, array)  # .npy bytes: exact, and one column type whatever the shard's row count
+            names.append(shard.name)
+            vectors.append(buffer.getvalue())
+            indexes.append(json.dumps(rows, ensure_ascii=False))
+        return {"name": np.array(names, dtype=object), "vectors": np.array(vectors, dtype=object),
+                "index": np.array(indexes, dtype=object)}
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def run_ray(model_dir: Path, root: Path, pending: list[Shard], settings: CorpusSettings,
+            finished: Callable[[Shard, np.ndarray, list[dict]], None], *, address: str | None = None,
+            workers: int | None = None, threads: int | None = None) -> None:
+    """Embed the `pending` shards on Ray (a running Ray instance if there is one, else `ray.init(address)`: a new
+    local instance when `address` is None) with `workers` encoder actors of `threads` CPUs each, calling
+    `finished(shard, vectors, rows)` on the driver as each shard comes back (in any order)."""
+    workers = DEFAULT_WORKERS if workers is None else workers
+    threads = 1 if threads is None else threads
+    for name, value in (("workers", workers), ("threads", threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    if not pending:
+        return
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("--engine ray needs Ray Data: pip install 'bertology[ray]'") from None
+    started = False
+    if not ray.is_initialized():
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=True)
+        started = True
+    try:
+        context = ray.data.DataContext.get_current()
+        context.enable_progress_bars = False  # the driver's own bar counts texts
+        logging.getLogger("ray.data").setLevel(logging.WARNING)  # no per-run execution plan on the console
+        by_name = {shard.name: shard for shard in pending}
+        dataset = ray.data.from_items([asdict(shard) for shard in pending], override_num_blocks=len(pending))
+        encoded = dataset.map_batches(
+            ShardEncoder,
+            fn_constructor_kwargs={"model_dir": os.fspath(model_dir), "root": os.fspath(root),
+                                   "settings": settings.to_json(), "threads": threads},
+            batch_size=1,
+            compute=ray.data.ActorPoolStrategy(size=workers),
+            num_cpus=threads,
+            batch_format="numpy",
+        )
+        for row in encoded.iter_rows():
+            vectors = np.load(io.BytesIO(row["vectors"]), allow_pickle=False)
+            finished(by_name[row["name"]], vectors, json.loads(row["index"]))
+    finally:
+        if started:
+            ray.shutdown()

@@ -25,7 +25,7 @@ from bertology.training.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "training"))
-from pretrain_helpers import build, make_assets, tiny_config  # noqa: E402
+from pretrain_helpers import build, make_assets, run_shipped_config_briefly, tiny_config  # noqa: E402
 
 BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 SPECIAL = SpecialTokens(cls_id=1, sep_id=2, pad_id=0, mask_id=3)
@@ -223,16 +223,8 @@ def test_sop_defaults_and_one_document():
 def test_shipped_config_runs_on_brown(tmp_path):
     if not BROWN.is_dir():
         pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
-    from bertology.cli.main import main
-
-    corpus = "[" + ",".join(str(BROWN / f"ca0{i}") for i in range(1, 7)) + "]"
-    settings = [f"data.corpus={corpus}", "tokenizer.vocab_size=1000", "optim.total_steps=3", "optim.batch_size=4",
-                f"run.output_dir={tmp_path / 'run'}", "data.heldout_documents=2", "run.eval_batches=1",
-                "run.checkpoint_every=0", "speed.threads=1", "speed.prefetch=0", "run.progress=false"]
-    argv = ["pretrain", "--config", str(ROOT / "configs" / "albert-tiny.yaml")]
-    for setting in settings:
-        argv += ["--set", setting]
-    assert main(argv) == 0
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 7)]
+    assert run_shipped_config_briefly(ROOT / "configs" / "albert-tiny.yaml", tmp_path / "run", corpus, heldout=2) == 0
     config = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
     assert config["architectures"] == ["AlbertForPreTraining"] and config["num_hidden_groups"] == 1
     assert config["embedding_size"] == 64 and config["num_hidden_layers"] == 4

@@ -23,7 +23,7 @@ from bertology.objectives.span import HEAD_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "training"))
-from pretrain_helpers import build, make_assets, tiny_config  # noqa: E402
+from pretrain_helpers import build, make_assets, run_shipped_config_briefly, tiny_config  # noqa: E402
 
 BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 
@@ -191,16 +191,8 @@ def test_a_resumed_spanbert_run_is_bitwise_identical(tmp_path):
 def test_shipped_config_runs_on_brown(tmp_path):
     if not BROWN.is_dir():
         pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
-    from bertology.cli.main import main
-
-    corpus = "[" + ",".join(str(BROWN / f"ca0{i}") for i in range(1, 5)) + "]"
-    settings = [f"data.corpus={corpus}", "tokenizer.vocab_size=1000", "optim.total_steps=3", "optim.batch_size=4",
-                f"run.output_dir={tmp_path / 'run'}", "data.heldout_documents=1", "run.eval_batches=1",
-                "run.checkpoint_every=0", "speed.threads=1", "speed.prefetch=0", "run.progress=false"]
-    argv = ["pretrain", "--config", str(ROOT / "configs" / "spanbert-tiny.yaml")]
-    for setting in settings:
-        argv += ["--set", setting]
-    assert main(argv) == 0
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 5)]
+    assert run_shipped_config_briefly(ROOT / "configs" / "spanbert-tiny.yaml", tmp_path / "run", corpus, heldout=1) == 0
     model_dir = tmp_path / "run" / "model"
     assert (model_dir / HEAD_FILE).is_file()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -62,3 +62,18 @@ def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
 
 def build(raw: dict[str, Any]) -> PretrainConfig:
     return PretrainConfig.from_dict(raw)
+
+
+def run_shipped_config_briefly(config: Path, output_dir: Path, corpus: list[Path], heldout: int = 1) -> int:
+    """``bertology pretrain --config CONFIG`` for 3 steps of 4 sequences on ``corpus`` (Brown files, say) with a
+    1,000-word tokenizer, one thread and no checkpoints: a shipped config runs end to end. Returns the exit code."""
+    from bertology.cli.main import main
+
+    settings = [f"data.corpus=[{','.join(str(p) for p in corpus)}]", "tokenizer.vocab_size=1000",
+                "optim.total_steps=3", "optim.batch_size=4", f"run.output_dir={output_dir}",
+                f"data.heldout_documents={heldout}", "run.eval_batches=1", "run.checkpoint_every=0",
+                "speed.threads=1", "speed.prefetch=0", "run.progress=false"]
+    argv = ["pretrain", "--config", str(config)]
+    for setting in settings:
+        argv += ["--set", setting]
+    return main(argv)

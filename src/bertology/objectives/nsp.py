@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +41,9 @@ class NextSentence:
 
     weight: float = 1.0
     name: str = "nsp"
+    # What the labels say and the instance kind that gives them (for the error when a batch has none).
+    label_kind: ClassVar[str] = "next-sentence"
+    instance_kind: ClassVar[str] = "nsp"
 
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "pooled", num_labels=2),)
@@ -54,8 +57,8 @@ class NextSentence:
     def _labels(self, batch: SentencePairBatch) -> Tensor:
         labels = batch.next_sentence_labels
         if labels is None:
-            raise DataError(f"objective {self.name!r} needs next-sentence labels, but the batches have none "
-                            f"(data.instances.kind must be 'nsp')")
+            raise DataError(f"objective {self.name!r} needs {self.label_kind} labels, but the batches have none "
+                            f"(data.instances.kind must be {self.instance_kind!r})")
         return labels
 
     def units(self, batch: SentencePairBatch) -> Tensor:

@@ -7,11 +7,9 @@ the order of two consecutive segments of one document (0 = in order, 1 = swapped
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from torch import Tensor
-
-from bertology.errors import DataError
-from bertology.objectives.nsp import NextSentence, SentencePairBatch
+from bertology.objectives.nsp import NextSentence
 
 
 @dataclass
@@ -20,10 +18,5 @@ class SentenceOrder(NextSentence):
 
     weight: float = 1.0
     name: str = "sop"
-
-    def _labels(self, batch: SentencePairBatch) -> Tensor:
-        labels = batch.next_sentence_labels
-        if labels is None:
-            raise DataError(f"objective {self.name!r} needs sentence-order labels, but the batches have none "
-                            f"(data.instances.kind must be 'sop')")
-        return labels
+    label_kind: ClassVar[str] = "sentence-order"
+    instance_kind: ClassVar[str] = "sop"

@@ -4,7 +4,6 @@ and the command end to end on a tiny random model."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

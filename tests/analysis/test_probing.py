@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 

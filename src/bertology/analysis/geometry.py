@@ -24,7 +24,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path

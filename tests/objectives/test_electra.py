@@ -230,3 +230,35 @@ def test_electra_tiny_config_runs_end_to_end(tmp_path):
     assert {"generator_accuracy", "rtd_precision", "rtd_recall"} <= set(rows[-1])
     assert json.loads((out / "model" / "config.json").read_text())["architectures"] == ["ElectraForPreTraining"]
     assert json.loads((out / "generator" / "config.json").read_text())["architectures"] == ["ElectraForMaskedLM"]
+
+
+def test_resume_is_bitwise_with_sampling_keyed_by_the_batch(tmp_path):
+    """A run resumed from its step-2 checkpoint ends with the same discriminator and generator, bit for bit."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from bertology.recipes.pretrain import pretrain
+    from bertology.training.config import PretrainConfig
+
+    sys.path.insert(0, str(ROOT / "tests" / "training"))
+    from pretrain_helpers import tiny_config
+
+    assets = make_assets(tmp_path)
+
+    def config(out: Path) -> PretrainConfig:
+        return PretrainConfig.from_dict(tiny_config(
+            assets, out, model={"family": "electra"}, data={"instances": {"kind": "full-sentences"}},
+            objectives={"electra": {"generator_size": 0.5}},
+            optim={"total_steps": 4}, run={"checkpoint_every": 2, "eval_every": 0, "keep_last": 3}))
+
+    pretrain(config(tmp_path / "a"))
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for name in ("model", "generator", "checkpoints/step-0000004"):
+        shutil.rmtree(tmp_path / "b" / name)
+    assert (tmp_path / "b" / "checkpoints" / "step-0000002").is_dir()
+    pretrain(config(tmp_path / "b"), resume=True)
+    for part in ("model", "generator"):
+        a = load_file(tmp_path / "a" / part / "model.safetensors")
+        b = load_file(tmp_path / "b" / part / "model.safetensors")
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part

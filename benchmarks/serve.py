@@ -155,6 +155,12 @@ async def load_level(url: str, texts: list[str], concurrency: int, max_seconds: 
             "latencies": latencies, "vectors": vectors}
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, all its threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(result: dict) -> dict:
     lat = sorted(result["latencies"])
     p99 = lat[min(len(lat) - 1, int(np.ceil(0.99 * len(lat))) - 1)] if lat else float("nan")
@@ -206,6 +212,7 @@ def main() -> int:
     base = start([sys.executable, __file__, "--serve-baseline", str(base_port), "--threads", str(args.threads)],
                  base_port)
     sides = {"bertology serve": ours[1], "sentence-transformers + FastAPI": base[1]}
+    pids = {"bertology serve": ours[0].pid, "sentence-transformers + FastAPI": base[0].pid}
     rows: list[dict] = []
     problems: list[str] = []
     try:
@@ -216,10 +223,13 @@ def main() -> int:
                 order = list(sides.items()) if round_number == 0 else list(sides.items())[::-1]
                 for name, url in order:
                     load_before = os.getloadavg()[0]
+                    cpu_before = cpu_seconds(pids[name])
                     result = asyncio.run(load_level(url, texts, concurrency, args.max_seconds,
                                                     normalize=name.startswith("bertology")))
+                    cpu = cpu_seconds(pids[name]) - cpu_before
                     row = {"server": name, "concurrency": concurrency, "round": round_number + 1,
-                           "load": load_before, **summary(result)}
+                           "load": load_before, **summary(result), "cpu_s": cpu,
+                           "cpu_ms_per_request": 1000 * cpu / max(result["answered"], 1)}
                     got = np.asarray([result["vectors"][i] for i in sorted(result["vectors"])], dtype=np.float64)
                     want = reference[sorted(result["vectors"])]
                     row["max_abs_diff_vs_embed"] = float(np.abs(got - want).max()) if len(got) else float("nan")
@@ -248,17 +258,19 @@ def main() -> int:
     print(f"- bertology batches: {batches:.0f} forwards for {packed:.0f} requests "
           f"({packed / max(batches, 1):.1f} requests per forward on average, all levels)\n")
     print("| concurrency | server | round | requests | failed | p50 ms | p99 ms | requests/s | bertology x | "
-          "max abs diff to embed | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "server CPU ms / request | bertology x (CPU) | max abs diff to embed | load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         partner = [r for r in rows if r["concurrency"] == row["concurrency"] and r["round"] == row["round"]
                    and r["server"] != row["server"]]
-        ratio = ""
+        ratio = cpu_ratio = ""
         if row["server"].startswith("bertology") and partner and partner[0]["rps"] > 0:
             ratio = f"{row['rps'] / partner[0]['rps']:.2f}"
+            cpu_ratio = f"{partner[0]['cpu_ms_per_request'] / max(row['cpu_ms_per_request'], 1e-9):.2f}"
         print(f"| {row['concurrency']} | {row['server']} | {row['round']} | {row['answered']}/{row['sent']} | "
               f"{row['failed']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['rps']:.1f} | {ratio} | "
-              f"{row['max_abs_diff_vs_embed']:.1e} | {row['load']:.1f} |")
+              f"{row['cpu_ms_per_request']:.1f} | {cpu_ratio} | {row['max_abs_diff_vs_embed']:.1e} | "
+              f"{row['load']:.1f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "problems": problems}, indent=2) + "\n")
     if problems:

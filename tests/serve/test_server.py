@@ -111,8 +111,8 @@ def test_sigterm_answers_every_request_in_flight_then_exits(server, tiny_dir):
         assert response.status_code == 200, response.text
         np.testing.assert_allclose(response.json()["vectors"], embed(pretrained, request_texts).sentences,
                                    atol=1e-5, rtol=0)
-    # uvicorn re-raises the signal it handled once it has drained, so the exit status is SIGTERM's (systemd and
-    # Kubernetes count that as a clean stop).
-    assert process.wait(timeout=30) == -signal.SIGTERM
+    # uvicorn (0.29 and later) re-raises the signal it handled once it has drained, so the exit status is
+    # SIGTERM's (systemd and Kubernetes count that as a clean stop); earlier versions exit 0.
+    assert process.wait(timeout=30) in (-signal.SIGTERM, 0)
     log = process.stdout.read().decode()
     assert "Traceback" not in log, log

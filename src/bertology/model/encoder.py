@@ -246,8 +246,10 @@ class EncoderLayer(nn.Module):
 def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     """A copy of `linear` keeping only the outputs (dim 0) or inputs (dim 1) at `index`."""
     weight = linear.weight.index_select(dim, index)
-    # Built on the meta device: no initialisation to throw away (and none to warn about for zero heads left).
-    out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta", dtype=weight.dtype)
+    with warnings.catch_warnings():  # no heads left: an empty layer, nothing to initialise
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+        out = nn.Linear(weight.shape[1], weight.shape[0], bias=linear.bias is not None, device="meta",
+                        dtype=weight.dtype)  # the meta device: no initialisation to throw away
     out = out.to_empty(device=weight.device)
     out.weight.copy_(weight)
     if linear.bias is not None:

@@ -1,0 +1,44 @@
+"""`bertology analyze`: every analysis the data allows, collected into one self-contained report.html."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    from bertology.analysis.report import ALIASES, ANALYSES
+
+    parser = subparsers.add_parser(
+        "analyze",
+        help="run the analyses (word senses, geometry, probing, attention heads) and write one HTML report",
+        description="Runs every analysis whose data is present under --data (each writes its JSON and PNG figures "
+        "under --out) and writes OUT/report.html: one self-contained file with each analysis's numbers, figures "
+        "and the command that redoes it; analyses whose data or module is absent are listed with the reason.",
+    )
+    parser.add_argument("--model", required=True, metavar="DIR", help="model directory")
+    parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--only", metavar="NAMES",
+                        help=f"comma-separated analyses: {', '.join(ANALYSES)} (also {', '.join(sorted(ALIASES))})")
+    parser.add_argument("--data", default="../shared/data", metavar="DIR",
+                        help="folder of the data sets (ud-english-ewt, semcor3.0-subset, wordnet-3.0, "
+                        "wsd-raganato2017, glue, ...); default: ../shared/data")
+    parser.add_argument("--task", help="the fine-tuning task of a fine-tuned model (head importance uses its loss)")
+    parser.add_argument("--quick", action="store_true", help="smaller samples: a fast, rougher report")
+    parser.add_argument("--threads", type=int, metavar="N", help="torch threads")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from bertology.analysis.report import build_report, chosen_analyses
+
+    chosen_analyses(args.only)  # a bad --only fails before the model is loaded
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    result = build_report(args.model, args.out, args.only, args.data, quick=args.quick, task=args.task)
+    for skipped in result.skipped:
+        print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
+    print(f"wrote {result.path} ({len(result.sections)} analyses, {len(result.skipped)} skipped)", file=sys.stderr)
+    return 0

@@ -224,6 +224,8 @@ def test_search_argument_errors(tiny):
         index.search("paris", k=0)
     with pytest.raises(ConfigError, match=r"shape \[N, 32\]"):
         index.search(np.zeros((2, 5), dtype=np.float32))
+    with pytest.raises(ConfigError, match="ef_search must be a positive integer"):
+        index.search(np.ones((1, 32), dtype=np.float32), ef_search=0)
     with pytest.raises(ConfigError, match="NaN"):
         index.search(np.full((1, 32), np.nan, dtype=np.float32))
 

@@ -376,6 +376,9 @@ class Index:
     def search_vectors(self, vectors: np.ndarray, k: int, *, ef_search: int | None = None,
                        nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """faiss's answer for normalised float32 query vectors: scores [N, k] and rows [N, k] (-1 past the end)."""
+        for name, value in (("ef_search", ef_search), ("nprobe", nprobe)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
         faiss = _faiss()
         if self.structure.kind == "hnsw":
             params = faiss.SearchParametersHNSW(efSearch=ef_search or self.structure.ef_search)

@@ -212,3 +212,9 @@ def test_inputs_that_match_nothing(small_model, tmp_path):
         CorpusSettings(shard_size=0)
     with pytest.raises(ConfigError, match="dtype: unknown 'int4'"):
         CorpusSettings(dtype="int4")
+
+
+def test_a_file_name_as_corpus_output_is_refused(small_model, corpus, tmp_path, capsys):
+    assert run("embed", "--model", small_model, "--input", corpus, "--output", tmp_path / "vectors.npy") == 2
+    assert "vectors.npy: a corpus run (a directory or glob as input) writes a directory of shards" in \
+        capsys.readouterr().err

@@ -98,3 +98,19 @@ def test_ray_run_equals_the_single_machine_run(small_model, corpus, tmp_path, on
     for (na, a, ia), (nb, b, ib) in zip(iter_shards(local), iter_shards(distributed), strict=True):
         assert na == nb and ia == ib
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_actors_bad_input_error_is_unwrapped():
+    from bertology.embeddings.ray_engine import _bertology_cause
+    from bertology.errors import DataError
+
+    class TaskError(Exception):  # Ray's RayTaskError keeps the actor's exception in .cause
+        def __init__(self, cause):
+            super().__init__("task failed")
+            self.cause = cause
+
+    bad = DataError("x.jsonl: line 3: invalid JSON")
+    wrapper = RuntimeError("user code failed")
+    wrapper.__cause__ = TaskError(bad)
+    assert _bertology_cause(wrapper) is bad
+    assert _bertology_cause(RuntimeError("other")) is None

@@ -345,6 +345,9 @@ def embed_corpus(
     if engine not in ENGINES:
         raise ConfigError(f"engine: unknown {engine!r}; expected one of {', '.join(ENGINES)}")
     output = Path(output)
+    if output.suffix.lower() in (".npy", ".npz") and not output.is_dir():
+        raise ConfigError(f"{output}: a corpus run (a directory or glob as input) writes a directory of shards; "
+                          "name a directory")
     model_dir = Path(model)
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such model directory")

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from bertology.embeddings.corpus import CorpusSettings, Shard, embed_shard, load_encoder
-from bertology.errors import ConfigError
+from bertology.errors import BertologyError, ConfigError
 
 DEFAULT_WORKERS = 2
 
@@ -48,6 +48,17 @@ class ShardEncoder:
             indexes.append(json.dumps(rows, ensure_ascii=False))
         return {"name": np.array(names, dtype=object), "vectors": np.array(vectors, dtype=object),
                 "index": np.array(indexes, dtype=object)}
+
+
+def _bertology_cause(error: BaseException) -> BertologyError | None:
+    """The BertologyError inside Ray's wrappers of an actor's exception (RayTaskError.cause, __cause__), if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, BertologyError):
+            return error
+        seen.add(id(error))
+        error = getattr(error, "cause", None) or error.__cause__
+    return None
 
 
 def _plain(value: Any) -> Any:
@@ -91,9 +102,15 @@ def run_ray(model_dir: Path, root: Path, pending: list[Shard], settings: CorpusS
             num_cpus=threads,
             batch_format="numpy",
         )
-        for row in encoded.iter_rows():
-            vectors = np.load(io.BytesIO(row["vectors"]), allow_pickle=False)
-            finished(by_name[row["name"]], vectors, json.loads(row["index"]))
+        try:
+            for row in encoded.iter_rows():
+                vectors = np.load(io.BytesIO(row["vectors"]), allow_pickle=False)
+                finished(by_name[row["name"]], vectors, json.loads(row["index"]))
+        except Exception as error:
+            cause = _bertology_cause(error)
+            if cause is None:
+                raise
+            raise cause from None  # an actor's bad-input error, as the local engine raises it
     finally:
         if started:
             ray.shutdown()

@@ -22,7 +22,8 @@ from bertology.tokenization import train_tokenizer
 
 # ------------------------------------------------------------------------------------------- hand-made data
 
-LEXNAMES = "00\tadj.all\t3\n03\tnoun.Tops\t1\n04\tnoun.act\t1\n05\tnoun.animal\t1\n20\tnoun.plant\t1\n39\tverb.perception\t2\n"
+LEXNAMES = ("00\tadj.all\t3\n03\tnoun.Tops\t1\n04\tnoun.act\t1\n05\tnoun.animal\t1\n20\tnoun.plant\t1\n"
+            "39\tverb.perception\t2\n")
 DATA_NOUN = """  1 This software and database is being provided to you, the LICENSEE, by Princeton University
 00000001 03 n 01 entity 0 000 | that which exists
 00000002 05 n 02 dog 0 domestic_dog 0 001 @ 00000001 n 0000 | a domesticated canid; "the dog barked"
@@ -347,6 +348,12 @@ def test_nearest_sense_by_hand(tiny, fitted):
             got = wsd.predict(pretrained, senses, wordnet, data, propagate="lexname", gloss_weight=w,
                               standardize=standardize)[0]["d000.s001.t000"]
             assert got == expected, (standardize, w, s)
+    # A (mu, sigma) pair from elsewhere is used as given: the SemCor estimate passed explicitly changes nothing.
+    explicit = wsd.predict(pretrained, senses, wordnet, data, standardize=(senses.mean, senses.std))
+    assert explicit[0] == wsd.predict(pretrained, senses, wordnet, data, standardize=True)[0]
+    assert explicit[1]["options"]["standardize"] == "given"
+    with pytest.raises(wsd.ConfigError, match=r"standardize: expected \(mu, sigma\) of shape \[32\]"):
+        wsd.predict(pretrained, senses, wordnet, data, standardize=(senses.mean[:3], senses.std[:3]))
     # The first sense's bonus: the other sense wins only when nearer by more than the bonus.
     margin = cos(t, animal) - cos(t, seen)
     for bonus in (0.0, max(margin, 0) + 1e-3):

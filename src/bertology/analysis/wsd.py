@@ -228,20 +228,30 @@ def predict(
     *,
     propagate: str | None = None,
     gloss_weight: float | None = None,
-    standardize: bool | None = None,
+    standardize: bool | tuple[np.ndarray, np.ndarray] | None = None,
     first_sense_bonus: float | None = None,
     batch_size: int = 64,
     show_progress: bool = False,
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Disambiguate every instance of a framework `.data.xml` file; returns {instance id: sense key} (written to
     `output` as a key file when given) and a JSON-able summary with the counts. Options left None take the values
-    stored with the sense vectors."""
+    stored with the sense vectors. `standardize` may also be a (mu, sigma) pair of [D] arrays estimated on another
+    corpus, used instead of the SemCor estimate."""
     source = str(senses) if not isinstance(senses, SenseVectors) else None
     if not isinstance(senses, SenseVectors):
         senses = SenseVectors.load(senses)
     propagate = senses.config["propagate"] if propagate is None else propagate
     gloss_weight = senses.config["gloss_weight"] if gloss_weight is None else float(gloss_weight)
-    standardize = senses.config["standardize"] if standardize is None else bool(standardize)
+    standardize = senses.config["standardize"] if standardize is None else standardize
+    if isinstance(standardize, tuple):
+        mu, sigma = (np.asarray(a, dtype=np.float64) for a in standardize)
+        if mu.shape != (senses.dim,) or sigma.shape != (senses.dim,) or not (sigma > 0).all():
+            raise ConfigError(f"standardize: expected (mu, sigma) of shape [{senses.dim}] with sigma > 0, got "
+                              f"{list(mu.shape)} and {list(sigma.shape)}")
+        standardize, source_of_z = True, "given"
+    else:
+        standardize, source_of_z = bool(standardize), "SemCor tokens"
+        mu, sigma = senses.mean.astype(np.float64), senses.std.astype(np.float64)
     if first_sense_bonus is None:
         first_sense_bonus = senses.config.get("first_sense_bonus", 0.0)
     _check_options(propagate, gloss_weight, first_sense_bonus)
@@ -278,7 +288,7 @@ def predict(
 
     def prepare(x: np.ndarray) -> np.ndarray:
         if standardize:
-            x = (x - senses.mean) / senses.std
+            x = (x - mu) / sigma
         norm = np.linalg.norm(x, axis=-1, keepdims=True)
         return x / np.maximum(norm, 1e-12)
 
@@ -311,7 +321,8 @@ def predict(
     summary = {
         "data": str(data),
         "senses": source,
-        "options": {"propagate": propagate, "gloss_weight": gloss_weight, "standardize": standardize,
+        "options": {"propagate": propagate, "gloss_weight": gloss_weight,
+                    "standardize": source_of_z if standardize else False,
                     "first_sense_bonus": first_sense_bonus,
                     **{k: senses.config[k] for k in ("layers", "combine")}},
         "counts": {k: int(v) for k, v in sorted(counts.items())},

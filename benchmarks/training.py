@@ -140,11 +140,13 @@ def bertology_step(model: EncoderModel, workdir: Path) -> Callable[[PretrainingB
     return lambda batch: trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
 
 
-def transformers_step(directory: Path) -> Callable[[dict[str, torch.Tensor]], object]:
-    """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule."""
-    from transformers import BertForMaskedLM
+def transformers_step(directory: Path, architecture: str = "BertForMaskedLM"
+                      ) -> Callable[[dict[str, torch.Tensor]], object]:
+    """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
+    class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order)."""
+    import transformers
 
-    model = BertForMaskedLM.from_pretrained(directory, attn_implementation="sdpa").train()
+    model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
@@ -336,6 +338,178 @@ def electra_executed_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Bat
     return 3 * total
 
 
+# --- SpanBERT: span masking, MLM + the span boundary objective (transformers has no SBO: its side is MLM only) --
+
+
+def span_masked(batches: Batches, tokenizer, seed: int) -> tuple[Batches, float]:
+    """The workload's rows span-masked by bertology's SpanBatches (whole words from WordPiece's '##' marks; 15 %,
+    geometric p = 0.2 on 1..10 words, 80/10/10 per span), with transformers getting the identical masked ids and
+    MLM labels; also the maker's seconds per batch (bertology makes batches in a background thread)."""
+    import time
+
+    from bertology.data.dataset import InstanceBatch
+    from bertology.data.instances import SpecialTokens
+    from bertology.data.masking import Masker, MaskingConfig, SpanConfig
+    from bertology.data.span_masking import SpanBatches
+
+    special = SpecialTokens.from_tokenizer(tokenizer)
+    masker = Masker(MaskingConfig(spans=SpanConfig()), special, tokenizer.vocab_size, tokenizer.special_ids)
+    maker = SpanBatches(masker, seed, dupe_factor=1)
+    continuation = torch.tensor([(tokenizer.id_to_token(i) or "").startswith("##")
+                                 for i in range(tokenizer.vocab_size)])
+    hf, ours, masked, seconds = [], [], [], 0.0
+    first_id = 0
+    for batch in batches.hf:
+        original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+        rows = original.shape[0]
+        instances = InstanceBatch(original, batch["attention_mask"], batch["token_type_ids"],
+                                  batch["attention_mask"].bool() & ~continuation[original], None,
+                                  torch.arange(first_id, first_id + rows), 0)
+        first_id += rows
+        start = time.perf_counter()
+        span_batch = maker(instances)
+        seconds += time.perf_counter() - start
+        labels = torch.full_like(original, -100)
+        labels[span_batch.masked_positions[:, 0], span_batch.masked_positions[:, 1]] = span_batch.mlm_labels
+        hf.append({"input_ids": span_batch.input_ids, "attention_mask": batch["attention_mask"],
+                   "token_type_ids": batch["token_type_ids"], "labels": labels})
+        ours.append(span_batch)
+        masked.append(len(span_batch.mlm_labels))
+    return Batches(batches.name, hf, ours, batches.lengths, masked), seconds / len(batches.hf)
+
+
+def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: Path, run: str
+                  ) -> Callable[[PretrainingBatch], object]:
+    """The trainer's optimizer step for ``objectives`` (run-config ``config`` sections besides optim/run/speed)."""
+    trainer_config = PretrainConfig.from_dict({
+        **config,
+        "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
+                  "schedule": "constant", "total_steps": 1_000_000},
+        "run": {"output_dir": str(workdir / run), "progress": False},
+        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
+    })
+    trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
+    trainer.wrapped.train()
+    return lambda batch: trainer._step([batch])
+
+
+def measure_spanbert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path,
+                     seed: int) -> list[Row]:
+    from bertology.objectives import SpanBoundary
+
+    config = encoder_config(name, tokenizer.vocab_size, tokenizer.pad_id)
+    rows = []
+    for plain in workload:
+        batches, maker_seconds = span_masked(plain, tokenizer, seed)
+        sbo = SpanBoundary()
+        model = EncoderModel(config, [HeadSpec("mlm", "masked_lm", activation=config.hidden_act)])
+        model.init_weights(torch.Generator().manual_seed(0))
+        sbo.attach(model, torch.Generator().manual_seed(1))
+        directory = workdir / f"{name}-spanbert-start"
+        save_model(model, directory)
+        gap = check_same_loss(model, directory, batches)  # the MLM part, which both sides compute
+        step = pretrain_step(model, [MaskedLM(activation=config.hidden_act), sbo],
+                             {"objectives": {"mlm": {}, "span_boundary": {}}, "data": {"masking": {"spans": {}}}},
+                             workdir, "bertology-spanbert-run")
+        sides = {"bertology": functools.partial(run_pass, step, batches.ours),
+                 "transformers": functools.partial(run_pass, transformers_step(directory), batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        h, e, v = config.hidden_size, config.token_embedding_size, config.vocab_size
+        sbo_flops = 3 * 2 * (3 * h * h + h * e + e * v) * sum(batches.masked)
+        flops = train_flops(config, batches) + sbo_flops
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        rows.append(Row(f"{name} SpanBERT (MLM+SBO; transformers MLM only)", batches.name, batches.padding_share,
+                        ours, theirs, flops / seconds["bertology"] / 1e9,
+                        train_flops(config, batches) / seconds["transformers"] / 1e9,
+                        executed_flops(config, batches) / flops, gap))
+        print(f"  {name:6s} SpanBERT {batches.name:18s} bertology {ours:8.0f} tok/s  transformers (MLM only) "
+              f"{theirs:8.0f} tok/s  x{ours / theirs:.2f}  (MLM loss gap {gap:.1e}; span masking "
+              f"{maker_seconds * 1e3:.1f} ms/batch)", file=sys.stderr, flush=True)
+    return rows
+
+
+# --- ALBERT: MLM + sentence-order prediction on factorised embeddings and one shared layer ------------------------
+
+
+def albert_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
+    """The preset's depth and width as ALBERT: 128-wide embeddings projected to the layers, one set of layer
+    weights shared by every depth, gelu_new, the pooler for SOP."""
+    return dataclasses.replace(encoder_config(name, vocab_size, pad_id), family="albert", embedding_size=128,
+                               num_layer_groups=1, inner_group_size=1, hidden_act="gelu_new", pooler=True)
+
+
+def with_order_labels(batches: Batches, seed: int) -> Batches:
+    """The same masked batches with a random sentence-order label per row (0 in order, 1 swapped): the cost of a
+    step does not depend on where the segments meet."""
+    g = torch.Generator().manual_seed(seed)
+    hf, ours = [], []
+    for batch, mine in zip(batches.hf, batches.ours, strict=True):
+        labels = torch.randint(0, 2, (batch["input_ids"].shape[0],), generator=g)
+        hf.append({**batch, "sentence_order_label": labels})
+        ours.append(dataclasses.replace(mine, next_sentence_labels=labels))
+    return Batches(batches.name, hf, ours, batches.lengths, batches.masked)
+
+
+def check_albert(model: EncoderModel, directory: Path, batches: Batches) -> float:
+    """Largest |MLM + SOP loss difference| over the batches with dropout off."""
+    from transformers import AlbertForPreTraining
+
+    from bertology.objectives import SentenceOrder
+
+    theirs = AlbertForPreTraining.from_pretrained(directory, attn_implementation="sdpa").eval()
+    model.eval()
+    mlm, sop = MaskedLM(activation=model.config.hidden_act), SentenceOrder()
+    worst = 0.0
+    with torch.no_grad():
+        for hf, ours in zip(batches.hf, batches.ours, strict=True):
+            passes = Passes(model, ours, None)
+            mine = float(mlm(passes, ours).loss_sum) / len(ours.mlm_labels) + float(sop(passes, ours).loss_sum) / len(
+                ours)
+            worst = max(worst, abs(mine - float(theirs(**hf).loss)))
+    model.train()
+    return worst
+
+
+def measure_albert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path,
+                   seed: int) -> list[Row]:
+    from bertology.objectives import SentenceOrder
+
+    config = albert_config(name, tokenizer.vocab_size, tokenizer.pad_id)
+    rows = []
+    for plain in workload:
+        batches = with_order_labels(plain, seed)
+        objectives = [MaskedLM(activation=config.hidden_act), SentenceOrder()]
+        model = EncoderModel(config, [spec for o in objectives for spec in o.heads()])
+        model.init_weights(torch.Generator().manual_seed(0))
+        directory = workdir / f"{name}-albert-start"
+        save_model(model, directory)  # AlbertForPreTraining
+        gap = check_albert(model, directory, batches)
+        step = pretrain_step(model, objectives, {"objectives": {"mlm": {}, "sop": {}},
+                                                 "data": {"instances": {"kind": "sop"}}},
+                             workdir, "bertology-albert-run")
+        sides = {"bertology": functools.partial(run_pass, step, batches.ours),
+                 "transformers": functools.partial(run_pass, transformers_step(directory, "AlbertForPreTraining"),
+                                                   batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        h, e, v = config.hidden_size, config.token_embedding_size, config.vocab_size
+        head = 2 * h * e + 2 * e * v  # ALBERT's MLM transform (to the embedding width) and tied decoder
+        flops = 3 * sum(common.model_flops(config, lengths) + head * n
+                        for lengths, n in zip(batches.lengths, batches.masked, strict=True))
+        executed = 0.0
+        for batch in batches.hf:
+            count, width = batch["input_ids"].shape
+            executed += 3 * (common.model_flops(config, [width] * count) + head * count * width)
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        rows.append(Row(f"{name} ALBERT MLM+SOP", batches.name, batches.padding_share, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        executed / flops, gap))
+        print(f"  {name:6s} ALBERT  {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
+              f"  x{ours / theirs:.2f}  (loss gap {gap:.1e})", file=sys.stderr, flush=True)
+    return rows
+
+
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
@@ -486,9 +660,13 @@ def write_section(text: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--objectives", nargs="+", choices=("mlm", "electra"), default=["mlm", "electra"],
+    parser.add_argument("--objectives", nargs="+", choices=("mlm", "electra", "spanbert", "albert-sop"),
+                        default=["mlm", "electra", "spanbert", "albert-sop"],
                         help="mlm: against BertForMaskedLM; electra: against ElectraForPreTraining + "
-                             "ElectraForMaskedLM (generator a quarter as wide, loss MLM_gen + 50 RTD)")
+                             "ElectraForMaskedLM (generator a quarter as wide, loss MLM_gen + 50 RTD); spanbert: "
+                             "span masking, MLM + SBO, against BertForMaskedLM's MLM on the same span-masked ids; "
+                             "albert-sop: MLM + SOP on factorised embeddings and one shared layer, against "
+                             "AlbertForPreTraining")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -531,6 +709,10 @@ def main() -> int:
                 rows += measure(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
             if "electra" in args.objectives:
                 rows += measure_electra(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+            if "spanbert" in args.objectives:
+                rows += measure_spanbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
+            if "albert-sop" in args.objectives:
+                rows += measure_albert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()
     peak_after = common.matmul_peak_gflops()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)

@@ -262,3 +262,20 @@ def test_resume_is_bitwise_with_sampling_keyed_by_the_batch(tmp_path):
         a = load_file(tmp_path / "a" / part / "model.safetensors")
         b = load_file(tmp_path / "b" / part / "model.safetensors")
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+
+
+def test_a_bert_family_generator_with_a_projection_is_saved_natively(tmp_path):
+    """transformers' BERT has no embedding projection: such a generator goes to bertology's native format."""
+    import bertology
+
+    electra = Electra(generator_size=0.5, activation="gelu")
+    config = EncoderConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                           max_position_embeddings=32)
+    model = EncoderModel(config, electra.heads())
+    model.init_weights(torch.Generator().manual_seed(0))
+    electra.attach(model, torch.Generator().manual_seed(1))
+    path = electra.save_with_model(tmp_path, None)
+    assert (path / "bertology.json").is_file()
+    ids = torch.randint(5, 40, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(bertology.load(path).model(ids).logits, electra.generator.eval()(ids).logits)

@@ -332,6 +332,8 @@ def hf_layout_problem(model: EncoderModel) -> str | None:
     config, family = model.config, model.config.family
     if model.extensions:
         return f"it has extensions ({', '.join(model.extensions)})"
+    if config.embedding_size is not None and ENCODER_NAMES[family]["project"] is None:
+        return f"it projects its embeddings (embedding_size), which transformers' {family} models do not"
     for spec in model.head_specs:
         table = HEADS[family].get(spec.name)
         if table is None:

@@ -11,31 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertology.cli.main import main
 from bertology.embeddings import embed
 from bertology.embeddings.corpus import CorpusSettings, embed_corpus, find_inputs, iter_shards, load_corpus
 from bertology.errors import ConfigError, DataError
-from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+from bertology.model import load
 
 FILE_A = ["The bank raised its rates.", "", "She sat on the river bank.", "An unaffable clerk stamped the form.",
           "Hi"]
 FILE_B = ["one", "two words", "three little words"]
-
-
-@pytest.fixture(scope="module")
-def small_model(minilm_path, tmp_path_factory) -> Path:
-    """A random 2-layer encoder with MiniLM's tokenizer, saved: fast enough to start in a subprocess many times."""
-    minilm = load(minilm_path)
-    torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=minilm.config.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
-                           intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    directory = tmp_path_factory.mktemp("model") / "small"
-    Pretrained(model.eval(), minilm.tokenizer).save(directory)
-    return directory
 
 
 @pytest.fixture()

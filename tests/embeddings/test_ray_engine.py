@@ -14,23 +14,10 @@ import torch
 
 from bertology.embeddings.corpus import CorpusSettings, embed_corpus, find_inputs, iter_shards, plan_shards
 from bertology.errors import ConfigError
-from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
 
 pytest.importorskip("ray.data", reason="Ray Data is not installed (pip install 'bertology[ray]')")
 
 from bertology.embeddings.ray_engine import ShardEncoder, run_ray  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def small_model(minilm_path, tmp_path_factory) -> Path:
-    minilm = load(minilm_path)
-    config = EncoderConfig(vocab_size=minilm.config.vocab_size, hidden_size=32, num_layers=2, num_heads=2,
-                           intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
-    model.init_weights(torch.Generator().manual_seed(0))
-    directory = tmp_path_factory.mktemp("model") / "small"
-    Pretrained(model.eval(), minilm.tokenizer).save(directory)
-    return directory
 
 
 @pytest.fixture()

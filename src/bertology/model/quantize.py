@@ -90,6 +90,7 @@ def quantize(model: Quantizable, *, inplace: bool = False) -> Quantizable:
         return model if inplace else Pretrained(model=inner, tokenizer=model.tokenizer)
     if not isinstance(model, (EncoderModel, Encoder)):
         raise ConfigError(f"quantize needs a Pretrained, EncoderModel or Encoder, got {type(model).__name__}")
+    _check_int_mm()
     if not inplace:
         model = copy.deepcopy(model)
     model.eval()
@@ -103,6 +104,15 @@ def quantize(model: Quantizable, *, inplace: bool = False) -> Quantizable:
                 if type(linear) is nn.Linear:
                     setattr(module, name, Int8Linear.from_linear(linear))
     return model
+
+
+def _check_int_mm() -> None:
+    """torch._int_mm runs on CPU from torch 2.3 on; name the version instead of failing at the first forward."""
+    try:
+        torch._int_mm(torch.ones(1, 8, dtype=torch.int8), torch.ones(8, 8, dtype=torch.int8))
+    except (AttributeError, RuntimeError, NotImplementedError) as error:
+        raise ConfigError(f"int8 needs torch >= 2.3 (an int8 matmul on CPU, torch._int_mm); this is torch "
+                          f"{torch.__version__}: {error}") from None
 
 
 def is_quantized(model: Pretrained | nn.Module) -> bool:

@@ -1,0 +1,141 @@
+"""The analysis report: sections from analysis modules, skipped ones with their reason, escaping, and the page
+rendered by a real headless Chromium with no console errors and no request leaving the file."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertology.analysis import report
+from bertology.analysis.base import Section
+from bertology.cli.main import main
+from bertology.errors import ConfigError, DataError
+from bertology.model import EncoderModel, Pretrained, preset
+from bertology.tokenization import train_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+UD = ROOT.parent / "shared" / "data" / "ud-english-ewt"
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+EVIL = '<script>console.error("injected")</script> & "quotes"'
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    texts = ["the cat sat on the mat .", "a dog ran , and birds sang !"] * 5
+    tokenizer = train_tokenizer(iter(texts), "wordpiece", 60, show_progress=False, min_frequency=1)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=512)
+    model = EncoderModel(config)
+    model.init_weights(torch.Generator().manual_seed(0))
+    Pretrained(model, tokenizer).save(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def fake_module(monkeypatch, name: str, make) -> None:
+    module = types.ModuleType(f"bertology.analysis.{name}")
+    if make is not None:
+        module.report_section = make
+    monkeypatch.setitem(sys.modules, f"bertology.analysis.{name}", module)
+    monkeypatch.setattr(report, "ANALYSES", (*report.ANALYSES, name))
+
+
+def png(path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2, 1.5), dpi=50)
+    ax.plot([0, 1], [1, 0])
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def test_sections_skips_and_escaping(monkeypatch, model_dir, tmp_path):
+    seen = {}
+
+    def evil_section(pretrained, out_dir, data_dir, *, quick=False, model_dir=None):
+        seen.update(quick=quick, model_dir=model_dir, data_dir=data_dir)
+        return Section(name="evil", title=f"Title {EVIL}", numbers={"k<b>": EVIL, "grid": [[1, 2.5], [None, 3]],
+                                                                    "rows": [{"a": 1, "b": EVIL}]},
+                       figures=[png(Path(out_dir) / "f.png")], command=f"bertology x --arg '{EVIL}'", notes=[EVIL])
+
+    def missing_data(pretrained, out_dir, data_dir):
+        raise FileNotFoundError(f"{data_dir}/nothing: not there")
+
+    def bad_input(pretrained, out_dir, data_dir):
+        raise DataError("corpus.txt:3: malformed")
+
+    fake_module(monkeypatch, "evil", evil_section)
+    fake_module(monkeypatch, "nodata", missing_data)
+    fake_module(monkeypatch, "badinput", bad_input)
+    fake_module(monkeypatch, "nofunction", None)
+    result = report.build_report(model_dir, tmp_path / "out", "evil,nodata,badinput,nofunction,wsd",
+                                 tmp_path / "no-data", quick=True)
+    assert seen == {"quick": True, "model_dir": str(model_dir), "data_dir": tmp_path / "no-data"}
+    assert [s.name for s in result.sections] == ["evil"]
+    reasons = {s.name: s.reason for s in result.skipped}
+    assert reasons["nodata"].endswith("nothing: not there")
+    assert reasons["badinput"] == "failed: corpus.txt:3: malformed"
+    assert reasons["nofunction"] == "the module has no report_section"
+    assert "wsd" in reasons
+    page = (tmp_path / "out" / "report.html").read_text(encoding="utf-8")
+    assert "<script" not in page and "&lt;script&gt;" in page and "k&lt;b&gt;" in page
+    assert page.count('src="data:image/png;base64,') == 1
+    assert "bertology x --arg &#x27;" in page
+    assert (tmp_path / "out" / "report.json").is_file()
+    with pytest.raises(ConfigError, match="unknown analysis 'nonsense'"):
+        report.chosen_analyses("attention,nonsense")
+    assert report.chosen_analyses("heads,anisotropy") == ["geometry", "attention"]
+
+
+@pytest.mark.skipif(not UD.is_dir(), reason="UD English-EWT not in ../shared/data/ud-english-ewt")
+def test_analyze_command_report_renders_in_headless_chromium(model_dir, tmp_path):
+    if not Path(CHROMIUM).is_file():
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    out = tmp_path / "out"
+    code = main(["analyze", "--model", str(model_dir), "--out", str(out), "--only", "attention,importance",
+                 "--data", str(UD.parent), "--quick"])
+    assert code == 0
+    page_path = out / "report.html"
+    text = page_path.read_text(encoding="utf-8")
+    assert "Attention heads (Clark et al. 2019)" in text
+    assert "bertology heads stats --model " + str(model_dir) in text
+    assert "no loss to take the gradient of" in text  # importance: the random model has no head
+    messages, errors, requests = [], [], []
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.on("console", lambda m: messages.append((m.type, m.text)))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("request", lambda r: requests.append(r.url))
+            page.goto(page_path.as_uri())
+            page.wait_for_load_state("load")
+            images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
+            title = page.title()
+            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert not errors, errors
+    assert not [m for m in messages if m[0] in ("error", "warning")], messages
+    assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
+    assert len(images) == 2 and all(done and width > 0 for done, width in images)
+    assert re.match(r"bertology analysis: ", title)
+    assert (tmp_path / "report.png").stat().st_size > 1000

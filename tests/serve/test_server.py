@@ -78,6 +78,28 @@ def test_streamed_body_over_the_limit_is_413(server):
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200  # the server carries on
 
 
+def non_loopback_address() -> str | None:
+    """An IPv4 address of this machine other than loopback (the route a datagram would take; none is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))
+            address = s.getsockname()[0]
+    except OSError:
+        return None
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_it_listens_on_loopback_only_by_default(server):
+    _, url = server
+    address = non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to try")
+    port = url.rsplit(":", 1)[1]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://{address}:{port}/health", timeout=5)
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+
+
 def test_sigterm_answers_every_request_in_flight_then_exits(server, tiny_dir):
     """Requests wait up to 3 s for a batch; SIGTERM arrives while all of them wait: the listening socket closes
     (a new connection is refused), every waiting request is answered with its correct vectors, then the process

@@ -10,6 +10,8 @@ import pytest
 from bertology.cli.main import main
 from bertology.retrieval import Index
 
+pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
+
 
 def run(*argv) -> int:
     return main([str(a) for a in argv])

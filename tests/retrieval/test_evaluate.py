@@ -87,6 +87,7 @@ def test_squad_passages_are_every_paragraph(mini_squad):
 
 
 def test_evaluate_squad_equals_brute_force_recall(tiny, mini_squad):
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
     index = Index.build(tiny, squad_passages(mini_squad))
     scores = evaluate_squad(index, mini_squad, ks=(1, 2, 4))
     questions = squad_questions(mini_squad)
@@ -98,6 +99,7 @@ def test_evaluate_squad_equals_brute_force_recall(tiny, mini_squad):
 
 
 def test_evaluate_squad_with_minilm(minilm, minilm_path, mini_squad):
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
     index = Index.build(minilm, squad_passages(mini_squad), model_dir=minilm_path)
     assert index.options.long_texts == "truncate"
     scores = evaluate_squad(index, mini_squad)
@@ -105,6 +107,7 @@ def test_evaluate_squad_with_minilm(minilm, minilm_path, mini_squad):
 
 
 def test_an_index_of_other_paragraphs_is_refused(tiny, mini_squad):
+    pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
     index = Index.build(tiny, [Passage("x", "paris is the capital of france .")])
     with pytest.raises(DataError, match=r"mini-squad.json: the paragraph of question 'q1' \(and of 3 more"):
         evaluate_squad(index, mini_squad)

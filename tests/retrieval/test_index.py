@@ -23,6 +23,8 @@ from bertology.retrieval import (
 )
 from bertology.retrieval.index import _build_faiss
 
+faiss = pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
+
 PASSAGES = [
     {"id": "cat", "text": "the cat sat on the mat ."},
     {"id": "paris", "text": "paris is the capital of france ."},
@@ -171,8 +173,6 @@ def test_fingerprint_ignores_heads_and_dropout_but_not_weights(tiny):
 
 
 def test_a_failed_save_leaves_the_previous_index(tiny, tmp_path, monkeypatch):
-    import faiss
-
     target = tmp_path / "index"
     Index.build(tiny, PASSAGES[:2]).save(target)
     bigger = Index.build(tiny, PASSAGES)
@@ -263,3 +263,11 @@ def test_option_errors():
 def test_ivf_needs_a_passage_per_cell(tiny):
     with pytest.raises(ConfigError, match="nlist 10 exceeds the 6 passages"):
         Index.build(tiny, PASSAGES, structure=Structure("ivf", nlist=10))
+
+
+def test_missing_faiss_names_the_extra(tiny, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss now raises ImportError
+    with pytest.raises(ConfigError, match=r"pip install 'bertology\[index\]'"):
+        Index.build(tiny, PASSAGES[:2])

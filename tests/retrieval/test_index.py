@@ -127,7 +127,8 @@ def test_hnsw_and_ivf_recall_on_random_unit_vectors():
 
 def test_round_trip_keeps_results_options_and_fingerprint(tiny, tiny_dir, tmp_path):
     options = EmbeddingOptions(layers=[-2, -1], combine="mean", sentence="cls")
-    index = Index.build(tiny_dir, PASSAGES, options=options, structure=Structure("hnsw", ef_search=40))
+    odd = {"id": "odd", "text": "line\u2028separator\u0085next\r\n🙂 \x00 end"}  # kept whole by the JSON lines
+    index = Index.build(tiny_dir, PASSAGES + [odd], options=options, structure=Structure("hnsw", ef_search=40))
     before = index.search(QUERIES, k=3)
     index.save(tmp_path / "index")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index"]  # no temporary left beside it
@@ -136,6 +137,7 @@ def test_round_trip_keeps_results_options_and_fingerprint(tiny, tiny_dir, tmp_pa
     assert meta["model"]["fingerprint"] == model_fingerprint(tiny)
     assert meta["model"]["path"] == str(tiny_dir.resolve())
     loaded = Index.load(tmp_path / "index", model=tiny)
+    assert loaded.passages == index.passages and loaded.passages[-1].text == odd["text"]
     assert loaded.options == index.options and loaded.structure == index.structure
     assert loaded.search(QUERIES, k=3) == before
     assert loaded.search(QUERIES, k=3, ef_search=8)[0][0].id == before[0][0].id

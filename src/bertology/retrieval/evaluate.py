@@ -13,6 +13,7 @@ paragraph is added as a hit because an answer span cut inside a word ("nver" in 
 from __future__ import annotations
 
 import os
+import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -159,4 +160,4 @@ def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike
     if model is None:
         raise ConfigError(f"{index}: the index records no model directory (it was built from a loaded model)")
     loaded.attach(model)
-    return evaluate_squad(loaded, squad).summary()
+    return evaluate_squad(loaded, squad, show_progress=sys.stderr.isatty()).summary()

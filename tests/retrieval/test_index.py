@@ -157,6 +157,16 @@ def test_another_model_is_refused(tiny_dir, other_dir, tmp_path):
     assert Index.load(tmp_path / "index", model=copy).search("paris", k=1)
 
 
+def test_the_same_weights_in_the_native_format_are_the_same_model(tiny, tiny_dir, tmp_path):
+    from bertology.model import load
+
+    tiny.save(tmp_path / "native", format="native")
+    assert (tmp_path / "native" / "bertology.json").is_file() and not (tmp_path / "native" / "config.json").exists()
+    index = Index.build(tiny_dir, PASSAGES[:2])
+    index.attach(tmp_path / "native")
+    assert model_fingerprint(load(tmp_path / "native")) == model_fingerprint(tiny)
+
+
 def test_fingerprint_ignores_heads_and_dropout_but_not_weights(tiny):
     import copy
 

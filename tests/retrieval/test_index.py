@@ -175,7 +175,10 @@ def test_fingerprint_ignores_heads_and_dropout_but_not_weights(tiny):
     from bertology.model import EncoderModel, Pretrained
     from bertology.model.encoder import HeadSpec
 
-    with_head = EncoderModel(tiny.model.config, (HeadSpec("label", "pooled", num_labels=2),))
+    import dataclasses
+
+    config = dataclasses.replace(tiny.model.config, hidden_dropout=0.3, attention_dropout=0.2)
+    with_head = EncoderModel(config, (HeadSpec("label", "pooled", num_labels=2),))
     with_head.encoder.load_state_dict(tiny.model.encoder.state_dict())
     assert model_fingerprint(Pretrained(with_head, tiny.tokenizer)) == model_fingerprint(tiny)
     changed = copy.deepcopy(tiny.model)

@@ -183,3 +183,20 @@ def test_distil_tiny_config_runs_end_to_end(tmp_path):
     from safetensors.torch import load_file
 
     assert not [k for k in load_file(checkpoint / "trainer_state.safetensors") if "teacher" in k]
+
+
+def test_a_teacher_tokenizer_with_the_same_size_but_other_tokens_is_refused(tmp_path):
+    from bertology.recipes.pretrain import build_model
+
+    assets = make_assets(tmp_path)
+    teacher = _save_teacher(tmp_path / "teacher", assets["tokenizer"])
+    definition = json.loads((teacher / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = definition["model"]["vocab"]
+    first, second = [token for token in vocab if not token.startswith("[")][:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # same size, two tokens trade ids
+    (teacher / "tokenizer.json").write_text(json.dumps(definition), encoding="utf-8")
+    (teacher / "vocab.txt").unlink(missing_ok=True)
+    config = _distil_config(assets, teacher, tmp_path / "run", assets["tokenizer"])
+    with pytest.raises(TokenizerError, match=r"objectives\.distill\.teacher: the tokenizer in .*teacher has another "
+                                             r"vocabulary than the run's"):
+        build_model(config, load_tokenizer(assets["tokenizer"]), config.build_objectives())

@@ -155,7 +155,8 @@ def test_output_holding_another_run_is_refused_unless_resumed_with_the_same_sett
                                           r"\(was 2, now 3\)"):
         embed_corpus(small_model, corpus, out, CorpusSettings(shard_size=3, pooling="first"), resume=True)
     (corpus / "a.txt").write_text("changed\n", encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"other settings: inputs \(changed\)"):
+    (corpus / "c.txt").write_text("new\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"other settings: inputs \(added: c\.txt; changed: a\.txt\)"):
         embed_corpus(small_model, corpus, out, CorpusSettings(shard_size=2), resume=True)
     other = tmp_path / "other"
     other.mkdir()
@@ -167,7 +168,7 @@ def test_output_holding_another_run_is_refused_unless_resumed_with_the_same_sett
 def test_other_model_is_refused_on_resume(small_model, minilm_path, corpus, tmp_path):
     out = tmp_path / "out"
     embed_corpus(small_model, corpus, out, CorpusSettings(shard_size=4))
-    with pytest.raises(ConfigError, match=r"other settings: model \(changed\)"):
+    with pytest.raises(ConfigError, match=r"other settings: model \(other files\)"):
         embed_corpus(minilm_path, corpus, out, CorpusSettings(shard_size=4), resume=True)
 
 

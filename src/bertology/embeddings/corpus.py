@@ -313,14 +313,25 @@ def check_output_dir(output: Path, fingerprint: dict[str, Any], resume: bool) ->
     differ = []
     for key in sorted(set(old) | set(fingerprint)):
         if old.get(key) != fingerprint.get(key):
-            if key in ("model", "inputs"):
-                differ.append(f"{key} (changed)")
+            if key == "inputs":
+                differ.append(f"inputs ({_changed_files(old.get(key) or [], fingerprint.get(key) or [])})")
+            elif key == "model":
+                differ.append("model (other files)")
             else:
                 differ.append(f"{key} (was {old.get(key)!r}, now {fingerprint.get(key)!r})")
     if differ:
         raise ConfigError(f"{output}: --resume: the run there was made with other settings: {'; '.join(differ)}; "
                           "use the same model, inputs and options, or another directory")
     return manifest
+
+
+def _changed_files(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> str:
+    """Which input files were added, removed or changed between two fingerprints, e.g. "changed: a.txt"."""
+    before, after = {d.get("file"): d for d in old}, {d["file"]: d for d in new}
+    parts = [f"{what}: {', '.join(sorted(map(str, names)))}" for what, names in (
+        ("added", after.keys() - before.keys()), ("removed", before.keys() - after.keys()),
+        ("changed", [f for f in after.keys() & before.keys() if after[f] != before[f]])) if names]
+    return "; ".join(parts) or "reordered"
 
 
 def embed_corpus(

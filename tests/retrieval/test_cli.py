@@ -30,11 +30,11 @@ def passages_file(tmp_path):
 def test_build_and_search(tiny_dir, passages_file, tmp_path, capsys):
     out = tmp_path / "index"
     assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", out,
-               "--approximate", "hnsw", "--ef-search", "16", "--quiet") == 0
+               "--approximate", "hnsw", "--ef-search", "16", "--threads", "1", "--quiet") == 0
     assert "indexed 3 passages (32 dimensions, hnsw)" in capsys.readouterr().err
     meta = json.loads((out / "index.json").read_text())
     assert meta["structure_parameters"] == {"kind": "hnsw", "hnsw_m": 32, "ef_construction": 200, "ef_search": 16}
-    assert run("search", "--index", out, "--k", "2", "capital of france", "flour") == 0
+    assert run("search", "--index", out, "--k", "2", "--threads", "1", "capital of france", "flour") == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     expected = Index.load(out, model=tiny_dir).search(["capital of france", "flour"], k=2)
     assert [line["query"] for line in lines] == ["capital of france", "flour"]
@@ -114,6 +114,8 @@ def test_search_names_a_recorded_model_that_moved(tiny_dir, passages_file, tmp_p
     assert run("search", "--index", tmp_path / "index", "paris") == 2
     assert f"the model directory recorded in the index, {model.resolve()}, does not exist" in capsys.readouterr().err
     assert run("search", "--index", tmp_path / "index", "--model", tiny_dir, "paris") == 0
+    assert run("search", "--index", tmp_path / "index", "--model", tiny_dir, "--threads", "0", "paris") == 2
+    assert "threads must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_queries_with_emoji_control_and_zero_width_characters(tiny_dir, passages_file, tmp_path, capsys):

@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="texts over --max-length: embedded in windows, or truncated (default: truncate for a "
                        "sentence-transformers model, as it encodes, else windows)")
     build.add_argument("--batch-size", type=int, default=32)
+    build.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own setting)")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
     build.set_defaults(func=run_build)
 
@@ -56,9 +57,10 @@ def run_build(args: argparse.Namespace) -> int:
     from bertology.cli.embed import layers_argument
     from bertology.model import load
     from bertology.retrieval import Index, Structure, model_options, read_passages, squad_passages
-    from bertology.retrieval.index import check_output
+    from bertology.retrieval.index import check_output, set_threads
 
     check_output(args.out)  # before any embedding work
+    set_threads(args.threads)
     structure = Structure(args.approximate or "flat", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                           ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe)
     passages = read_passages(args.input) if args.input else squad_passages(args.squad)

@@ -21,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", default=None, help="model directory (default: the one recorded in the index)")
     parser.add_argument("--ef-search", type=int, default=None, help="hnsw: search-time beam (default: recorded)")
     parser.add_argument("--nprobe", type=int, default=None, help="ivf: cells visited (default: recorded)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own setting)")
     parser.add_argument("queries", nargs="+", metavar="QUERY")
     parser.set_defaults(func=run)
 
@@ -28,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.retrieval import Index
+    from bertology.retrieval.index import set_threads
 
+    set_threads(args.threads)
     index = Index.load(args.index)
     model = args.model or index.model_path
     if model is None:

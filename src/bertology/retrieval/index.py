@@ -190,6 +190,17 @@ def normalize(vectors: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
+def set_threads(threads: int | None) -> None:
+    """Use `threads` torch threads (None: leave torch's setting); faiss's own are left alone."""
+    if threads is None:
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    import torch
+
+    torch.set_num_threads(threads)
+
+
 def _load_model(model: Pretrained | str | os.PathLike) -> tuple[Pretrained, str | None]:
     if isinstance(model, Pretrained):
         return model, None

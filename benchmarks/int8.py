@@ -141,13 +141,14 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def write_section(lines: list[str]) -> None:
-    """Replace this benchmark's section of RESULTS.md, or append it at the end; every other section stays."""
+    """Replace this benchmark's section of RESULTS.md (keeping its hand-written "### Notes"), or append it at the
+    end; every other section stays."""
     text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
     head, *sections = text.split("\n## ")
     body = "\n".join(lines).removeprefix("## ").rstrip() + "\n"
     for i, old in enumerate(sections):
         if old.split("\n", 1)[0].strip() == SECTION:
-            sections[i] = body
+            sections[i] = body + (old[old.index("\n### Notes"):] if "\n### Notes" in old else "")
             break
     else:
         sections.append(body)

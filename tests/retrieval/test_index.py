@@ -286,3 +286,35 @@ def test_missing_faiss_names_the_extra(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "faiss", None)  # import faiss now raises ImportError
     with pytest.raises(ConfigError, match=r"pip install 'bertology\[index\]'"):
         Index.build(tiny, PASSAGES[:2])
+
+
+def test_from_vectors_of_a_corpus_run_equals_build(tiny, tiny_dir, tmp_path):
+    from bertology.embeddings.corpus import CorpusSettings, embed_corpus, load_corpus
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "a.jsonl").write_text("".join(json.dumps(p) + "\n" for p in PASSAGES), encoding="utf-8")
+    embed_corpus(tiny_dir, inputs, tmp_path / "vectors", CorpusSettings(format="jsonl", shard_size=4))
+    vectors, rows = load_corpus(tmp_path / "vectors")
+    passages = [Passage(str(row["id"]), PASSAGES[row["text"]]["text"]) for row in rows]
+    index = Index.from_vectors(tiny, passages, vectors, model_dir=tiny_dir)
+    built = Index.build(tiny, PASSAGES)
+    found, expected = index.search(QUERIES, k=3), built.search(QUERIES, k=3)
+    assert [[h.id for h in hits] for hits in found] == [[h.id for h in hits] for hits in expected]
+    np.testing.assert_allclose([[h.score for h in hits] for hits in found],
+                               [[h.score for h in hits] for hits in expected], atol=1e-5)
+    assert index.meta["model"]["path"] == str(tiny_dir.resolve())
+
+
+def test_from_vectors_refuses_vectors_of_another_model(tiny, other_dir, tmp_path):
+    from bertology.model import load
+
+    other = load(other_dir)
+    vectors = embed(other, [p["text"] for p in PASSAGES]).sentences
+    with pytest.raises(DataError, match=r"vectors\[\d\] \(passage '\w+'\) differs from this model's embedding"):
+        Index.from_vectors(tiny, PASSAGES, vectors)
+    with pytest.raises(ConfigError, match=r"vectors must have shape \[6, D\]"):
+        Index.from_vectors(tiny, PASSAGES, vectors[:5])
+    vectors[3, 2] = np.nan
+    with pytest.raises(DataError, match=r"vectors\[3\] \(passage 'dogs'\) holds NaN"):
+        Index.from_vectors(tiny, PASSAGES, vectors)

@@ -18,6 +18,9 @@ Python API::
     index = Index.load("my-index")                     # no model: vector queries only ...
     index.attach(index.model_path)                     # ... until a model is attached (the recorded one here)
 
+    index = Index.from_vectors(pretrained, passages, vectors)  # vectors embedded elsewhere (a corpus run);
+                                                               # a sample is embedded again and compared
+
 - Passages file: JSON lines ``{"id": str or int, "text": str, ...}``, ids unique (see `bertology.retrieval.passages`).
 - Embedding options (`EmbeddingOptions`, recorded in the index and used for queries too) default to what the model
   was trained for: a sentence-transformers directory's pooling (mean or CLS) and ``max_seq_length`` (truncation),

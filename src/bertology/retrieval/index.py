@@ -258,9 +258,48 @@ class Index:
         if path is None and model_dir is not None:
             path = str(Path(model_dir).resolve())
         options = options if options is not None else model_options(path)
-        structure = structure if structure is not None else Structure()
         vectors = encode(pretrained, [p.text for p in passages], options, batch_size=batch_size,
                          show_progress=show_progress)
+        return cls.from_vectors(pretrained, passages, vectors, options=options, structure=structure, model_dir=path,
+                                check=0)
+
+    @classmethod
+    def from_vectors(cls, model: Pretrained | str | os.PathLike,
+                     passages: str | os.PathLike | Sequence[Passage | Mapping], vectors: np.ndarray, *,
+                     options: EmbeddingOptions | None = None, structure: Structure | None = None,
+                     model_dir: str | os.PathLike | None = None, check: int = 16) -> Index:
+        """An index of sentence vectors computed elsewhere (a corpus run of `bertology embed`, on Ray, say): row i
+        of `vectors` [N, D] belongs to passage i; they are normalised here. They must be what `model` gives with
+        `options` (defaults as in `build`); `check` passages, spread over the corpus, are embedded again and any
+        difference over 1e-4 is an error (0 skips the check)."""
+        passages = as_passages(passages)
+        pretrained, path = _load_model(model)
+        if path is None and model_dir is not None:
+            path = str(Path(model_dir).resolve())
+        options = options if options is not None else model_options(path)
+        structure = structure if structure is not None else Structure()
+        vectors = np.asarray(vectors)
+        if vectors.ndim != 2 or len(vectors) != len(passages):
+            raise ConfigError(f"vectors must have shape [{len(passages)}, D] (one row per passage), got "
+                              f"{list(vectors.shape)}")
+        if not np.isfinite(vectors).all():
+            bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+            raise DataError(f"vectors[{bad}] (passage {passages[bad].id!r}) holds NaN or infinite values")
+        vectors = normalize(vectors)
+        if isinstance(check, bool) or not isinstance(check, int) or check < 0:
+            raise ConfigError(f"check must be a non-negative integer, got {check!r}")
+        if check:
+            rows = np.unique(np.linspace(0, len(passages) - 1, num=min(check, len(passages))).round().astype(int))
+            fresh = encode(pretrained, [passages[r].text for r in rows], options)
+            if fresh.shape[1] != vectors.shape[1]:
+                raise DataError(f"vectors have {vectors.shape[1]} dimensions; this model with these options gives "
+                                f"{fresh.shape[1]}")
+            difference = np.abs(fresh - vectors[rows]).max(axis=1)
+            worst = int(np.argmax(difference))
+            if difference[worst] > 1e-4:
+                raise DataError(f"vectors[{rows[worst]}] (passage {passages[rows[worst]].id!r}) differs from this "
+                                f"model's embedding of its text by up to {difference[worst]:.3g}: the vectors were "
+                                f"made by another model, with other options, or for other texts")
         faiss_index, parameters = _build_faiss(vectors, structure)
         meta = {
             "format": FORMAT,

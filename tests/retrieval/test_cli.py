@@ -144,3 +144,45 @@ def test_an_output_that_is_not_an_index_is_refused_before_embedding(tiny_dir, pa
     (tmp_path / "file").write_text("")
     assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", tmp_path / "file" / "x") == 2
     assert "file is a file, not a directory" in capsys.readouterr().err
+
+
+def test_build_from_the_vectors_of_a_corpus_run(tiny_dir, passages_file, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "passages.jsonl").write_bytes(passages_file.read_bytes())
+    assert run("embed", "--model", tiny_dir, "--input", corpus, "--format", "jsonl", "--output", tmp_path / "vectors",
+               "--quiet") == 0
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "vectors",
+               "--out", tmp_path / "from-vectors", "--quiet") == 0
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--out", tmp_path / "embedded",
+               "--quiet") == 0
+    capsys.readouterr()
+    queries = ["capital of france", "flour"]
+    for name in ("from-vectors", "embedded"):
+        assert run("search", "--index", tmp_path / name, "--k", "3", *queries) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [[h["id"] for h in json.loads(line)["hits"]] for line in lines[:2]] == \
+        [[h["id"] for h in json.loads(line)["hits"]] for line in lines[2:]]
+    assert json.loads((tmp_path / "from-vectors" / "index.json").read_text())["embedding"]["source"] == \
+        f"corpus run {tmp_path / 'vectors'}"
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "vectors",
+               "--sentence", "cls", "--out", tmp_path / "x") == 2
+    assert "the corpus run's embedding options are used; drop --sentence" in capsys.readouterr().err
+
+
+def test_corpus_vectors_need_ids_and_the_same_passages(tiny_dir, passages_file, tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "texts.txt").write_text("the cat sat on the mat .\nparis is the capital of france .\n")
+    assert run("embed", "--model", tiny_dir, "--input", corpus, "--output", tmp_path / "lines", "--quiet") == 0
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "lines",
+               "--out", tmp_path / "x") == 2
+    assert "row 0 (texts.txt: line 1) has no id" in capsys.readouterr().err
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "p.jsonl").write_text('{"id": "cat", "text": "the cat sat on the mat ."}\n')
+    assert run("embed", "--model", tiny_dir, "--input", other, "--format", "jsonl", "--output", tmp_path / "one",
+               "--quiet") == 0
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "one",
+               "--out", tmp_path / "x") == 2
+    assert "no vector for passage '2' (and 1 more)" in capsys.readouterr().err

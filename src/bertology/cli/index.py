@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--squad", metavar="FILE",
                         help="index the paragraphs of a SQuAD v1.1 file (ids <article>-<paragraph>)")
     build.add_argument("--out", required=True, metavar="INDEX", help="index directory to write (replaced if it is one)")
+    build.add_argument("--vectors", metavar="CORPUS_OUT", default=None,
+                       help="index the vectors of a finished `bertology embed` corpus run of these passages (jsonl "
+                       "with their ids) instead of embedding them; its options are used, a sample is checked")
     build.add_argument("--approximate", choices=("hnsw", "ivf"), default=None,
                        help="approximate search instead of exact (faiss IndexFlatIP)")
     build.add_argument("--hnsw-m", type=int, default=32, help="hnsw: neighbours per node (default 32)")
@@ -57,7 +60,8 @@ def run_build(args: argparse.Namespace) -> int:
     from bertology.cli.embed import layers_argument
     from bertology.model import load
     from bertology.retrieval import Index, Structure, model_options, read_passages, squad_passages
-    from bertology.retrieval.index import check_output, set_threads
+    from bertology.errors import ConfigError
+    from bertology.retrieval.index import check_output, corpus_vectors, set_threads
 
     check_output(args.out)  # before any embedding work
     set_threads(args.threads)
@@ -79,8 +83,16 @@ def run_build(args: argparse.Namespace) -> int:
         options = dataclasses.replace(options, **changes, source=f"{options.source}, changed: {', '.join(changes)}")
     started = time.perf_counter()
     pretrained = load(args.model)
-    index = Index.build(pretrained, passages, options=options, structure=structure, batch_size=args.batch_size,
-                        show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model)
+    if args.vectors is not None:
+        if changes:
+            raise ConfigError(f"--vectors: the corpus run's embedding options are used; drop --{', --'.join(changes)}"
+                              .replace("_", "-"))
+        vectors, options = corpus_vectors(args.vectors, passages)
+        index = Index.from_vectors(pretrained, passages, vectors, options=options, structure=structure,
+                                   model_dir=args.model)
+    else:
+        index = Index.build(pretrained, passages, options=options, structure=structure, batch_size=args.batch_size,
+                            show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model)
     index.save(args.out)
     print(f"indexed {len(index)} passages ({index.dim} dimensions, {structure.kind}) in "
           f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)

@@ -504,3 +504,43 @@ def _truncate(model: Pretrained, text: str, capacity: int) -> str:
     if len(offsets) <= capacity:
         return text
     return text[: offsets[capacity - 1][1]]
+
+
+def corpus_vectors(output: str | os.PathLike, passages: Sequence[Passage]) -> tuple[np.ndarray, EmbeddingOptions]:
+    """The sentence vectors of a complete corpus run of `bertology embed` (a directory of shards, see
+    `bertology.embeddings.corpus`) in the order of `passages`, matched by id (the run's jsonl `id_field`), and the
+    embedding options the run used (long texts in windows, as `embed` does). For `Index.from_vectors`."""
+    from bertology.embeddings.corpus import MANIFEST, load_corpus
+
+    output = Path(output)
+    vectors, rows = load_corpus(output)
+    settings = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["fingerprint"]
+    if settings.get("level") != "sentence":
+        raise ConfigError(f"{output}: holds {settings.get('level')} vectors; an index needs sentence vectors "
+                          f"(bertology embed --level sentence)")
+    if settings.get("dtype", "float32") != "float32":
+        raise ConfigError(f"{output}: the run embedded in {settings['dtype']}; index float32 vectors (the index "
+                          f"checks them against a float32 embedding of a sample)")
+    where: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        if row.get("id") is None:
+            raise DataError(f"{output}: row {i} ({row.get('file')}: line {row.get('line')}) has no id; embed the "
+                            f"passages as jsonl with their id field (--format jsonl --id-field id)")
+        key = str(row["id"])
+        if key in where:
+            first = rows[where[key]]
+            raise DataError(f"{output}: id {key!r} of {row.get('file')}: line {row.get('line')} repeats the one of "
+                            f"{first.get('file')}: line {first.get('line')}")
+        where[key] = i
+    missing = [p.id for p in passages if p.id not in where]
+    if missing:
+        raise DataError(f"{output}: no vector for passage {missing[0]!r} (and {len(missing) - 1} more)")
+    if len(where) != len(passages):
+        raise DataError(f"{output}: {len(where)} vectors for {len(passages)} passages; the run embedded other texts")
+    order = np.asarray([where[p.id] for p in passages], dtype=np.int64)
+    options = EmbeddingOptions(layers=list(settings["layers"]) if isinstance(settings["layers"], list)
+                               else settings["layers"], combine=settings.get("combine"),
+                               sentence=settings.get("sentence", "mean"), max_length=settings.get("max_length"),
+                               stride=settings.get("stride"), long_texts="windows",
+                               source=f"corpus run {output}")
+    return np.asarray(vectors[order], dtype=np.float32), options

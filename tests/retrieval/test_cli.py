@@ -186,3 +186,10 @@ def test_corpus_vectors_need_ids_and_the_same_passages(tiny_dir, passages_file, 
     assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "one",
                "--out", tmp_path / "x") == 2
     assert "no vector for passage '2' (and 1 more)" in capsys.readouterr().err
+    (tmp_path / "jsonl").mkdir()
+    (tmp_path / "jsonl" / "passages.jsonl").write_bytes(passages_file.read_bytes())
+    assert run("embed", "--model", tiny_dir, "--input", tmp_path / "jsonl", "--format", "jsonl", "--level", "token",
+               "--output", tmp_path / "tokens", "--quiet") == 0
+    assert run("index", "build", "--model", tiny_dir, "--input", passages_file, "--vectors", tmp_path / "tokens",
+               "--out", tmp_path / "x") == 2
+    assert "holds token vectors; an index needs sentence vectors" in capsys.readouterr().err

@@ -28,6 +28,14 @@ ROOT = Path(__file__).resolve().parents[2]
 GLUE = ROOT.parent / "shared" / "data" / "glue"
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny(heads=(), **overrides) -> EncoderModel:
     config = preset("tiny", vocab_size=60, num_layers=3, hidden_size=32, num_heads=4, intermediate_size=64,
                     max_position_embeddings=32, **overrides)
@@ -262,32 +270,31 @@ def test_masked_lm_pruning_curve_and_the_removed_heads():
 
 
 @pytest.mark.skipif(not (GLUE / "SST-2" / "train.tsv").is_file(), reason="GLUE SST-2 not in ../shared/data/glue")
-def test_sst2_importance_and_prune_commands_on_a_finetuned_tiny_model(tmp_path):
+def test_sst2_importance_and_prune_commands_on_a_finetuned_tiny_model(tmp_path, capsys):
+    from bertology.cli.main import main
     from tests.finetune_helpers import save_tiny_model
 
     lines = (GLUE / "SST-2" / "train.tsv").read_text(encoding="utf-8").splitlines()[1:400]
     base = save_tiny_model(tmp_path / "base", [line.split("\t")[0] for line in lines], vocab_size=300)
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "bertology.cli.main", *args], capture_output=True,  # noqa: E731
-                                       text=True, env=env, cwd=ROOT, timeout=600)
-    done = run("finetune", "--task", "sst2", "--model", str(base), "--out", str(tmp_path / "ft"), "--data", str(GLUE),
-               "--max-steps", "20", "--limit-train", "320", "--set", "speed.threads=1", "--set", "run.progress=false")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["finetune", "--task", "sst2", "--model", str(base), "--out", str(tmp_path / "ft"), "--data",
+                 str(GLUE), "--max-steps", "20", "--limit-train", "320", "--set", "speed.threads=1", "--set",
+                 "run.progress=false"]) == 0
     model_dir = tmp_path / "ft" / "model"
     common = ["--model", str(model_dir), "--task", "sst2", "--data", str(GLUE), "--examples", "8",
               "--eval-examples", "64", "--threads", "1", "--quiet"]
-    done = run("heads", "importance", *common, "--out", str(tmp_path / "imp"), "--step", "0.25", "--max-share", "0.5")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["heads", "importance", *common, "--out", str(tmp_path / "imp"), "--step", "0.25",
+                 "--max-share", "0.5"]) == 0
     numbers = json.loads((tmp_path / "imp" / "importance.json").read_text())
     assert [c["share_removed"] for c in numbers["curve"]] == [0.0, 0.25, 0.5]
     assert (tmp_path / "imp" / "importance.png").read_bytes().startswith(b"\x89PNG")
-    done = run("heads", "prune", *common, "--out", str(tmp_path / "pruned"), "--share", "0.5", "--step", "0.25")
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert main(["heads", "prune", *common, "--out", str(tmp_path / "pruned"), "--share", "0.5", "--step", "0.25"]) == 0
     record = json.loads((tmp_path / "pruned" / "pruning.json").read_text())
     assert record["heads_before"] == 4 and record["heads_after"] == 2
     assert record["parameters_after"] < record["parameters_before"]
     assert record["curve"][-1]["metric"] == pytest.approx(numbers["curve"][-1]["metric"])  # same data, same order
+    assert record["metric_of_pruned_model"] == pytest.approx(record["curve"][-1]["metric"])  # pruned == masked
     pruned = load(tmp_path / "pruned")
     assert sum(len(h) for h in pruned.config.pruned_heads.values()) == 2
-    done = run("heads", "prune", "--model", str(model_dir), "--out", str(tmp_path / "bad"), "--share", "0.5")
-    assert done.returncode == 2 and "--task NAME --data DIR" in done.stderr
+    capsys.readouterr()
+    assert main(["heads", "prune", "--model", str(model_dir), "--out", str(tmp_path / "bad"), "--share", "0.5"]) == 2
+    assert "--task NAME --data DIR" in capsys.readouterr().err

@@ -138,7 +138,7 @@ def _accumulate(totals: _Totals, probs: Tensor, ids: Tensor, mask: Tensor, chunk
     p = probs.double()
     entropy = -(p * torch.where(p > 0, p.log(), torch.zeros_like(p))).sum(-1)  # [B, H, L]
     totals.sums["entropy"] += (entropy * query).sum((0, 2))
-    totals.sums["cls"] += (p[..., :, :] * (ids == cls_id)[:, None, None, :]).sum(-1).mul(query).sum((0, 2))
+    totals.sums["cls"] += (p * (ids == cls_id)[:, None, None, :]).sum(-1).mul(query).sum((0, 2))
     totals.sums["sep"] += (p * (ids == sep_id)[:, None, None, :]).sum(-1).mul(query).sum((0, 2))
     totals.sums["punct"] += (p * (punct[ids] & real)[:, None, None, :]).sum(-1).mul(query).sum((0, 2))
     totals.queries += int(lengths.sum())
@@ -255,47 +255,55 @@ def _numbers(totals: _Totals, flat_heads: list[tuple[int, int]], layers: int, he
 # ------------------------------------------------------------------------------------------------------ figures
 
 
-def plot_heatmaps(numbers: dict[str, Any], path: str | Path) -> Path:
-    """One PNG: a layer x head heat map for each per-head statistic."""
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(11, 5.6), dpi=80)
-    for ax, name in zip(axes.flat, PER_HEAD):
-        grid = np.array(numbers["per_head"][name], dtype=float)
-        image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=0.0,
-                          vmax=None if name == "entropy" else 1.0)
-        ax.set_title(TITLES[name], fontsize=10)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_xticks(range(grid.shape[1]))
-        ax.set_yticks(range(grid.shape[0]))
-        ax.tick_params(labelsize=7)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.tight_layout()
+
+def head_heat_map(fig: Any, ax: Any, grid: np.ndarray, title: str, **limits: Any) -> None:
+    """A layer x head heat map on `ax` with its colour bar (NaN, a pruned head, shows blank)."""
+    image = ax.imshow(grid, cmap="viridis", aspect="auto", **limits)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(grid.shape[1]))
+    ax.set_yticks(range(grid.shape[0]))
+    ax.tick_params(labelsize=7)
+    fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+
+
+def save_png(fig: Any, path: str | Path) -> Path:
+    """Write the figure as PNG, atomically, and close it."""
     path = Path(path)
+    fig.tight_layout()
     with atomic_write(path, "wb") as handle:
         fig.savefig(handle, format="png")
-    plt.close(fig)
+    pyplot().close(fig)
     return path
+
+
+def plot_heatmaps(numbers: dict[str, Any], path: str | Path) -> Path:
+    """One PNG: a layer x head heat map for each per-head statistic."""
+    fig, axes = pyplot().subplots(2, 3, figsize=(11, 5.6), dpi=80)
+    for ax, name in zip(axes.flat, PER_HEAD):
+        head_heat_map(fig, ax, np.array(numbers["per_head"][name], dtype=float), TITLES[name], vmin=0.0,
+                      vmax=None if name == "entropy" else 1.0)
+    return save_png(fig, path)
 
 
 def plot_syntactic(numbers: dict[str, Any], path: str | Path) -> Path:
     """One PNG: per relation, the best head's accuracy beside the best fixed-offset baseline."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
 
     rows = sorted(numbers["syntactic"].items(), key=lambda item: -item[1]["count"])
     names = [f"{r} ({v['best_head']['layer']}-{v['best_head']['head']})" for r, v in rows]
     best = [v["best_head"]["accuracy"] for _, v in rows]
     base = [v["baseline"]["accuracy"] for _, v in rows]
-    fig, ax = plt.subplots(figsize=(7, 0.28 * len(rows) + 1.2), dpi=80)
+    fig, ax = pyplot().subplots(figsize=(7, 0.28 * len(rows) + 1.2), dpi=80)
     y = np.arange(len(rows))
     ax.barh(y - 0.2, best, height=0.4, label="best head (layer-head)")
     ax.barh(y + 0.2, base, height=0.4, label="best fixed offset")
@@ -305,12 +313,7 @@ def plot_syntactic(numbers: dict[str, Any], path: str | Path) -> Path:
     ax.set_xlim(0, 1)
     ax.set_xlabel("share of dependents whose most-attended word is their UD head")
     ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_write(path, "wb") as handle:
-        fig.savefig(handle, format="png")
-    plt.close(fig)
-    return path
+    return save_png(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------------ entry points
@@ -350,7 +353,7 @@ def summary_table(numbers: dict[str, Any]) -> dict[str, Any]:
 
 
 def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | Path, *, quick: bool = False,
-                   model_dir: str | None = None) -> Section:
+                   model_dir: str | None = None, show_progress: bool = False) -> Section:
     """The report's attention section on UD English-EWT dev (`data_dir/ud-english-ewt`); 500 sentences (100 with
     `quick`)."""
     ud = Path(data_dir) / "ud-english-ewt"
@@ -358,7 +361,7 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
         raise FileNotFoundError(f"{ud}: UD English-EWT is not there")
     limit = 100 if quick else 500
     out = Path(out_dir) / "attention"
-    numbers = analyze_heads(pretrained, ud, out, limit=limit)
+    numbers = analyze_heads(pretrained, ud, out, limit=limit, show_progress=show_progress)
     return Section(
         name="attention",
         title="Attention heads (Clark et al. 2019)",

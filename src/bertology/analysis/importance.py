@@ -27,7 +27,6 @@ from torch import Tensor
 
 from bertology.analysis.base import Section, write_numbers
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_write
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import EncoderModel
 
@@ -228,6 +227,7 @@ class PruningStep:
     share: float  # of the model's heads removed so far
     removed: list[tuple[int, int]]  # (layer, head) removed at this step
     metric: float
+    heads: int  # the model's heads before pruning
 
 
 def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.1, max_share: float = 0.9,
@@ -240,7 +240,7 @@ def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.
     present = existing_heads(model)
     total = int(present.sum())
     mask = present.float()
-    steps = [PruningStep(0.0, [], data.metric(model, mask))]
+    steps = [PruningStep(0.0, [], data.metric(model, mask), total)]
     removed = 0
     k = 1
     while True:
@@ -257,7 +257,7 @@ def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.
         for layer, head in chosen:
             mask[layer, head] = 0.0
         removed = target
-        steps.append(PruningStep(removed / total, chosen, data.metric(model, mask)))
+        steps.append(PruningStep(removed / total, chosen, data.metric(model, mask), total))
         if k * step >= max_share - 1e-9:
             break
         k += 1
@@ -265,10 +265,12 @@ def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.
 
 
 def heads_removed_at(steps: Sequence[PruningStep], share: float) -> dict[int, list[int]]:
-    """The heads the curve had removed once `share` of them were gone (the last step at or below it)."""
+    """The heads the curve had removed once `share` of them were gone: the steps up to round(share x heads)."""
     removed: dict[int, list[int]] = {}
+    count = 0
     for s in steps:
-        if s.share > share + 1e-9:
+        count += len(s.removed)
+        if count > round(share * s.heads):
             break
         for layer, head in s.removed:
             removed.setdefault(layer, []).append(head)
@@ -305,31 +307,16 @@ def parameter_count(model: EncoderModel) -> int:
 
 def plot_curve(steps: Sequence[PruningStep], metric_name: str, path: str | Path, importance: Tensor) -> Path:
     """One PNG: the metric against the share of heads removed, beside the importance heat map."""
-    import matplotlib
+    from bertology.analysis.attention import head_heat_map, pyplot, save_png
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), dpi=80)
+    fig, (left, right) = pyplot().subplots(1, 2, figsize=(10, 3.6), dpi=80)
     left.plot([100 * s.share for s in steps], [s.metric for s in steps], marker="o")
     left.set_xlabel("heads removed (%)")
     left.set_ylabel(metric_name)
     left.set_title("iterative pruning by importance")
     left.grid(alpha=0.3)
-    image = right.imshow(importance.numpy(), cmap="viridis", aspect="auto")
-    right.set_title("head importance (layer-normalised)")
-    right.set_xlabel("head")
-    right.set_ylabel("layer")
-    right.set_xticks(range(importance.shape[1]))
-    right.set_yticks(range(importance.shape[0]))
-    right.tick_params(labelsize=7)
-    fig.colorbar(image, ax=right, fraction=0.046, pad=0.04)
-    fig.tight_layout()
-    path = Path(path)
-    with atomic_write(path, "wb") as handle:
-        fig.savefig(handle, format="png")
-    plt.close(fig)
-    return path
+    head_heat_map(fig, right, importance.numpy(), "head importance (layer-normalised)")
+    return save_png(fig, path)
 
 
 def analyze_importance(pretrained: Pretrained, data: ImportanceData, out_dir: str | Path, *, step: float = 0.1,
@@ -361,7 +348,7 @@ def analyze_importance(pretrained: Pretrained, data: ImportanceData, out_dir: st
 
 
 def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | Path, *, quick: bool = False,
-                   model_dir: str | None = None, task: str | None = None) -> Section:
+                   model_dir: str | None = None, task: str | None = None, show_progress: bool = False) -> Section:
     """Head importance and the pruning curve: on `task` (a fine-tuned classifier; GLUE under `data_dir/glue`), or
     with the masked-LM head on UD English-EWT dev texts; otherwise there is nothing to take a gradient of."""
     model = pretrained.model
@@ -386,9 +373,11 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
         command = (f"bertology heads importance --model {model_arg} --ud {ud} --out {out} --examples {examples} "
                    f"--step {step}")
     else:
-        raise LookupError("the model has neither a fine-tuned classifier (give its task: bertology analyze --task "
+        from bertology.analysis.report import AnalysisUnavailable
+
+        raise AnalysisUnavailable("the model has neither a fine-tuned classifier (give its task: bertology analyze --task "
                           "NAME) nor a masked-LM head: no loss to take the gradient of")
-    numbers = analyze_importance(pretrained, data, out, step=step)
+    numbers = analyze_importance(pretrained, data, out, step=step, show_progress=show_progress)
     return Section(
         name="importance",
         title="Head importance and pruning (Michel et al. 2019)",

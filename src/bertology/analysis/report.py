@@ -1,9 +1,9 @@
 """One self-contained HTML report of every analysis whose data is present (`bertology analyze`).
 
 Each analysis module (`bertology.analysis.<name>`) offers `report_section(pretrained, out_dir, data_dir) -> Section`
-(keyword arguments `quick`, `model_dir` and `task` are passed to those that accept them). A module that is not
-installed, has no `report_section`, or whose data is absent (it raises FileNotFoundError or LookupError) is
-skipped with a note saying why; a BertologyError (bad input) is recorded as the section's failure. The report
+(keyword arguments `quick`, `model_dir`, `task` and `show_progress` are passed to those that accept them). A module
+that is not installed, has no `report_section`, or whose data or model is not there (it raises FileNotFoundError or
+`AnalysisUnavailable`) is skipped with a note saying why; a BertologyError (bad input) is recorded as the section's failure. The report
 inlines the figures (base64 PNG), shows the numbers as tables, the command that redoes each analysis and the notes;
 every text is escaped, and nothing is loaded from elsewhere (no scripts, no external styles or images).
 """
@@ -35,6 +35,10 @@ ALIASES: dict[str, str] = {
 }
 
 
+class AnalysisUnavailable(Exception):
+    """A report_section's data or model lacks what it needs (a head, a data set): the report lists it as skipped."""
+
+
 @dataclass
 class Skipped:
     name: str
@@ -63,8 +67,8 @@ def chosen_analyses(only: str | list[str] | None) -> list[str]:
 
 
 def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only: str | list[str] | None = None,
-                 data_dir: str | os.PathLike = "../shared/data", *, quick: bool = False, task: str | None = None
-                 ) -> ReportResult:
+                 data_dir: str | os.PathLike = "../shared/data", *, quick: bool = False, task: str | None = None,
+                 show_progress: bool = False) -> ReportResult:
     """Run the chosen analyses on the model in `model_dir` with the data sets under `data_dir`, each writing its
     JSON and figures under `out_dir`, and write `out_dir/report.html` (atomically) and `out_dir/report.json`."""
     from bertology.model import load
@@ -74,7 +78,7 @@ def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only:
     out.mkdir(parents=True, exist_ok=True)
     pretrained = load(model_dir)
     result = ReportResult(out / "report.html")
-    options = {"quick": quick, "model_dir": str(model_dir), "task": task}
+    options = {"quick": quick, "model_dir": str(model_dir), "task": task, "show_progress": show_progress}
     for name in names:
         try:
             module = importlib.import_module(f"bertology.analysis.{name}")
@@ -92,7 +96,7 @@ def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only:
         start = time.perf_counter()
         try:
             section = make(pretrained, out, Path(data_dir), **kwargs)
-        except (FileNotFoundError, LookupError) as error:  # its data (or a head it needs) is not there
+        except (FileNotFoundError, AnalysisUnavailable) as error:  # its data (or a head it needs) is not there
             result.skipped.append(Skipped(name, str(error)))
             continue
         except BertologyError as error:

@@ -37,7 +37,8 @@ def run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    result = build_report(args.model, args.out, args.only, args.data, quick=args.quick, task=args.task)
+    result = build_report(args.model, args.out, args.only, args.data, quick=args.quick, task=args.task,
+                          show_progress=sys.stderr.isatty())
     for skipped in result.skipped:
         print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
     print(f"wrote {result.path} ({len(result.sections)} analyses, {len(result.skipped)} skipped)", file=sys.stderr)

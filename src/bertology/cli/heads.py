@@ -166,6 +166,8 @@ def run_prune(args: argparse.Namespace) -> int:
     record.update(pruned_heads={str(k): v for k, v in heads.items()}, heads_before=total,
                   heads_after=int(existing_heads(pretrained.model).sum()), parameters_before=before,
                   parameters_after=parameter_count(pretrained.model))
+    if not args.heads:  # the pruned model itself, measured: it must match the curve's last masked step
+        record["metric_of_pruned_model"] = data.metric(pretrained.model, existing_heads(pretrained.model).float())
     pretrained.save(args.out)
     write_numbers(Path(args.out) / "pruning.json", record)
     print(f"removed {total - record['heads_after']} of {total} heads; parameters {before:,} -> "

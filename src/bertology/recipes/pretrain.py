@@ -235,6 +235,10 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         attach = getattr(objective, "attach", None)
         if attach is not None:
             attach(model, torch.Generator().manual_seed(config.run.seed + 1))
+        # What the objective saved beside the model it continues from (SpanBERT's boundary head), if anything.
+        load_beside = getattr(objective, "load_with_model", None)
+        if load_beside is not None and config.model.init_from is not None:
+            load_beside(config.model.init_from)
     return model
 
 

@@ -1,7 +1,8 @@
-"""Corpus readers, pretraining instance creation, masking and memory-mapped shards."""
+"""Corpus readers, pretraining instance creation, masking (token, whole-word, SpanBERT spans) and memory-mapped
+shards."""
 
 from bertology.data.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
-from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset
+from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset, StepClock
 from bertology.data.instances import (
     DocumentSource,
     InMemoryDocuments,
@@ -11,9 +12,10 @@ from bertology.data.instances import (
     SpecialTokens,
     create_instances,
 )
-from bertology.data.masking import MaskedInputs, Masker, MaskingConfig, masking_seeds
+from bertology.data.masking import MaskedInputs, Masker, MaskingConfig, SpanConfig, masking_seeds
 from bertology.data.sentences import split_sentences
 from bertology.data.shards import TokenizedCorpus, prepare_corpus, tokenizer_fingerprint
+from bertology.data.span_masking import SpanBatch, SpanBatches
 
 __all__ = [
     "CORPUS_FORMATS",
@@ -28,7 +30,11 @@ __all__ = [
     "PackedInstances",
     "PretrainingBatch",
     "PretrainingDataset",
+    "SpanBatch",
+    "SpanBatches",
+    "SpanConfig",
     "SpecialTokens",
+    "StepClock",
     "TokenizedCorpus",
     "create_instances",
     "list_corpus_files",

@@ -279,3 +279,29 @@ def test_a_bert_family_generator_with_a_projection_is_saved_natively(tmp_path):
     ids = torch.randint(5, 40, (2, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(bertology.load(path).model(ids).logits, electra.generator.eval()(ids).logits)
+
+
+def test_continuing_from_an_electra_run_reads_its_generator(tmp_path):
+    """model.init_from an ELECTRA run's model/: the generator starts from the one saved beside it (its own layers
+    and head; the shared embeddings are the model's)."""
+    from bertology.recipes.pretrain import build_model, pretrain
+    from bertology.tokenization import load_tokenizer
+    from bertology.training.config import PretrainConfig
+
+    sys.path.insert(0, str(ROOT / "tests" / "training"))
+    from pretrain_helpers import tiny_config
+
+    assets = make_assets(tmp_path)
+    settings = dict(model={"family": "electra"}, data={"instances": {"kind": "full-sentences"}},
+                    objectives={"electra": {"generator_size": 0.5}},
+                    optim={"total_steps": 2}, run={"checkpoint_every": 0, "eval_every": 0})
+    pretrain(PretrainConfig.from_dict(tiny_config(assets, tmp_path / "first", **settings)))
+    again = PretrainConfig.from_dict(tiny_config(assets, tmp_path / "second", **settings))
+    again.model.init_from = str(tmp_path / "first" / "model")
+    objectives = again.build_objectives()
+    build_model(again, load_tokenizer(assets["tokenizer"]), objectives)
+    saved = bertology.load(tmp_path / "first" / "generator").model.state_dict()
+    ours = objectives[0].generator.state_dict()
+    assert ours.keys() == saved.keys()
+    for key, value in ours.items():
+        assert torch.equal(value, saved[key]), key

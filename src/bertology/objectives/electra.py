@@ -197,6 +197,29 @@ class Electra(nn.Module):
         self._replaced[passes] = done
         return done
 
+    def load_with_model(self, model_dir: str | Path) -> bool:
+        """Continuing from a model directory (``model.init_from``) of an ELECTRA run: the generator saved beside it
+        (``<model_dir>/../generator``), except the embeddings it shares with the model, which come from the model.
+        False (the fresh generator stays) when there is none."""
+        directory = Path(model_dir).parent / GENERATOR_DIR
+        if not directory.is_dir():
+            return False
+        from bertology.model.checkpoint import load_model
+
+        gen = self._gen()
+        saved = load_model(directory)
+        shape = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "embedding_size", "vocab_size")
+        differ = [f"{key} {getattr(saved.config, key)} != {getattr(gen.config, key)}" for key in shape
+                  if getattr(saved.config, key) != getattr(gen.config, key)]
+        if differ:
+            raise ConfigError(f"objectives.{self.name}.generator_size: the generator saved in {directory} has "
+                              f"another shape than this run's ({'; '.join(differ)})")
+        shared = tuple(f"encoder.embeddings.{part}." for part in ("word", "position", "token_type", "norm"))
+        own = {k: v for k, v in saved.state_dict().items() if not k.startswith(shared)}
+        missing, unexpected = gen.load_state_dict(own, strict=False)
+        assert not unexpected and all(k.startswith(shared) for k in missing), (missing, unexpected)
+        return True
+
     # ------------------------------------------------------------------------------------------- the protocol
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec("rtd", "token_mlp", activation=self.activation or "gelu"),)

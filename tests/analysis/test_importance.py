@@ -298,3 +298,20 @@ def test_sst2_importance_and_prune_commands_on_a_finetuned_tiny_model(tmp_path, 
     capsys.readouterr()
     assert main(["heads", "prune", "--model", str(model_dir), "--out", str(tmp_path / "bad"), "--share", "0.5"]) == 2
     assert "--task NAME --data DIR" in capsys.readouterr().err
+
+
+def test_too_few_texts_a_regression_task_and_a_missing_classifier_are_named(tmp_path):
+    from bertology.analysis.importance import TaskData
+    from bertology.errors import DataError
+    from bertology.tokenization import train_tokenizer
+
+    tokenizer = train_tokenizer(iter(["the cat sat"] * 5), "wordpiece", 60, show_progress=False, min_frequency=1)
+    with pytest.raises(DataError, match="3 non-empty texts: need more than the 8 used for importances"):
+        MaskedLMData(Pretrained(tiny([HeadSpec("mlm", "masked_lm")]), tokenizer), ["a", "b", "", "c"],
+                     importance_examples=8)
+    with pytest.raises(ConfigError, match="no masked-LM head"):
+        MaskedLMData(Pretrained(tiny(), tokenizer), ["a"] * 20, importance_examples=8)
+    with pytest.raises(ConfigError, match="'stsb' is a regression task"):
+        TaskData(Pretrained(tiny(), tokenizer), "stsb", tmp_path)
+    with pytest.raises(ConfigError, match=r"heads \(none\) are not a classifier for task 'sst2' with 2 labels"):
+        TaskData(Pretrained(tiny(), tokenizer), "sst2", tmp_path)

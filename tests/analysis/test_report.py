@@ -139,3 +139,27 @@ def test_analyze_command_report_renders_in_headless_chromium(model_dir, tmp_path
     assert len(images) == 2 and all(done and width > 0 for done, width in images)
     assert re.match(r"bertology analysis: ", title)
     assert (tmp_path / "report.png").stat().st_size > 1000
+
+
+@pytest.mark.skipif(not UD.is_dir(), reason="UD English-EWT not in ../shared/data/ud-english-ewt")
+def test_importance_section_of_a_model_with_a_masked_lm_head(tmp_path, capsys):
+    """A model bertology pretrained has its MLM head: importance uses the masked-LM loss on UD dev texts."""
+    texts = [line for line in (UD / "en_ewt-ud-dev.conllu").read_text(encoding="utf-8").splitlines()
+             if line.startswith("# text = ")][:300]
+    tokenizer = train_tokenizer(iter(texts), "wordpiece", 400, show_progress=False, min_frequency=1)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=512)
+    from bertology.model.encoder import HeadSpec
+
+    model = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
+    model.init_weights(torch.Generator().manual_seed(0))
+    Pretrained(model, tokenizer).save(tmp_path / "model")
+    result = report.build_report(tmp_path / "model", tmp_path / "out", "importance", UD.parent, quick=True)
+    assert [s.name for s in result.sections] == ["importance"], result.skipped
+    numbers = result.sections[0].numbers
+    assert numbers["metric"] == "masked-token accuracy" and numbers["heads"] == 4
+    # Steps of 25 % up to 90 % of 4 heads: 1, 2, 3, then round(3.6) = all 4.
+    assert list(numbers["metric by share of heads removed"]) == ["0%", "25%", "50%", "75%", "100%"]
+    assert "--ud" in result.sections[0].command
+    assert main(["analyze", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "o"), "--only", "nope"]) == 2
+    assert "unknown analysis 'nope'" in capsys.readouterr().err

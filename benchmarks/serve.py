@@ -198,6 +198,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def forwards(url: str) -> float:
+    """Batches bertology's server has run so far (its /metrics)."""
+    import httpx
+
+    from bertology.serve.metrics import metric_value
+
+    return metric_value(httpx.get(f"{url}/metrics", timeout=30).text, "bertology_batch_requests_count") or 0.0
+
+
 def summary(result: dict) -> dict:
     lat = sorted(result["latencies"])
     p99 = lat[min(len(lat) - 1, int(np.ceil(0.99 * len(lat))) - 1)] if lat else float("nan")
@@ -261,12 +270,16 @@ def main() -> int:
                 for name, url in order:
                     load_before = os.getloadavg()[0]
                     cpu_before = cpu_seconds(pids[name])
+                    forwards_before = forwards(url) if name.startswith("bertology") else None
                     result = asyncio.run(load_level(url, texts, concurrency, args.max_seconds,
                                                     normalize=name.startswith("bertology")))
                     cpu = cpu_seconds(pids[name]) - cpu_before
                     row = {"server": name, "concurrency": concurrency, "round": round_number + 1,
                            "load": load_before, **summary(result), "cpu_s": cpu,
                            "cpu_ms_per_request": 1000 * cpu / max(result["answered"], 1)}
+                    if forwards_before is not None:
+                        row["forwards"] = forwards(url) - forwards_before
+                        row["requests_per_forward"] = result["answered"] / max(row["forwards"], 1)
                     got = np.asarray([result["vectors"][i] for i in sorted(result["vectors"])], dtype=np.float64)
                     want = reference[sorted(result["vectors"])]
                     row["max_abs_diff_vs_embed"] = float(np.abs(got - want).max()) if len(got) else float("nan")
@@ -292,8 +305,9 @@ def main() -> int:
     packed = metric_value(metrics, "bertology_batch_requests_sum")
     print("\n" + "\n".join(f"- {k}: {v}" for k, v in machine_facts(args.threads).items()))
     print(f"- load average after: {os.getloadavg()}")
-    print(f"- bertology batches: {batches:.0f} forwards for {packed:.0f} requests "
-          f"({packed / max(batches, 1):.1f} requests per forward on average, all levels)\n")
+    print(f"- bertology batches: {batches:.0f} forwards for {packed:.0f} requests (warm-up included); per level: "
+          + ", ".join(f"c={r['concurrency']}: {r['requests_per_forward']:.1f} requests per forward" for r in rows
+                      if "forwards" in r) + "\n")
     print("| concurrency | server | round | requests | failed | p50 ms | p99 ms | requests/s | bertology x | "
           "server CPU ms / request | bertology x (CPU) | max abs diff to embed | load avg |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

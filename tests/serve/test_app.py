@@ -288,12 +288,14 @@ def test_limits_answer_413_naming_the_limit(tiny_dir):
         too_long = c.post("/v1/embed", json={"texts": ["a", "b" * 51]})
         too_big = c.post("/v1/embed", json={"texts": ["a" * 40] * 60})
         fine = c.post("/v1/embed", json={"texts": ["a" * 50] * 4})
+        metrics = c.get("/metrics")
     assert too_many.status_code == 413 and too_many.json() == {
         "detail": "texts: 5 texts in one request; the limit is 4 (--max-texts)", "field": "texts"}
     assert too_long.status_code == 413 and too_long.json()["field"] == "texts[1]"
     assert "51 characters; the limit is 50" in too_long.json()["detail"]
     assert too_big.status_code == 413 and "the limit is 2000 (--max-body-bytes)" in too_big.json()["detail"]
     assert fine.status_code == 200
+    assert metric_value(metrics.text, "bertology_requests_total", {"endpoint": "/v1/embed", "status": 413}) == 3
 
 
 def test_a_directory_that_is_not_a_model_is_refused_at_startup(tmp_path, capsys):

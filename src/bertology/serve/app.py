@@ -185,8 +185,8 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.state.limits = limits
-    app.add_middleware(_Metered, metrics=metrics)
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(_Metered, metrics=metrics)  # added last, so outermost: it counts the 413s BodyLimit answers
 
     bearer = HTTPBearer(auto_error=False, description="the service's API key, when it was started with one")
     expected = api_key.encode("utf-8") if api_key is not None else None

@@ -202,5 +202,7 @@ def test_inputs_that_match_nothing(small_model, tmp_path):
 
 def test_a_file_name_as_corpus_output_is_refused(small_model, corpus, tmp_path, capsys):
     assert run("embed", "--model", small_model, "--input", corpus, "--output", tmp_path / "vectors.npy") == 2
-    assert "vectors.npy: a corpus run (a directory or glob as input) writes a directory of shards" in \
-        capsys.readouterr().err
+    assert f"{corpus}: is a directory, not a text file: its files are embedded into a directory of shards " \
+        "(corpus mode), so the output must be a directory, not vectors.npy" in capsys.readouterr().err
+    assert run("embed", "--model", small_model, "--input", corpus / "*.txt", "--output", tmp_path / "v.npz") == 2
+    assert "*.txt: is a glob pattern, not a text file" in capsys.readouterr().err

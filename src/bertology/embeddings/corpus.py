@@ -357,8 +357,9 @@ def embed_corpus(
         raise ConfigError(f"engine: unknown {engine!r}; expected one of {', '.join(ENGINES)}")
     output = Path(output)
     if output.suffix.lower() in (".npy", ".npz") and not output.is_dir():
-        raise ConfigError(f"{output}: a corpus run (a directory or glob as input) writes a directory of shards; "
-                          "name a directory")
+        what = "is a directory" if Path(inputs).is_dir() else "is a glob pattern"
+        raise ConfigError(f"{inputs}: {what}, not a text file: its files are embedded into a directory of shards "
+                          f"(corpus mode), so the output must be a directory, not {output.name}")
     model_dir = Path(model)
     if not model_dir.is_dir():
         raise ConfigError(f"{model_dir}: no such model directory")

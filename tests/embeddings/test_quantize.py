@@ -27,6 +27,11 @@ def minilm(minilm_path) -> Pretrained:
     return load(minilm_path)
 
 
+@pytest.fixture(scope="module")
+def minilm_int8(minilm) -> Pretrained:
+    return quantize(minilm)
+
+
 def test_int8_linear_is_exact_on_values_it_can_represent():
     # Weights that are integers in [-127, 127] times a per-row scale, and input rows that are low + integers in
     # [0, 255] times a per-row step, are represented exactly: the int8 product equals the float one up to float32
@@ -71,8 +76,8 @@ def test_int8_linear_error_is_within_the_rounding_bound():
     assert error.max() > 0  # it is an approximation, not a copy of the float layer
 
 
-def test_quantize_replaces_the_layer_linears_and_leaves_the_original(minilm):
-    q = quantize(minilm)
+def test_quantize_replaces_the_layer_linears_and_leaves_the_original(minilm, minilm_int8):
+    q = minilm_int8
     assert isinstance(q, Pretrained) and q.tokenizer is minilm.tokenizer
     layer = q.model.encoder.layers[0]
     assert all(isinstance(getattr(layer, n), Int8Linear) for n in ("query", "key", "value", "attn_out", "ffn_in",
@@ -82,17 +87,17 @@ def test_quantize_replaces_the_layer_linears_and_leaves_the_original(minilm):
     assert not q.model.training
 
 
-def test_quantized_minilm_sentence_vectors_are_close_to_float32(minilm):
+def test_quantized_minilm_sentence_vectors_are_close_to_float32(minilm, minilm_int8):
     base = embed(minilm, TEXTS, levels=("sentence",)).sentences
-    int8 = embed(quantize(minilm), TEXTS, levels=("sentence",)).sentences
+    int8 = embed(minilm_int8, TEXTS, levels=("sentence",)).sentences
     cosine = (base * int8).sum(1) / np.linalg.norm(base, axis=1) / np.linalg.norm(int8, axis=1)
     assert cosine.min() > 0.99, cosine
     assert not np.array_equal(base, int8)
 
 
-def test_quantized_packed_and_padded_paths_are_both_close_to_float32(minilm):
+def test_quantized_packed_and_padded_paths_are_both_close_to_float32(minilm, minilm_int8):
     # Not equal to each other: float32 differences of 1e-7 between the two paths flip an int8 level here and there.
-    model = quantize(minilm).model
+    model = minilm_int8.model
     batch = minilm.tokenizer.encode_batch(TEXTS[:4])
     real = batch.attention_mask.bool()
     with torch.inference_mode():
@@ -136,14 +141,13 @@ def test_dtype_names():
         quantize(nn.Linear(2, 2))
 
 
-def test_embed_cli_int8(minilm_path, minilm, tmp_path, capsys):
+def test_embed_cli_int8(minilm_path, minilm_int8, tmp_path, capsys):
     source = tmp_path / "in.txt"
     source.write_text("\n".join(TEXTS) + "\n", encoding="utf-8")
     out = tmp_path / "int8.npy"
     assert main(["embed", "--model", str(minilm_path), "--input", str(source), "--output", str(out), "--quiet",
                  "--dtype", "int8"]) == 0
-    np.testing.assert_allclose(np.load(out), embed(quantize(minilm), TEXTS, levels=("sentence",)).sentences,
-                               atol=1e-6)
+    np.testing.assert_allclose(np.load(out), embed(minilm_int8, TEXTS, levels=("sentence",)).sentences, atol=1e-6)
 
 
 def test_embed_cli_bad_dtype(minilm_path, tmp_path, capsys):

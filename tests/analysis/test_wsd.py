@@ -128,7 +128,7 @@ def tiny(tmp_path_factory):
 def fitted(tiny):
     pretrained = load(tiny / "model")
     senses = wsd.fit_senses(pretrained, tiny / "semcor", tiny / "wordnet", layers="sum-last-four",
-                            propagate="lexname", gloss_weight=0.0, standardize=False)
+                            propagate="lexname", gloss_weight=0.0, standardize=False, first_sense_bonus=0.0)
     return pretrained, senses
 
 

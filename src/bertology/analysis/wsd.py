@@ -52,11 +52,11 @@ from bertology.io import atomic_write
 FORMAT = "bertology-sense-vectors/1"
 PROPAGATIONS = ("none", "synset", "hypernym", "lexname")
 # The configuration that scored best on senseval2 + semeval2007 with all-MiniLM-L6-v2 (docs/analysis/wsd.md).
-DEFAULT_LAYERS: Any = "sum-last-four"
-DEFAULT_PROPAGATE = "lexname"
-DEFAULT_GLOSS_WEIGHT = 0.5
+DEFAULT_LAYERS: Any = "last"
+DEFAULT_PROPAGATE = "none"
+DEFAULT_GLOSS_WEIGHT = 0.25
 DEFAULT_STANDARDIZE = False
-DEFAULT_FIRST_SENSE_BONUS = 0.0
+DEFAULT_FIRST_SENSE_BONUS = 0.02
 # Sentences embedded per call of `embed`: bounds the token vectors held at once.
 CHUNK_SENTENCES = 512
 _SS_POS = {"1": "NOUN", "2": "VERB", "3": "ADJ", "4": "ADV", "5": "ADJ"}
@@ -210,7 +210,7 @@ def fit_senses(
                           mu.astype(np.float32), np.maximum(std, 1e-6).astype(np.float32), config, model_info)
     senses.lexnames, senses.lexname_vectors = _lexname_vectors(senses, wordnet)
     stats["senses with a vector"] = len(keys)
-    stats["tagged tokens averaged"] = int(counts.sum())
+    stats["token-key pairs averaged"] = int(counts.sum())
     senses.stats = {**{k: int(v) for k, v in sorted(stats.items())},
                     "fit seconds": round(time.perf_counter() - started, 1)}
     return senses
@@ -277,13 +277,14 @@ def predict(
     # Instances come sentence by sentence, so row i of token_vectors is instance i.
 
     resolver = _Resolver(senses, wordnet, propagate)
-    candidates = {}
+    candidates: dict[str, list[tuple[str, np.ndarray]]] = {}
     for instance in dataset.instances:
         keys = wordnet.candidates(instance.lemma, instance.pos)
-        candidates[instance.id] = keys
+        found = [(k, resolver.vector(k)) for k in keys]
+        candidates[instance.id] = [(k, v) for k, v in found if v is not None]
     gloss = {}
-    if gloss_weight > 0:
-        wanted = sorted({k for keys in candidates.values() for k in keys})
+    if gloss_weight > 0:  # only candidates that can win need a gloss vector
+        wanted = sorted({k for scored in candidates.values() for k, _ in scored})
         gloss = _gloss_vectors(pretrained, wordnet, wanted, senses.config, batch_size, show_progress)
 
     def prepare(x: np.ndarray) -> np.ndarray:
@@ -294,14 +295,13 @@ def predict(
 
     predictions: dict[str, str] = {}
     for row, instance in enumerate(dataset.instances):
-        keys = candidates[instance.id]
+        keys = wordnet.candidates(instance.lemma, instance.pos)
         counts["instances"] += 1
         if not keys:
             counts["lemmas with no senses (unanswered)"] += 1
             continue
         vector = token_vectors[row]
-        scored = [(k, resolver.vector(k)) for k in keys]
-        scored = [(k, v) for k, v in scored if v is not None]
+        scored = candidates[instance.id]
         if not scored or not np.isfinite(vector).all() or not np.any(vector):
             predictions[instance.id] = keys[0]
             counts["first-sense fallback (no candidate has a vector)"] += 1

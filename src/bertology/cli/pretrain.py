@@ -9,7 +9,7 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "pretrain",
-        help="pretrain an encoder (MLM, NSP) from a run config",
+        help="pretrain an encoder from a run config (MLM, NSP, SOP, SpanBERT, ELECTRA, distillation)",
         description="Pretrain an encoder from a run config file (see configs/ for presets). Under torchrun every "
         "process runs this command; rank 0 writes the checkpoints and metrics.",
     )

@@ -206,3 +206,20 @@ def test_a_file_name_as_corpus_output_is_refused(small_model, corpus, tmp_path, 
         "(corpus mode), so the output must be a directory, not vectors.npy" in capsys.readouterr().err
     assert run("embed", "--model", small_model, "--input", corpus / "*.txt", "--output", tmp_path / "v.npz") == 2
     assert "*.txt: is a glob pattern, not a text file" in capsys.readouterr().err
+
+
+def test_a_bad_option_fails_before_anything_is_written(small_model, corpus, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert run("embed", "--model", small_model, "--input", corpus, "--output", out, "--stride", 500) == 2
+    assert "stride must be between 1 and" in capsys.readouterr().err
+    assert not out.exists()  # so the same directory can be used with the option fixed
+    assert run("embed", "--model", small_model, "--input", corpus, "--output", out, "--threads", 0) == 2
+    assert "threads must be a positive integer, got 0" in capsys.readouterr().err
+
+
+def test_corpus_options_on_a_single_file_are_refused(small_model, corpus, tmp_path, capsys):
+    out = tmp_path / "v.npy"
+    assert run("embed", "--model", small_model, "--input", corpus / "a.txt", "--output", out, "--resume",
+               "--engine", "ray") == 2
+    assert "--resume, --engine: for corpus mode only" in capsys.readouterr().err
+    assert not out.exists()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
 from bertology.embeddings import check_output, embed, parse_layers, read_texts, save_vectors
 from bertology.embeddings.corpus import CorpusSettings, embed_corpus, is_corpus_input
 from bertology.embeddings.layers import LayerSpec
@@ -74,14 +76,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     corpus.add_argument("--address", default=None,
                         help="Ray cluster address (e.g. ray://host:10001 or auto); default: a local Ray instance")
     corpus.add_argument("--workers", type=int, default=None, help="Ray encoder actors (default: 2)")
-    corpus.add_argument("--threads", type=int, default=None,
-                        help="torch threads per encoder (default: torch's own locally, 1 per Ray actor)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (per encoder on Ray; default: torch's own, 1 per Ray actor)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     if is_corpus_input(args.input):
         return run_corpus(args)
+    corpus_only = [flag for flag, given in (("--resume", args.resume), ("--engine", args.engine != "local"),
+                                            ("--address", args.address is not None),
+                                            ("--workers", args.workers is not None)) if given]
+    if corpus_only:
+        raise ConfigError(f"{', '.join(corpus_only)}: for corpus mode only (--input a directory or a glob pattern)")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ConfigError(f"threads must be a positive integer, got {args.threads}")
+        torch.set_num_threads(args.threads)
     check_output(args.output, args.level)  # paths first: a bad --output fails before any embedding work
     texts = read_texts(args.input, args.format, args.text_field)
     pretrained = with_dtype(load(args.model), args.dtype)

@@ -355,6 +355,8 @@ def embed_corpus(
     settings = settings or CorpusSettings()
     if engine not in ENGINES:
         raise ConfigError(f"engine: unknown {engine!r}; expected one of {', '.join(ENGINES)}")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"threads must be a positive integer, got {threads!r}")
     output = Path(output)
     if output.suffix.lower() in (".npy", ".npz") and not output.is_dir():
         what = "is a directory" if Path(inputs).is_dir() else "is a glob pattern"
@@ -370,6 +372,9 @@ def embed_corpus(
     # The model is loaded (and so checked) before anything is written; the Ray actors load their own copies.
     pretrained = load_encoder(model_dir, settings.dtype, threads) if engine == "local" else load_encoder(
         model_dir, "float32", None)
+    from bertology.embeddings.core import embed
+
+    embed(pretrained, ["a"], **settings.embed_options())  # a bad option (layers, stride, ...) fails before any write
     if manifest is None:
         manifest = {"format": FORMAT_VERSION, "model": str(model_dir), "root": str(root), "fingerprint": fingerprint,
                     "shards": [asdict(s) for s in shards], "complete": False}

@@ -440,3 +440,12 @@ def test_report_section_writes_numbers_and_the_command(tiny, tmp_path):
         assert (tmp_path / "out" / f"wsd-{name}.key").is_file()
     assert section.command.startswith(f"bertology wsd fit --model {tiny / 'model'} --semcor ")
     assert wsd.SenseVectors.load(tmp_path / "out" / "wsd-senses.npz").config == numbers["config"]
+
+
+def test_fit_refuses_a_corpus_with_no_wordnet_key(tiny, tmp_path):
+    tagfiles = tmp_path / "tagfiles"
+    tagfiles.mkdir()
+    (tagfiles / "br-z03").write_text("<s snum=1>\n<wf cmd=done pos=NN lemma=gadget wnsn=1 lexsn=1:06:00::>thing</wf>\n"
+                                     "</s>\n")
+    with pytest.raises(wsd.DataError, match="tagfiles: no token is tagged with a WordNet sense key"):
+        wsd.fit_senses(str(tiny / "model"), tagfiles, tiny / "wordnet", layers="last")

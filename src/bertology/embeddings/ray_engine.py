@@ -84,8 +84,11 @@ def run_ray(model_dir: Path, root: Path, pending: list[Shard], settings: CorpusS
         raise ConfigError("--engine ray needs Ray Data: pip install 'bertology[ray]'") from None
     started = False
     if not ray.is_initialized():
-        ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
-                 configure_logging=True)
+        try:
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level="ERROR",
+                     configure_logging=True)
+        except (ConnectionError, TimeoutError, RuntimeError, ValueError) as error:
+            raise ConfigError(f"--address {address}: cannot start or join a Ray cluster: {error}") from None
         started = True
     try:
         context = ray.data.DataContext.get_current()

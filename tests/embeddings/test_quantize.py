@@ -184,3 +184,16 @@ def test_predict_cli_int8_agrees_with_float32(tmp_path, capsys):
     fp32, int8 = (outputs[d].read_text().splitlines() for d in ("float32", "int8"))
     assert len(fp32) == len(int8) == 41
     assert sum(a == b for a, b in zip(fp32, int8)) >= 39  # a random head's near-ties may flip one
+
+
+def test_a_quantized_model_is_not_saved(tmp_path):
+    from bertology.errors import CheckpointError
+    from bertology.model import save_model
+
+    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+                           max_position_embeddings=16)
+    model = EncoderModel(config)
+    with pytest.raises(CheckpointError, match="int8-quantized model is for inference only"):
+        save_model(quantize(model), tmp_path / "int8")
+    assert not (tmp_path / "int8" / "model.safetensors").exists()  # nothing half-written
+    save_model(model, tmp_path / "fp32")  # the float32 model it was made from still saves

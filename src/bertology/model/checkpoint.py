@@ -619,6 +619,11 @@ def save_model(model: EncoderModel, directory: str | os.PathLike, extra_files: d
 
 
 def write_model_files(model: EncoderModel, directory: Path, format: Format = "auto") -> None:
+    from bertology.model.quantize import is_quantized  # here: quantize imports this module
+
+    if is_quantized(model):  # int8 weights have no place in either layout; refuse rather than write a broken model
+        raise CheckpointError("an int8-quantized model is for inference only and cannot be saved; save the float32 "
+                              "model it was made from (bertology.model.quantize(model) copies it by default)")
     if format not in ("auto", "hf", "native"):
         raise CheckpointError(f"unknown checkpoint format {format!r}; expected auto, hf or native")
     problem = hf_layout_problem(model) if format != "native" else None

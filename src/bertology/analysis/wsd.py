@@ -29,7 +29,6 @@ The LMMS extensions are options of `predict` (their defaults are stored with the
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -525,8 +524,8 @@ def _span_vectors(pretrained: Any, texts: Sequence[str], spans: Sequence[Sequenc
 
 
 def _model(pretrained: Any) -> tuple[Any, dict[str, Any]]:
-    """A `Pretrained` (loaded when given a directory) and what identifies it: its directory when known, a SHA-256
-    of its weights and tokenizer vocabulary, and its size."""
+    """A `Pretrained` (loaded when given a directory) and what identifies it: its directory when known, its
+    fingerprint (`bertology.model.fingerprint`: encoder config, weights and tokenizer) and its size."""
     path = None
     if isinstance(pretrained, (str, os.PathLike)):
         from bertology.model import load
@@ -535,18 +534,9 @@ def _model(pretrained: Any) -> tuple[Any, dict[str, Any]]:
         pretrained = load(pretrained)
     digest = getattr(pretrained, "_bertology_wsd_fingerprint", None)
     if digest is None:
-        import torch
+        from bertology.model import fingerprint
 
-        hasher = hashlib.sha256()
-        for name, tensor in sorted(pretrained.model.state_dict().items()):
-            hasher.update(name.encode())
-            hasher.update(tensor.detach().cpu().contiguous().view(-1).view(dtype=torch.uint8).numpy())
-        tokenizer = pretrained.tokenizer
-        if tokenizer is not None:
-            from bertology.data import tokenizer_fingerprint
-
-            hasher.update(tokenizer_fingerprint(tokenizer).encode())
-        digest = hasher.hexdigest()
+        digest = fingerprint(pretrained)
         try:  # hashing ~100 MB of weights is worth doing once per model object
             pretrained._bertology_wsd_fingerprint = digest
         except AttributeError:

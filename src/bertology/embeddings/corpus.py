@@ -218,19 +218,6 @@ def plan_shards(root: Path, files: list[Path], settings: CorpusSettings) -> tupl
     return shards, described
 
 
-def model_fingerprint(directory: str | os.PathLike) -> str:
-    """SHA-256 over the names and contents of the model directory's top-level files (config, weights, tokenizer)."""
-    directory = Path(directory)
-    digest = hashlib.sha256()
-    for path in sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith(".")):
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        digest.update(b"\0")
-    return digest.hexdigest()
-
-
 def shard_texts(root: Path, shard: Shard, settings: CorpusSettings) -> list[Entry]:
     """The entries of one shard, read from its file at the shard's byte offset."""
     entries = list(read_entries(root / shard.file, settings, shard.offset, shard.line, shard.count))
@@ -367,11 +354,15 @@ def embed_corpus(
         raise ConfigError(f"{model_dir}: no such model directory")
     root, files = find_inputs(inputs)
     shards, described = plan_shards(root, files, settings)
-    fingerprint = {"model": model_fingerprint(model_dir), "inputs": described, **settings.to_json()}
+    # The model is loaded (and so checked) before anything is written; the Ray actors load their own copies. It is
+    # fingerprinted in float32, before any quantization, so the same weights in either checkpoint format match.
+    from bertology.model import fingerprint as model_fingerprint
+    from bertology.model.quantize import with_dtype
+
+    base = load_encoder(model_dir, "float32", threads if engine == "local" else None)
+    fingerprint = {"model": model_fingerprint(base), "inputs": described, **settings.to_json()}
     manifest = check_output_dir(output, fingerprint, resume)
-    # The model is loaded (and so checked) before anything is written; the Ray actors load their own copies.
-    pretrained = load_encoder(model_dir, settings.dtype, threads) if engine == "local" else load_encoder(
-        model_dir, "float32", None)
+    pretrained = with_dtype(base, settings.dtype) if engine == "local" else base
     from bertology.embeddings.core import embed
 
     embed(pretrained, ["a"], **settings.embed_options())  # a bad option (layers, stride, ...) fails before any write

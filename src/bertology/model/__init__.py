@@ -3,6 +3,7 @@
 from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput, HeadSpec, register_extension
+from bertology.model.identity import fingerprint
 
 __all__ = [
     "Encoder",
@@ -11,6 +12,7 @@ __all__ = [
     "EncoderOutput",
     "HeadSpec",
     "Pretrained",
+    "fingerprint",
     "load",
     "load_model",
     "preset",

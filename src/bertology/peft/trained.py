@@ -9,26 +9,22 @@ names). `load_trained(base, directory)` gives the trained model back, with the s
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 from pathlib import Path
-import torch
 from safetensors.torch import save_file
-from torch import Tensor
 
 from bertology.errors import BertologyError, CheckpointError
 from bertology.io import atomic_directory
 from bertology.model.checkpoint import Pretrained, load, read_json_object, read_safetensors
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.identity import EVAL_IRRELEVANT, state_fingerprint
 
 RECIPE_FILE = "trained.json"
 WEIGHTS_FILE = "trained.safetensors"
 FORMAT = "bertology-trained"
 VERSION = 1
-# Encoder settings that do not change the function a model computes in eval mode: they may differ from the base's.
-MAY_DIFFER = frozenset({"hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range"})
 
 
 def saved_names(model: EncoderModel) -> list[str]:
@@ -36,16 +32,6 @@ def saved_names(model: EncoderModel) -> list[str]:
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     names = [name for name, p in model.named_parameters() if id(p) in trainable or name.startswith("heads.")]
     return sorted(set(names))
-
-
-def fingerprint(state: dict[str, Tensor], skip: set[str]) -> str:
-    """SHA-256 over the names, dtypes, shapes and bytes of the tensors not in `skip` (the frozen base weights)."""
-    digest = hashlib.sha256()
-    for name in sorted(set(state) - skip):
-        tensor = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
-    return digest.hexdigest()
 
 
 def save_trained(model: EncoderModel, directory: str | os.PathLike, base: str | None = None) -> list[str]:
@@ -63,7 +49,7 @@ def save_trained(model: EncoderModel, directory: str | os.PathLike, base: str | 
         "extensions": {where: {"factory": factory, "options": options}
                        for where, (factory, options) in model.extensions.items()},
         "trainable": trainable,
-        "base_fingerprint": fingerprint(state, set(names)),
+        "base_fingerprint": state_fingerprint(state, set(names)),  # the frozen base weights
     }
     with atomic_directory(directory) as tmp:
         (tmp / RECIPE_FILE).write_text(json.dumps(recipe, indent=2) + "\n", encoding="utf-8")
@@ -104,7 +90,7 @@ def load_trained(base: str | os.PathLike | EncoderModel | Pretrained, directory:
         what = f"missing key {error}" if isinstance(error, KeyError) else str(error)
         raise CheckpointError(f"{recipe_path}: {what}") from None
     differ = [key for key, value in config.to_dict().items()
-              if key not in MAY_DIFFER and getattr(base_model.config, key) != value]
+              if key not in EVAL_IRRELEVANT and getattr(base_model.config, key) != value]
     if differ:
         raise CheckpointError(f"{recipe_path}: the base model's encoder differs from the one trained in "
                               f"{', '.join(f'{k} ({getattr(base_model.config, k)!r} vs {getattr(config, k)!r})' for k in differ)}")
@@ -135,7 +121,7 @@ def load_trained(base: str | os.PathLike | EncoderModel | Pretrained, directory:
         raise CheckpointError(f"the base model does not fit {recipe_path}: {'; '.join(mismatched)}")
     state = {name: base_state[name] for name in from_base}
     if check_base:
-        found = fingerprint(state, set())
+        found = state_fingerprint(state)
         if found != expected_fingerprint:
             raise CheckpointError(f"{recipe_path}: the base model's frozen weights are not the ones these parameters "
                                   "were trained on (base_fingerprint differs); pass check_base=False to load anyway")

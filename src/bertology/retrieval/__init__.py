@@ -25,7 +25,8 @@ Python API::
 - Embedding options (`EmbeddingOptions`, recorded in the index and used for queries too) default to what the model
   was trained for: a sentence-transformers directory's pooling (mean or CLS) and ``max_seq_length`` (truncation),
   else the mean of the last layer with long texts in windows (`model_options`).
-- The index records the model's fingerprint (`model_fingerprint`: encoder config, encoder weights, tokenizer).
+- The index records the model's fingerprint (`model_fingerprint`, which is `bertology.model.fingerprint`: encoder
+  config, encoder weights, tokenizer).
 - `evaluate_squad(index, squad_file)`: recall@k of every question against all paragraphs (`bertology evaluate
   --task retrieval`); `recall_at_k` scores any ranking (a BM25 baseline, say) by the same rules.
 

@@ -10,7 +10,6 @@ An index directory holds (written atomically: a temporary directory renamed into
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_directory, file_in_the_way, recover
 from bertology.model import Pretrained
+from bertology.model import fingerprint as model_fingerprint
 from bertology.retrieval.passages import Passage, as_passages, read_passages, write_passages
 
 FORMAT = "bertology-index"
@@ -31,8 +31,6 @@ VERSION = 1
 META_FILE = "index.json"
 FAISS_FILE = "vectors.faiss"
 PASSAGES_FILE = "passages.jsonl"
-# Encoder settings that do not change what the model computes in eval mode, left out of the fingerprint.
-_NOT_FINGERPRINTED = ("hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range")
 
 
 class IndexMismatchError(BertologyError):
@@ -141,26 +139,6 @@ class Structure:
         if self.kind == "ivf":
             return {"kind": "ivf", "nlist": self.nlist, "nprobe": self.nprobe}
         return {"kind": "flat"}
-
-
-# --------------------------------------------------------------------------------------------------- fingerprint
-def model_fingerprint(model: Pretrained) -> str:
-    """SHA-256 of what decides a model's vectors: the encoder's config (dropout and initialisation left out), the
-    encoder's tensors (names, dtypes, shapes, bytes; heads left out: they do not change embeddings) and the
-    tokenizer's definition. Equal for the same weights in transformers' layout and bertology's native one."""
-    from bertology.data.shards import tokenizer_fingerprint
-    from bertology.peft.trained import fingerprint
-
-    if not isinstance(model, Pretrained):
-        raise ConfigError(f"expected a loaded model (bertology.load), got {type(model).__name__}")
-    config = model.model.config.to_dict()
-    for key in _NOT_FINGERPRINTED:
-        config.pop(key, None)
-    digest = hashlib.sha256()
-    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    digest.update(fingerprint(model.model.encoder.state_dict(), set()).encode())
-    digest.update(tokenizer_fingerprint(model.tokenizer).encode() if model.tokenizer is not None else b"-")
-    return digest.hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------------- the index

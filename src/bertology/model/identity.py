@@ -1,0 +1,51 @@
+"""Which model is this: a fingerprint of what decides a model's outputs, independent of how it was saved."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Union
+
+import torch
+from torch import Tensor
+
+from bertology.errors import ConfigError
+from bertology.model.checkpoint import Pretrained
+from bertology.model.encoder import EncoderModel
+
+# Encoder settings that do not change the function a model computes in eval mode: left out of its fingerprint.
+EVAL_IRRELEVANT = frozenset({"hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range"})
+
+
+def state_fingerprint(state: dict[str, Tensor], skip: set[str] | frozenset[str] = frozenset()) -> str:
+    """SHA-256 over the names, dtypes, shapes and bytes of the tensors of `state` whose names are not in `skip`."""
+    digest = hashlib.sha256()
+    for name in sorted(set(state) - set(skip)):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def fingerprint(model: Union[Pretrained, EncoderModel], tokenizer: Any = None) -> str:
+    """SHA-256 of what decides a model's vectors: the encoder's config (dropout and initialisation left out), the
+    encoder's tensors (names, dtypes, shapes, bytes; heads left out: they do not change the encoder's outputs) and the tokenizer's definition (a `Pretrained`'s own, else `tokenizer`, else none).
+    Equal for the same weights saved in transformers' layout and bertology's native one."""
+    if isinstance(model, Pretrained):
+        tokenizer = model.tokenizer if tokenizer is None else tokenizer
+        model = model.model
+    if not isinstance(model, EncoderModel):
+        raise ConfigError(f"expected a loaded model (bertology.load), got {type(model).__name__}")
+    config = model.config.to_dict()
+    for key in EVAL_IRRELEVANT:
+        config.pop(key, None)
+    digest = hashlib.sha256()
+    digest.update(json.dumps(config, sort_keys=True, default=str).encode())
+    digest.update(state_fingerprint(model.encoder.state_dict()).encode())
+    if tokenizer is None:
+        digest.update(b"-")
+    else:
+        from bertology.data.shards import tokenizer_fingerprint  # the data package is not needed to load a model
+
+        digest.update(tokenizer_fingerprint(tokenizer).encode())
+    return digest.hexdigest()

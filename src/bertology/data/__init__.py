@@ -1,5 +1,5 @@
-"""Corpus readers, pretraining instance creation, masking (token, whole-word, SpanBERT spans) and memory-mapped
-shards."""
+"""Corpus readers, pretraining instance creation, masking (token, whole-word, SpanBERT spans), memory-mapped
+shards and XLM-R's multilingual sampling."""
 
 from bertology.data.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
 from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset, StepClock
@@ -13,6 +13,14 @@ from bertology.data.instances import (
     create_instances,
 )
 from bertology.data.masking import MaskedInputs, Masker, MaskingConfig, SpanConfig, masking_seeds
+from bertology.data.multilingual import (
+    LanguageCorpus,
+    Mixture,
+    MultilingualConfig,
+    sample_mixture,
+    sampling_probabilities,
+    write_mixture,
+)
 from bertology.data.sentences import split_sentences
 from bertology.data.shards import TokenizedCorpus, prepare_corpus, tokenizer_fingerprint
 from bertology.data.span_masking import SpanBatch, SpanBatches
@@ -22,11 +30,14 @@ __all__ = [
     "DocumentSource",
     "InMemoryDocuments",
     "Instance",
+    "LanguageCorpus",
     "InstanceConfig",
     "InstanceStats",
     "MaskedInputs",
     "Masker",
     "MaskingConfig",
+    "Mixture",
+    "MultilingualConfig",
     "PackedInstances",
     "PretrainingBatch",
     "PretrainingDataset",
@@ -41,6 +52,9 @@ __all__ = [
     "masking_seeds",
     "prepare_corpus",
     "read_documents",
+    "sample_mixture",
+    "sampling_probabilities",
     "split_sentences",
     "tokenizer_fingerprint",
+    "write_mixture",
 ]

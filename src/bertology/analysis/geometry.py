@@ -119,13 +119,10 @@ def layer_vectors(
                         np.zeros((0, 2), np.int64)
                 else:
                     word_spans = np.asarray(spans[first + t], dtype=np.int64).reshape(-1, 2)
-                # overlap[w, j]: token j covers some of word w's characters; a word's vector is their mean
-                overlap = (starts[None, :] < word_spans[:, 1:2]) & (ends[None, :] > word_spans[:, 0:1])
-                covered = overlap.any(1)
+                # a word's vector is the mean of the tokens covering some of its characters
+                means, covered = result.span_means(t, word_spans)
                 counts["spans_without_tokens"] += int((~covered).sum())
-                weights = overlap[covered].astype(np.float32)
-                weights /= np.maximum(weights.sum(1, keepdims=True), 1.0)
-                pooled = weights @ tokens.vectors[rows][visible]
+                pooled = means[covered]
                 for k in range(len(wanted)):
                     per_layer[k].append(pooled[:, k * hidden:(k + 1) * hidden])
                 text_index.append(np.full(int(covered.sum()), first + t, dtype=np.int64))

@@ -503,21 +503,15 @@ def _span_vectors(pretrained: Any, texts: Sequence[str], spans: Sequence[Sequenc
             chunk = list(texts[first: first + CHUNK_SENTENCES])
             result = embed(pretrained, chunk, layers=config["layers"], combine=config["combine"],
                            levels=("token",), batch_size=batch_size, max_length=config["max_length"])
-            tokens = result.tokens
             capacity = result.window_length - 2
             out, missing = [], []
             long_texts = 0
             for i in range(len(chunk)):
-                rows = tokens.rows(i)
+                rows = result.tokens.rows(i)
                 long_texts += (rows.stop - rows.start) > capacity
-                wanted = np.asarray(spans[first + i], dtype=np.int64).reshape(-1, 2)
-                starts, ends = tokens.start[rows], tokens.end[rows]
-                visible = tokens.word_index[rows] >= 0
-                hit = ((starts[None, :] < wanted[:, 1:2]) & (ends[None, :] > wanted[:, 0:1]) & visible[None, :])
-                sizes = hit.sum(1)
-                weights = hit / np.maximum(sizes, 1)[:, None]
-                out.append((weights @ tokens.vectors[rows].astype(np.float64)).astype(np.float32))
-                missing.append(sizes == 0)
+                means, covered = result.span_means(i, spans[first + i])
+                out.append(means)
+                missing.append(~covered)
             bar.update(len(chunk))
             yield (np.concatenate(out) if out else np.zeros((0, result.dim), np.float32),
                    np.concatenate(missing) if missing else np.zeros(0, bool), long_texts)

@@ -104,6 +104,25 @@ class Embeddings:
                                  f"({source[start:end]!r})")
         return pool(self.tokens.vectors[rows][hit], pooling or self.pooling)
 
+    def span_means(self, text: int, spans: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Mean vectors of many character spans of text `text` at once (`spans`: [S, 2] start, end pairs): each is
+        the mean, in float64, of the subword tokens overlapping the span that cover more than whitespace (`span`
+        with mean pooling). Returns the [S, D] float32 means, a zero row for a span no token overlaps, and the [S]
+        mask of the spans some token overlaps. Needs the token level."""
+        self._text(text)
+        if self.tokens is None:
+            raise EmbeddingError("span_means: the token level was not computed (embed with levels including 'token')")
+        spans = np.asarray(spans, dtype=np.int64).reshape(-1, 2)
+        rows = self.tokens.rows(text)
+        starts, ends = self.tokens.start[rows], self.tokens.end[rows]
+        visible = self.tokens.word_index[rows] >= 0
+        # hit[s, j]: token j covers some of span s's characters
+        hit = (starts[None, :] < spans[:, 1:2]) & (ends[None, :] > spans[:, 0:1]) & visible[None, :]
+        sizes = hit.sum(1)
+        weights = hit / np.maximum(sizes, 1)[:, None]
+        means = (weights @ self.tokens.vectors[rows].astype(np.float64)).astype(np.float32)
+        return means, sizes > 0
+
     def vector(self, text: int, target: str | tuple[int, int], occurrence: int = 0,
                pooling: Pooling | None = None) -> np.ndarray:
         """Vector of a word occurrence (see `find`) or of a (start, end) character span in text `text`."""

@@ -218,6 +218,7 @@ class TaskBench:
 
     name: str
     title: str
+    heading: str  # of the task's subsection in RESULTS.md
     data: Path
     predictor: str  # bertology's prediction function, as the table names it
     token_labels: bool  # labels per token (checked against transformers' alignment) rather than per example
@@ -256,6 +257,7 @@ class TaskBench:
 
 class Sst2Bench(TaskBench):
     name, title, data = "sst2", "SST-2", GLUE
+    heading = "### SST-2"
     predictor = "bertology predict_logits"
     token_labels = False
 
@@ -304,6 +306,7 @@ class Sst2Bench(TaskBench):
 
 class ConllBench(TaskBench):
     name, title, data = "conll2003", "CoNLL-2003", CONLL
+    heading = "### CoNLL-2003 NER"
     predictor = "bertology predict_word_labels"
     token_labels = True
 
@@ -605,30 +608,34 @@ class TaskResult:
         return self.workloads[name].real_tokens / self.workloads[name].examples
 
 
-def sst2_text(result: TaskResult, args: argparse.Namespace) -> str:
+def sst2_text(result: TaskResult, args: argparse.Namespace, command: str) -> str:
     gaps, epoch = result.gaps, EPOCH["sst2"]
-    return f"""### SST-2
+    return f"""{result.bench.heading}
 
 - bertology: `EncodedExamples` batches; `predict_logits` on the dev set (batches in length order, the last layer
   only at [CLS]). transformers: `AutoModelForSequenceClassification`, batches padded by `DataCollatorWithPadding`.
-- Training: the examples of transformers' first {args.batches} random-order batches
+- Training: {args.batches} batches per pass, the examples of transformers' first {args.batches} random-order batches
   ({args.batches * args.batch_size} examples, {result.tokens('train'):.1f} real tokens each; the whole training
   set: {epoch['tokens']:.1f}, and a random-order epoch in batches of {args.batch_size} is
   {epoch['random_padding']:.0%} padding). Prediction: the {result.workloads['dev'].examples} dev sentences
-  ({result.tokens('dev'):.1f} tokens each).
+  ({result.tokens('dev'):.1f} tokens each). {args.repeats} timed passes per side.
 - With dropout off the losses agree to {gaps['loss_ours']:.1e} on bertology's batches and
   {gaps['loss_random']:.1e} on the random-order ones (a fresh classifier: the losses are near ln 2), the dev logits
   to {gaps['logits']:.1e}, and the pooled [CLS] states the classifier reads to {gaps['pooled']:.1e}.
 - load average (1, 5, 15 min) before / after: {result.loads[0]} / {result.loads[1]}
 
 {table(result.rows)}
+
+Command:
+
+    {command}
 """
 
 
-def conll_text(result: TaskResult, args: argparse.Namespace) -> str:
+def conll_text(result: TaskResult, args: argparse.Namespace, command: str) -> str:
     gaps, epoch = result.gaps, EPOCH["conll2003"]
     dev_sentences = "all 3,250 sentences" if args.dev_limit is None else f"the first {args.dev_limit} sentences"
-    return f"""### CoNLL-2003 NER
+    return f"""{result.bench.heading}
 
 - The task: bertology's `conll2003`, `eng.train` and `eng.testa`, the IOB1 tags read as BIO (9 labels), each word's
   label on its first subword; a sentence longer than {MAX_LENGTH} tokens is cut into chunks of whole words
@@ -641,11 +648,12 @@ def conll_text(result: TaskResult, args: argparse.Namespace) -> str:
   subwords and the specials; token ids and labels checked equal to bertology's), batches padded by
   `DataCollatorForTokenClassification` (labels padded with -100); its loss is the mean over the labels that are
   not -100, the same quantity. Prediction: the forward, the argmax and the same read-out at first subwords.
-- Training: the examples of transformers' first {args.batches} random-order batches
+- Training: {args.batches} batches per pass, the examples of transformers' first {args.batches} random-order batches
   ({args.batches * args.batch_size} examples, {result.tokens('train'):.1f} real tokens each; the whole training
   set: {epoch['tokens']:.1f}, and a random-order epoch in batches of {args.batch_size} is
   {epoch['random_padding']:.0%} padding). Prediction: {dev_sentences} of eng.testa
-  ({result.workloads['dev'].examples} examples, {result.tokens('dev'):.1f} tokens each).
+  ({result.workloads['dev'].examples} examples, {result.tokens('dev'):.1f} tokens each). {args.repeats} timed passes
+  per side.
 - With dropout off the losses agree to {gaps['loss_ours']:.1e} on bertology's batches and
   {gaps['loss_random']:.1e} on the random-order ones (a fresh classifier: the losses are near ln 9); the dev word
   predictions differ at {gaps['differ']:.0f} of {gaps['words']:,.0f} words; on the 4 longest dev batches the token
@@ -653,13 +661,17 @@ def conll_text(result: TaskResult, args: argparse.Namespace) -> str:
 - load average (1, 5, 15 min) before / after: {result.loads[0]} / {result.loads[1]}
 
 {table(result.rows)}
+
+Command:
+
+    {command}
 """
 
 
 def section(results: list[TaskResult], facts: dict[str, str], command: str, args: argparse.Namespace) -> str:
     fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     texts = {"sst2": sst2_text, "conll2003": conll_text}
-    tasks = "\n".join(texts[r.bench.name](r, args) for r in results)
+    tasks = "\n".join(texts[r.bench.name](r, args, command) for r in results)
     return f"""{SECTION}
 
 Fine-tuning all-MiniLM-L6-v2 on SST-2 (a fresh 2-label classifier) and on CoNLL-2003 NER (a fresh 9-label token
@@ -674,32 +686,36 @@ schedule) and of prediction.
   exactly bertology's batches (what `group_by_length` would give); prediction: the forward under
   `torch.inference_mode()` on bertology's dev batches and in file order (`Trainer.predict`'s order).
 - Same settings on all sides: batch size {args.batch_size}, max_length {MAX_LENGTH}, dropout 0.1, fp32, lr 5e-5,
-  weight decay 0.01 off biases and LayerNorms. Training: {args.batches} batches per pass, batched for bertology as
-  the recipe batches them (sorted by length within one window); prediction: the dev set in batches of
-  {args.batch_size}. {args.repeats} timed passes per side after a warm-up, interleaved, median.
+  weight decay 0.01 off biases and LayerNorms. Training batches for bertology as the recipe batches them (sorted by
+  length within one window); prediction in batches of {args.batch_size}. Timed passes after a warm-up,
+  interleaved, median.
 
 {fact_lines}
 - A shared machine: other work was running on the two cores throughout (the load averages below); the interleaving
   slows all sides alike, but the absolute figures are low.
 
-{tasks}
 "padding": the share of the positions a padded forward computes on that are padding (bertology packs the real
 tokens and computes on none). "bertology x": bertology's examples/s over that row's.
 
-Command:
+{tasks}"""
 
-    {command}
-"""
+
+def subsections(text: str) -> tuple[str, dict[str, str]]:
+    """A section's text before its first "### " heading, and its "### " subsections by heading line."""
+    parts = re.split(r"(?m)^(?=### )", text)
+    return parts[0], {part.split("\n", 1)[0]: part.rstrip("\n") + "\n\n" for part in parts[1:]}
 
 
 def write_section(text: str) -> None:
-    """Replace (or add) the "## Fine-tuning" section of RESULTS.md, leaving the other sections as they are; a
-    hand-written "### Notes" at the end of the section survives."""
+    """Replace (or add) the "## Fine-tuning" section of RESULTS.md, leaving the other sections as they are. A task
+    not measured in this run keeps its subsection, and the hand-written "### Notes" at the end survives."""
     existing = RESULTS.read_text(encoding="utf-8")
     parts = re.split(r"(?m)^(?=## )", existing)
     old = [p for p in parts if p.startswith(SECTION + "\n")]
-    if old and "\n### Notes" in old[0]:
-        text = text.rstrip("\n") + "\n\n" + old[0][old[0].index("\n### Notes") + 1:]
+    head, new_tasks = subsections(text)
+    old_tasks = subsections(old[0])[1] if old else {}
+    kept = [new_tasks.get(b.heading) or old_tasks.get(b.heading) for b in BENCHES.values()]
+    text = head.rstrip("\n") + "\n\n" + "".join(t for t in kept if t) + old_tasks.get("### Notes", "")
     if old:
         out = "".join(text.rstrip("\n") + "\n\n" if p is old[0] else p for p in parts)
     else:
@@ -800,16 +816,15 @@ def main() -> int:
                              "CoNLL-2003's eng.testa 3,250)")
     parser.add_argument("--no-predict", action="store_true", help="time the training step only")
     parser.add_argument("--write", action="store_true",
-                        help="rewrite the Fine-tuning section of RESULTS.md (needs --task all and prediction)")
+                        help="rewrite the Fine-tuning section of RESULTS.md (the measured tasks' subsections)")
     parser.add_argument("--profile", action="store_true",
                         help="instead of the tables: torch.profiler op totals of bertology's training step and "
                              "transformers' (same batches, then random order), and the step's parts")
     args = parser.parse_args()
 
     benches = list(BENCHES.values()) if args.task == "all" else [BENCHES[args.task]]
-    if args.write and (args.task != "all" or args.no_predict or args.profile):
-        raise SystemExit("--write rewrites the whole section: it needs --task all, the prediction rows and no "
-                         "--profile")
+    if args.write and (args.no_predict or args.profile):
+        raise SystemExit("--write needs the prediction rows and no --profile")
     for bench in benches:
         bench.check_data()
     torch.set_num_threads(args.threads)

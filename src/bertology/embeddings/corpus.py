@@ -37,7 +37,7 @@ from bertology.data.corpus import jsonl_text
 from bertology.embeddings.files import INPUT_FORMATS
 from bertology.embeddings.layers import LayerSpec
 from bertology.embeddings.result import LEVELS, Embeddings
-from bertology.errors import ConfigError, DataError
+from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write, recover
 
 FORMAT_VERSION = 1
@@ -275,6 +275,22 @@ def shard_done(output: Path, name: str) -> bool:
     return (path / "index.jsonl").is_file() and (path / "vectors.npy").is_file()
 
 
+def read_manifest(output: str | os.PathLike, error: type[BertologyError] = DataError) -> dict[str, Any]:
+    """The manifest of the corpus run in the directory `output`; a missing, unreadable or foreign one is an
+    `error` naming the file."""
+    output = Path(output)
+    path = output / MANIFEST
+    if not path.is_file():
+        raise error(f"{output}: no {MANIFEST}: not the output of a corpus embedding run")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as cause:
+        raise error(f"{path}: not a manifest written by bertology embed ({cause})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
+        raise error(f"{path}: not a manifest written by bertology embed (no fingerprint)")
+    return manifest
+
+
 def check_output_dir(output: Path, fingerprint: dict[str, Any], resume: bool) -> dict[str, Any] | None:
     """The manifest of the run to resume, None for a fresh run, or a ConfigError: a directory holding something
     else, a run without --resume, a run with other settings (each differing key named)."""
@@ -286,12 +302,7 @@ def check_output_dir(output: Path, fingerprint: dict[str, Any], resume: bool) ->
             raise ConfigError(f"{output}: not empty and holds no embedding run ({MANIFEST}); choose a new or empty "
                               "directory")
         return None
-    try:
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{manifest_path}: not a manifest written by bertology embed ({error})") from None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
-        raise ConfigError(f"{manifest_path}: not a manifest written by bertology embed (no fingerprint)")
+    manifest = read_manifest(output, ConfigError)
     if not resume:
         done = sum(shard_done(output, s["name"]) for s in manifest.get("shards", []))
         raise ConfigError(f"{output}: holds an embedding run ({done} of {len(manifest.get('shards', []))} shards "
@@ -425,10 +436,7 @@ def load_corpus(output: str | os.PathLike) -> tuple[np.ndarray, list[dict[str, A
 def iter_shards(output: str | os.PathLike) -> Iterator[tuple[str, np.ndarray, list[dict[str, Any]]]]:
     """(name, vectors, index rows) of every shard of a complete corpus run, in order; the vectors memory-mapped."""
     output = Path(output)
-    manifest_path = output / MANIFEST
-    if not manifest_path.is_file():
-        raise DataError(f"{output}: no {MANIFEST}: not the output of a corpus embedding run")
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    manifest = read_manifest(output)
     if not manifest.get("complete"):
         raise DataError(f"{output}: the run is not complete; finish it with --resume")
     for shard in manifest["shards"]:

@@ -494,11 +494,11 @@ def corpus_vectors(output: str | os.PathLike, passages: Sequence[Passage]) -> tu
     """The sentence vectors of a complete corpus run of `bertology embed` (a directory of shards, see
     `bertology.embeddings.corpus`) in the order of `passages`, matched by id (the run's jsonl `id_field`), and the
     embedding options the run used (long texts in windows, as `embed` does). For `Index.from_vectors`."""
-    from bertology.embeddings.corpus import MANIFEST, load_corpus
+    from bertology.embeddings.corpus import load_corpus, read_manifest
 
     output = Path(output)
     vectors, rows = load_corpus(output)
-    settings = json.loads((output / MANIFEST).read_text(encoding="utf-8"))["fingerprint"]
+    settings = read_manifest(output)["fingerprint"]
     if settings.get("level") != "sentence":
         raise ConfigError(f"{output}: holds {settings.get('level')} vectors; an index needs sentence vectors "
                           f"(bertology embed --level sentence)")

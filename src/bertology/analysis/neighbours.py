@@ -20,6 +20,7 @@ import numpy as np
 
 from bertology.analysis.base import Section, write_numbers
 from bertology.analysis.geometry import layer_vectors
+from bertology.embeddings.result import normalize
 from bertology.errors import BertologyError, ConfigError
 
 
@@ -34,12 +35,6 @@ def _faiss() -> Any:
         raise NeighboursError("contextual neighbours need faiss: pip install 'bertology[analysis]' "
                               "(or faiss-cpu)") from None
     return faiss
-
-
-def _normalised(vectors: np.ndarray) -> np.ndarray:
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.where(norms > 0, norms, 1.0)
 
 
 @dataclass
@@ -67,13 +62,13 @@ class NeighbourIndex:
             raise NeighboursError("the corpus has no words to index")
         vectors = data.vectors[0]
         index = faiss.IndexFlatIP(vectors.shape[1])
-        index.add(_normalised(vectors))
+        index.add(normalize(vectors))
         lowered = np.array([s.lower() for s in data.strings], dtype=object)
         types, inverse, counts = np.unique(lowered, return_inverse=True, return_counts=True)
         sums = np.zeros((len(types), vectors.shape[1]), dtype=np.float64)
         np.add.at(sums, inverse, vectors)
         return cls(list(data.texts), list(data.strings), data.text_index, index, [str(t) for t in types], counts,
-                   _normalised(sums / counts[:, None]), data.layers[0], pretrained)
+                   normalize(sums / counts[:, None]), data.layers[0], pretrained)
 
     def __len__(self) -> int:
         return len(self.strings)
@@ -92,7 +87,7 @@ class NeighbourIndex:
         data = layer_vectors(self.pretrained, [sentence], spans=[[matches[occurrence]]], layers=[self.layer])
         if not len(data.strings):
             raise NeighboursError(f"{word!r}: the tokenizer gives it no tokens")
-        query = _normalised(data.vectors[0])
+        query = normalize(data.vectors[0])
         # more than k: occurrences from the query's own sentence (when it is in the corpus) are dropped
         scores, rows = self.index.search(query, min(len(self), k + 50))
         contextual = []

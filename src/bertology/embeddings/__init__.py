@@ -6,7 +6,7 @@ from bertology.embeddings.core import embed, word_vector
 from bertology.embeddings.corpus import CorpusReport, CorpusSettings, embed_corpus, iter_shards, load_corpus
 from bertology.embeddings.files import check_output, load_vectors, read_texts, save_vectors
 from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
-from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, pool
+from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, normalize, pool
 from bertology.embeddings.windows import max_context_window, plan_windows
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "load_corpus",
     "load_vectors",
     "max_context_window",
+    "normalize",
     "parse_layers",
     "plan_windows",
     "pool",

@@ -144,3 +144,10 @@ def pool(vectors: np.ndarray, pooling: str) -> np.ndarray:
     if pooling == "mean":
         return vectors.mean(0, dtype=np.float64).astype(np.float32)
     raise ConfigError(f"pooling: unknown {pooling!r}; expected one of {', '.join(POOLINGS)}")
+
+
+def normalize(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm (float32; an all-zero row stays zero), e.g. for inner-product search."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)

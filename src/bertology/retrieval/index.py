@@ -20,6 +20,7 @@ from typing import Any, Literal, Union
 import numpy as np
 
 from bertology.config import from_mapping, to_mapping, validate
+from bertology.embeddings.result import normalize
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_directory, file_in_the_way, recover
 from bertology.model import Pretrained
@@ -159,13 +160,6 @@ def _faiss() -> Any:
     except ImportError:
         raise ConfigError("dense retrieval needs faiss: pip install 'bertology[index]' (faiss-cpu)") from None
     return faiss
-
-
-def normalize(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm (float32; an all-zero row stays zero)."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return np.ascontiguousarray(vectors / np.maximum(norms, 1e-12), dtype=np.float32)
 
 
 def set_threads(threads: int | None) -> None:

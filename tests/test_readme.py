@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import ROOT
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]  # not `from conftest import`: several test folders have a conftest.py
 
 
 def test_ci_runs_the_readme_test_command():

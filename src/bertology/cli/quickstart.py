@@ -12,13 +12,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="pretrain a tiny BERT on bundled news and Wikipedia text in minutes, then try it",
         description="Write a corpus from the English text in gensim's test data (Lee news articles, a shortened "
         "Wikipedia dump), train a WordPiece tokenizer, prepare shards with held-out documents, pretrain a tiny BERT "
-        "(MLM + NSP) with a held-out evaluation before and after, save it in the transformers layout, run fill-mask "
-        "and the sense demo on it, and print the commands that redo each step at a larger scale.",
+        "(MLM, with the recipe measured in docs/PRETRAINING.md) with held-out evaluations before, during and after, "
+        "save it in the transformers layout, run fill-mask on five cloze sentences (saying for each whether the "
+        "expected word is in the top five) and the sense demo on it, and print the commands that redo each step at "
+        "a larger scale.",
     )
     parser.add_argument("--out", default="runs/quickstart", metavar="DIR",
                         help="output directory (default: runs/quickstart; a previous quickstart there is replaced)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps (default: 1000, a few minutes on two cores; 20 with --quick)")
+                        help="optimizer steps of 64 x 32 tokens (default: 3000, about four minutes on two idle cores; "
+                        "20 with --quick)")
     parser.add_argument("--preset", default="tiny", help="model size: tiny, mini, small, medium, base, large "
                         "(default: tiny, 2 layers of 128)")
     parser.add_argument("--seed", type=int, default=0, help="seed for data order, masking and initialisation")

@@ -53,7 +53,7 @@ from bertology.training.trainer import FINAL_MODEL_DIR, PLOT_FILE, RUN_OUTPUTS, 
 
 CONFIG_FILE = "quickstart.yaml"
 CORPUS_DIR = "corpus"
-FULL_STEPS = 2380
+FULL_STEPS = 3000
 QUICK_STEPS = 20
 SEQUENCE_LENGTH = 32  # tokens per training sequence, and the model's positions
 HELDOUT_MLM_PROBABILITY = 0.15  # the held-out evaluation masks as BERT does, whatever the training rate

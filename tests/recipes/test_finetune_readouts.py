@@ -137,7 +137,7 @@ def test_scalar_mix_trains_only_the_mix_and_the_head(glue, model_dir, tmp_path):
     # among them) carries it linearly.
     result = finetune(_config(glue, model_dir, out, strategy={"kind": "scalar-mix"},
                               optim={"lr": 1e-2}, task={"epochs": 8, "pooling": "mean"}))
-    assert result.best["value"] > 75  # chance is 50; 81-92 across thread counts and test orders
+    assert result.best["value"] > 75  # chance is 50; above 85 alone, 81 after the quickstart tests
     trained = load(out / "model").model
     assert trained.mix is not None and [s.kind for s in trained.head_specs] == ["mean_pooled"]
     for name, value in base.encoder.state_dict().items():  # the encoder is frozen

@@ -15,15 +15,9 @@ from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.metrics import evaluate_files
 from bertology.training import read_metrics
-from finetune_helpers import save_tiny_model
+from finetune_helpers import BAD, FILL, GOOD, save_tiny_model
+from finetune_helpers import cue_sentence as _sentence
 
-GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
-
-
-def _sentence(rng, positive):
-    words = list(rng.choice(FILL, int(rng.integers(2, 7))))
-    words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(GOOD if positive else BAD)))
-    return " ".join(words)
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,8 @@ from bertology.model import EncoderModel, HeadSpec, Pretrained, load, preset
 from bertology.recipes.finetune import FinetuneConfig, finetune, predict_file
 from bertology.tasks.base import get_task
 from bertology.tasks.metrics import evaluate_files
-from finetune_helpers import save_tiny_model
-
-GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
-
+from finetune_helpers import BAD, FILL, GOOD, save_tiny_model
+from finetune_helpers import cue_sentence as _sentence
 
 def _model(heads, seed=0):
     config = preset("tiny", vocab_size=30, num_layers=3, hidden_size=16, num_heads=2, intermediate_size=32,
@@ -85,12 +83,6 @@ def test_a_second_mix_is_refused():
 
 
 # --------------------------------------------------------------------------------------------------- end to end
-def _sentence(rng, positive):
-    words = list(rng.choice(FILL, int(rng.integers(2, 7))))
-    words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(GOOD if positive else BAD)))
-    return " ".join(words)
-
-
 @pytest.fixture(scope="module")
 def glue(tmp_path_factory):
     root = tmp_path_factory.mktemp("glue")

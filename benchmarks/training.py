@@ -57,6 +57,7 @@ from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
+OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SEQ_LEN = 128
 LR = 1e-4
@@ -84,16 +85,26 @@ class Batches:
         return 1 - self.real_tokens / padded
 
 
-def make_batches(name: str, rows: list[list[int]], batch_size: int, hf_tokenizer, seed: int) -> Batches:
-    """Pad and mask ``rows`` in batches with transformers' collator; convert each batch for bertology."""
+def make_batches(name: str, rows: list[list[int]], batch_size: int, hf_tokenizer, seed: int,
+                 mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1,
+                 token_types: list[list[int]] | None = None) -> Batches:
+    """Pad and mask ``rows`` in batches with transformers' collator (15 % of the tokens; of those
+    ``mask_replace_prob`` become [MASK], ``random_replace_prob`` a random token, the rest stay); convert each batch
+    for bertology. ``token_types``: segment ids per row (sentence pairs), else all 0."""
     from transformers import DataCollatorForLanguageModeling
 
-    collator = DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=0.15, seed=seed, return_tensors="pt")
+    collator = DataCollatorForLanguageModeling(hf_tokenizer, mlm_probability=0.15, mask_replace_prob=mask_replace_prob,
+                                               random_replace_prob=random_replace_prob, seed=seed,
+                                               return_tensors="pt")
     hf, ours, lengths, masked = [], [], [], []
     for i in range(0, len(rows) - batch_size + 1, batch_size):
         chunk = rows[i:i + batch_size]
-        batch = collator([{"input_ids": r} for r in chunk])
-        batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        if token_types is None:
+            batch = collator([{"input_ids": r} for r in chunk])
+            batch["token_type_ids"] = torch.zeros_like(batch["input_ids"])
+        else:
+            batch = collator([{"input_ids": r, "token_type_ids": t}
+                              for r, t in zip(chunk, token_types[i:i + batch_size], strict=True)])
         selected = batch["labels"] != -100
         ours.append(PretrainingBatch(
             input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -105,7 +116,7 @@ def make_batches(name: str, rows: list[list[int]], batch_size: int, hf_tokenizer
     return Batches(name, hf, ours, lengths, masked)
 
 
-def workloads(tokenizer, hf_tokenizer, count: int, batch_size: int, seed: int) -> list[Batches]:
+def workload_rows(tokenizer, count: int, batch_size: int, seed: int) -> list[tuple[str, list[list[int]]]]:
     """(a) Gutenberg paragraphs of at least 128 tokens cut to exactly 128 (no padding); (b) random Gutenberg
     paragraphs of any length up to 128 tokens (dialogue lines, verse, prose), padded per batch."""
     uniform = common.uniform_batches(tokenizer, count, batch_size, SEQ_LEN, seed)
@@ -113,8 +124,14 @@ def workloads(tokenizer, hf_tokenizer, count: int, batch_size: int, seed: int) -
     paragraphs = common.gutenberg_paragraphs()
     picks = rng.choice(len(paragraphs), size=count * batch_size, replace=False)
     varied = [tokenizer.encode(paragraphs[j], max_length=SEQ_LEN).ids for j in picks]
-    return [make_batches(f"{SEQ_LEN} tokens", [r for b in uniform for r in b.rows], batch_size, hf_tokenizer, seed),
-            make_batches(f"paragraphs <= {SEQ_LEN}", varied, batch_size, hf_tokenizer, seed)]
+    return [(f"{SEQ_LEN} tokens", [r for b in uniform for r in b.rows]), (f"paragraphs <= {SEQ_LEN}", varied)]
+
+
+def workloads(rows: list[tuple[str, list[list[int]]]], hf_tokenizer, batch_size: int, seed: int,
+              mask_replace_prob: float = 0.8, random_replace_prob: float = 0.1) -> list[Batches]:
+    """The workloads' rows masked in batches: BERT's 80/10/10 by default; ELECTRA's 85/15/0 for its rows."""
+    return [make_batches(name, r, batch_size, hf_tokenizer, seed, mask_replace_prob, random_replace_prob)
+            for name, r in rows]
 
 
 # --- the two sides --------------------------------------------------------------------------------------------
@@ -125,33 +142,49 @@ def encoder_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
     return preset(name, vocab_size=vocab_size, pad_token_id=pad_id, max_position_embeddings=512, pooler=False)
 
 
-def bertology_step(model: EncoderModel, workdir: Path) -> Callable[[PretrainingBatch], object]:
-    """The trainer's optimizer step on one batch (the trainer normally feeds it from its data pipeline)."""
-    config = PretrainConfig.from_dict({
-        "objectives": {"mlm": {}},
+def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: Path, run: str, dropout: bool = True,
+                  with_loss: bool = False) -> Callable[[PretrainingBatch], object]:
+    """The trainer's optimizer step for ``objectives`` (run-config ``config`` sections besides optim/run/speed);
+    ``with_loss``: it returns the step's loss (the trainer's summed metric, which costs a sync), for the checks."""
+    trainer_config = PretrainConfig.from_dict({
+        **config,
         "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
                   "schedule": "constant", "total_steps": 1_000_000},
-        "run": {"output_dir": str(workdir / "bertology-run"), "progress": False},
+        "run": {"output_dir": str(workdir / run), "progress": False},
         "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
     })
-    # No dataset: the batches come from the benchmark, so that both libraries train on the same ones.
-    trainer = Trainer(config, model, [MaskedLM(activation=model.config.hidden_act)], train_data=None)  # type: ignore[arg-type]
-    trainer.wrapped.train()
+    trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
+    trainer.wrapped.train(dropout)
+    if with_loss:
+        return lambda batch: trainer._reduce(trainer._step([batch])[0])["loss"]
     return lambda batch: trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
 
 
-def transformers_step(directory: Path, architecture: str = "BertForMaskedLM"
-                      ) -> Callable[[dict[str, torch.Tensor]], object]:
-    """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
-    class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order)."""
-    import transformers
+def bertology_step(model: EncoderModel, workdir: Path, dropout: bool = True, with_loss: bool = False
+                   ) -> Callable[[PretrainingBatch], object]:
+    """The trainer's MLM step on one batch (the trainer normally feeds it from its data pipeline; here the batches
+    come from the benchmark, so that both libraries train on the same ones)."""
+    return pretrain_step(model, [MaskedLM(activation=model.config.hidden_act)], {"objectives": {"mlm": {}}}, workdir,
+                         "bertology-run" if dropout else "bertology-check", dropout, with_loss)
 
-    model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "LayerNorm" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "LayerNorm" not in n)]
+
+def transformers_optimizer(named: list[tuple[str, torch.nn.Parameter]]):
+    """Fused AdamW with weight decay off biases and LayerNorms (transformers' Trainer's groups), constant rate."""
+    decay = [p for n, p in named if p.ndim >= 2 and "LayerNorm" not in n]
+    no_decay = [p for n, p in named if not (p.ndim >= 2 and "LayerNorm" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+
+
+def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dropout: bool = True
+                      ) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
+    class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order). Returns the loss."""
+    import transformers
+
+    model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").train(dropout)
+    optimizer, scheduler = transformers_optimizer(list(model.named_parameters()))
 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         loss = model(**batch).loss
@@ -181,14 +214,31 @@ def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> f
     return worst
 
 
+CHECK_STEPS = 3
+
+
+def check_steps(ours: Callable[[Any], object], theirs: Callable[[Any], object], batches: Batches) -> float:
+    """Largest |loss difference| over the first CHECK_STEPS optimizer steps of two fresh sides with dropout off
+    (each step's loss is computed before its update): the losses, gradients, clipping, weight-decay groups and
+    AdamW updates, parameter sharing included, must all agree for the gap to stay at rounding level."""
+    worst = 0.0
+    for i in range(CHECK_STEPS):
+        j = i % len(batches.ours)
+        worst = max(worst, abs(float(ours(batches.ours[j])) - float(theirs(batches.hf[j]))))
+    return worst
+
+
 # --- ELECTRA: a generator a quarter as wide sharing the discriminator's embeddings, loss = MLM_gen + 50 RTD ----------
 GENERATOR_SIZE = 0.25
 RTD_WEIGHT = 50.0
 
 
-def electra_models(name: str, vocab_size: int, pad_id: int, workdir: Path):
-    """bertology's discriminator (family electra) with the ELECTRA objective attached, and the directories of both
-    models in transformers' layout (the same starting weights for both sides)."""
+ELECTRA_MASKING = (0.85, 0.0)  # of the 15 % selected: [MASK], random token (the rest stay), as electra-tiny.yaml
+
+
+def electra_models(name: str, vocab_size: int, pad_id: int, workdir: Path, save: bool = True):
+    """bertology's discriminator (family electra) with the ELECTRA objective attached (the same weights on every
+    call), and the directories of both models in transformers' layout (written when ``save``)."""
     from bertology.model.checkpoint import Pretrained
     from bertology.objectives import Electra
 
@@ -197,27 +247,24 @@ def electra_models(name: str, vocab_size: int, pad_id: int, workdir: Path):
     model = EncoderModel(config, objective.heads())
     model.init_weights(torch.Generator().manual_seed(0))
     objective.attach(model, torch.Generator().manual_seed(1))
-    Pretrained(model, None).save(workdir / f"{name}-electra-discriminator")
-    objective.save_with_model(workdir / f"{name}-electra", None)
+    if save:
+        Pretrained(model, None).save(workdir / f"{name}-electra-discriminator")
+        objective.save_with_model(workdir / f"{name}-electra", None)
     return model, objective, workdir / f"{name}-electra-discriminator", workdir / f"{name}-electra" / "generator"
 
 
-def electra_bertology_step(model: EncoderModel, objective, workdir: Path) -> Callable[[PretrainingBatch], object]:
-    config = PretrainConfig.from_dict({
-        "objectives": {"electra": {"generator_size": GENERATOR_SIZE, "rtd_weight": RTD_WEIGHT}},
-        "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
-                  "schedule": "constant", "total_steps": 1_000_000},
-        "run": {"output_dir": str(workdir / "bertology-electra-run"), "progress": False},
-        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
-    })
-    trainer = Trainer(config, model, [objective], train_data=None)  # type: ignore[arg-type]
-    trainer.wrapped.train()
-    return lambda batch: trainer._step([batch])
+def electra_bertology_step(model: EncoderModel, objective, workdir: Path, dropout: bool = True,
+                           with_loss: bool = False) -> Callable[[PretrainingBatch], object]:
+    objectives = {"electra": {"generator_size": GENERATOR_SIZE, "rtd_weight": RTD_WEIGHT}}
+    masking = {"mask_token_prob": ELECTRA_MASKING[0], "random_token_prob": ELECTRA_MASKING[1]}
+    return pretrain_step(model, [objective], {"objectives": objectives, "data": {"masking": masking}}, workdir,
+                         "bertology-electra-run" if dropout else "bertology-electra-check", dropout, with_loss)
 
 
 def electra_transformers_models(discriminator_dir: Path, generator_dir: Path):
     """ElectraForPreTraining and ElectraForMaskedLM with the generator's embeddings module replaced by the
-    discriminator's (as ELECTRA ties them) and its decoder tied to the shared word embeddings."""
+    discriminator's (as ELECTRA ties them: token, position and segment embeddings and their LayerNorm) and its
+    decoder tied to the shared word embeddings."""
     from transformers import ElectraForMaskedLM, ElectraForPreTraining
 
     disc = ElectraForPreTraining.from_pretrained(discriminator_dir, attn_implementation="sdpa")
@@ -227,25 +274,42 @@ def electra_transformers_models(discriminator_dir: Path, generator_dir: Path):
     return disc, gen
 
 
-def electra_transformers_step(discriminator_dir: Path, generator_dir: Path) -> Callable[[dict], object]:
-    """The usual ELECTRA loop on transformers' models: generator MLM loss, a multinomial sample at the masked
-    positions (no gradient), the discriminator's loss on the corrupted ids, MLM_gen + 50 RTD, one AdamW step."""
+def multinomial_sample(logits: torch.Tensor, batch: dict[str, torch.Tensor], masked: torch.Tensor) -> torch.Tensor:
+    """transformers' side's sampling: one multinomial draw per masked position from the generator's softmax."""
+    return torch.multinomial(torch.softmax(logits.float(), -1), 1).squeeze(1)
+
+
+def keyed_sample(logits: torch.Tensor, batch: dict[str, torch.Tensor], masked: torch.Tensor) -> torch.Tensor:
+    """bertology's draw (inverse CDF with its keyed uniforms; no instance ids: the row index keys the row), so that
+    in the check both sides replace the masked positions with the same tokens and their losses stay comparable
+    step after step."""
+    from bertology.data.masking import _keyed_uniforms
+    from bertology.objectives.electra import sample_from_logits, sampling_keys
+
+    keys = sampling_keys(0, batch["input_ids"], batch["attention_mask"], None)
+    rows, columns = masked.nonzero(as_tuple=True)
+    return sample_from_logits(logits, _keyed_uniforms(keys, masked.shape[1], 0)[rows, columns])
+
+
+def electra_transformers_step(discriminator_dir: Path, generator_dir: Path, dropout: bool = True,
+                              sample: Callable[..., torch.Tensor] = multinomial_sample
+                              ) -> Callable[[dict], torch.Tensor]:
+    """The usual ELECTRA loop on transformers' models: generator MLM loss, a sample at the masked positions (no
+    gradient), labels original (0) / replaced (1, a sample equal to the original counts as original), the
+    discriminator's loss on the corrupted ids, MLM_gen + 50 RTD, one AdamW step over both models' parameters (the
+    shared ones once). Returns the loss."""
     disc, gen = electra_transformers_models(discriminator_dir, generator_dir)
-    disc.train()
-    gen.train()
-    params = list({id(p): p for p in [*disc.parameters(), *gen.parameters()]}.values())
-    names = {id(p): n for m in (disc, gen) for n, p in m.named_parameters()}
-    decay = [p for p in params if p.ndim >= 2 and "LayerNorm" not in names[id(p)]]
-    no_decay = [p for p in params if not (p.ndim >= 2 and "LayerNorm" not in names[id(p)])]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6, fused=True)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    disc.train(dropout)
+    gen.train(dropout)
+    named = list({id(p): (n, p) for m in (disc, gen) for n, p in m.named_parameters()}.values())
+    params = [p for _, p in named]
+    optimizer, scheduler = transformers_optimizer(named)
 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         out = gen(**batch)
         masked = batch["labels"] != -100
         with torch.no_grad():
-            sampled = torch.multinomial(torch.softmax(out.logits[masked].float(), -1), 1).squeeze(1)
+            sampled = sample(out.logits[masked].detach(), batch, masked)
             corrupted = batch["input_ids"].clone()
             corrupted[masked] = sampled
             original = torch.where(masked, batch["labels"], batch["input_ids"])
@@ -266,7 +330,7 @@ def electra_transformers_step(discriminator_dir: Path, generator_dir: Path) -> C
 def check_electra(model: EncoderModel, objective, discriminator_dir: Path, generator_dir: Path,
                   batches: Batches) -> float:
     """With dropout off: the largest gap between the two sides' generator MLM losses and discriminator logits (on
-    the masked ids) over the batches; the samples differ (each side its own random stream)."""
+    the masked ids) over the batches, before any step."""
     disc, gen = electra_transformers_models(discriminator_dir, generator_dir)
     disc.eval()
     gen.eval()
@@ -294,7 +358,10 @@ def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, 
     rows = []
     for batches in workload:
         model, objective, disc_dir, gen_dir = electra_models(name, tokenizer.vocab_size, tokenizer.pad_id, workdir)
-        gap = check_electra(model, objective, disc_dir, gen_dir, batches)
+        logit_gap = check_electra(model, objective, disc_dir, gen_dir, batches)
+        fresh, fresh_objective, _, _ = electra_models(name, tokenizer.vocab_size, tokenizer.pad_id, workdir, False)
+        gap = check_steps(electra_bertology_step(fresh, fresh_objective, workdir, dropout=False, with_loss=True),
+                          electra_transformers_step(disc_dir, gen_dir, dropout=False, sample=keyed_sample), batches)
         sides = {"bertology": functools.partial(run_pass, electra_bertology_step(model, objective, workdir),
                                                 batches.ours),
                  "transformers": functools.partial(run_pass, electra_transformers_step(disc_dir, gen_dir),
@@ -309,7 +376,8 @@ def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, 
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
                         executed / flops, gap))
         print(f"  {name:6s} ELECTRA {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
-              f"  x{ours / theirs:.2f}  (gap {gap:.1e})", file=sys.stderr, flush=True)
+              f"  x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; generator loss and "
+              f"discriminator logits before them {logit_gap:.1e})", file=sys.stderr, flush=True)
     return rows
 
 
@@ -378,21 +446,6 @@ def span_masked(batches: Batches, tokenizer, seed: int) -> tuple[Batches, float]
     return Batches(batches.name, hf, ours, batches.lengths, masked), seconds / len(batches.hf)
 
 
-def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: Path, run: str
-                  ) -> Callable[[PretrainingBatch], object]:
-    """The trainer's optimizer step for ``objectives`` (run-config ``config`` sections besides optim/run/speed)."""
-    trainer_config = PretrainConfig.from_dict({
-        **config,
-        "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
-                  "schedule": "constant", "total_steps": 1_000_000},
-        "run": {"output_dir": str(workdir / run), "progress": False},
-        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
-    })
-    trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
-    trainer.wrapped.train()
-    return lambda batch: trainer._step([batch])
-
-
 def measure_spanbert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path,
                      seed: int) -> list[Row]:
     from bertology.objectives import SpanBoundary
@@ -433,26 +486,52 @@ def measure_spanbert(name: str, workload: list[Batches], tokenizer, warmup: int,
 
 
 def albert_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
-    """The preset's depth and width as ALBERT: 128-wide embeddings projected to the layers, one set of layer
-    weights shared by every depth, gelu_new, the pooler for SOP."""
-    return dataclasses.replace(encoder_config(name, vocab_size, pad_id), family="albert", embedding_size=128,
-                               num_layer_groups=1, inner_group_size=1, hidden_act="gelu_new", pooler=True)
+    """The preset's depth and width as ALBERT (as configs/albert-tiny.yaml): factorised embeddings (ALBERT's 128,
+    at most half the hidden width so that the factorisation is real: 64 for tiny), projected to the layers; one set
+    of layer weights shared by every depth; gelu_new; no dropout (ALBERT v2); the pooler for SOP."""
+    config = encoder_config(name, vocab_size, pad_id)
+    return dataclasses.replace(config, family="albert", embedding_size=min(128, config.hidden_size // 2),
+                               num_layer_groups=1, inner_group_size=1, hidden_act="gelu_new", hidden_dropout=0.0,
+                               attention_dropout=0.0, pooler=True)
 
 
-def with_order_labels(batches: Batches, seed: int) -> Batches:
-    """The same masked batches with a random sentence-order label per row (0 in order, 1 swapped): the cost of a
-    step does not depend on where the segments meet."""
-    g = torch.Generator().manual_seed(seed)
+def sentence_pairs(tokenizer, count: int, seed: int) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """``count`` sentence-order instances made by bertology's own instance maker (ALBERT's: two consecutive
+    segments of one document, swapped half the time; up to 128 tokens, shorter with probability 0.1) from runs of
+    consecutive Gutenberg paragraphs cut into sentences: ids, segment ids and SOP labels (1 = swapped)."""
+    from bertology.data.instances import InMemoryDocuments, InstanceConfig, SpecialTokens, create_instances
+
+    paragraphs = common.gutenberg_paragraphs()
+    rng = np.random.default_rng(seed)
+    span = 8  # paragraphs per document: a few instances each, from many places in the books
+    documents = []
+    for start in rng.choice(len(paragraphs) - span, size=count // 2 + 1, replace=False):
+        sentences = [s for p in paragraphs[start:start + span] for s in re.split(r"(?<=[.!?])\s+", p) if s]
+        documents.append([tokenizer.encode(s, add_special_tokens=False).ids for s in sentences])
+    config = InstanceConfig(kind="sop", max_seq_length=SEQ_LEN, short_seq_prob=0.1, seed=seed)
+    instances, _ = create_instances(InMemoryDocuments(documents), config, SpecialTokens.from_tokenizer(tokenizer))
+    if len(instances) < count:
+        raise SystemExit(f"sentence pairs: {len(instances)} instances from {len(documents)} documents, {count} needed")
+    chosen = instances[:count]
+    return ([x.input_ids.tolist() for x in chosen], [x.token_type_ids.tolist() for x in chosen],
+            [int(bool(x.is_random_next)) for x in chosen])
+
+
+def sop_batches(tokenizer, hf_tokenizer, count: int, batch_size: int, seed: int) -> Batches:
+    """Sentence-pair batches, masked by transformers' collator (BERT's 80/10/10, as albert-tiny.yaml) with their
+    segment ids, and the SOP label per row on both sides."""
+    ids, types, order = sentence_pairs(tokenizer, count * batch_size, seed)
+    plain = make_batches(f"sentence pairs <= {SEQ_LEN}", ids, batch_size, hf_tokenizer, seed, token_types=types)
     hf, ours = [], []
-    for batch, mine in zip(batches.hf, batches.ours, strict=True):
-        labels = torch.randint(0, 2, (batch["input_ids"].shape[0],), generator=g)
+    for i, (batch, mine) in enumerate(zip(plain.hf, plain.ours, strict=True)):
+        labels = torch.tensor(order[i * batch_size:(i + 1) * batch_size])
         hf.append({**batch, "sentence_order_label": labels})
         ours.append(dataclasses.replace(mine, next_sentence_labels=labels))
-    return Batches(batches.name, hf, ours, batches.lengths, batches.masked)
+    return Batches(plain.name, hf, ours, plain.lengths, plain.masked)
 
 
 def check_albert(model: EncoderModel, directory: Path, batches: Batches) -> float:
-    """Largest |MLM + SOP loss difference| over the batches with dropout off."""
+    """Largest |MLM + SOP loss difference| over the batches with dropout off, before any step."""
     from transformers import AlbertForPreTraining
 
     from bertology.objectives import SentenceOrder
@@ -471,43 +550,47 @@ def check_albert(model: EncoderModel, directory: Path, batches: Batches) -> floa
     return worst
 
 
-def measure_albert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path,
-                   seed: int) -> list[Row]:
+def measure_albert(name: str, batches: Batches, tokenizer, warmup: int, repeats: int, workdir: Path) -> list[Row]:
     from bertology.objectives import SentenceOrder
 
     config = albert_config(name, tokenizer.vocab_size, tokenizer.pad_id)
-    rows = []
-    for plain in workload:
-        batches = with_order_labels(plain, seed)
+
+    def build() -> tuple[EncoderModel, list]:
         objectives = [MaskedLM(activation=config.hidden_act), SentenceOrder()]
         model = EncoderModel(config, [spec for o in objectives for spec in o.heads()])
         model.init_weights(torch.Generator().manual_seed(0))
-        directory = workdir / f"{name}-albert-start"
-        save_model(model, directory)  # AlbertForPreTraining
-        gap = check_albert(model, directory, batches)
-        step = pretrain_step(model, objectives, {"objectives": {"mlm": {}, "sop": {}},
-                                                 "data": {"instances": {"kind": "sop"}}},
-                             workdir, "bertology-albert-run")
-        sides = {"bertology": functools.partial(run_pass, step, batches.ours),
-                 "transformers": functools.partial(run_pass, transformers_step(directory, "AlbertForPreTraining"),
-                                                   batches.hf)}
-        seconds = common.interleaved(sides, warmup, repeats)
-        h, e, v = config.hidden_size, config.token_embedding_size, config.vocab_size
-        head = 2 * h * e + 2 * e * v  # ALBERT's MLM transform (to the embedding width) and tied decoder
-        flops = 3 * sum(common.model_flops(config, lengths) + head * n
-                        for lengths, n in zip(batches.lengths, batches.masked, strict=True))
-        executed = 0.0
-        for batch in batches.hf:
-            count, width = batch["input_ids"].shape
-            executed += 3 * (common.model_flops(config, [width] * count) + head * count * width)
-        tokens = batches.real_tokens
-        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
-        rows.append(Row(f"{name} ALBERT MLM+SOP", batches.name, batches.padding_share, ours, theirs,
-                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
-                        executed / flops, gap))
-        print(f"  {name:6s} ALBERT  {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
-              f"  x{ours / theirs:.2f}  (loss gap {gap:.1e})", file=sys.stderr, flush=True)
-    return rows
+        return model, objectives
+
+    run_config = {"objectives": {"mlm": {}, "sop": {}}, "data": {"instances": {"kind": "sop"}}}
+    model, objectives = build()
+    directory = workdir / f"{name}-albert-start"
+    save_model(model, directory)  # AlbertForPreTraining
+    start_gap = check_albert(model, directory, batches)
+    fresh, fresh_objectives = build()
+    gap = check_steps(pretrain_step(fresh, fresh_objectives, run_config, workdir, "bertology-albert-check",
+                                    dropout=False, with_loss=True),
+                      transformers_step(directory, "AlbertForPreTraining", dropout=False), batches)
+    step = pretrain_step(model, objectives, run_config, workdir, "bertology-albert-run")
+    sides = {"bertology": functools.partial(run_pass, step, batches.ours),
+             "transformers": functools.partial(run_pass, transformers_step(directory, "AlbertForPreTraining"),
+                                               batches.hf)}
+    seconds = common.interleaved(sides, warmup, repeats)
+    h, e, v = config.hidden_size, config.token_embedding_size, config.vocab_size
+    head = 2 * h * e + 2 * e * v  # ALBERT's MLM transform (to the embedding width) and tied decoder
+    sop_head = 2 * h * h + 2 * h * 2  # pooler and the two-way classifier, per row
+    flops = 3 * sum(common.model_flops(config, lengths) + head * n + sop_head * len(lengths)
+                    for lengths, n in zip(batches.lengths, batches.masked, strict=True))
+    executed = 0.0
+    for batch in batches.hf:
+        count, width = batch["input_ids"].shape
+        executed += 3 * (common.model_flops(config, [width] * count) + head * count * width + sop_head * count)
+    tokens = batches.real_tokens
+    ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+    print(f"  {name:6s} ALBERT  {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
+          f"  x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; before them {start_gap:.1e})",
+          file=sys.stderr, flush=True)
+    return [Row(f"{name} ALBERT MLM+SOP", batches.name, batches.padding_share, ours, theirs,
+                flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9, executed / flops, gap)]
 
 
 # --- measurement ----------------------------------------------------------------------------------------------
@@ -553,12 +636,19 @@ class Row:
 def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path) -> list[Row]:
     config = encoder_config(name, tokenizer.vocab_size, tokenizer.pad_id)
     rows = []
-    for batches in workload:
+
+    def build() -> EncoderModel:
         model = EncoderModel(config, [HeadSpec("mlm", "masked_lm", activation=config.hidden_act)])
         model.init_weights(torch.Generator().manual_seed(0))
+        return model
+
+    for batches in workload:
+        model = build()
         directory = workdir / f"{name}-start"
         save_model(model, directory)  # transformers starts from the same weights
-        gap = check_same_loss(model, directory, batches)
+        start_gap = check_same_loss(model, directory, batches)
+        gap = check_steps(bertology_step(build(), workdir, dropout=False, with_loss=True),
+                          transformers_step(directory, dropout=False), batches)
         sides = {"bertology": functools.partial(run_pass, bertology_step(model, workdir), batches.ours),
                  "transformers": functools.partial(run_pass, transformers_step(directory), batches.hf)}
         seconds = common.interleaved(sides, warmup, repeats)
@@ -569,7 +659,8 @@ def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats:
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
                         executed_flops(config, batches) / flops, gap))
         print(f"  {name:6s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s  "
-              f"x{ours / theirs:.2f}  (loss gap {gap:.1e})", file=sys.stderr, flush=True)
+              f"x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; before them {start_gap:.1e})",
+              file=sys.stderr, flush=True)
     return rows
 
 
@@ -660,13 +751,13 @@ def write_section(text: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
-    parser.add_argument("--objectives", nargs="+", choices=("mlm", "electra", "spanbert", "albert-sop"),
-                        default=["mlm", "electra", "spanbert", "albert-sop"],
-                        help="mlm: against BertForMaskedLM; electra: against ElectraForPreTraining + "
-                             "ElectraForMaskedLM (generator a quarter as wide, loss MLM_gen + 50 RTD); spanbert: "
-                             "span masking, MLM + SBO, against BertForMaskedLM's MLM on the same span-masked ids; "
-                             "albert-sop: MLM + SOP on factorised embeddings and one shared layer, against "
-                             "AlbertForPreTraining")
+    parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), metavar="OBJECTIVE",
+                        help="any of " + ", ".join(OBJECTIVES) + " (default: all; spaces or commas between them). "
+                             "mlm: against BertForMaskedLM; electra: ELECTRA's masking (85 %% [MASK], 15 %% kept), "
+                             "against ElectraForPreTraining + ElectraForMaskedLM (generator a quarter as wide, "
+                             "shared embeddings, loss MLM_gen + 50 RTD); spanbert: span masking, MLM + SBO, against "
+                             "BertForMaskedLM's MLM on the same span-masked ids; albert-sop: MLM + SOP on sentence "
+                             "pairs, factorised embeddings and one shared layer, against AlbertForPreTraining")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -678,6 +769,10 @@ def main() -> int:
                         help="instead of the table: torch.profiler op totals of each side's step, first model and "
                              "workload")
     args = parser.parse_args()
+    args.objectives = [o for item in args.objectives for o in item.split(",") if o]
+    unknown = sorted(set(args.objectives) - set(OBJECTIVES))
+    if unknown:
+        parser.error(f"--objectives: unknown {', '.join(unknown)} (choose from {', '.join(OBJECTIVES)})")
 
     common.check_data()
     torch.set_num_threads(args.threads)
@@ -694,8 +789,13 @@ def main() -> int:
     print(f"fp32 matmul peak: {peak_before:.0f} GFLOP/s at {args.threads} threads; load {before}", file=sys.stderr)
     tokenizer = load_tokenizer(common.minilm_dir())
     hf_tokenizer = AutoTokenizer.from_pretrained(common.minilm_dir())
-    workload = workloads(tokenizer, hf_tokenizer, args.batches, args.batch_size, args.seed)
-    for w in workload:
+    rows_by_workload = workload_rows(tokenizer, args.batches, args.batch_size, args.seed)
+    workload = workloads(rows_by_workload, hf_tokenizer, args.batch_size, args.seed)
+    electra_workload = (workloads(rows_by_workload, hf_tokenizer, args.batch_size, args.seed, *ELECTRA_MASKING)
+                        if "electra" in args.objectives else [])
+    pairs = ([sop_batches(tokenizer, hf_tokenizer, args.batches, args.batch_size, args.seed)]
+             if "albert-sop" in args.objectives else [])
+    for w in workload + pairs:
         print(f"{w.name}: {w.real_tokens} real tokens in {len(w.hf)} batches, {w.padding_share:.0%} padding, "
               f"{sum(w.masked)} masked", file=sys.stderr)
     if args.profile:
@@ -708,11 +808,11 @@ def main() -> int:
             if "mlm" in args.objectives:
                 rows += measure(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
             if "electra" in args.objectives:
-                rows += measure_electra(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+                rows += measure_electra(name, electra_workload, tokenizer, args.warmup, args.repeats, Path(tmp))
             if "spanbert" in args.objectives:
                 rows += measure_spanbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
             if "albert-sop" in args.objectives:
-                rows += measure_albert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
+                rows += measure_albert(name, pairs[0], tokenizer, args.warmup, args.repeats, Path(tmp))
     after = load_average()
     peak_after = common.matmul_peak_gflops()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.config import EncoderConfig
+from bertology.model.dropout import fast_dropout
 
 
 def activation(name: str) -> Callable[[Tensor], Tensor]:
@@ -107,13 +108,16 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
         v = torch.cat([prefix[1].expand(*v.shape[:-2], -1, -1), v], -2)
         if mask is not None:
             mask = torch.cat([mask.new_ones(*mask.shape[:-1], num_prefix), mask], -1)
-    if not need_weights:
+    # With dropout on CPU, SDPA falls back to its math kernel with a Bernoulli mask: the explicit product with the
+    # byte-mask dropout is faster (benchmarks/RESULTS.md, "Training").
+    if not need_weights and not (dropout > 0 and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout), None
     scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = scores.softmax(-1)
-    return F.dropout(probs, dropout, training=dropout > 0) @ v, probs[..., num_prefix:]
+    out = fast_dropout(probs, dropout, dropout > 0) @ v
+    return out, (probs[..., num_prefix:] if need_weights else None)
 
 
 def plain_linear(module: nn.Module | None) -> bool:
@@ -173,7 +177,7 @@ class EncoderLayer(nn.Module):
         return self.ffn_norm(h + self.sublayer_output(f, self.ffn_adapter)), probs
 
     def sublayer_output(self, y: Tensor, adapter: nn.Module | None) -> Tensor:
-        y = F.dropout(y, self.dropout, self.training)
+        y = fast_dropout(y, self.dropout, self.training)
         return adapter(y) if adapter is not None else y
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -285,7 +289,7 @@ class Embeddings(nn.Module):
         x = self.word(input_ids) + self.position(position_ids)
         if self.token_type is not None:
             x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
-        x = F.dropout(self.norm(x), self.dropout, self.training)
+        x = fast_dropout(self.norm(x), self.dropout, self.training)
         return self.project(x) if self.project is not None else x
 
 
@@ -449,7 +453,7 @@ class LinearHead(nn.Module):
         self.dropout = config.head_dropout
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.out(F.dropout(x, self.dropout, self.training))
+        return self.out(fast_dropout(x, self.dropout, self.training))
 
 
 class FirstTokenHead(nn.Module):
@@ -463,8 +467,8 @@ class FirstTokenHead(nn.Module):
         self.dropout = config.head_dropout
 
     def forward(self, h: Tensor) -> Tensor:
-        x = self.act(self.dense(F.dropout(h[:, 0], self.dropout, self.training)))
-        return self.out(F.dropout(x, self.dropout, self.training))
+        x = self.act(self.dense(fast_dropout(h[:, 0], self.dropout, self.training)))
+        return self.out(fast_dropout(x, self.dropout, self.training))
 
 
 class MeanPooledHead(nn.Module):
@@ -479,7 +483,7 @@ class MeanPooledHead(nn.Module):
     def forward(self, h: Tensor, attention_mask: Tensor) -> Tensor:
         real = attention_mask.to(h.dtype).unsqueeze(-1)
         mean = (h * real).sum(1) / real.sum(1).clamp(min=1)
-        return self.out(F.dropout(mean, self.dropout, self.training))
+        return self.out(fast_dropout(mean, self.dropout, self.training))
 
 
 class TokenMLPHead(nn.Module):

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
+from bertology.model.dropout import fast_dropout
 from bertology.model.encoder import EncoderModel, register_extension
 from bertology.peft.common import (Trainable, check_positive, check_positive_int, check_probability, freeze_base,
                                    layer_indices, trainable_parameters)
@@ -62,7 +63,7 @@ class LoRALinear(nn.Linear):
         out = F.linear(x, self.weight, self.bias)
         if self.merged:
             return out
-        update = F.linear(F.linear(F.dropout(x, self.dropout, self.training), self.lora_A), self.lora_B)
+        update = F.linear(F.linear(fast_dropout(x, self.dropout, self.training), self.lora_A), self.lora_B)
         return out + update * self.scaling  # B = 0: adds exact zeros, the base output is unchanged bit for bit
 
     @torch.no_grad()

@@ -35,6 +35,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
+from bertology.model.dropout import fast_dropout
 from bertology.model.encoder import EncoderModel, HeadSpec, activation, register_extension
 from bertology.objectives.base import (
     ObjectiveOutput,
@@ -89,9 +90,9 @@ class SpanClassifier(nn.Module):
         return torch.cat([z[rows, starts], z[rows, ends], pooled], dim=-1)
 
     def forward(self, z: Tensor, spans: Tensor) -> Tensor:
-        x = F.dropout(self.represent(z, spans), self.dropout, self.training)
+        x = fast_dropout(self.represent(z, spans), self.dropout, self.training)
         x = self.norm(self.act(self.dense(x)))
-        return self.out(F.dropout(x, self.dropout, self.training))
+        return self.out(fast_dropout(x, self.dropout, self.training))
 
 
 def span_heads(config: EncoderConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean",

@@ -1,6 +1,9 @@
-"""Training throughput on CPU: bertology's trainer step against transformers' BertForMaskedLM, same batches.
+"""Training throughput on CPU: bertology's trainer step against transformers' BertForMaskedLM, same batches (and,
+with ``--objectives``, ELECTRA against ElectraForPreTraining + ElectraForMaskedLM, SpanBERT, ALBERT MLM + SOP
+against AlbertForPreTraining).
 
     python benchmarks/training.py                        # tiny, mini, small; print the table
+    python benchmarks/training.py --objectives electra,albert-sop   # only those rows
     python benchmarks/training.py --write                # ... and rewrite the "## Training" section of RESULTS.md
     python benchmarks/training.py --models tiny --batches 2 --repeats 1   # a quick look
     python benchmarks/training.py --models mini --profile   # where each side's step spends its time
@@ -13,8 +16,9 @@ same too: token rows of real text, padded and masked once by transformers' DataC
 
 A measured step is a whole optimizer step: forward, backward, clipping, AdamW, scheduler. For bertology that is its
 Trainer's own step; for transformers the loop its Trainer runs (model(**batch).loss, backward, clip, step,
-zero_grad). Preparing batches is not timed on either side (bertology's trainer prepares them in a background
-thread). Throughput counts real (non-pad) tokens. The two sides alternate, pass by pass and in alternating order,
+zero_grad). Before timing, fresh copies of the two sides take CHECK_STEPS optimizer steps with dropout off and
+their losses are compared at each (the gap printed and tabulated). Preparing batches is not timed on either side
+(bertology's trainer prepares them in a background thread). Throughput counts real (non-pad) tokens. The two sides alternate, pass by pass and in alternating order,
 so that a busy neighbour on a shared machine slows both alike; each figure is the median over passes.
 
 "% peak" is useful training FLOPs (3 x the forward: 2 x matmul weights x real tokens, attention's QK^T and PV per
@@ -33,6 +37,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -700,6 +705,36 @@ def table(rows: list[Row], peak: float) -> str:
     return "\n".join(lines)
 
 
+def objective_notes(rows: list[Row]) -> str:
+    """What the rows of each objective compare, for the objectives present."""
+    notes = []
+    if any(" ELECTRA" in r.model for r in rows):
+        notes.append(
+            f"ELECTRA rows: bertology's `electra` objective (discriminator of the preset's size, generator "
+            f"{GENERATOR_SIZE:g} as wide sharing the token, position and segment embeddings and their LayerNorm, "
+            f"loss MLM_gen + {RTD_WEIGHT:g} RTD) against transformers' `ElectraForPreTraining` + `ElectraForMaskedLM` "
+            f"loaded from bertology's saved discriminator and generator, the generator's embeddings module replaced "
+            f"by the discriminator's and its decoder tied to the shared word embeddings; the masked positions are "
+            f"filled by one multinomial draw from the generator's softmax with no gradient, labels original / "
+            f"replaced, one fused AdamW over both models. The same rows as above, masked as ELECTRA masks "
+            f"({ELECTRA_MASKING[0] * 100:.0f} % [MASK], {(1 - sum(ELECTRA_MASKING)) * 100:.0f} % kept, no random "
+            f"tokens) and given identically to both sides. In the loss check transformers' side draws bertology's keyed samples, so "
+            f"that both replace the same tokens.")
+    if any(" ALBERT" in r.model for r in rows):
+        notes.append(
+            f'ALBERT rows: MLM + sentence order on the preset\'s depth and width with factorised embeddings '
+            f'(min(128, hidden / 2) wide), one set of layer weights shared by every layer, gelu_new and no dropout '
+            f'(as configs/albert-tiny.yaml), against `AlbertForPreTraining` from the same weights. "sentence pairs <= '
+            f'{SEQ_LEN}": bertology\'s own sentence-order instances (two consecutive segments of one document, '
+            f'swapped half the time, 10 % shorter targets) cut from runs of eight consecutive Gutenberg paragraphs, '
+            f'masked by the same collator (80/10/10), with the same segment ids and SOP labels on both sides.')
+    if any(" SpanBERT" in r.model for r in rows):
+        notes.append("SpanBERT rows: bertology trains MLM + SBO on span-masked ids; transformers has no SBO, so its "
+                     "side is `BertForMaskedLM`'s MLM on the identical ids (its loss gap is the MLM loss before any "
+                     "step).")
+    return "".join("\n\n" + textwrap.fill(n, 116, break_long_words=False, break_on_hyphens=False) for n in notes)
+
+
 def section(rows: list[Row], facts: dict[str, str], peaks: tuple[float, float], loads: tuple[str, str], command: str,
             batch_size: int, batches: int, repeats: int) -> str:
     fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
@@ -712,7 +747,9 @@ trainer step against transformers' `BertForMaskedLM` with `DataCollatorForLangua
 0.15), same sizes, dropout 0.1, fp32, fused AdamW (lr {LR}, weight decay {WEIGHT_DECAY} off biases and LayerNorms),
 clipping at {CLIP}, the same starting weights and the same masked batches ({batch_size} rows x {batches} batches,
 {repeats} timed passes per side after one warm-up pass, interleaved, median). Vocabulary: all-MiniLM-L6-v2's
-30,522-token WordPiece. With dropout off the two models' losses on these batches agree to {worst:.1e}.
+30,522-token WordPiece. With dropout off, fresh copies of the two sides give the same losses over their first
+{CHECK_STEPS} optimizer steps on these batches, to {worst:.1e} (so the losses, gradients, weight-decay groups and
+parameter sharing agree, not only the starting point).
 
 {fact_lines}
 - fp32 matmul peak at this thread count: {peak:.0f} GFLOP/s (fastest large square `torch.matmul`, measured before
@@ -726,7 +763,7 @@ clipping at {CLIP}, the same starting weights and the same masked batches ({batc
 (bertology packs the real tokens and never computes on padding). "% peak" counts useful FLOPs only (the MLM head at
 the masked tokens), for both sides; transformers also computes vocabulary logits at the other 85 % of positions
 and, with padding, runs the encoder on the pads. "FLOP ratio" is what transformers executes over what bertology
-executes: the speed-up to expect if both ran their matmuls equally well.
+executes: the speed-up to expect if both ran their matmuls equally well.{objective_notes(rows)}
 
 Command:
 
@@ -741,9 +778,12 @@ def write_section(text: str) -> None:
     old = [p for p in parts if p.startswith("## Training")]
     if old and "\n### Notes" in old[0]:  # hand-written notes at the end of the section survive a rewrite
         text = text.rstrip("\n") + "\n\n" + old[0][old[0].index("\n### Notes") + 1:]
-    kept = [p for p in parts if not p.startswith("## Training")]
-    head, sections = kept[0], kept[1:]
-    out = head + "".join(s if s.endswith("\n\n") else s.rstrip("\n") + "\n\n" for s in sections) + text
+    text = text.rstrip("\n") + "\n\n"
+    if old:  # in place, so that the sections keep their order
+        parts = [text if p.startswith("## Training") else p for p in parts]
+    else:
+        parts.append(text)
+    out = "".join(p if p.endswith("\n\n") else p.rstrip("\n") + "\n\n" for p in parts)
     with atomic_write(RESULTS, "w", encoding="utf-8") as handle:
         handle.write(out.rstrip("\n") + "\n")
 

@@ -18,8 +18,9 @@ A measured step is a whole optimizer step: forward, backward, clipping, AdamW, s
 Trainer's own step; for transformers the loop its Trainer runs (model(**batch).loss, backward, clip, step,
 zero_grad). Before timing, fresh copies of the two sides take CHECK_STEPS optimizer steps with dropout off and
 their losses are compared at each (the gap printed and tabulated). Preparing batches is not timed on either side
-(bertology's trainer prepares them in a background thread). Throughput counts real (non-pad) tokens. The two sides alternate, pass by pass and in alternating order,
-so that a busy neighbour on a shared machine slows both alike; each figure is the median over passes.
+(bertology's trainer prepares them in a background thread). Throughput counts real (non-pad) tokens. The two sides
+alternate, pass by pass and in alternating order, so that a busy neighbour on a shared machine slows both alike;
+each figure is the median over passes.
 
 "% peak" is useful training FLOPs (3 x the forward: 2 x matmul weights x real tokens, attention's QK^T and PV per
 sequence, and the MLM head at the masked tokens only) per second, over the fastest large fp32 matmul measured at the
@@ -718,8 +719,8 @@ def objective_notes(rows: list[Row]) -> str:
             f"filled by one multinomial draw from the generator's softmax with no gradient, labels original / "
             f"replaced, one fused AdamW over both models. The same rows as above, masked as ELECTRA masks "
             f"({ELECTRA_MASKING[0] * 100:.0f} % [MASK], {(1 - sum(ELECTRA_MASKING)) * 100:.0f} % kept, no random "
-            f"tokens) and given identically to both sides. In the loss check transformers' side draws bertology's keyed samples, so "
-            f"that both replace the same tokens.")
+            f"tokens) and given identically to both sides. In the loss check transformers' side draws bertology's "
+            f"keyed samples, so that both replace the same tokens.")
     if any(" ALBERT" in r.model for r in rows):
         notes.append(
             f'ALBERT rows: MLM + sentence order on the preset\'s depth and width with factorised embeddings '

@@ -15,16 +15,9 @@ from bertology.errors import ConfigError, DataError
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
 from bertology.tasks.user import UserTask
-from finetune_helpers import save_tiny_model
+from finetune_helpers import BAD, FILL, GOOD, cue_sentence, save_tiny_model
 
-GOOD, BAD, FILL = ["good", "great", "nice"], ["bad", "awful", "dull"], ["the", "film", "plot", "was", "very", "a"]
 EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "task-example.yaml"
-
-
-def _sentence(rng, positive):
-    words = list(rng.choice(FILL, int(rng.integers(2, 6))))
-    words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(GOOD if positive else BAD)))
-    return " ".join(words)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +32,7 @@ def jsonl_task(tmp_path_factory):
     rng = np.random.default_rng(0)
     (root / "data").mkdir()
     for split, n in (("train", 192), ("dev", 32)):
-        rows = [{"id": i, "review": _sentence(rng, bool(y)), "sentiment": "pos" if y else "neg"}
+        rows = [{"id": i, "review": cue_sentence(rng, bool(y)), "sentiment": "pos" if y else "neg"}
                 for i, y in enumerate(rng.integers(0, 2, n))]
         (root / "data" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (root / "sentiment.yaml").write_text(
@@ -58,7 +51,7 @@ def tsv_task(tmp_path_factory):
         for _ in range(n):
             a, b = rng.integers(0, 2, 2)
             score = 2.0 * (a + b) + rng.random()  # each positive text adds 2
-            lines.append(f"{_sentence(rng, a)}\t{_sentence(rng, b)}\t{score:.3f}\n")
+            lines.append(f"{cue_sentence(rng, a)}\t{cue_sentence(rng, b)}\t{score:.3f}\n")
         (root / f"{split}.tsv").write_text("".join(lines), encoding="utf-8")
     (root / "similar.yml").write_text(
         f"task:\n  format: tsv\n  kind: regression\n  text: first\n  text_pair: second\n  label: score\n"

@@ -151,7 +151,8 @@ def encoder_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
 def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: Path, run: str, dropout: bool = True,
                   with_loss: bool = False) -> Callable[[PretrainingBatch], object]:
     """The trainer's optimizer step for ``objectives`` (run-config ``config`` sections besides optim/run/speed);
-    ``with_loss``: it returns the step's loss (the trainer's summed metric, which costs a sync), for the checks."""
+    ``with_loss``: it returns the step's loss (the trainer's summed metric, which costs a sync) and gradient norm,
+    for the checks."""
     trainer_config = PretrainConfig.from_dict({
         **config,
         "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
@@ -161,9 +162,13 @@ def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: 
     })
     trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
     trainer.wrapped.train(dropout)
-    if with_loss:
-        return lambda batch: trainer._reduce(trainer._step([batch])[0])["loss"]
-    return lambda batch: trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
+
+    def step(batch: PretrainingBatch) -> object:
+        stats, grad_norm = trainer._step([batch])  # the step Trainer.train runs for each (micro-)batch
+        return (trainer._reduce(stats)["loss"], grad_norm) if with_loss else stats
+
+    step.optimizer = trainer.optimizer  # type: ignore[attr-defined]
+    return step
 
 
 def bertology_step(model: EncoderModel, workdir: Path, dropout: bool = True, with_loss: bool = False
@@ -186,21 +191,23 @@ def transformers_optimizer(named: list[tuple[str, torch.nn.Parameter]]):
 def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dropout: bool = True
                       ) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
     """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
-    class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order). Returns the loss."""
+    class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order). Returns the loss and the
+    gradient norm before clipping."""
     import transformers
 
     model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").train(dropout)
     optimizer, scheduler = transformers_optimizer(list(model.named_parameters()))
 
-    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         loss = model(**batch).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach(), grad_norm
 
+    step.optimizer = optimizer  # type: ignore[attr-defined]
     return step
 
 
@@ -223,15 +230,44 @@ def check_same_loss(model: EncoderModel, directory: Path, batches: Batches) -> f
 CHECK_STEPS = 3
 
 
-def check_steps(ours: Callable[[Any], object], theirs: Callable[[Any], object], batches: Batches) -> float:
-    """Largest |loss difference| over the first CHECK_STEPS optimizer steps of two fresh sides with dropout off
-    (each step's loss is computed before its update): the losses, gradients, clipping, weight-decay groups and
-    AdamW updates, parameter sharing included, must all agree for the gap to stay at rounding level."""
-    worst = 0.0
+@dataclass
+class Check:
+    """How closely two fresh sides agree over their first CHECK_STEPS optimizer steps with dropout off."""
+
+    loss_gap: float  # largest |loss difference|
+    norm_gap: float  # largest relative difference of the gradient norms (before clipping)
+    optimizer: str  # "" when both optimizers decay the same number of elements with the same settings
+
+    def __str__(self) -> str:
+        return (f"loss gap over {CHECK_STEPS} steps {self.loss_gap:.1e}, gradient norms {self.norm_gap:.1e} "
+                f"relative, {self.optimizer or 'same AdamW groups'}")
+
+
+def optimizer_groups(optimizer: torch.optim.Optimizer) -> dict[tuple, int]:
+    """Elements per (weight decay, lr, eps, betas) setting: what two equivalent AdamW set-ups share."""
+    out: dict[tuple, int] = {}
+    for g in optimizer.param_groups:
+        key = (g["weight_decay"], g["lr"], g["eps"], tuple(g["betas"]))
+        out[key] = out.get(key, 0) + sum(p.numel() for p in g["params"])
+    return out
+
+
+def check_steps(ours: Callable[[Any], Any], theirs: Callable[[Any], Any], batches: Batches) -> Check:
+    """Run two fresh sides (steps made with dropout off, returning loss and gradient norm) side by side for
+    CHECK_STEPS optimizer steps, each step's loss computed before its update. Losses agreeing after updates means
+    the gradients (the direction of each AdamW update) and the parameter sharing agree, not only the starting point;
+    the gradient norms check their scale (which AdamW's update hides) and the optimizers' groups the weight decay
+    (too small to show in a few steps)."""
+    loss_gap = norm_gap = 0.0
     for i in range(CHECK_STEPS):
         j = i % len(batches.ours)
-        worst = max(worst, abs(float(ours(batches.ours[j])) - float(theirs(batches.hf[j]))))
-    return worst
+        (mine, my_norm), (their, their_norm) = ours(batches.ours[j]), theirs(batches.hf[j])
+        loss_gap = max(loss_gap, abs(float(mine) - float(their)))
+        norm_gap = max(norm_gap, abs(float(my_norm) - float(their_norm)) / float(their_norm))
+    mine_groups = optimizer_groups(ours.optimizer)  # type: ignore[attr-defined]
+    their_groups = optimizer_groups(theirs.optimizer)  # type: ignore[attr-defined]
+    differ = "" if mine_groups == their_groups else f"AdamW groups DIFFER: {mine_groups} != {their_groups}"
+    return Check(loss_gap, norm_gap, differ)
 
 
 # --- ELECTRA: a generator a quarter as wide sharing the discriminator's embeddings, loss = MLM_gen + 50 RTD ----------
@@ -303,7 +339,7 @@ def electra_transformers_step(discriminator_dir: Path, generator_dir: Path, drop
     """The usual ELECTRA loop on transformers' models: generator MLM loss, a sample at the masked positions (no
     gradient), labels original (0) / replaced (1, a sample equal to the original counts as original), the
     discriminator's loss on the corrupted ids, MLM_gen + 50 RTD, one AdamW step over both models' parameters (the
-    shared ones once). Returns the loss."""
+    shared ones once). Returns the loss and the gradient norm before clipping."""
     disc, gen = electra_transformers_models(discriminator_dir, generator_dir)
     disc.train(dropout)
     gen.train(dropout)
@@ -311,7 +347,7 @@ def electra_transformers_step(discriminator_dir: Path, generator_dir: Path, drop
     params = [p for _, p in named]
     optimizer, scheduler = transformers_optimizer(named)
 
-    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         out = gen(**batch)
         masked = batch["labels"] != -100
         with torch.no_grad():
@@ -324,12 +360,13 @@ def electra_transformers_step(discriminator_dir: Path, generator_dir: Path, drop
                    labels=labels).loss
         loss = out.loss + RTD_WEIGHT * rtd
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, CLIP)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach(), grad_norm
 
+    step.optimizer = optimizer  # type: ignore[attr-defined]
     return step
 
 
@@ -366,8 +403,8 @@ def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, 
         model, objective, disc_dir, gen_dir = electra_models(name, tokenizer.vocab_size, tokenizer.pad_id, workdir)
         logit_gap = check_electra(model, objective, disc_dir, gen_dir, batches)
         fresh, fresh_objective, _, _ = electra_models(name, tokenizer.vocab_size, tokenizer.pad_id, workdir, False)
-        gap = check_steps(electra_bertology_step(fresh, fresh_objective, workdir, dropout=False, with_loss=True),
-                          electra_transformers_step(disc_dir, gen_dir, dropout=False, sample=keyed_sample), batches)
+        check = check_steps(electra_bertology_step(fresh, fresh_objective, workdir, dropout=False, with_loss=True),
+                            electra_transformers_step(disc_dir, gen_dir, dropout=False, sample=keyed_sample), batches)
         sides = {"bertology": functools.partial(run_pass, electra_bertology_step(model, objective, workdir),
                                                 batches.ours),
                  "transformers": functools.partial(run_pass, electra_transformers_step(disc_dir, gen_dir),
@@ -380,10 +417,11 @@ def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, 
         executed = electra_executed_flops(disc_config, gen_config, batches)
         rows.append(Row(f"{name} ELECTRA", batches.name, batches.padding_share, ours, theirs,
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
-                        executed / flops, gap))
+                        executed / flops, check.loss_gap, check.norm_gap,
+                        check.optimizer))
         print(f"  {name:6s} ELECTRA {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
-              f"  x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; generator loss and "
-              f"discriminator logits before them {logit_gap:.1e})", file=sys.stderr, flush=True)
+              f"  x{ours / theirs:.2f}  ({check}; generator loss and discriminator logits before them "
+              f"{logit_gap:.1e})", file=sys.stderr, flush=True)
     return rows
 
 
@@ -573,9 +611,9 @@ def measure_albert(name: str, batches: Batches, tokenizer, warmup: int, repeats:
     save_model(model, directory)  # AlbertForPreTraining
     start_gap = check_albert(model, directory, batches)
     fresh, fresh_objectives = build()
-    gap = check_steps(pretrain_step(fresh, fresh_objectives, run_config, workdir, "bertology-albert-check",
-                                    dropout=False, with_loss=True),
-                      transformers_step(directory, "AlbertForPreTraining", dropout=False), batches)
+    check = check_steps(pretrain_step(fresh, fresh_objectives, run_config, workdir, "bertology-albert-check",
+                                      dropout=False, with_loss=True),
+                        transformers_step(directory, "AlbertForPreTraining", dropout=False), batches)
     step = pretrain_step(model, objectives, run_config, workdir, "bertology-albert-run")
     sides = {"bertology": functools.partial(run_pass, step, batches.ours),
              "transformers": functools.partial(run_pass, transformers_step(directory, "AlbertForPreTraining"),
@@ -593,10 +631,11 @@ def measure_albert(name: str, batches: Batches, tokenizer, warmup: int, repeats:
     tokens = batches.real_tokens
     ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
     print(f"  {name:6s} ALBERT  {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s"
-          f"  x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; before them {start_gap:.1e})",
+          f"  x{ours / theirs:.2f}  ({check}; loss before them {start_gap:.1e})",
           file=sys.stderr, flush=True)
     return [Row(f"{name} ALBERT MLM+SOP", batches.name, batches.padding_share, ours, theirs,
-                flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9, executed / flops, gap)]
+                flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9, executed / flops,
+                check.loss_gap, check.norm_gap, check.optimizer)]
 
 
 # --- measurement ----------------------------------------------------------------------------------------------
@@ -637,6 +676,8 @@ class Row:
     theirs_gflops: float
     work_ratio: float  # FLOPs transformers executes / bertology's
     loss_gap: float
+    norm_gap: float | None = None  # relative gap of the gradient norms over the checked steps (None: not checked)
+    optimizer: str = ""  # how the two sides' AdamW groups differ ("" when they do not)
 
 
 def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path) -> list[Row]:
@@ -653,8 +694,8 @@ def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats:
         directory = workdir / f"{name}-start"
         save_model(model, directory)  # transformers starts from the same weights
         start_gap = check_same_loss(model, directory, batches)
-        gap = check_steps(bertology_step(build(), workdir, dropout=False, with_loss=True),
-                          transformers_step(directory, dropout=False), batches)
+        check = check_steps(bertology_step(build(), workdir, dropout=False, with_loss=True),
+                            transformers_step(directory, dropout=False), batches)
         sides = {"bertology": functools.partial(run_pass, bertology_step(model, workdir), batches.ours),
                  "transformers": functools.partial(run_pass, transformers_step(directory), batches.hf)}
         seconds = common.interleaved(sides, warmup, repeats)
@@ -663,9 +704,10 @@ def measure(name: str, workload: list[Batches], tokenizer, warmup: int, repeats:
         ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
         rows.append(Row(name, batches.name, batches.padding_share, ours, theirs,
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
-                        executed_flops(config, batches) / flops, gap))
+                        executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap,
+                        check.optimizer))
         print(f"  {name:6s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} tok/s  "
-              f"x{ours / theirs:.2f}  (loss gap over {CHECK_STEPS} steps {gap:.1e}; before them {start_gap:.1e})",
+              f"x{ours / theirs:.2f}  ({check}; loss before them {start_gap:.1e})",
               file=sys.stderr, flush=True)
     return rows
 
@@ -740,6 +782,17 @@ def section(rows: list[Row], facts: dict[str, str], peaks: tuple[float, float], 
             batch_size: int, batches: int, repeats: int) -> str:
     fact_lines = "\n".join(f"- {k}: {v}" for k, v in facts.items())
     worst = max(r.loss_gap for r in rows)
+    norms = [r.norm_gap for r in rows if r.norm_gap is not None]
+    differ = [f"{r.model}, {r.workload}: {r.optimizer}" for r in rows if r.optimizer]
+    groups = ("Their AdamW groups decay the same numbers of elements with the same settings." if not differ
+              else "Their AdamW groups differ: " + "; ".join(differ) + ".")
+    agreement = (f"With dropout off, fresh copies of the two sides give the same losses over their first "
+                 f"{CHECK_STEPS} optimizer steps on these batches, to {worst:.1e}, and the same gradient norms, to "
+                 f"{max(norms):.1e} relative (so the gradients and the parameter sharing agree, not only the starting "
+                 f"point). {groups}" if norms else
+                 f"With dropout off the two models' MLM losses on these batches agree to {worst:.1e}.")
+    agreement = textwrap.fill(agreement, 116, initial_indent=" " * 24, break_long_words=False,
+                              break_on_hyphens=False)[24:]
     peak = max(peaks)
     return f"""## Training
 
@@ -748,9 +801,7 @@ trainer step against transformers' `BertForMaskedLM` with `DataCollatorForLangua
 0.15), same sizes, dropout 0.1, fp32, fused AdamW (lr {LR}, weight decay {WEIGHT_DECAY} off biases and LayerNorms),
 clipping at {CLIP}, the same starting weights and the same masked batches ({batch_size} rows x {batches} batches,
 {repeats} timed passes per side after one warm-up pass, interleaved, median). Vocabulary: all-MiniLM-L6-v2's
-30,522-token WordPiece. With dropout off, fresh copies of the two sides give the same losses over their first
-{CHECK_STEPS} optimizer steps on these batches, to {worst:.1e} (so the losses, gradients, weight-decay groups and
-parameter sharing agree, not only the starting point).
+30,522-token WordPiece. {agreement}
 
 {fact_lines}
 - fp32 matmul peak at this thread count: {peak:.0f} GFLOP/s (fastest large square `torch.matmul`, measured before

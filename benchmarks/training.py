@@ -189,7 +189,7 @@ def transformers_optimizer(named: list[tuple[str, torch.nn.Parameter]]):
 
 
 def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dropout: bool = True
-                      ) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+                      ) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
     """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
     class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order). Returns the loss and the
     gradient norm before clipping."""
@@ -322,9 +322,9 @@ def multinomial_sample(logits: torch.Tensor, batch: dict[str, torch.Tensor], mas
 
 
 def keyed_sample(logits: torch.Tensor, batch: dict[str, torch.Tensor], masked: torch.Tensor) -> torch.Tensor:
-    """bertology's draw (inverse CDF with its keyed uniforms; no instance ids: the row index keys the row), so that
-    in the check both sides replace the masked positions with the same tokens and their losses stay comparable
-    step after step."""
+    """bertology's draw (inverse CDF with its keyed uniforms, seed 0 as the objective's default; no instance ids: the
+    row index keys the row), so that in the check both sides replace the masked positions with the same tokens and
+    their losses stay comparable step after step."""
     from bertology.data.masking import _keyed_uniforms
     from bertology.objectives.electra import sample_from_logits, sampling_keys
 
@@ -335,7 +335,7 @@ def keyed_sample(logits: torch.Tensor, batch: dict[str, torch.Tensor], masked: t
 
 def electra_transformers_step(discriminator_dir: Path, generator_dir: Path, dropout: bool = True,
                               sample: Callable[..., torch.Tensor] = multinomial_sample
-                              ) -> Callable[[dict], torch.Tensor]:
+                              ) -> Callable[[dict], tuple[torch.Tensor, torch.Tensor]]:
     """The usual ELECTRA loop on transformers' models: generator MLM loss, a sample at the masked positions (no
     gradient), labels original (0) / replaced (1, a sample equal to the original counts as original), the
     discriminator's loss on the corrupted ids, MLM_gen + 50 RTD, one AdamW step over both models' parameters (the

@@ -1,0 +1,231 @@
+"""The pretraining objectives side by side on one budget: MLM, MLM+NSP, MLM+SOP, SpanBERT, ELECTRA and DistilBERT-
+style distillation, each pretraining the same BERT-tiny-sized encoder (2 layers, 128 wide) on the same corpus
+(Gutenberg + Brown, one 8k WordPiece tokenizer, one set of shards) for the same wall-clock budget, then fine-tuned
+the same way on SST-2 and CoNLL-2003 with three seeds each. docs/OBJECTIVES.md holds the results.
+
+    python benchmarks/objectives.py calibrate   # seconds per step of each objective (run it on an idle machine)
+    python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps
+    python benchmarks/objectives.py finetune    # every pretrained model x {sst2, conll2003} x seeds 0, 1, 2
+    python benchmarks/objectives.py table       # the Markdown table of docs/OBJECTIVES.md
+
+Equal wall clock is enforced as equal step time x steps: `calibrate` measures each objective's seconds per optimizer
+step on this machine, and `pretrain` gives each objective `--budget-minutes * 60 / seconds-per-step` steps, so that a
+busy machine during `pretrain` slows every run without changing its share of compute. The distillation teacher
+(the same width, 4 layers, MLM) is trained first for twice the budget; its cost is not charged to the student, as in
+DistilBERT, whose teacher was BERT-base.
+
+The tokenizer and shards are `bertology data prepare`'s (docs/PRETRAINING.md, "BERT-mini on Gutenberg + Brown"):
+    runs/mini-gb/tokenizer, runs/mini-gb/shards (10 documents held out for evaluation)
+Everything is written under runs/objectives/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+RUNS = ROOT / "runs" / "objectives"
+TOKENIZER = ROOT / "runs" / "mini-gb" / "tokenizer"
+SHARDS = ROOT / "runs" / "mini-gb" / "shards"
+SEEDS = (0, 1, 2)
+
+# One recipe for every objective: the quickstart's lessons (docs/PRETRAINING.md) at sequence length 128.
+BASE = {
+    "model": {"preset": "tiny", "max_position_embeddings": 128, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+              "initializer_range": 0.06},
+    "tokenizer": {"path": str(TOKENIZER)},
+    "data": {"shards": str(SHARDS),
+             "instances": {"kind": "full-sentences", "max_seq_length": 128, "short_seq_prob": 0.1},
+             "masking": {"mlm_probability": 0.15, "dynamic": True}},
+    "objectives": {"mlm": {"weight": 1.0}},
+    "optim": {"batch_size": 32, "lr": 1.0e-3, "warmup_ratio": 0.06, "schedule": "linear", "weight_decay": 0.01,
+              "clip_norm": 1.0},
+    "run": {"seed": 0, "log_every": 10, "eval_every": 0, "eval_batches": None, "checkpoint_every": 0,
+            "keep_last": 1, "progress": False},
+    "speed": {"threads": 2, "prefetch": 2},
+}
+
+TEACHER = "teacher"
+OBJECTIVES = {
+    "mlm": {},
+    "mlm+nsp": {"data": {"instances": {"kind": "nsp"}}, "objectives": {"mlm": {"weight": 1.0}, "nsp": {"weight": 1.0}}},
+    "mlm+sop": {"data": {"instances": {"kind": "sop"}}, "objectives": {"mlm": {"weight": 1.0}, "sop": {"weight": 1.0}}},
+    "spanbert": {"data": {"instances": {"kind": "doc-sentences"},
+                          "masking": {"mask_token_prob": 0.8, "random_token_prob": 0.1,
+                                      "spans": {"geometric_p": 0.2, "max_words": 10}}},
+                 "objectives": {"mlm": {"weight": 1.0}, "span_boundary": {"weight": 1.0, "max_positions": 32}}},
+    "electra": {"model": {"family": "electra"},
+                "data": {"masking": {"mask_token_prob": 0.85, "random_token_prob": 0.0}},
+                "objectives": {"electra": {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}}},
+    "distill": {"model": {"preset": None},
+                "objectives": {"distill": {"teacher": str(RUNS / TEACHER / "model"), "temperature": 2.0,
+                                           "alpha_ce": 5.0, "alpha_mlm": 2.0, "alpha_cos": 1.0,
+                                           "init_from_teacher": True}}},
+}
+TEACHER_CONFIG = {"model": {"num_layers": 4}}
+
+FINETUNE = {  # one recipe per task for every pretrained model; one evaluation, at the end (no dev selection)
+    "sst2": {"data": DATA / "glue", "limit_train": 20000, "epochs": 1, "max_length": 64, "lr": 3e-4},
+    "conll2003": {"data": DATA / "conll2003", "limit_train": None, "epochs": 2, "max_length": 128, "lr": 5e-4},
+}
+METRIC = {"sst2": "accuracy", "conll2003": "f1"}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if key == "objectives":  # an objective set replaces the base one
+            out[key] = value
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def run_config(name: str, steps: int, out: Path) -> dict:
+    extra = TEACHER_CONFIG if name == TEACHER else OBJECTIVES[name]
+    config = merge(BASE, extra)
+    config["optim"] = {**config["optim"], "total_steps": steps}
+    config["run"] = {**config["run"], "output_dir": str(out)}
+    return config
+
+
+def pretrain(name: str, steps: int, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(run_config(name, steps, out), sort_keys=False))
+    command = [sys.executable, "-m", "bertology", "pretrain", "--config", str(path), "--overwrite"]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+def seconds_per_step(metrics: Path) -> float:
+    """Median seconds per optimizer step over the logged windows after the first (which holds start-up)."""
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    windows = []
+    for before, after in zip(train[1:], train[2:]):
+        seconds = (after["tokens"] - before["tokens"]) / after["tokens_per_s"]
+        windows.append(seconds / (after["step"] - before["step"]))
+    return statistics.median(windows)
+
+
+def calibrate(args: argparse.Namespace) -> None:
+    timings = {}
+    for name in [TEACHER, *OBJECTIVES]:
+        if name == "distill" and not (RUNS / TEACHER / "model").exists():
+            # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
+            pretrain(TEACHER, 1, RUNS / TEACHER)
+        out = RUNS / "calibrate" / name
+        pretrain(name, args.calibration_steps, out)
+        timings[name] = seconds_per_step(out / "metrics.jsonl")
+        print(f"{name}: {timings[name]:.4f} s/step", flush=True)
+    (RUNS / "seconds_per_step.json").write_text(json.dumps(timings, indent=2) + "\n")
+
+
+def pretrain_all(args: argparse.Namespace) -> None:
+    timings = json.loads((RUNS / "seconds_per_step.json").read_text())
+    budget = args.budget_minutes * 60
+    plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in [TEACHER, *OBJECTIVES]}
+    (RUNS / "plan.json").write_text(json.dumps({"budget_minutes": args.budget_minutes, "steps": plan}, indent=2))
+    for name in args.only or plan:
+        started = time.perf_counter()
+        pretrain(name, plan[name], RUNS / name)
+        print(f"{name}: {plan[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def finetune_one(name: str, task: str, seed: int) -> dict:
+    from bertology.recipes.finetune import FinetuneConfig, finetune
+
+    spec = FINETUNE[task]
+    out = RUNS / "finetune" / f"{name}-{task}-s{seed}"
+    config = FinetuneConfig.from_dict({
+        "model": str(RUNS / name / "model"),
+        "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
+                 "max_length": spec["max_length"]},
+        "optim": {"batch_size": 32, "lr": spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
+        "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
+                "keep_last": 1},
+        "speed": {"threads": 2, "prefetch": 2},
+    })
+    started = time.perf_counter()
+    result = finetune(config, overwrite=True)
+    return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],
+            "value": result.dev_metrics[METRIC[task]], "seconds": time.perf_counter() - started}
+
+
+def finetune_all(args: argparse.Namespace) -> None:
+    path = RUNS / "finetune.jsonl"
+    done = set()
+    if path.exists():
+        done = {(r["model"], r["task"], r["seed"]) for r in map(json.loads, path.read_text().splitlines())}
+    for seed in SEEDS:  # seed-major: a partial run already has one seed of everything
+        for task in args.tasks:
+            for name in args.only or OBJECTIVES:
+                if (name, task, seed) in done or not (RUNS / name / "model").exists():
+                    continue
+                row = finetune_one(name, task, seed)
+                print(json.dumps(row), flush=True)
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+def heldout(name: str) -> dict:
+    records = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["kind"] == "eval"]
+    return evals[-1] if evals else {}
+
+
+def table(args: argparse.Namespace) -> None:
+    plan = json.loads((RUNS / "plan.json").read_text())
+    timings = json.loads((RUNS / "seconds_per_step.json").read_text())
+    rows = [json.loads(line) for line in (RUNS / "finetune.jsonl").read_text().splitlines()]
+    print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
+    print("| objective | s / step | steps | held-out MLM acc. | SST-2 dev acc. | CoNLL-2003 dev F1 |")
+    print("|---|---|---|---|---|---|")
+    for name in OBJECTIVES:
+        cells = []
+        for task in FINETUNE:
+            values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
+            if not values:
+                cells.append("-")
+                continue
+            spread = statistics.stdev(values) if len(values) > 1 else 0.0
+            cells.append(f"{statistics.mean(values):.2f} ± {spread:.2f} ({len(values)})")
+        last = heldout(name)
+        mlm = last.get("mlm_accuracy", last.get("generator_accuracy"))
+        mlm_cell = f"{100 * mlm:.1f}" + (" (generator)" if "mlm_accuracy" not in last and mlm is not None else "") \
+            if mlm is not None else "-"
+        print(f"| {name} | {timings[name]:.3f} | {plan['steps'][name]} | {mlm_cell} | {' | '.join(cells)} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("phase", choices=["calibrate", "pretrain", "finetune", "table"])
+    parser.add_argument("--budget-minutes", type=float, default=5.0)
+    parser.add_argument("--calibration-steps", type=int, default=60)
+    parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
+    parser.add_argument("--tasks", nargs="*", default=list(FINETUNE))
+    args = parser.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    for path in (TOKENIZER, SHARDS):
+        if not path.exists():
+            raise SystemExit(f"{path} is missing: prepare it as docs/PRETRAINING.md says (BERT-mini on Gutenberg "
+                             f"+ Brown)")
+    RUNS.mkdir(parents=True, exist_ok=True)
+    {"calibrate": calibrate, "pretrain": pretrain_all, "finetune": finetune_all, "table": table}[args.phase](args)
+
+
+if __name__ == "__main__":
+    main()

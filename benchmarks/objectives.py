@@ -56,6 +56,8 @@ BASE = {
 }
 
 TEACHER = "teacher"
+RANDOM = "random"
+REFERENCES = [RANDOM, TEACHER]  # fine-tuned beside the objectives: no pretraining, and the distillation teacher
 OBJECTIVES = {
     "mlm": {},
     "mlm+nsp": {"data": {"instances": {"kind": "nsp"}}, "objectives": {"mlm": {"weight": 1.0}, "nsp": {"weight": 1.0}}},
@@ -76,7 +78,7 @@ TEACHER_CONFIG = {"model": {"num_layers": 4}}
 
 FINETUNE = {  # one recipe per task for every pretrained model; one evaluation, at the end (no dev selection)
     "sst2": {"data": DATA / "glue", "limit_train": 20000, "epochs": 1, "max_length": 64, "lr": 3e-4},
-    "conll2003": {"data": DATA / "conll2003", "limit_train": None, "epochs": 2, "max_length": 128, "lr": 5e-4},
+    "conll2003": {"data": DATA / "conll2003", "limit_train": 8000, "epochs": 2, "max_length": 128, "lr": 5e-4},
 }
 METRIC = {"sst2": "accuracy", "conll2003": "f1"}
 
@@ -145,6 +147,19 @@ def pretrain_all(args: argparse.Namespace) -> None:
         print(f"{name}: {plan[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
+def random_encoder(out: Path) -> None:
+    """The "no pretraining" reference: the MLM run's model as initialised (seed 0), saved without a step."""
+    from bertology.model import Pretrained
+    from bertology.objectives import build_objectives
+    from bertology.recipes.pretrain import build_model, build_tokenizer, seed_everything
+    from bertology.training import PretrainConfig
+
+    config = PretrainConfig.from_dict(run_config("mlm", 1, out))
+    seed_everything(config.run.seed)
+    tokenizer = build_tokenizer(config)
+    Pretrained(build_model(config, tokenizer, build_objectives(config.objectives)), tokenizer).save(out / "model")
+
+
 def finetune_one(name: str, task: str, seed: int) -> dict:
     from bertology.recipes.finetune import FinetuneConfig, finetune
 
@@ -170,9 +185,11 @@ def finetune_all(args: argparse.Namespace) -> None:
     done = set()
     if path.exists():
         done = {(r["model"], r["task"], r["seed"]) for r in map(json.loads, path.read_text().splitlines())}
+    if not (RUNS / RANDOM / "model").exists():
+        random_encoder(RUNS / RANDOM)
     for seed in SEEDS:  # seed-major: a partial run already has one seed of everything
         for task in args.tasks:
-            for name in args.only or OBJECTIVES:
+            for name in args.only or REFERENCES + list(OBJECTIVES):
                 if (name, task, seed) in done or not (RUNS / name / "model").exists():
                     continue
                 row = finetune_one(name, task, seed)
@@ -194,7 +211,7 @@ def table(args: argparse.Namespace) -> None:
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
     print("| objective | s / step | steps | held-out MLM acc. | SST-2 dev acc. | CoNLL-2003 dev F1 |")
     print("|---|---|---|---|---|---|")
-    for name in OBJECTIVES:
+    for name in REFERENCES + list(OBJECTIVES):
         cells = []
         for task in FINETUNE:
             values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
@@ -203,11 +220,12 @@ def table(args: argparse.Namespace) -> None:
                 continue
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.2f} ± {spread:.2f} ({len(values)})")
-        last = heldout(name)
+        last = heldout(name) if name != RANDOM else {}
         mlm = last.get("mlm_accuracy", last.get("generator_accuracy"))
         mlm_cell = f"{100 * mlm:.1f}" + (" (generator)" if "mlm_accuracy" not in last and mlm is not None else "") \
             if mlm is not None else "-"
-        print(f"| {name} | {timings[name]:.3f} | {plan['steps'][name]} | {mlm_cell} | {' | '.join(cells)} |")
+        seconds = f"{timings[name]:.3f}" if name in timings else "-"
+        print(f"| {name} | {seconds} | {plan['steps'].get(name, 0)} | {mlm_cell} | {' | '.join(cells)} |")
 
 
 def main() -> None:

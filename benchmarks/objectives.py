@@ -70,7 +70,7 @@ OBJECTIVES = {
                 "data": {"masking": {"mask_token_prob": 0.85, "random_token_prob": 0.0}},
                 "objectives": {"electra": {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}}},
     "distill": {"model": {"preset": None},
-                "objectives": {"distill": {"teacher": str(RUNS / TEACHER / "model"), "temperature": 2.0,
+                "objectives": {"distill": {"teacher": None, "temperature": 2.0,  # set by run_config
                                            "alpha_ce": 5.0, "alpha_mlm": 2.0, "alpha_cos": 1.0,
                                            "init_from_teacher": True}}},
 }
@@ -100,6 +100,8 @@ def run_config(name: str, steps: int, out: Path) -> dict:
     config = merge(BASE, extra)
     config["optim"] = {**config["optim"], "total_steps": steps}
     config["run"] = {**config["run"], "output_dir": str(out)}
+    if "distill" in config["objectives"]:
+        config["objectives"]["distill"] = {**config["objectives"]["distill"], "teacher": str(RUNS / TEACHER / "model")}
     return config
 
 
@@ -137,11 +139,15 @@ def calibrate(args: argparse.Namespace) -> None:
 
 
 def pretrain_all(args: argparse.Namespace) -> None:
-    timings = json.loads((RUNS / "seconds_per_step.json").read_text())
+    timings_path = RUNS / "seconds_per_step.json"
+    if not timings_path.exists() and args.timings:
+        timings_path.write_text(Path(args.timings).read_text())
+    timings = json.loads(timings_path.read_text())
     budget = args.budget_minutes * 60
-    plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in [TEACHER, *OBJECTIVES]}
+    names = args.only or [TEACHER, *OBJECTIVES]
+    plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in names}
     (RUNS / "plan.json").write_text(json.dumps({"budget_minutes": args.budget_minutes, "steps": plan}, indent=2))
-    for name in args.only or plan:
+    for name in plan:
         started = time.perf_counter()
         pretrain(name, plan[name], RUNS / name)
         print(f"{name}: {plan[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
@@ -212,6 +218,8 @@ def table(args: argparse.Namespace) -> None:
     print("| objective | s / step | steps | held-out MLM acc. | SST-2 dev acc. | CoNLL-2003 dev F1 |")
     print("|---|---|---|---|---|---|")
     for name in REFERENCES + list(OBJECTIVES):
+        if not any(r["model"] == name for r in rows):
+            continue
         cells = []
         for task in FINETUNE:
             values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
@@ -229,13 +237,18 @@ def table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global RUNS
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["calibrate", "pretrain", "finetune", "table"])
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--tasks", nargs="*", default=list(FINETUNE))
+    parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
+    parser.add_argument("--out", default=str(RUNS.relative_to(ROOT)),
+                        help="the runs' directory (default runs/objectives); calibrate reads and writes it too")
     args = parser.parse_args()
+    RUNS = ROOT / args.out
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for path in (TOKENIZER, SHARDS):
         if not path.exists():

@@ -116,8 +116,9 @@ def pretrain(name: str, steps: int, out: Path) -> None:
 
 def seconds_per_step(metrics: Path) -> float:
     """Median seconds per optimizer step over the logged windows after the first (which holds start-up)."""
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    train = [r for r in records if r["kind"] == "train"]
+    from bertology.training import read_metrics
+
+    train = [r for r in read_metrics(metrics) if r["kind"] == "train"]
     windows = []
     for before, after in zip(train[1:], train[2:]):
         seconds = (after["tokens"] - before["tokens"]) / after["tokens_per_s"]
@@ -205,8 +206,10 @@ def finetune_all(args: argparse.Namespace) -> None:
 
 
 def heldout(name: str) -> dict:
-    records = [json.loads(line) for line in (RUNS / name / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r["kind"] == "eval"]
+    """The run's last held-out evaluation ({} without one)."""
+    from bertology.training import read_metrics
+
+    evals = [r for r in read_metrics(RUNS / name / "metrics.jsonl") if r["kind"] == "eval"]
     return evals[-1] if evals else {}
 
 
@@ -229,9 +232,12 @@ def table(args: argparse.Namespace) -> None:
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.2f} ± {spread:.2f} ({len(values)})")
         last = heldout(name) if name != RANDOM else {}
-        mlm = last.get("mlm_accuracy", last.get("generator_accuracy"))
-        mlm_cell = f"{100 * mlm:.1f}" + (" (generator)" if "mlm_accuracy" not in last and mlm is not None else "") \
-            if mlm is not None else "-"
+        if "mlm_accuracy" in last:
+            mlm_cell = f"{100 * last['mlm_accuracy']:.1f}"
+        elif "generator_accuracy" in last:  # ELECTRA: its generator's, with 15 % of the targets left visible
+            mlm_cell = f"{100 * last['generator_accuracy']:.1f} (generator)"
+        else:
+            mlm_cell = "-"
         seconds = f"{timings[name]:.3f}" if name in timings else "-"
         print(f"| {name} | {seconds} | {plan['steps'].get(name, 0)} | {mlm_cell} | {' | '.join(cells)} |")
 

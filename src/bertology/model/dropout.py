@@ -17,14 +17,14 @@ from torch import Tensor
 LEVELS = 1 << 16
 
 
-def keep_mask(shape: torch.Size, p: float, generator: torch.Generator | None = None) -> Tensor:
+def keep_mask(shape: torch.Size, p: float) -> Tensor:
     """A bool tensor of `shape`, each element True with probability 1 - round(p * 65536) / 65536, from torch's
-    default generator (or `generator`)."""
+    default generator."""
     count = shape.numel()
     words = torch.empty((count + 3) // 4, dtype=torch.int64)
     # random_(from, to) over the whole int64 range: every one of the 64 bits is uniform (random_() alone leaves
     # the sign bit 0, which would bias every fourth 16-bit lane).
-    words.random_(-(1 << 63), (1 << 63) - 1, generator=generator)
+    words.random_(-(1 << 63), (1 << 63) - 1)
     lanes = words.view(torch.int16)[:count].view(shape)
     return lanes >= round(p * LEVELS) - LEVELS // 2
 

@@ -147,7 +147,13 @@ def pretrain_all(args: argparse.Namespace) -> None:
     budget = args.budget_minutes * 60
     names = args.only or [TEACHER, *OBJECTIVES]
     plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in names}
-    (RUNS / "plan.json").write_text(json.dumps({"budget_minutes": args.budget_minutes, "steps": plan}, indent=2))
+    plan_path = RUNS / "plan.json"
+    earlier = json.loads(plan_path.read_text()) if plan_path.exists() else {}
+    if earlier and earlier["budget_minutes"] != args.budget_minutes:
+        raise SystemExit(f"{plan_path} planned {earlier['budget_minutes']} minutes each, not {args.budget_minutes}: "
+                         "use another --out for another budget")
+    steps = {**earlier.get("steps", {}), **plan}  # `--only` adds to the runs already planned there
+    plan_path.write_text(json.dumps({"budget_minutes": args.budget_minutes, "steps": steps}, indent=2))
     for name in plan:
         started = time.perf_counter()
         pretrain(name, plan[name], RUNS / name)

@@ -154,7 +154,7 @@ def quickstart_config(options: QuickstartOptions, corpus: Sequence[str | os.Path
         "optim": {
             "batch_size": 64,
             "total_steps": steps,
-            "lr": 2.0e-3,
+            "lr": 3.0e-3,
             "warmup_ratio": 0.1,
             "schedule": "linear",
             "weight_decay": 0.01,

@@ -105,11 +105,14 @@ def run_config(name: str, steps: int, out: Path) -> dict:
     return config
 
 
-def pretrain(name: str, steps: int, out: Path) -> None:
+def pretrain(name: str, steps: int, out: Path, overrides: list[str] | None = None) -> None:
+    """``overrides``: ``KEY=VALUE`` settings passed to ``bertology pretrain --set`` (e.g. ``optim.lr=3e-3``)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(run_config(name, steps, out), sort_keys=False))
     command = [sys.executable, "-m", "bertology", "pretrain", "--config", str(path), "--overwrite"]
+    for setting in overrides or ():
+        command += ["--set", setting]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True, cwd=ROOT)
 
@@ -156,7 +159,7 @@ def pretrain_all(args: argparse.Namespace) -> None:
     plan_path.write_text(json.dumps({"budget_minutes": args.budget_minutes, "steps": steps}, indent=2))
     for name in plan:
         started = time.perf_counter()
-        pretrain(name, plan[name], RUNS / name)
+        pretrain(name, plan[name], RUNS / name, args.set)
         print(f"{name}: {plan[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
 
 
@@ -255,6 +258,8 @@ def main() -> None:
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="pretrain: a run-config setting for every run of this call (e.g. optim.lr=3e-3)")
     parser.add_argument("--tasks", nargs="*", default=list(FINETUNE))
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
     parser.add_argument("--out", default=str(RUNS.relative_to(ROOT)),

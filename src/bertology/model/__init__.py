@@ -3,11 +3,29 @@ loaded one is (`fingerprint`) and int8 inference (`with_dtype`, `bertology.model
 
 from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import EncoderConfig, preset
-from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput, HeadSpec, register_extension
+from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
+from bertology.model.blocks import Block, BlockSpec, KVCache
+from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
+from bertology.model.extensions import register_extension
+from bertology.model.heads import HeadInputs, HeadSpec, register_head
+from bertology.model.packing import Layout
+from bertology.model.protocol import Model, require_encoder
 from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 
 __all__ = [
+    "BIDIRECTIONAL",
+    "Block",
+    "BlockSpec",
+    "CAUSAL",
+    "HeadInputs",
+    "KVCache",
+    "Layout",
+    "MaskPolicy",
+    "Model",
+    "register_head",
+    "require_encoder",
+    "sliding_window",
     "Encoder",
     "EncoderConfig",
     "EncoderModel",

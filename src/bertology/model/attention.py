@@ -1,0 +1,235 @@
+"""Attention: scaled dot-product attention under every family's mask policy, padded or packed.
+
+    a = softmax(Q K^T * scale + bias + mask) V, per head
+
+What a query may see is one `MaskPolicy` (bidirectional, causal, a sliding window) combined with per-batch facts:
+key padding, document ids of a packed stream, global tokens (Longformer) and an arbitrary boolean mask (XLNet's
+permutations). `bias` is an additive score bias (T5's relative positions); keys and values may be longer than the
+queries (a key/value cache, memory, cross-attention), the queries then sitting at the end (`query_offset`).
+
+`attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
+a `Layout`: on CPU one call per group of equal-length sequences (the fastest there), on CUDA one variable-length
+kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`, or SDPA on a jagged nested
+tensor when attention dropout is on)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bertology.model.dropout import fast_dropout
+from bertology.model.packing import Layout
+
+
+@dataclass(frozen=True)
+class MaskPolicy:
+    """Which keys a query may attend to, by position. `window` (left, right): query i sees keys i - left .. i + right
+    (a negative side is unbounded); `causal` caps right at 0. The default sees everything."""
+
+    causal: bool = False
+    window: tuple[int, int] | None = None
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        """(left, right) reach; -1 for unbounded (the variable-length kernel's `window_size` convention)."""
+        left, right = self.window if self.window is not None else (-1, -1)
+        if self.causal:
+            right = 0
+        return left, right
+
+    @property
+    def restricts(self) -> bool:
+        return self.bounds != (-1, -1)
+
+    def allowed(self, num_queries: int, num_keys: int, query_offset: int, device: torch.device) -> Tensor | None:
+        """[Lq, Lk] True where query i (at key position query_offset + i) may see key j; None when all may."""
+        if not self.restricts:
+            return None
+        left, right = self.bounds
+        q = torch.arange(num_queries, device=device)[:, None] + query_offset
+        k = torch.arange(num_keys, device=device)[None, :]
+        ok = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
+        if left >= 0:
+            ok &= k >= q - left
+        if right >= 0:
+            ok &= k <= q + right
+        return ok
+
+
+BIDIRECTIONAL = MaskPolicy()
+CAUSAL = MaskPolicy(causal=True)
+
+
+def sliding_window(left: int, right: int | None = None) -> MaskPolicy:
+    """Each query sees `left` keys before it and `right` (default: `left`) after it, and itself."""
+    return MaskPolicy(window=(left, left if right is None else right))
+
+
+def combined_mask(policy: MaskPolicy, num_queries: int, num_keys: int, device: torch.device, *,
+                  query_offset: int = 0, key_mask: Tensor | None = None, documents: Tensor | None = None,
+                  global_tokens: Tensor | None = None, mask: Tensor | None = None) -> Tensor | None:
+    """The boolean [B or 1, 1, Lq, Lk] mask (True = may attend) that the policy and the per-batch facts give, or None
+    when every query sees every key. `key_mask` [B, Lk] (real keys), `documents` [B, Lk] (document id of each key;
+    the queries' are the last Lq), `global_tokens` [B, Lk] (tokens that see and are seen by all, before the key
+    mask applies), `mask` broadcastable to [B, heads, Lq, Lk]."""
+    allowed = policy.allowed(num_queries, num_keys, query_offset, device)
+    allowed = allowed[None, None] if allowed is not None else None
+
+    def both(extra: Tensor) -> None:
+        nonlocal allowed
+        allowed = extra if allowed is None else allowed & extra
+
+    if documents is not None:
+        both(documents[:, None, query_offset:, None] == documents[:, None, None, :])
+    if global_tokens is not None and allowed is not None:
+        g = global_tokens.bool()
+        allowed = allowed | g[:, None, query_offset:, None] | g[:, None, None, :]
+    if key_mask is not None:
+        both(key_mask.bool()[:, None, None, :])
+    if mask is not None:
+        both(mask.bool())
+    return allowed
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTIONAL, key_mask: Tensor | None = None,
+              documents: Tensor | None = None, global_tokens: Tensor | None = None, mask: Tensor | None = None,
+              bias: Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
+              need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
+              head_scale: Tensor | None = None, query_offset: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d]; returns (output [B, heads, Lq, d], the
+    probabilities [B, heads, Lq, Lk] when `need_weights`). `query_offset` defaults to Lk - Lq (queries are the last
+    positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores."""
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
+    offset = num_keys - num_queries if query_offset is None else query_offset
+    allowed = combined_mask(policy, num_queries, num_keys, q.device, query_offset=offset, key_mask=key_mask,
+                            documents=documents, global_tokens=global_tokens, mask=mask)
+    if bias is not None or (allowed is not None and (policy.restricts or documents is not None or mask is not None)):
+        # An additive mask with the dtype's lowest value instead of -inf: a query that may see nothing (padding
+        # under a causal or document mask) gets a uniform row instead of NaN, which would leak into the keys'
+        # gradients through 0 * NaN.
+        additive = bias.to(q.dtype) if bias is not None else None
+        if allowed is not None:
+            mask_values = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(
+                ~allowed, torch.finfo(q.dtype).min)
+            additive = mask_values if additive is None else additive + mask_values
+        return attend(q, k, v, additive, dropout, need_weights, prefix, head_scale, scale)
+    return attend(q, k, v, allowed, dropout, need_weights, prefix, head_scale, scale)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,
+           prefix: tuple[Tensor, Tensor] | None = None, head_scale: Tensor | None = None,
+           scale: float | None = None) -> tuple[Tensor, Tensor | None]:
+    """Scaled dot-product attention on [..., heads, len, head_dim]. `mask`: boolean (True where a key may be
+    attended) or additive (added to the scores).
+
+    `prefix` (keys, values), each [heads, P, head_dim]: P more positions that every query attends to, in front of
+    its own keys (prefix tuning). The probabilities returned cover the sequence's own keys only, so with a prefix a
+    row sums to 1 minus the share that went to the prefix positions.
+
+    `head_scale` [heads]: each head's output (and its returned probabilities) multiplied by its entry, as
+    transformers' `head_mask` multiplies the probabilities (Michel et al. 2019's mask variables)."""
+    if head_scale is not None:
+        out, probs = attend(q, k, v, mask, dropout, need_weights, prefix, None, scale)
+        factor = head_scale.to(out.dtype)[:, None, None]
+        return out * factor, (probs * factor if probs is not None else None)
+    num_prefix = prefix[0].shape[-2] if prefix is not None else 0
+    if num_prefix:
+        assert prefix is not None
+        k = torch.cat([prefix[0].expand(*k.shape[:-2], -1, -1), k], -2)
+        v = torch.cat([prefix[1].expand(*v.shape[:-2], -1, -1), v], -2)
+        if mask is not None:
+            seen = mask.new_ones(()) if mask.dtype == torch.bool else mask.new_zeros(())
+            mask = torch.cat([seen.expand(*mask.shape[:-1], num_prefix), mask], -1)
+    # With dropout on CPU, SDPA falls back to its math kernel with a Bernoulli mask: the explicit product with the
+    # byte-mask dropout is faster (benchmarks/RESULTS.md, "Training").
+    if not need_weights and not (dropout > 0 and q.device.type == "cpu"):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale), None
+    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = scores.softmax(-1)
+    out = fast_dropout(probs, dropout, dropout > 0) @ v
+    return out, (probs[..., num_prefix:] if need_weights else None)
+
+
+# A score bias as a function of the group's (query length, key length): T5's relative positions in a packed stream.
+BiasFn = Callable[[int, int], Tensor]
+
+
+def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy: MaskPolicy = BIDIRECTIONAL,
+                     bias: BiasFn | None = None, scale: float | None = None, dropout: float = 0.0,
+                     need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
+                     head_scale: Tensor | None = None, kernel: str = "auto") -> tuple[Tensor, list[Tensor | None]]:
+    """Attention within each sequence of a packed stream: q, k, v [T, heads, d] -> ([T, heads, d], per-group
+    probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`).
+
+    `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
+    CUDA), "nested" (SDPA on a jagged nested tensor: one call, with dropout) or "auto": varlen or nested on CUDA
+    where nothing the kernels lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
+    if kernel == "auto":
+        kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
+                               or head_scale is not None)
+    if kernel == "varlen":
+        from torch.nn.attention.varlen import varlen_attn
+
+        out = varlen_attn(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen,
+                          scale=scale, window_size=policy.bounds)
+        return out, []
+    if kernel == "nested":
+        if policy.restricts:
+            raise ValueError("the nested-tensor kernel attends bidirectionally only")
+        offsets = layout.cu_seqlens.to(torch.int64)
+        nq, nk, nv = (torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=layout.max_seqlen).transpose(1, 2)
+                      for t in (q, k, v))
+        out = F.scaled_dot_product_attention(nq, nk, nv, dropout_p=dropout, scale=scale)
+        return out.transpose(1, 2).values(), []
+    if kernel != "groups":
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen or nested")
+    outs, probs_by_group = [], []
+    heads, head_dim = q.shape[1], q.shape[2]
+    for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream
+        q_g, k_g, v_g = (t[start:start + count * length].view(count, length, heads, head_dim).transpose(1, 2)
+                         for t in (q, k, v))
+        o, probs = attention(q_g, k_g, v_g, policy=policy, bias=bias(length, length) if bias is not None else None,
+                             scale=scale, dropout=dropout, need_weights=need_weights, prefix=prefix,
+                             head_scale=head_scale)
+        outs.append(o.transpose(1, 2).reshape(count * length, heads, head_dim))
+        probs_by_group.append(probs)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens
+    return out, probs_by_group
+
+
+def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
+                  extras: bool) -> str:
+    """The packed kernel "auto" picks (see packed_attention)."""
+    if device.type != "cuda" or need_weights or extras:
+        return "groups"
+    if dropout == 0 and varlen_available():
+        return "varlen"
+    return "nested" if not policy.restricts else "groups"
+
+
+def varlen_available() -> bool:
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def scatter_attention(probs_by_group: list[Tensor | None], layout: Layout, heads: int, like: Tensor) -> Tensor:
+    """Per-group probabilities [count, heads, length, length] into one padded [B, heads, L, L] (zeros at padding)."""
+    out = like.new_zeros(layout.batch_size, heads, layout.seq_len, layout.seq_len)
+    for probs, (start, count, length) in zip(probs_by_group, layout.groups):
+        assert probs is not None
+        positions = layout.group_positions(start, count, length)  # flat positions in [B * L]
+        rows, cols = positions[:, 0] // layout.seq_len, positions % layout.seq_len
+        out[rows[:, None, None], :, cols[:, :, None], cols[:, None, :]] = probs.permute(0, 2, 3, 1).reshape(
+            len(rows), length, length, heads
+        )
+    return out

@@ -1,0 +1,268 @@
+"""Blocks: self-attention, optional cross-attention and a feed-forward, each with a residual and a norm.
+
+    post-norm (BERT, BART):     h = Norm(x + Attn(x));          y = Norm(h + FFN(h))
+    pre-norm  (GPT-2, T5):      h = x + Attn(Norm(x));          y = h + FFN(Norm(h))
+    FFN: act(x W_in) W_out, or gated act(x W_gate) * (x W_in) W_out (T5 v1.1)
+
+Norms are LayerNorm or RMSNorm; linear biases are optional. One `BlockSpec` says which. Every family's stack is a
+list of these blocks; the parameter slots keep the same names in all of them (query, key, value, attn_out, attn_norm,
+cross_query, cross_key, cross_value, cross_out, cross_norm, ffn_in, ffn_gate, ffn_out, ffn_norm), so extensions
+address them by path whatever the family: `attn_adapter` and `ffn_adapter` map a sublayer's output [.., H] before
+the residual add (bottleneck adapters), `prefix` returns (keys, values), each [P, heads, head_dim], attended by every
+query beside its own sequence (prefix tuning), and any projection may be replaced by a wrapper (LoRA)."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.errors import InputError
+from bertology.model.attention import (
+    BIDIRECTIONAL,
+    BiasFn,
+    MaskPolicy,
+    attend,
+    attention,
+    packed_attention,
+    scatter_attention,
+)
+from bertology.model.dropout import fast_dropout
+from bertology.model.heads import activation
+from bertology.model.packing import Layout
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """The shape and behaviour of one block."""
+
+    hidden_size: int
+    num_heads: int
+    head_dim: int
+    intermediate_size: int
+    activation: str = "gelu"
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    norm_eps: float = 1e-12
+    pre_norm: bool = False
+    gated: bool = False
+    bias: bool = True
+    cross_attention: bool = False
+    dropout: float = 0.1
+    attention_dropout: float = 0.1
+    attention_scale: float | None = None  # None: 1 / sqrt(head_dim); T5 uses 1
+
+
+def norm_layer(kind: str, width: int, eps: float) -> nn.Module:
+    if kind == "rmsnorm":
+        return nn.RMSNorm(width, eps=eps)
+    return nn.LayerNorm(width, eps=eps)
+
+
+def plain_linear(module: nn.Module | None) -> bool:
+    """True for an nn.Linear itself (not a subclass or a wrapper) without hooks: its output is x W^T + b."""
+    return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
+
+
+class KVCache:
+    """One block's keys and values of the positions decoded so far, [B, heads, L, head_dim] each, and the keys and
+    values of the encoder memory for cross-attention (computed once)."""
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None
+        self.values: Tensor | None = None
+        self.memory: tuple[Tensor, Tensor] | None = None
+
+    def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        if self.keys is not None and self.values is not None:
+            keys, values = torch.cat([self.keys, keys], -2), torch.cat([self.values, values], -2)
+        self.keys, self.values = keys, values
+        return keys, values
+
+    @property
+    def length(self) -> int:
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def reorder(self, rows: Tensor) -> None:
+        """Keep the batch rows `rows` (in that order): beam search's surviving hypotheses."""
+        if self.keys is not None and self.values is not None:
+            self.keys, self.values = self.keys[rows], self.values[rows]
+        if self.memory is not None:
+            self.memory = (self.memory[0][rows], self.memory[1][rows])
+
+
+class Block(nn.Module):
+    """One transformer block (see the module docstring). Padded input x [B, L, H], or packed [T, H] with a `Layout`."""
+
+    def __init__(self, spec: BlockSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        hidden, eps, bias = spec.hidden_size, spec.norm_eps, spec.bias
+        self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
+        width = spec.num_heads * spec.head_dim
+        with warnings.catch_warnings():  # a layer with every head pruned has empty projections: nothing to initialise
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            self.query = nn.Linear(hidden, width, bias=bias)
+            self.key = nn.Linear(hidden, width, bias=bias)
+            self.value = nn.Linear(hidden, width, bias=bias)
+            self.attn_out = nn.Linear(width, hidden, bias=bias)
+        self.attn_norm = norm_layer(spec.norm, hidden, eps)
+        if spec.cross_attention:
+            self.cross_query = nn.Linear(hidden, width, bias=bias)
+            self.cross_key = nn.Linear(hidden, width, bias=bias)
+            self.cross_value = nn.Linear(hidden, width, bias=bias)
+            self.cross_out = nn.Linear(width, hidden, bias=bias)
+            self.cross_norm = norm_layer(spec.norm, hidden, eps)
+        self.ffn_in = nn.Linear(hidden, spec.intermediate_size, bias=bias)
+        self.ffn_gate = nn.Linear(hidden, spec.intermediate_size, bias=bias) if spec.gated else None
+        self.ffn_out = nn.Linear(spec.intermediate_size, hidden, bias=bias)
+        self.ffn_norm = norm_layer(spec.norm, hidden, eps)
+        self.attn_adapter: nn.Module | None = None
+        self.ffn_adapter: nn.Module | None = None
+        self.prefix: nn.Module | None = None
+        self.act = activation(spec.activation)
+        self.dropout = spec.dropout
+        self.attention_dropout = spec.attention_dropout
+
+    def forward(self, x: Tensor, layout: Layout | None = None, key_mask: Tensor | None = None,
+                need_weights: bool = False, queries: Tensor | None = None, head_scale: Tensor | None = None, *,
+                policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+        """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
+        cache, L_keys counts the cached positions too).
+
+        `queries` (packed, bidirectional only): sorted indices of packed tokens; the block's output is computed only
+        at these rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer).
+        `head_scale` [num_heads]: multiplies each head's output (a head mask). `policy`, `bias`: see attention
+        (`bias` a tensor when padded, a function of the lengths when packed). `memory` [B, M, H] with
+        `memory_mask` [B, M]: what cross-attention reads. `cache`: keys and values of earlier positions (decoding)."""
+        if queries is not None and layout is None:
+            raise InputError("queries select packed tokens: they need the packed layout")
+        pre = self.spec.pre_norm
+        rows = x if queries is None else x[queries]
+        z = self.attn_norm(x) if pre else x
+        if queries is None:
+            a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache)
+        else:
+            a, probs = self.attention_at(z, layout, queries, head_scale), None
+        h = rows + self.sublayer_output(self.attn_out(a), self.attn_adapter)
+        if not pre:
+            h = self.attn_norm(h)
+        if self.spec.cross_attention:
+            if memory is None:
+                raise InputError("this block cross-attends: it needs the encoder's memory")
+            c = self.cross_attention(self.cross_norm(h) if pre else h, layout, memory, memory_mask, cache)
+            h = h + self.sublayer_output(self.cross_out(c), None)
+            if not pre:
+                h = self.cross_norm(h)
+        f = self.feed_forward(self.ffn_norm(h) if pre else h)
+        y = h + self.sublayer_output(f, self.ffn_adapter)
+        return (y if pre else self.ffn_norm(y)), probs
+
+    def feed_forward(self, h: Tensor) -> Tensor:
+        if self.ffn_gate is not None:
+            return self.ffn_out(self.act(self.ffn_gate(h)) * self.ffn_in(h))
+        return self.ffn_out(self.act(self.ffn_in(h)))
+
+    def sublayer_output(self, y: Tensor, adapter: nn.Module | None) -> Tensor:
+        y = fast_dropout(y, self.dropout, self.training)
+        return adapter(y) if adapter is not None else y
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values of x. When all three projections are plain nn.Linear (no wrapper has replaced
+        one), they run as one matmul on their concatenated weights: one larger product is faster on CPU than three
+        (benchmarks/RESULTS.md, "Separate q/k/v projections"). Otherwise each module is called."""
+        q, k, v = self.query, self.key, self.value
+        if plain_linear(q) and plain_linear(k) and plain_linear(v):
+            w = torch.cat([q.weight, k.weight, v.weight])
+            if q.bias is not None and k.bias is not None and v.bias is not None:
+                return F.linear(x, w, torch.cat([q.bias, k.bias, v.bias])).chunk(3, -1)
+            if q.bias is None and k.bias is None and v.bias is None:
+                return F.linear(x, w).chunk(3, -1)
+        return q(x), k(x), v(x)
+
+    def prefix_states(self) -> tuple[Tensor, Tensor] | None:
+        """The prefix module's keys and values as [heads, P, head_dim], or None without one."""
+        if self.prefix is None:
+            return None
+        keys, values = self.prefix()
+        return keys.transpose(0, 1), values.transpose(0, 1)
+
+    def heads_first(self, t: Tensor) -> Tensor:
+        """[B, L, heads x d] -> [B, heads, L, d]."""
+        return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
+
+    def self_attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
+                       head_scale: Tensor | None, policy: MaskPolicy, bias: Tensor | BiasFn | None,
+                       cache: KVCache | None) -> tuple[Tensor, Tensor | None]:
+        heads, head_dim = self.num_heads, self.head_dim
+        p = self.attention_dropout if self.training else 0.0
+        scale = self.spec.attention_scale
+        q, k, v = self.project(x)
+        if heads == 0:  # every head pruned: the sublayer adds attn_out's bias alone
+            batch, length = (layout.batch_size, layout.seq_len) if layout is not None else x.shape[:2]
+            return q, (x.new_zeros(batch, 0, length, length) if need_weights else None)
+        prefix = self.prefix_states()
+        if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
+            q, k, v = (self.heads_first(t) for t in (q, k, v))
+            if cache is not None:
+                k, v = cache.extend(k, v)
+            assert not callable(bias)
+            out, probs = attention(q, k, v, policy=policy, key_mask=key_mask, bias=bias, scale=scale, dropout=p,
+                                   need_weights=need_weights, prefix=prefix, head_scale=head_scale)
+            return out.transpose(1, 2).flatten(2), probs
+        if cache is not None:
+            raise InputError("a key/value cache needs the padded layout")
+        assert bias is None or callable(bias)
+        out, probs_by_group = packed_attention(
+            q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads, head_dim), layout,
+            policy=policy, bias=bias, scale=scale, dropout=p, need_weights=need_weights, prefix=prefix,
+            head_scale=head_scale)
+        return out.reshape(-1, heads * head_dim), (
+            scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
+
+    def cross_attention(self, h: Tensor, layout: Layout | None, memory: Tensor, memory_mask: Tensor | None,
+                        cache: KVCache | None) -> Tensor:
+        """Queries from h (packed or padded) over the memory's keys and values (padded [B, M, H])."""
+        p = self.attention_dropout if self.training else 0.0
+        q = self.cross_query(layout.unpack(h) if layout is not None else h)
+        if cache is not None and cache.memory is not None:
+            k, v = cache.memory
+        else:
+            k, v = self.heads_first(self.cross_key(memory)), self.heads_first(self.cross_value(memory))
+            if cache is not None:
+                cache.memory = (k, v)
+        out, _ = attention(self.heads_first(q), k, v, key_mask=memory_mask, scale=self.spec.attention_scale,
+                           dropout=p)
+        out = out.transpose(1, 2).flatten(2)
+        return layout.pack(out) if layout is not None else out
+
+    def attention_at(self, x: Tensor, layout: Layout, queries: Tensor, head_scale: Tensor | None = None) -> Tensor:
+        """Attention output [len(queries), heads x head_dim] at the packed tokens `queries` (sorted), bidirectional:
+        keys and values come from every token, the query projection runs on the selected rows alone."""
+        heads, head_dim = self.num_heads, self.head_dim
+        hidden = heads * head_dim
+        p = self.attention_dropout if self.training else 0.0
+        q = self.query(x[queries])
+        if heads == 0:
+            return q
+        k, v = (self.heads_first(layout.unpack(t)) for t in (self.key(x), self.value(x)))
+        # Each sequence's selected queries side by side: [B, Q_max, H], slots past a row's count are zeros. A
+        # sequence's tokens are contiguous in packed order, so its queries form one run of `queries`.
+        row = layout.flat_index[queries] // layout.seq_len
+        position = torch.arange(len(queries), device=x.device)
+        run_start = torch.ones_like(row, dtype=torch.bool)
+        run_start[1:] = row[1:] != row[:-1]
+        slot = position - torch.cummax(torch.where(run_start, position, 0), 0).values
+        # The widest row's query count; on a GPU the longest sequence bounds it without a host sync.
+        width = (int(slot.max()) + 1 if x.device.type == "cpu" else layout.max_seqlen) if len(queries) else 0
+        q_padded = q.new_zeros(layout.batch_size, width, hidden)
+        q_padded[row, slot] = q
+        mask = layout.unpack(torch.ones(len(x), dtype=torch.bool, device=x.device))[:, None, None, :]
+        o, _ = attend(self.heads_first(q_padded), k, v, mask, p, False, self.prefix_states(), head_scale,
+                      self.spec.attention_scale)
+        return o.transpose(1, 2).flatten(2)[row, slot]

@@ -1,0 +1,200 @@
+"""Heads: what a model computes on top of its last hidden states, as an open registry of kinds.
+
+A head is described by a `HeadSpec` (name, kind, labels, activation) and built by the class registered for its kind.
+Every head is called the same way, `head(inputs)`, with the `HeadInputs` of the forward pass, and reads what it
+needs from them; `register_head(kind, cls, reads_every_token=...)` adds a kind without touching any model. Which
+kind each family uses for each task, and the weight names, are data in the checkpoint tables."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.errors import ConfigError
+from bertology.model.dropout import fast_dropout
+
+
+def activation(name: str) -> Callable[[Tensor], Tensor]:
+    if name == "gelu":
+        return F.gelu
+    if name in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast"):
+        return functools.partial(F.gelu, approximate="tanh")
+    return {"relu": F.relu, "silu": F.silu, "swish": F.silu, "tanh": torch.tanh}[name]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head on a model. `name` keys it in `model.heads` and in the output's `head_logits`."""
+
+    name: str  # "mlm", "nsp", "sop", "rtd", "classifier", "token_classifier", "qa", "lm", or a user's own
+    kind: str  # a registered kind (HEAD_KINDS)
+    num_labels: int = 2
+    activation: str = "gelu"
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ConfigError(f"head {self.name!r}: unknown kind {self.kind!r}; registered kinds: "
+                              f"{', '.join(HEAD_KINDS)} (bertology.model.register_head)")
+
+
+@dataclass
+class HeadInputs:
+    """What a head may read of one forward pass. `hidden` [B, L, H] is the last layer (or the scalar mix);
+    `masked_positions` [N, 2] are where a masked-LM head predicts (all positions when None)."""
+
+    hidden: Tensor
+    attention_mask: Tensor
+    word_embeddings: Tensor
+    pooled: Tensor | None = None
+    masked_positions: Tensor | None = None
+
+
+# Where a head reads the last layer, so that a model may skip the last layer elsewhere: every token, only the masked
+# positions (every token when none are given), the first token, or the pooler (which reads the first token).
+HEAD_READS = ("every_token", "masked_positions", "first_token", "pooler")
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A registered head kind: the module class, built as cls(config, spec), and where it reads (HEAD_READS)."""
+
+    cls: type[nn.Module]
+    reads: str = "every_token"
+
+
+HEAD_REGISTRY: dict[str, HeadKind] = {}
+# The registered kinds' names, in registration order (a live view of the registry's keys).
+HEAD_KINDS = HEAD_REGISTRY.keys()
+
+
+def register_head(kind: str, cls: type[nn.Module], *, reads: str = "every_token") -> None:
+    """Make `kind` available to HeadSpec: models build `cls(config, spec)` and call it with `HeadInputs`. `reads`
+    (HEAD_READS) says where it reads the last layer; the default never lets the model prune it."""
+    if reads not in HEAD_READS:
+        raise ConfigError(f"head kind {kind!r}: reads must be one of {', '.join(HEAD_READS)}, got {reads!r}")
+    HEAD_REGISTRY[kind] = HeadKind(cls, reads)
+
+
+def head_reads(kind: str) -> str:
+    return HEAD_REGISTRY[kind].reads
+
+
+def build_head(config: Any, spec: HeadSpec) -> nn.Module:
+    return HEAD_REGISTRY[spec.kind].cls(config, spec)
+
+
+class MaskedLMHead(nn.Module):
+    """dense -> act -> LayerNorm -> vocabulary logits, the decoder tied to the input embeddings (plus a bias);
+    only at the masked positions when they are given."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        width = config.token_embedding_size
+        self.dense = nn.Linear(config.hidden_size, width)
+        self.act = activation(spec.activation)
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h, at = inputs.hidden, inputs.masked_positions
+        if at is not None:
+            h = h[at[:, 0], at[:, 1]]
+        return F.linear(self.norm(self.act(self.dense(h))), inputs.word_embeddings, self.bias)
+
+
+class LinearHead(nn.Module):
+    """Dropout then a linear layer on the pooled [CLS] vector (kind "pooled": NSP, SOP, BERT and ALBERT sequence
+    classification)."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def read(self, inputs: HeadInputs) -> Tensor:
+        if inputs.pooled is None:
+            raise ValueError("this head reads the pooler, which the model does not have")
+        return inputs.pooled
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        return self.out(fast_dropout(self.read(inputs), self.dropout, self.training))
+
+
+class TokenLinearHead(LinearHead):
+    """Dropout then a linear layer on every token (kind "token": token classification, QA start/end)."""
+
+    def read(self, inputs: HeadInputs) -> Tensor:
+        return inputs.hidden
+
+
+class FirstTokenHead(nn.Module):
+    """dense -> act -> out on the first token: RoBERTa (tanh), ELECTRA (gelu), DistilBERT (relu) classification."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(spec.activation)
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        x = self.act(self.dense(fast_dropout(inputs.hidden[:, 0], self.dropout, self.training)))
+        return self.out(fast_dropout(x, self.dropout, self.training))
+
+
+class MeanPooledHead(nn.Module):
+    """Dropout then a linear layer on the mean of the real tokens' vectors (sentence-transformers' pooling):
+    sequence classification that reads every token instead of [CLS]."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h = inputs.hidden
+        real = inputs.attention_mask.to(h.dtype).unsqueeze(-1)
+        mean = (h * real).sum(1) / real.sum(1).clamp(min=1)
+        return self.out(fast_dropout(mean, self.dropout, self.training))
+
+
+class TokenMLPHead(nn.Module):
+    """dense -> act -> one logit per token: ELECTRA's replaced-token discriminator."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(spec.activation)
+        self.out = nn.Linear(config.hidden_size, 1)
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        return self.out(self.act(self.dense(inputs.hidden))).squeeze(-1)
+
+
+class TiedLMHead(nn.Module):
+    """Vocabulary logits from the hidden states through the tied word embeddings, no parameters of its own (GPT-2's
+    and BART's language-model heads; kind "tied_lm"); only at `masked_positions` when given."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h, at = inputs.hidden, inputs.masked_positions
+        if at is not None:
+            h = h[at[:, 0], at[:, 1]]
+        return F.linear(h, inputs.word_embeddings)
+
+
+register_head("masked_lm", MaskedLMHead, reads="masked_positions")
+register_head("pooled", LinearHead, reads="pooler")
+register_head("first_token", FirstTokenHead, reads="first_token")
+register_head("mean_pooled", MeanPooledHead)
+register_head("token", TokenLinearHead)
+register_head("token_mlp", TokenMLPHead)
+register_head("tied_lm", TiedLMHead, reads="masked_positions")

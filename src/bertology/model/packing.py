@@ -1,0 +1,72 @@
+"""Packing: the real tokens of a padded [B, L] batch as one [T, ...] stream, and back.
+
+Every linear layer runs on the packed tokens, so padding costs nothing. Attention needs to know where each sequence
+starts and ends in the stream: `Layout.groups` (equal-length sequences side by side, for the per-group loop that is
+fastest on CPU) and `Layout.cu_seqlens` / `Layout.max_seqlen` (the cumulative lengths a variable-length kernel
+takes on a GPU).
+
+A layout is computed on the host from the mask: one device-to-host copy when the mask lives on a GPU, and none at
+all when the caller builds the layout from the CPU mask before moving the batch (`Layout(mask_cpu).to(device)`),
+so nothing inside the forward waits for the GPU."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class Layout:
+    """Where the real tokens of a padded batch are, and how to pack them into [T] and scatter them back.
+
+    Packed order sorts the sequences by length (stable), so the n sequences of one length are one contiguous slice
+    of the packed tokens: attention reads each group as a view, with no gather and no scatter. A sequence's tokens
+    keep their order; the mask may have its padding on either side (XLNet pads on the left)."""
+
+    def __init__(self, attention_mask: Tensor) -> None:
+        self.batch_size, self.seq_len = attention_mask.shape
+        host = attention_mask.detach().to("cpu", torch.bool)  # the one host copy; free for a CPU mask
+        lengths = host.sum(1)
+        order = torch.argsort(lengths, stable=True)
+        rows, cols = host[order].nonzero(as_tuple=True)
+        flat_index = order[rows] * self.seq_len + cols  # packed token -> position in the flat [B * L]
+        self.num_tokens = int(flat_index.numel())
+        self.full = self.num_tokens == self.batch_size * self.seq_len  # no padding: pack and unpack are views
+        sorted_lengths = lengths[order]
+        # (start, count, length) of each group of equal-length sequences in the packed tokens.
+        sizes, counts = torch.unique_consecutive(sorted_lengths, return_counts=True)
+        self.groups: list[tuple[int, int, int]] = []
+        start = 0
+        for length, count in zip(sizes.tolist(), counts.tolist()):
+            if length > 0:
+                self.groups.append((start, count, length))
+            start += count * length
+        nonempty = sorted_lengths[sorted_lengths > 0]
+        self.max_seqlen = int(nonempty.max()) if len(nonempty) else 0
+        cu_seqlens = torch.zeros(len(nonempty) + 1, dtype=torch.int32)
+        torch.cumsum(nonempty, 0, out=cu_seqlens[1:])
+        device = attention_mask.device
+        self.flat_index = flat_index.to(device, non_blocking=True)
+        self.cu_seqlens = cu_seqlens.to(device, non_blocking=True)  # sequence boundaries in the packed stream
+
+    def to(self, device: torch.device | str) -> Layout:
+        """This layout with its index tensors on `device` (host facts are unchanged)."""
+        moved = object.__new__(Layout)
+        moved.__dict__.update(self.__dict__)
+        moved.flat_index = self.flat_index.to(device, non_blocking=True)
+        moved.cu_seqlens = self.cu_seqlens.to(device, non_blocking=True)
+        return moved
+
+    def pack(self, padded: Tensor) -> Tensor:
+        flat = padded.reshape(self.batch_size * self.seq_len, *padded.shape[2:])
+        return flat if self.full else flat[self.flat_index]
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        if self.full:
+            return packed.view(self.batch_size, self.seq_len, *packed.shape[1:])
+        out = packed.new_zeros(self.batch_size * self.seq_len, *packed.shape[1:])
+        out[self.flat_index] = packed
+        return out.view(self.batch_size, self.seq_len, *packed.shape[1:])
+
+    def group_positions(self, start: int, count: int, length: int) -> Tensor:
+        """The flat [B * L] positions of a group's tokens, [count, length]."""
+        return self.flat_index[start:start + count * length].view(count, length)

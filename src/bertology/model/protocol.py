@@ -1,0 +1,52 @@
+"""The `Model` protocol: what the trainer, objectives, tasks, PEFT and tools may ask of any model.
+
+`EncoderModel` (bidirectional), `DecoderModel` (causal, with a key/value cache) and `Seq2SeqModel` implement it. Code
+above the model package types its arguments as `Model`; where a feature is truly encoder-only it checks with
+`require_encoder` and says so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+from bertology.errors import ConfigError
+from bertology.model.heads import HeadSpec
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model with named heads, extension slots and a forward pass taking transformers' keyword names."""
+
+    config: Any
+    head_specs: tuple[HeadSpec, ...]
+    heads: nn.ModuleDict
+    extensions: dict[str, tuple[str, dict[str, Any]]]
+
+    def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = None, *args: Any, **kwargs: Any) -> Any: ...
+
+    def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        """The keyword arguments of this model's forward pass for a training batch (the fields it reads)."""
+        ...
+
+    def blocks(self) -> Sequence[nn.Module]:
+        """The transformer blocks, in order: the unit of sharding and activation checkpointing."""
+        ...
+
+    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module: ...
+
+    def init_weights(self, generator: Any = None) -> None: ...
+
+    @property
+    def word_embeddings(self) -> nn.Embedding: ...
+
+
+def require_encoder(model: Any, feature: str) -> Any:
+    """`model` when it is a bidirectional encoder; else a ConfigError saying that `feature` needs one."""
+    from bertology.model.encoder import EncoderModel
+
+    if not isinstance(model, EncoderModel):
+        raise ConfigError(f"{feature} needs a bidirectional encoder (BERT family); this model is a "
+                          f"{type(model).__name__}")
+    return model

@@ -1,0 +1,375 @@
+"""Causal decoders and encoder-decoders assembled from the shared parts: `DecoderModel` (GPT-style, with a key/value
+cache) and `Seq2SeqModel` (BART/T5-style). A family is a `TransformerConfig` (norm placement and kind, gated or
+dense feed-forward, biases, position kind, embedding scale) plus its checkpoint tables; no family has a class here.
+
+    x_0 = s * E_word[w] (+ E_pos[p]) (-> Norm if embedding_norm)
+    x_l = Block_l(x_{l-1})              causal self-attention (decoder), + cross-attention over the encoder's output
+    h   = Norm(x_N) if final_norm
+
+Forward passes take transformers' keyword names (input_ids, attention_mask, decoder_input_ids,
+decoder_attention_mask, labels, past_key_values, use_cache) and return logits and the cache under the same names."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.errors import ConfigError, InputError
+from bertology.model.attention import BIDIRECTIONAL, CAUSAL
+from bertology.model.blocks import Block, BlockSpec, KVCache, norm_layer
+from bertology.model.dropout import fast_dropout
+from bertology.model.extensions import add_extension
+from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
+from bertology.model.packing import Layout
+from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
+
+PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
+
+
+@dataclass
+class TransformerConfig:
+    """Shape and behaviour of a decoder or an encoder-decoder built from the shared blocks."""
+
+    family: str = "transformer"
+    vocab_size: int = 50257
+    hidden_size: int = 768
+    num_layers: int = 12  # the decoder's depth for DecoderModel, the encoder's for Seq2SeqModel
+    num_decoder_layers: int | None = None  # Seq2SeqModel's decoder depth (None: num_layers)
+    num_heads: int = 12
+    head_dim: int | None = None  # None: hidden_size // num_heads (T5 sets d_kv)
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu_new"
+    max_position_embeddings: int = 1024
+    positions: PositionKind = "learned"
+    position_offset: int = 0  # BART: 2 unused rows before position 0
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
+    layer_norm_eps: float = 1e-5
+    pre_norm: bool = True
+    embedding_norm: bool = False  # a norm right after the embeddings (BART's layernorm_embedding)
+    final_norm: bool = True  # a norm after the last block (GPT-2's ln_f, T5's final_layer_norm)
+    gated_ffn: bool = False
+    bias: bool = True
+    attention_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    embedding_scale: float = 1.0  # token embeddings multiplied by this (BART with scale_embedding: sqrt(hidden))
+    logit_scale: float = 1.0  # tied LM logits multiplied by this (T5 v1.0: hidden ** -0.5)
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    classifier_dropout: float | None = None
+    pad_token_id: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None
+    initializer_range: float = 0.02
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.head_dim is None and self.hidden_size % self.num_heads:
+            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.positions not in ("learned", "sinusoidal", "relative", "none"):
+            raise ConfigError(f"positions: expected learned, sinusoidal, relative or none, got {self.positions!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def token_embedding_size(self) -> int:
+        return self.hidden_size
+
+    @property
+    def head_dropout(self) -> float:
+        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
+
+    @property
+    def max_length(self) -> int:
+        return self.max_position_embeddings if self.positions in ("learned", "sinusoidal") else 1 << 30
+
+    def block_spec(self, cross_attention: bool) -> BlockSpec:
+        return BlockSpec(hidden_size=self.hidden_size, num_heads=self.num_heads, head_dim=self.attention_head_dim,
+                         intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
+                         norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
+                         cross_attention=cross_attention, dropout=self.hidden_dropout,
+                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("extra")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown transformer config key(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+@dataclass
+class ModelOutput:
+    """What a decoder or encoder-decoder forward returns, named as in transformers."""
+
+    last_hidden_state: Tensor
+    logits: Tensor | None = None
+    head_logits: dict[str, Tensor] = field(default_factory=dict)
+    loss: Tensor | None = None  # mean cross-entropy of `labels` (when given)
+    past_key_values: list[KVCache] | None = None
+    hidden_states: tuple[Tensor, ...] | None = None
+    encoder_last_hidden_state: Tensor | None = None
+
+
+def position_ids_from_mask(attention_mask: Tensor, length: int) -> Tensor:
+    """Positions counting real tokens only (left padding then starts at 0), for the last `length` columns."""
+    positions = (attention_mask.long().cumsum(1) - 1).clamp(min=0)
+    return positions[:, -length:]
+
+
+class Stack(nn.Module):
+    """Positions, a list of blocks and the final norm; the token embeddings are the model's (they may be shared)."""
+
+    def __init__(self, config: TransformerConfig, num_layers: int, *, causal: bool, cross_attention: bool) -> None:
+        super().__init__()
+        self.config = config
+        self.policy = CAUSAL if causal else BIDIRECTIONAL
+        hidden = config.hidden_size
+        self.positions: nn.Module | None = None
+        if config.positions == "learned":
+            self.positions = LearnedPositions(config.max_position_embeddings, hidden, config.position_offset)
+        elif config.positions == "sinusoidal":
+            self.positions = SinusoidalPositions(config.max_position_embeddings, hidden)
+        self.relative = (RelativePositionBias(config.num_heads, config.relative_attention_num_buckets,
+                                              config.relative_attention_max_distance, bidirectional=not causal)
+                         if config.positions == "relative" else None)
+        self.embedding_norm = norm_layer(config.norm, hidden, config.layer_norm_eps) if config.embedding_norm else None
+        self.layers = nn.ModuleList(Block(config.block_spec(cross_attention)) for _ in range(num_layers))
+        self.final_norm = norm_layer(config.norm, hidden, config.layer_norm_eps) if config.final_norm else None
+
+    def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
+                memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
+                output_hidden_states: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+        """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
+        positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
+        the hidden states (after the embeddings, then after every block; the last one after the final norm)."""
+        length = embedded.shape[1]
+        past = caches[0].length if caches else 0
+        if attention_mask.shape[1] != past + length:
+            raise InputError(f"attention_mask covers {attention_mask.shape[1]} positions; the cache holds {past} and "
+                             f"the input adds {length}")
+        x = embedded
+        if self.positions is not None:
+            if past + length > self.config.max_length:
+                raise InputError(f"{past + length} positions exceed the model's {self.config.max_length}")
+            x = x + self.positions(position_ids_from_mask(attention_mask, length))
+        if self.embedding_norm is not None:
+            x = self.embedding_norm(x)
+        x = fast_dropout(x, self.config.hidden_dropout, self.training)
+        layout = Layout(attention_mask) if packed and caches is None else None
+        if layout is not None:
+            x = layout.pack(x)
+            bias = ((lambda q, k: self.relative(q, k)[None]) if self.relative is not None else None)
+            key_mask = None
+        else:
+            bias = self.relative(length, past + length)[None] if self.relative is not None else None
+            key_mask = attention_mask
+        to_padded = layout.unpack if layout is not None else (lambda t: t)
+        hidden_states = [to_padded(x)] if output_hidden_states else None
+        for index, block in enumerate(self.layers):
+            x, _ = block(x, layout, key_mask, policy=self.policy, bias=bias, memory=memory, memory_mask=memory_mask,
+                         cache=caches[index] if caches is not None else None)
+            if hidden_states is not None:
+                hidden_states.append(to_padded(x))
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+            if hidden_states is not None:
+                hidden_states[-1] = to_padded(x)
+        return to_padded(x), (tuple(hidden_states) if hidden_states is not None else None)
+
+
+def check_ids(input_ids: Tensor, vocab_size: int, what: str = "input_ids") -> None:
+    if input_ids.dim() != 2:
+        raise InputError(f"{what} must be [batch, length], got shape {tuple(input_ids.shape)}")
+    if not input_ids.numel():
+        return
+    if input_ids.device.type != "cpu":  # checked on the device: reading the values would wait for the GPU
+        torch._assert_async(((input_ids >= 0) & (input_ids < vocab_size)).all(), f"{what} must lie in [0, {vocab_size})")
+    elif int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
+        raise InputError(f"{what} must lie in [0, {vocab_size}), got [{int(input_ids.min())}, {int(input_ids.max())}]: "
+                         "does the tokenizer match the model?")
+
+
+def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean cross-entropy over the labels that are not -100 (transformers' convention)."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
+
+
+class TransformerModel(nn.Module):
+    """What decoders and encoder-decoders share: token embeddings, heads, extensions and initialisation."""
+
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec]) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.head_specs = tuple(heads)
+        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
+        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.embeddings
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        x = self.embeddings(input_ids)
+        return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
+
+    def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None) -> None:
+        if not self.head_specs:
+            return
+        word = self.embeddings.weight * self.config.logit_scale if self.config.logit_scale != 1.0 \
+            else self.embeddings.weight
+        inputs = HeadInputs(hidden=out.last_hidden_state, attention_mask=attention_mask, word_embeddings=word,
+                            masked_positions=masked_positions)
+        for spec in self.head_specs:
+            out.head_logits[spec.name] = self.heads[spec.name](inputs)
+        out.logits = out.head_logits[self.head_specs[0].name]
+
+    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
+        return add_extension(self, where, factory, **options)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """N(0, initializer_range) weights and embeddings, zero biases, unit norms."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, std, generator=generator)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+                nn.init.ones_(module.weight)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            if isinstance(module, MaskedLMHead):
+                module.bias.zero_()
+
+
+class DecoderModel(TransformerModel):
+    """A causal decoder (GPT-style) with heads; the first head is the primary one (`logits`)."""
+
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
+        super().__init__(config, heads)
+        self.decoder = Stack(config, config.num_layers, causal=True, cross_attention=False)
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.decoder.layers)
+
+    def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                "masked_positions": getattr(batch, "masked_positions", None)}
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, labels: Tensor | None = None,
+                past_key_values: list[KVCache] | None = None, use_cache: bool = False,
+                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
+                packed: bool = True) -> ModelOutput:
+        """`attention_mask` [B, past + L] covers the cached positions too (as transformers'). `labels` [B, L]: the
+        loss of predicting token t + 1 at position t (-100 ignored). `masked_positions` [N, 2]: logits only there.
+        With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given)."""
+        check_ids(input_ids, self.config.vocab_size)
+        caches = past_key_values
+        if use_cache and caches is None:
+            caches = [KVCache() for _ in self.decoder.layers]
+        past = caches[0].length if caches else 0
+        if attention_mask is None:
+            attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
+                                        device=input_ids.device)
+        hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
+                                             output_hidden_states=output_hidden_states)
+        out = ModelOutput(last_hidden_state=hidden, hidden_states=hidden_states,
+                          past_key_values=caches if use_cache else None)
+        self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions)
+        if labels is not None and out.logits is not None and masked_positions is None:
+            out.loss = lm_loss(out.logits[:, :-1], labels[:, 1:])
+        return out
+
+
+def shift_right(labels: Tensor, start: int, pad: int) -> Tensor:
+    """Decoder inputs from labels: the start token, then the labels but the last, -100 replaced by padding."""
+    out = labels.new_full(labels.shape, pad)
+    out[:, 1:] = labels[:, :-1]
+    out[:, 0] = start
+    return out.masked_fill(out == -100, pad)
+
+
+class Seq2SeqModel(TransformerModel):
+    """An encoder-decoder (BART/T5-style) sharing one token embedding; the decoder cross-attends to the encoder's
+    last hidden state."""
+
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
+        super().__init__(config, heads)
+        self.encoder = Stack(config, config.num_layers, causal=False, cross_attention=False)
+        self.decoder = Stack(config, config.num_decoder_layers or config.num_layers, causal=True, cross_attention=True)
+
+    def blocks(self) -> list[nn.Module]:
+        return [*self.encoder.layers, *self.decoder.layers]
+
+    def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                "decoder_input_ids": getattr(batch, "decoder_input_ids", None),
+                "decoder_attention_mask": getattr(batch, "decoder_attention_mask", None),
+                "labels": getattr(batch, "labels", None)}
+
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, packed: bool = True) -> Tensor:
+        check_ids(input_ids, self.config.vocab_size)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        return self.encoder(self.embed(input_ids), attention_mask, packed=packed)[0]
+
+    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
+                decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None, *,
+                encoder_outputs: Tensor | None = None, labels: Tensor | None = None,
+                past_key_values: list[KVCache] | None = None, use_cache: bool = False,
+                masked_positions: Tensor | None = None, packed: bool = True) -> ModelOutput:
+        """`labels` [B, L_dec]: the loss of each decoder position (-100 ignored); without `decoder_input_ids` they
+        are the labels shifted right behind `decoder_start_token_id`. `encoder_outputs`: the encoder's last hidden
+        state from an earlier call (decoding step by step)."""
+        if encoder_outputs is None:
+            if input_ids is None:
+                raise InputError("give input_ids or encoder_outputs")
+            encoder_outputs = self.encode(input_ids, attention_mask, packed)
+        if attention_mask is None:
+            attention_mask = torch.ones(encoder_outputs.shape[:2], dtype=torch.long, device=encoder_outputs.device)
+        if decoder_input_ids is None:
+            if labels is None:
+                raise InputError("give decoder_input_ids or labels")
+            start = self.config.decoder_start_token_id
+            if start is None:
+                raise ConfigError("decoder_start_token_id is not set: decoder inputs cannot be made from labels")
+            decoder_input_ids = shift_right(labels, start, self.config.pad_token_id)
+        check_ids(decoder_input_ids, self.config.vocab_size, "decoder_input_ids")
+        caches = past_key_values
+        if use_cache and caches is None:
+            caches = [KVCache() for _ in self.decoder.layers]
+        past = caches[0].length if caches else 0
+        if decoder_attention_mask is None:
+            decoder_attention_mask = torch.ones(decoder_input_ids.shape[0], past + decoder_input_ids.shape[1],
+                                                dtype=torch.long, device=decoder_input_ids.device)
+        hidden, _ = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask, memory=encoder_outputs,
+                                 memory_mask=attention_mask, caches=caches, packed=packed)
+        out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,
+                          past_key_values=caches if use_cache else None)
+        self.run_heads(out, decoder_attention_mask[:, -decoder_input_ids.shape[1]:], masked_positions)
+        if labels is not None and out.logits is not None and masked_positions is None:
+            out.loss = lm_loss(out.logits, labels)
+        return out

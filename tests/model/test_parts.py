@@ -1,0 +1,366 @@
+"""The shared transformer parts: attention's mask policies, packed kernels, positions, blocks, the key/value cache, and
+decoders / encoder-decoders assembled from them, checked against hand-built masks and against transformers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bertology.errors import ConfigError, InputError
+from bertology.model import (
+    BIDIRECTIONAL,
+    CAUSAL,
+    HeadSpec,
+    Layout,
+    MaskPolicy,
+    register_head,
+    sliding_window,
+)
+from bertology.model.attention import attention, choose_kernel, combined_mask, packed_attention
+from bertology.model.blocks import Block, BlockSpec
+from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, relative_buckets
+from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
+
+
+@pytest.fixture(autouse=True)
+def _seeded():
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+
+
+def reference_attention(q, k, v, allowed, bias=None, scale=None):
+    """Attention by the definition, one query at a time, with an explicit [B, Lq, Lk] mask."""
+    batch, heads, num_q, d = q.shape
+    out = torch.zeros_like(q)
+    for b in range(batch):
+        for i in range(num_q):
+            keys = allowed[b, i].nonzero().flatten()
+            if not len(keys):
+                continue
+            scores = (q[b, :, i, None] @ k[b, :, keys].transpose(-1, -2)).squeeze(1) * (scale or d ** -0.5)
+            if bias is not None:
+                scores = scores + bias[:, i, keys]
+            out[b, :, i] = (scores.softmax(-1)[:, None] @ v[b, :, keys]).squeeze(1)
+    return out
+
+
+def qkv(batch=2, heads=2, num_q=6, num_k=6, d=4):
+    return torch.randn(batch, heads, num_q, d), torch.randn(batch, heads, num_k, d), torch.randn(batch, heads, num_k, d)
+
+
+def test_policies_mask_the_positions_they_say():
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    assert combined_mask(BIDIRECTIONAL, 6, 6, torch.device("cpu")) is None
+    assert torch.equal(CAUSAL.allowed(6, 6, 0, torch.device("cpu")), j <= i)
+    assert torch.equal(sliding_window(1).allowed(6, 6, 0, torch.device("cpu")), (j - i).abs() <= 1)
+    assert torch.equal(MaskPolicy(causal=True, window=(2, 5)).allowed(6, 6, 0, torch.device("cpu")),
+                       (j <= i) & (j >= i - 2))
+    # queries at the end of longer keys (a cache of 3 positions): query 0 is position 3
+    assert torch.equal(CAUSAL.allowed(2, 5, 3, torch.device("cpu")), torch.tensor([[1, 1, 1, 1, 0], [1] * 5]).bool())
+    assert MaskPolicy(causal=True).bounds == (-1, 0) and sliding_window(3, 0).bounds == (3, 0)
+
+
+@pytest.mark.parametrize("case", ["causal", "window", "documents", "global", "boolean", "key_mask", "bias"])
+def test_attention_equals_the_definition(case):
+    q, k, v = qkv()
+    i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
+    allowed = torch.ones(2, 6, 6, dtype=torch.bool)
+    kwargs = {}
+    bias = None
+    if case == "causal":
+        kwargs["policy"], allowed = CAUSAL, allowed & (j <= i)
+    if case == "window":
+        kwargs["policy"], allowed = sliding_window(1, 2), allowed & (j >= i - 1) & (j <= i + 2)
+    if case == "documents":
+        docs = torch.tensor([[0, 0, 0, 1, 1, 2], [0, 1, 1, 1, 1, 1]])
+        kwargs["documents"], allowed = docs, docs[:, :, None] == docs[:, None, :]
+    if case == "global":
+        g = torch.tensor([[1, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]]).bool()
+        kwargs.update(policy=sliding_window(1), global_tokens=g)
+        allowed = ((j - i).abs() <= 1) | g[:, :, None] | g[:, None, :]
+    if case == "boolean":
+        m = torch.rand(2, 6, 6) > 0.4
+        m[:, :, 0] = True
+        kwargs["mask"], allowed = m[:, None], m
+    if case == "key_mask":
+        km = torch.tensor([[1, 1, 1, 1, 0, 0], [1] * 6])
+        kwargs.update(policy=CAUSAL, key_mask=km)
+        allowed = (j <= i) & km[:, None, :].bool()
+    if case == "bias":
+        bias = torch.randn(2, 6, 6)
+        kwargs.update(bias=bias[None], scale=1.0)
+    out, probs = attention(q, k, v, need_weights=True, **kwargs)
+    expected = reference_attention(q, k, v, allowed, bias, kwargs.get("scale"))
+    fast, _ = attention(q, k, v, **kwargs)
+    real = allowed.any(-1)[:, None, :, None]  # rows that see something (all here but for padding)
+    torch.testing.assert_close(out * real, expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(fast * real, expected, atol=1e-6, rtol=1e-5)
+    assert torch.all(probs.masked_fill(allowed[:, None], 0) == 0)
+
+
+def test_a_query_that_sees_nothing_gives_no_nan():
+    q, k, v = qkv(num_q=3, num_k=3)
+    out, _ = attention(q, k, v, policy=CAUSAL, key_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert torch.isfinite(out).all()
+
+
+def test_keys_longer_than_queries_are_the_last_positions():
+    q, k, v = qkv(num_q=2, num_k=5)
+    full_q = torch.cat([torch.randn(2, 2, 3, 4), q], 2)
+    out, _ = attention(q, k, v, policy=CAUSAL)
+    full, _ = attention(full_q, k, v, policy=CAUSAL)
+    torch.testing.assert_close(out, full[:, :, 3:])
+
+
+@pytest.mark.parametrize("policy", [BIDIRECTIONAL, CAUSAL, sliding_window(2)])
+def test_packed_groups_equal_padded_attention(policy):
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    layout = Layout(mask)
+    q, k, v = (torch.randn(4, 5, 2, 3) for _ in range(3))
+    relative = RelativePositionBias(2, num_buckets=8, max_distance=16, bidirectional=not policy.causal)
+    out, _ = packed_attention(*(layout.pack(t) for t in (q, k, v)), layout, policy=policy,
+                              bias=lambda lq, lk: relative(lq, lk)[None])
+    padded, _ = attention(*(t.transpose(1, 2) for t in (q, k, v)), policy=policy, key_mask=mask,
+                          bias=relative(5, 5)[None])
+    torch.testing.assert_close(layout.unpack(out), padded.transpose(1, 2) * mask[:, :, None, None], atol=1e-6,
+                               rtol=1e-5)
+
+
+def test_the_nested_kernel_equals_the_group_loop():
+    mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0, 0], [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]])
+    layout = Layout(mask)
+    q, k, v = (layout.pack(torch.randn(3, 8, 2, 8)) for _ in range(3))
+    groups, _ = packed_attention(q, k, v, layout, kernel="groups")
+    nested, _ = packed_attention(q, k, v, layout, kernel="nested")
+    torch.testing.assert_close(nested, groups, atol=1e-6, rtol=1e-5)
+    with pytest.raises(ValueError, match="bidirectionally"):
+        packed_attention(q, k, v, layout, policy=CAUSAL, kernel="nested")
+    with pytest.raises(ValueError, match="unknown attention kernel"):
+        packed_attention(q, k, v, layout, kernel="flash9")
+
+
+def test_kernel_choice_on_each_device(monkeypatch):
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: True)
+    assert choose_kernel(cpu, BIDIRECTIONAL, 0.0, False, False) == "groups"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "varlen"
+    assert choose_kernel(cuda, CAUSAL, 0.0, False, False) == "varlen"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False) == "nested"  # dropout: the kernel that has it
+    assert choose_kernel(cuda, CAUSAL, 0.1, False, False) == "groups"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
+    monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: False)
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "nested"
+
+
+def test_layout_keeps_sequence_boundaries_for_variable_length_kernels():
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 1, 1]])  # an empty row; left padding in the last
+    layout = Layout(mask)
+    assert layout.cu_seqlens.tolist() == [0, 2, 4, 7] and layout.max_seqlen == 3
+    assert layout.cu_seqlens.dtype == torch.int32
+    x = torch.arange(12).view(4, 3)
+    assert layout.pack(x).tolist() == [0, 1, 10, 11, 6, 7, 8]
+    assert torch.equal(layout.unpack(layout.pack(x)), x * mask)
+    moved = layout.to("cpu")
+    assert moved.groups == layout.groups and torch.equal(moved.flat_index, layout.flat_index)
+
+
+def test_relative_buckets_equal_t5s():
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative = torch.arange(-300, 300)[None, :]
+    for bidirectional in (True, False):
+        for buckets, distance in ((32, 128), (8, 20)):
+            expected = T5Attention._relative_position_bucket(relative, bidirectional, buckets, distance)
+            assert torch.equal(relative_buckets(relative, bidirectional, buckets, distance), expected)
+
+
+def test_absolute_positions():
+    learned = LearnedPositions(10, 4, offset=2)
+    assert learned.weight.shape == (12, 4)
+    assert torch.equal(learned(torch.tensor([0, 3])), learned.weight[[2, 5]])
+    table = SinusoidalPositions(50, 6)(torch.arange(50))
+    assert torch.equal(table[0], torch.tensor([0.0, 0, 0, 1, 1, 1]))
+    assert torch.allclose(table.norm(dim=1) ** 2, torch.full((50,), 3.0))
+
+
+@pytest.mark.parametrize("pre_norm,norm,gated,bias", [(False, "layernorm", False, True), (True, "rmsnorm", True, False)])
+def test_block_packed_equals_padded(pre_norm, norm, gated, bias):
+    spec = BlockSpec(hidden_size=8, num_heads=2, head_dim=4, intermediate_size=16, norm=norm, pre_norm=pre_norm,
+                     gated=gated, bias=bias, cross_attention=True)
+    block = Block(spec).eval()
+    assert (block.ffn_gate is not None) == gated and (block.query.bias is not None) == bias
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])
+    x, memory = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
+    memory_mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
+    layout = Layout(mask)
+    padded, _ = block(x, None, mask, policy=CAUSAL, memory=memory, memory_mask=memory_mask)
+    packed, _ = block(layout.pack(x), layout, policy=CAUSAL, memory=memory, memory_mask=memory_mask)
+    torch.testing.assert_close(layout.unpack(packed), padded * mask[..., None], atol=1e-6, rtol=1e-5)
+    with pytest.raises(InputError, match="memory"):
+        block(x, None, mask)
+
+
+def tiny_config(**overrides):
+    values = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+                  max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, decoder_start_token_id=0)
+    values.update(overrides)
+    return TransformerConfig(**values)
+
+
+@pytest.mark.parametrize("overrides", [{}, dict(positions="relative", norm="rmsnorm", gated_ffn=True, bias=False,
+                                                 attention_scale=1.0, final_norm=True, logit_scale=0.25)])
+def test_decoder_cache_and_packing_give_the_full_forward(overrides):
+    model = DecoderModel(tiny_config(**overrides), [HeadSpec("lm", "tied_lm")])
+    model.init_weights(torch.Generator().manual_seed(1))
+    model.eval()
+    ids = torch.randint(1, 50, (2, 7))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1] * 7])  # left padding, as for generation
+    with torch.no_grad():
+        full = model(ids, mask).logits
+        padded = model(ids, mask, packed=False).logits
+        torch.testing.assert_close(full, padded * mask[..., None], atol=1e-5, rtol=1e-5)
+        step = model(ids[:, :4], mask[:, :4], use_cache=True)
+        logits = [step.logits]
+        for t in range(4, 7):
+            step = model(ids[:, t:t + 1], mask[:, :t + 1], past_key_values=step.past_key_values, use_cache=True)
+            logits.append(step.logits)
+    incremental = torch.cat(logits, 1)
+    torch.testing.assert_close(incremental * mask[..., None], full, atol=1e-5, rtol=1e-5)
+
+
+def test_decoder_loss_and_logits_only_where_read():
+    model = DecoderModel(tiny_config(), [HeadSpec("lm", "tied_lm")])
+    ids = torch.randint(1, 50, (2, 6))
+    out = model(ids, labels=ids)
+    expected = F.cross_entropy(out.logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    torch.testing.assert_close(out.loss, expected)
+    at = torch.tensor([[0, 2], [1, 5]])
+    picked = model(ids, masked_positions=at).logits
+    torch.testing.assert_close(picked, out.logits[at[:, 0], at[:, 1]])
+    with pytest.raises(InputError, match="must lie in"):
+        model(torch.tensor([[1, 50]]))
+
+
+def test_seq2seq_cache_equals_full_forward_and_labels_shift():
+    config = tiny_config(num_decoder_layers=3, positions="relative", norm="rmsnorm", bias=False)
+    model = Seq2SeqModel(config, [HeadSpec("lm", "tied_lm")])
+    model.init_weights(torch.Generator().manual_seed(2))
+    model.eval()
+    assert len(model.decoder.layers) == 3 and len(model.blocks()) == 5
+    src = torch.randint(1, 50, (2, 5))
+    src_mask = torch.tensor([[1, 1, 1, 0, 0], [1] * 5])
+    labels = torch.randint(1, 50, (2, 4))
+    with torch.no_grad():
+        out = model(src, src_mask, labels=labels)
+        dec_in = torch.cat([torch.zeros(2, 1, dtype=torch.long), labels[:, :-1]], 1)
+        same = model(src, src_mask, dec_in)
+        torch.testing.assert_close(out.logits, same.logits)
+        torch.testing.assert_close(out.loss, F.cross_entropy(out.logits.flatten(0, 1), labels.flatten()))
+        memory = model.encode(src, src_mask)
+        step = model(attention_mask=src_mask, decoder_input_ids=dec_in[:, :1], encoder_outputs=memory, use_cache=True)
+        logits = [step.logits]
+        for t in range(1, 4):
+            step = model(attention_mask=src_mask, decoder_input_ids=dec_in[:, t:t + 1], encoder_outputs=memory,
+                         past_key_values=step.past_key_values, use_cache=True)
+            logits.append(step.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), out.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_gpt2_assembled_from_the_parts_equals_transformers():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf = GPT2LMHeadModel(GPT2Config(vocab_size=60, n_positions=32, n_embd=16, n_layer=2, n_head=2,
+                                    resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)).eval()
+    ours = DecoderModel(tiny_config(vocab_size=60, hidden_size=16, intermediate_size=64, hidden_act="gelu_new"),
+                        [HeadSpec("lm", "tied_lm")]).eval()
+    sd, state = hf.state_dict(), {}
+    state["embeddings.weight"], state["decoder.positions.weight"] = sd["transformer.wte.weight"], sd["transformer.wpe.weight"]
+    for i in range(2):
+        hf_layer, layer = f"transformer.h.{i}.", f"decoder.layers.{i}."
+        for part, name in (("query", 0), ("key", 1), ("value", 2)):
+            state[f"{layer}{part}.weight"] = sd[hf_layer + "attn.c_attn.weight"].chunk(3, 1)[name].T
+            state[f"{layer}{part}.bias"] = sd[hf_layer + "attn.c_attn.bias"].chunk(3)[name]
+        for ours_name, theirs in (("attn_out", "attn.c_proj"), ("ffn_in", "mlp.c_fc"), ("ffn_out", "mlp.c_proj")):
+            state[f"{layer}{ours_name}.weight"], state[f"{layer}{ours_name}.bias"] = (
+                sd[hf_layer + theirs + ".weight"].T, sd[hf_layer + theirs + ".bias"])
+        for ours_name, theirs in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
+            for p in ("weight", "bias"):
+                state[f"{layer}{ours_name}.{p}"] = sd[f"{hf_layer}{theirs}.{p}"]
+    for p in ("weight", "bias"):
+        state[f"decoder.final_norm.{p}"] = sd[f"transformer.ln_f.{p}"]
+    ours.load_state_dict(state)
+    ids = torch.randint(0, 60, (3, 9))
+    mask = torch.ones_like(ids)
+    mask[0, 6:] = 0
+    with torch.no_grad():
+        expected = hf(ids, attention_mask=mask).logits
+        got = ours(ids, mask).logits
+    torch.testing.assert_close(got * mask[..., None], expected * mask[..., None], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_t5_assembled_from_the_parts_equals_transformers(gated):
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    hf = T5ForConditionalGeneration(T5Config(
+        vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=3,
+        relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
+        feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=True, decoder_start_token_id=0,
+    )).eval()
+    config = tiny_config(vocab_size=40, hidden_size=16, num_heads=3, head_dim=4, intermediate_size=24,
+                         positions="relative", relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                         norm="rmsnorm", layer_norm_eps=1e-6, pre_norm=True, gated_ffn=gated, bias=False,
+                         attention_scale=1.0, hidden_act="gelu_new" if gated else "relu", logit_scale=16 ** -0.5)
+    ours = Seq2SeqModel(config, [HeadSpec("lm", "tied_lm")]).eval()
+    sd, state = hf.state_dict(), {"embeddings.weight": hf.state_dict()["shared.weight"]}
+    for side in ("encoder", "decoder"):
+        state[f"{side}.relative.embedding.weight"] = sd[f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+        state[f"{side}.final_norm.weight"] = sd[f"{side}.final_layer_norm.weight"]
+        for i in range(2):
+            block, layer = f"{side}.block.{i}.layer.", f"{side}.layers.{i}."
+            parts = [("", 0, "SelfAttention", "attn")]
+            if side == "decoder":
+                parts.append(("cross_", 1, "EncDecAttention", "cross"))
+            for prefix, index, name, norm in parts:
+                for ours_name, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
+                    state[f"{layer}{prefix}{ours_name}.weight"] = sd[f"{block}{index}.{name}.{theirs}.weight"]
+                state[f"{layer}{'cross_out' if prefix else 'attn_out'}.weight"] = sd[f"{block}{index}.{name}.o.weight"]
+                state[f"{layer}{norm}_norm.weight"] = sd[f"{block}{index}.layer_norm.weight"]
+            ffn = len(parts)
+            if gated:
+                state[f"{layer}ffn_gate.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi_0.weight"]
+                state[f"{layer}ffn_in.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi_1.weight"]
+            else:
+                state[f"{layer}ffn_in.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi.weight"]
+            state[f"{layer}ffn_out.weight"] = sd[f"{block}{ffn}.DenseReluDense.wo.weight"]
+            state[f"{layer}ffn_norm.weight"] = sd[f"{block}{ffn}.layer_norm.weight"]
+    ours.load_state_dict(state)
+    src = torch.randint(1, 40, (2, 7))
+    src_mask = torch.tensor([[1] * 5 + [0, 0], [1] * 7])
+    labels = torch.randint(1, 40, (2, 5))
+    with torch.no_grad():
+        expected = hf(input_ids=src, attention_mask=src_mask, labels=labels)
+        got = ours(src, src_mask, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
+
+
+def test_head_kinds_are_registered_not_hard_wired():
+    with pytest.raises(ConfigError, match="unknown kind 'nope'.*register_head"):
+        HeadSpec("x", "nope")
+
+    class MaxPooled(torch.nn.Module):
+        def __init__(self, config, spec):
+            super().__init__()
+            self.out = torch.nn.Linear(config.hidden_size, spec.num_labels)
+
+        def forward(self, inputs):
+            return self.out(inputs.hidden.masked_fill(~inputs.attention_mask.bool()[..., None], -1e4).max(1).values)
+
+    register_head("test_max_pooled", MaxPooled)
+    model = DecoderModel(tiny_config(), [HeadSpec("cls", "test_max_pooled", num_labels=3)])
+    assert model(torch.randint(0, 50, (2, 4))).logits.shape == (2, 3)
+    with pytest.raises(ConfigError, match="reads must be one of"):
+        register_head("test_bad", MaxPooled, reads="sometimes")

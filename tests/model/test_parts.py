@@ -309,7 +309,7 @@ def test_t5_assembled_from_the_parts_equals_transformers(gated):
         relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
         feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=True, decoder_start_token_id=0,
     )).eval()
-    config = tiny_config(vocab_size=40, hidden_size=16, num_heads=3, head_dim=4, intermediate_size=24,
+    config = tiny_config(vocab_size=40, hidden_size=16, num_heads=3, attention_head_size=4, intermediate_size=24,
                          positions="relative", relative_attention_num_buckets=8, relative_attention_max_distance=20,
                          norm="rmsnorm", layer_norm_eps=1e-6, pre_norm=True, gated_ffn=gated, bias=False,
                          attention_scale=1.0, hidden_act="gelu_new" if gated else "relu", logit_scale=16 ** -0.5)

@@ -42,7 +42,7 @@ class TransformerConfig:
     num_layers: int = 12  # the decoder's depth for DecoderModel, the encoder's for Seq2SeqModel
     num_decoder_layers: int | None = None  # Seq2SeqModel's decoder depth (None: num_layers)
     num_heads: int = 12
-    head_dim: int | None = None  # None: hidden_size // num_heads (T5 sets d_kv)
+    attention_head_size: int | None = None  # None: hidden_size // num_heads (T5's d_kv)
     intermediate_size: int = 3072
     hidden_act: str = "gelu_new"
     max_position_embeddings: int = 1024
@@ -74,7 +74,7 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.head_dim is None and self.hidden_size % self.num_heads:
+        if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.positions not in ("learned", "sinusoidal", "relative", "none"):
             raise ConfigError(f"positions: expected learned, sinusoidal, relative or none, got {self.positions!r}")
@@ -82,8 +82,8 @@ class TransformerConfig:
             raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
 
     @property
-    def attention_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
+    def head_dim(self) -> int:
+        return self.attention_head_size or self.hidden_size // self.num_heads
 
     @property
     def token_embedding_size(self) -> int:
@@ -98,7 +98,7 @@ class TransformerConfig:
         return self.max_position_embeddings if self.positions in ("learned", "sinusoidal") else 1 << 30
 
     def block_spec(self, cross_attention: bool) -> BlockSpec:
-        return BlockSpec(hidden_size=self.hidden_size, num_heads=self.num_heads, head_dim=self.attention_head_dim,
+        return BlockSpec(hidden_size=self.hidden_size, num_heads=self.num_heads, head_dim=self.head_dim,
                          intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
                          norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
                          cross_attention=cross_attention, dropout=self.hidden_dropout,
@@ -282,10 +282,12 @@ class DecoderModel(TransformerModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, labels: Tensor | None = None,
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                packed: bool = True) -> ModelOutput:
+                packed: bool = True, last_layer_at: Tensor | None = None) -> ModelOutput:
         """`attention_mask` [B, past + L] covers the cached positions too (as transformers'). `labels` [B, L]: the
         loss of predicting token t + 1 at position t (-100 ignored). `masked_positions` [N, 2]: logits only there.
-        With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given)."""
+        With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given).
+        `last_layer_at`: where the caller reads the last layer (the Model protocol lets a model skip the rest); a
+        language model reads nearly every position, so this one computes them all."""
         check_ids(input_ids, self.config.vocab_size)
         caches = past_key_values
         if use_cache and caches is None:

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from bertology.model.encoder import EncoderOutput, HeadSpec
+from bertology.model.encoder import EncoderOutput
+from bertology.model.heads import HeadSpec
 
 if TYPE_CHECKING:
-    from bertology.model.encoder import EncoderModel
+    from bertology.model.protocol import Model
 
 
 class Batch(Protocol):
@@ -54,24 +55,25 @@ class ObjectiveOutput:
 class Passes:
     """The model's forward passes over one batch, as objectives see them.
 
-    ``shared`` runs ``model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-    masked_positions=batch.masked_positions)`` once, on first use, with the last layer computed only at
-    ``last_layer_at`` (the union of what the objectives declared they read; None: everywhere)."""
+    ``shared`` runs the model once, on first use, on the inputs the model itself takes from the batch
+    (``model.forward_inputs(batch)``: an encoder reads ids, mask, segments and masked positions; a decoder ids and
+    mask), with the last layer computed only at ``last_layer_at`` (the union of what the objectives declared they
+    read; None: everywhere)."""
 
-    def __init__(self, model: EncoderModel, batch: Batch, last_layer_at: Tensor | None) -> None:
+    def __init__(self, model: Model, batch: Batch, last_layer_at: Tensor | None) -> None:
         self.model = model
         self.batch = batch
         self.last_layer_at = last_layer_at
 
     @functools.cached_property
-    def shared(self) -> EncoderOutput:
-        batch = self.batch
-        return self.model(batch.input_ids, batch.attention_mask, getattr(batch, "token_type_ids", None),
-                          masked_positions=getattr(batch, "masked_positions", None),
-                          last_layer_at=self.last_layer_at)
+    def shared(self) -> Any:
+        inputs = self.model.forward_inputs(self.batch)
+        if self.last_layer_at is not None:
+            inputs["last_layer_at"] = self.last_layer_at
+        return self.model(**inputs)
 
-    def run(self, *args: Any, **kwargs: Any) -> EncoderOutput:
-        """Another forward pass of the model on other inputs (same arguments as ``EncoderModel.forward``)."""
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        """Another forward pass of the model on other inputs (the model's forward arguments)."""
         return self.model(*args, **kwargs)
 
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
-from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
 from bertology.objectives.base import Batch, Objective, Passes
 
 
@@ -21,7 +21,7 @@ class TrainingLoss(nn.Module):
     pretraining objectives (MLM, NSP) and fine-tuning tasks (a classifier's cross-entropy is an objective too).
     """
 
-    def __init__(self, model: EncoderModel, objectives: Sequence[Objective]) -> None:
+    def __init__(self, model: Model, objectives: Sequence[Objective]) -> None:
         super().__init__()
         if not objectives:
             raise ConfigError("objectives: at least one objective is needed")

@@ -15,8 +15,10 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, EncoderConfig
-from bertology.model.encoder import EncoderModel, activation, register_extension
-from bertology.peft.common import (Trainable, check_choice, check_positive_int, freeze_base, layer_indices,
+from bertology.model.extensions import register_extension
+from bertology.model.heads import activation
+from bertology.model.protocol import Model
+from bertology.peft.common import (Trainable, block_paths, check_choice, check_positive_int, freeze_base, layer_indices,
                                    trainable_parameters)
 
 FACTORY = "bottleneck_adapter"
@@ -55,7 +57,7 @@ def adapter_factory(config: EncoderConfig, current: nn.Module | None, bottleneck
 register_extension(FACTORY, adapter_factory)
 
 
-def apply_adapters(model: EncoderModel, bottleneck: int = 64, activation: str = "gelu",
+def apply_adapters(model: Model, bottleneck: int = 64, activation: str = "gelu",
                    sublayers: Sequence[str] = ("attn", "ffn"), layers: Sequence[int] | None = None, *,
                    train_layer_norms: bool = False, train_heads: bool = True, also_train: Sequence[str] = (),
                    verbose: bool = False) -> Trainable:
@@ -70,12 +72,14 @@ def apply_adapters(model: EncoderModel, bottleneck: int = 64, activation: str = 
     unknown = [s for s in sublayers if s not in SLOTS]
     if unknown or not sublayers or len(set(sublayers)) != len(sublayers):
         raise ConfigError(f"adapter sublayers: expected distinct values among {', '.join(SLOTS)}, got {list(sublayers)}")
+    paths = block_paths(model)
     for index in layer_indices(model, layers, "adapter layers"):
         for sublayer in sublayers:
-            model.add_extension(f"encoder.layers.{index}.{SLOTS[sublayer]}", FACTORY, bottleneck=bottleneck,
+            model.add_extension(f"{paths[index]}.{SLOTS[sublayer]}", FACTORY, bottleneck=bottleneck,
                                 activation=activation)
-    norms = [f"{name}." for name, module in model.encoder.named_modules(prefix="encoder")
-             if isinstance(module, nn.LayerNorm)] if train_layer_norms else []
+    norms = [f"{name}." for name, module in model.named_modules()
+             if isinstance(module, (nn.LayerNorm, nn.RMSNorm)) and not name.startswith("heads.")] \
+        if train_layer_norms else []
     freeze_base(model, train_heads, (*also_train, *norms))
     share = trainable_parameters(model)
     if verbose:

@@ -9,7 +9,7 @@ from typing import NamedTuple
 from torch import nn
 
 from bertology.errors import ConfigError
-from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
 
 
 class Trainable(NamedTuple):
@@ -36,7 +36,7 @@ def trainable_parameters(model: nn.Module) -> Trainable:
     return Trainable(trainable, total)
 
 
-def tunable_parameters(model: EncoderModel) -> Iterator[tuple[str, nn.Parameter]]:
+def tunable_parameters(model: Model) -> Iterator[tuple[str, nn.Parameter]]:
     """The parameters the model's extensions train: each extension module that has `tunable_parameters()` (LoRA's A and
     B, not the weight it wraps) says which; any other extension trains all of its parameters."""
     for where in model.extensions:
@@ -47,7 +47,7 @@ def tunable_parameters(model: EncoderModel) -> Iterator[tuple[str, nn.Parameter]
             yield f"{where}.{name}", parameter
 
 
-def freeze_base(model: EncoderModel, train_heads: bool = True, also_train: Iterable[str] = ()) -> None:
+def freeze_base(model: Model, train_heads: bool = True, also_train: Iterable[str] = ()) -> None:
     """Every parameter stops training except the extensions' own (all extensions, whichever method added them), the
     heads' when `train_heads`, and those whose name starts with one of `also_train` (e.g. "encoder.pooler.")."""
     prefixes = tuple(also_train)
@@ -59,9 +59,16 @@ def freeze_base(model: EncoderModel, train_heads: bool = True, also_train: Itera
         parameter.requires_grad_(True)
 
 
-def layer_indices(model: EncoderModel, layers: Sequence[int] | None, where: str) -> list[int]:
-    """The unique layers to extend: all of them for None, else the given indices (negative ones count from the end)."""
-    count = model.config.num_unique_layers
+def block_paths(model: Model) -> list[str]:
+    """The module path of each of the model's blocks (`model.blocks()`), in order: where extensions go."""
+    names = {id(module): name for name, module in model.named_modules()}
+    return [names[id(block)] for block in model.blocks()]
+
+
+def layer_indices(model: Model, layers: Sequence[int] | None, where: str) -> list[int]:
+    """The (unique) blocks to extend: all of them for None, else the given indices (negative ones count from the
+    end)."""
+    count = len(model.blocks())
     if layers is None:
         return list(range(count))
     out = []

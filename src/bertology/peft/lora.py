@@ -21,12 +21,15 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
-from bertology.model.encoder import EncoderModel, register_extension
-from bertology.peft.common import (Trainable, check_positive, check_positive_int, check_probability, freeze_base,
-                                   layer_indices, trainable_parameters)
+from bertology.model.extensions import register_extension
+from bertology.model.protocol import Model
+from bertology.peft.common import (Trainable, block_paths, check_positive, check_positive_int, check_probability,
+                                   freeze_base, layer_indices, trainable_parameters)
 
 # The layer's projections LoRA can wrap (bertology.model.encoder.EncoderLayer).
-PROJECTIONS: tuple[str, ...] = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out")
+# The projections of a block LoRA may wrap (those a block has: cross-attention and the gate only in some families).
+PROJECTIONS: tuple[str, ...] = ("query", "key", "value", "attn_out", "cross_query", "cross_key", "cross_value",
+                                 "cross_out", "ffn_in", "ffn_gate", "ffn_out")
 FACTORY = "lora"
 
 
@@ -108,7 +111,7 @@ def lora_factory(config: EncoderConfig, current: nn.Module | None, rank: int, al
 register_extension(FACTORY, lora_factory)
 
 
-def apply_lora(model: EncoderModel, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
+def apply_lora(model: Model, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,
                targets: Sequence[str] = ("query", "value"), layers: Sequence[int] | None = None, *,
                train_heads: bool = True, also_train: Sequence[str] = (), verbose: bool = False) -> Trainable:
     """Wrap the `targets` projections of the chosen (unique) layers (all for None) in LoRALinear through
@@ -126,9 +129,14 @@ def apply_lora(model: EncoderModel, rank: int = 8, alpha: float = 8.0, dropout: 
                           f"expected some of {', '.join(PROJECTIONS)}")
     if len(set(targets)) != len(targets):
         raise ConfigError(f"lora targets: {list(targets)} names a projection twice")
-    for index in layer_indices(model, layers, "lora layers"):
+    paths = block_paths(model)
+    chosen = layer_indices(model, layers, "lora layers")
+    for target in targets:
+        if not isinstance(getattr(model.get_submodule(paths[chosen[0]]), target, None), nn.Linear):
+            raise ConfigError(f"lora targets: this model's blocks have no projection {target!r}")
+    for index in chosen:
         for target in targets:
-            model.add_extension(f"encoder.layers.{index}.{target}", FACTORY, rank=rank, alpha=alpha, dropout=dropout)
+            model.add_extension(f"{paths[index]}.{target}", FACTORY, rank=rank, alpha=alpha, dropout=dropout)
     freeze_base(model, train_heads, also_train)
     share = trainable_parameters(model)
     if verbose:
@@ -154,7 +162,7 @@ def unmerge_lora(model: nn.Module) -> None:
 
 
 @torch.no_grad()
-def fold_lora(model: EncoderModel) -> EncoderModel:
+def fold_lora(model: Model) -> Model:
     """Replace every LoRA layer by a plain nn.Linear holding W + (alpha / rank) B A and forget the extensions: the
     model is a base model again (savable in transformers' layout when nothing else extends it). In place; returns it."""
     for name, module in list(lora_layers(model)):

@@ -18,8 +18,10 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, register_extension
-from bertology.peft.common import Trainable, check_positive_int, freeze_base, layer_indices, trainable_parameters
+from bertology.model.extensions import register_extension
+from bertology.model.protocol import Model
+from bertology.peft.common import (Trainable, block_paths, check_positive_int, freeze_base, layer_indices,
+                                   trainable_parameters)
 
 FACTORY = "prefix"
 
@@ -63,7 +65,7 @@ def prefix_factory(config: EncoderConfig, current: nn.Module | None, length: int
 register_extension(FACTORY, prefix_factory)
 
 
-def apply_prefix(model: EncoderModel, length: int = 20, layers: Sequence[int] | None = None, *,
+def apply_prefix(model: Model, length: int = 20, layers: Sequence[int] | None = None, *,
                  reparameterize: bool = False, mlp_hidden: int = 512, train_heads: bool = True,
                  also_train: Sequence[str] = (), verbose: bool = False) -> Trainable:
     """A prefix of `length` keys and values in each chosen (unique) layer (all for None), through
@@ -75,8 +77,9 @@ def apply_prefix(model: EncoderModel, length: int = 20, layers: Sequence[int] | 
     options = {"length": length, "reparameterize": bool(reparameterize)}
     if reparameterize:
         options["mlp_hidden"] = mlp_hidden
+    paths = block_paths(model)
     for index in layer_indices(model, layers, "prefix layers"):
-        model.add_extension(f"encoder.layers.{index}.prefix", FACTORY, **options)
+        model.add_extension(f"{paths[index]}.prefix", FACTORY, **options)
     freeze_base(model, train_heads, also_train)
     share = trainable_parameters(model)
     if verbose:

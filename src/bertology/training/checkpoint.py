@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from bertology.errors import CheckpointError
 from bertology.io import atomic_directory, clean_stale
 from bertology.model.checkpoint import NATIVE_FILE, read_state_dict, write_model_files
-from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
 
 if TYPE_CHECKING:
     from bertology.tokenization import Tokenizer
@@ -195,7 +195,7 @@ def decode_state(value: Any, tensors: dict[str, torch.Tensor]) -> Any:
 
 
 # ------------------------------------------------------------------------------------------------------- writing
-def save_checkpoint(output_dir: str | Path, model: EncoderModel, tokenizer: Tokenizer | None, state: TrainingState,
+def save_checkpoint(output_dir: str | Path, model: Model, tokenizer: Tokenizer | None, state: TrainingState,
                     trainer_state: dict[str, Any]) -> Path:
     """Write checkpoint ``step-<state.step>`` atomically and return its path."""
     path = checkpoints_dir(output_dir) / f"step-{state.step:07d}"
@@ -235,7 +235,7 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------------------------- reading
-def read_checkpoint(path: str | Path, model: EncoderModel) -> tuple[dict[str, torch.Tensor], TrainingState,
+def read_checkpoint(path: str | Path, model: Model) -> tuple[dict[str, torch.Tensor], TrainingState,
                                                                      dict[str, Any]]:
     """The model weights (in ``model``'s names), the TrainingState and the trainer state of a checkpoint.
 

@@ -31,7 +31,7 @@ from tqdm import tqdm
 from bertology import faults
 from bertology.errors import CheckpointError, ConfigError, TrainingError
 from bertology.io import atomic_write
-from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
 from bertology.objectives.base import Batch, Objective
 from bertology.objectives.compose import TrainingLoss, stats_to_vector
 from bertology.prefetch import prefetched
@@ -170,7 +170,7 @@ class Trainer:
     every evaluation (with ``eval_data`` or without).
     """
 
-    def __init__(self, config: TrainerConfig, model: EncoderModel, objectives: Sequence[Objective],
+    def __init__(self, config: TrainerConfig, model: Model, objectives: Sequence[Objective],
                  train_data: BatchSource, eval_data: BatchSource | None = None, tokenizer: Tokenizer | None = None,
                  env: D.DistEnv | None = None, hooks: Sequence[Hook] = (),
                  evaluators: Sequence[Evaluator] = ()) -> None:
@@ -469,15 +469,15 @@ class Trainer:
             "world_size": self.env.world_size,
         }
 
-    def _model_for_saving(self) -> EncoderModel:
+    def _model_for_saving(self) -> Model:
         if not self.fsdp:
             return self.model
         state = D.full_state_dict(self.wrapped, self.loss_module, True)
-        copy = EncoderModel(self.model.config, self.model.head_specs)
+        copy = type(self.model)(self.model.config, self.model.head_specs)
         copy.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
         return copy
 
-    def _check_finite_weights(self, model: EncoderModel, what: str) -> None:
+    def _check_finite_weights(self, model: Model, what: str) -> None:
         """An update can overflow the weights with finite gradients (a learning rate far too large); such weights
         are never written over a good checkpoint or as the final model."""
         bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]

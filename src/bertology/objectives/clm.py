@@ -1,0 +1,88 @@
+"""Causal language modelling: L = mean over real positions t with a real successor of -log P(x_{t+1} | x_{<=t}).
+
+A causal batch names the positions that predict (`masked_positions`, as for MLM) and the tokens they predict
+(`lm_labels`), so the model computes vocabulary logits only there: the last token of each sequence and padding cost
+no output layer."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+from bertology.model.heads import HeadSpec
+from bertology.objectives.base import (
+    ObjectiveOutput,
+    Passes,
+    check_objective,
+    classification_output,
+    classification_summary,
+    safe_exp,
+)
+from bertology.objectives.mlm import mlm_loss
+
+
+class CausalBatch(Protocol):
+    input_ids: Tensor
+    attention_mask: Tensor
+    masked_positions: Tensor  # [N, 2] (row, column) of the positions that predict the next token
+    lm_labels: Tensor  # [N] the next token at each
+
+
+@dataclass
+class LMBatch:
+    """A padded batch of token sequences for causal LM (see `lm_batch`)."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    masked_positions: Tensor
+    lm_labels: Tensor
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> LMBatch:
+        return LMBatch(*(t.to(device, non_blocking=non_blocking) for t in (self.input_ids, self.attention_mask,
+                                                                           self.masked_positions, self.lm_labels)))
+
+
+def lm_batch(input_ids: Tensor, attention_mask: Tensor | None = None) -> LMBatch:
+    """The causal-LM targets of a padded batch, vectorised: every real position whose next position is real predicts
+    that token (padding on either side)."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    real = attention_mask.bool()
+    predicts = real[:, :-1] & real[:, 1:]
+    rows, cols = predicts.nonzero(as_tuple=True)
+    return LMBatch(input_ids, attention_mask, torch.stack([rows, cols], 1), input_ids[rows, cols + 1])
+
+
+@dataclass
+class CausalLM:
+    """Next-token prediction on the tied ``lm`` head. Stats: ``lm_units`` (predicted tokens), ``lm_loss_sum``,
+    ``lm_correct``."""
+
+    weight: float = 1.0
+    name: str = "lm"
+
+    def __post_init__(self) -> None:
+        check_objective(self)
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return (HeadSpec(self.name, "tied_lm"),)
+
+    def reads(self, batch: CausalBatch) -> Tensor:
+        return batch.masked_positions
+
+    def units(self, batch: CausalBatch) -> Tensor:
+        return torch.tensor(batch.lm_labels.shape[0], dtype=torch.int64)
+
+    def __call__(self, passes: Passes, batch: CausalBatch) -> ObjectiveOutput:
+        logits = passes.shared.head_logits[self.name]
+        return classification_output(self.name, logits, batch.lm_labels,
+                                     mlm_loss(logits, batch.lm_labels, reduction="sum"))
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        metrics = classification_summary(self.name, totals)
+        metrics["perplexity"] = safe_exp(metrics[f"{self.name}_loss"])
+        return metrics

@@ -192,7 +192,8 @@ def linear(ours: str, theirs: str, params: tuple[str, ...] = ("weight", "bias"),
 
 def layer_linears(layer: str, parts: Mapping[str, str]) -> tuple[WeightEntry, ...]:
     """Every layer's modules: our part (`query`) -> its name under the checkpoint's `layer` template."""
-    return tuple(e for ours, theirs in parts.items() for e in linear(f"encoder.layers.{{i}}.{ours}", f"{layer}.{theirs}"))
+    return tuple(entry for ours, theirs in parts.items()
+                 for entry in linear(f"encoder.layers.{{i}}.{ours}", f"{layer}.{theirs}"))
 
 
 # --- heads and families -------------------------------------------------------------------------------------------
@@ -325,7 +326,7 @@ def register_family(family: CheckpointFamily, *, replace: bool = False) -> Check
 
 def checkpoint_family(model_type: Any, source: str = "config.json") -> CheckpointFamily:
     known = registry()
-    if model_type not in known:
+    if not isinstance(model_type, str) or model_type not in known:
         raise CheckpointError(f"{source}: model_type: unknown model_type {model_type!r}; registered: "
                               f"{', '.join(known)}")
     return known[model_type]
@@ -335,7 +336,8 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
     """The table a config is written with: the one it was read with (config.json's model_type, kept in `extra`)
     when that builds the config's family, else the one whose model_type is the family."""
     known = registry()
-    read_with = known.get(config.extra.get("model_type"))  # type: ignore[arg-type]
+    read_as = config.extra.get("model_type")
+    read_with = known.get(read_as) if isinstance(read_as, str) else None
     if read_with is not None and read_with.family == config.family:
         return read_with
     if config.family in known:
@@ -445,6 +447,17 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
     return out
 
 
+def model_entries(model: Any, prefixed: bool, family: CheckpointFamily) -> list[Bound]:
+    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error."""
+    entries = bound_entries(model.config, model.head_specs, prefixed, family)
+    params = set(model.state_dict())
+    absent = sorted({o for entry in entries for o in entry.ours if o not in params})
+    if absent:
+        raise CheckpointError(f"the {family.model_type} checkpoint table names parameters the model does not have: "
+                              f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
+    return entries
+
+
 def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, str]:
     """Our parameter name -> the checkpoint key it is stored under as it is (the entries that rename)."""
     return {b.ours[0]: b.theirs[0] for b in bound_entries(config, heads, prefixed) if isinstance(b.transform, Rename)}
@@ -462,7 +475,7 @@ def to_state_dict(model: Any, weights: Mapping[str, Tensor], prefixed: bool, sou
     naming `source`."""
     family = family or family_for_config(model.config)
     expected = model.state_dict()
-    entries = bound_entries(model.config, model.head_specs, prefixed, family)
+    entries = model_entries(model, prefixed, family)
     state: dict[str, Tensor] = {}
     missing: list[str] = []
     mismatched: list[str] = []
@@ -523,7 +536,7 @@ def from_state_dict(model: Any, family: CheckpointFamily | None = None) -> dict[
     state = model.state_dict()
     out: dict[str, Tensor] = {}
     covered: set[str] = set()
-    for entry in bound_entries(model.config, model.head_specs, bool(model.head_specs), family):
+    for entry in model_entries(model, bool(model.head_specs), family):
         if isinstance(entry.transform, Tie):
             continue
         tensors = entry.transform.save([state[o].detach() for o in entry.ours], model.config)

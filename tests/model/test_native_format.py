@@ -50,7 +50,7 @@ def test_custom_heads_and_adapters_round_trip(tmp_path):
     save_model(model, tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["bertology.json", "model.safetensors"]
     meta = json.loads((tmp_path / "m" / "bertology.json").read_text())
-    assert meta["format"] == "bertology" and meta["version"] == 1
+    assert meta["format"] == "bertology" and meta["version"] == 2 and meta["model"] == "encoder"
     assert [h["name"] for h in meta["heads"]] == ["mlm", "sbo"]
     assert meta["extensions"]["encoder.layers.0.ffn_adapter"] == {"factory": "toy-adapter", "options": {"width": 4}}
     loaded = load(tmp_path / "m")
@@ -138,8 +138,8 @@ def test_native_metadata_errors_name_the_file(tmp_path):
     path.write_text(json.dumps({**meta, "heads": [{"name": "x", "kind": "spans"}]}))
     with pytest.raises(CheckpointError, match=r"bertology\.json: cannot build .*unknown kind 'spans'"):
         load_model(tmp_path / "m")
-    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "encoder"}))
-    with pytest.raises(CheckpointError, match=r"bertology\.json: cannot build .*missing key 'encoder'"):
+    path.write_text(json.dumps({k: v for k, v in meta.items() if k != "config"}))
+    with pytest.raises(CheckpointError, match=r"bertology\.json: cannot build .*missing key 'config'"):
         load_model(tmp_path / "m")
 
 

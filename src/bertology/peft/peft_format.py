@@ -19,8 +19,8 @@ from torch import Tensor
 
 from bertology.errors import CheckpointError, ConfigError
 from bertology.io import atomic_directory
-from bertology.model.checkpoint import ENCODER_NAMES, HEADS, Pretrained, load, name_map, read_json_object, \
-    read_safetensors
+from bertology.model.checkpoint import HEADS, Pretrained, load, name_map, read_json_object, read_safetensors
+from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
 from bertology.peft.common import freeze_base
 from bertology.peft.lora import FACTORY as LORA, LoRALinear
@@ -164,7 +164,7 @@ def load_lora_peft(base: str | os.PathLike | EncoderModel | Pretrained, director
         raise CheckpointError(f"{config_path}: needs numbers r and lora_alpha ({error})") from None
     weights = read_safetensors(weights_path)
     model = base.model if isinstance(base, Pretrained) else base if isinstance(base, EncoderModel) else load(base).model
-    family_prefix = ENCODER_NAMES[model.config.family]["prefix"] + "."
+    family_prefix = family_for_config(model.config).prefix + "."
     stripped = {k.removeprefix(PREFIX): v for k, v in weights.items()}
     prefixed = any(k.startswith(family_prefix) for k in stripped)
     mapping = name_map(model.config, model.head_specs, prefixed)

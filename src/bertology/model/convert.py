@@ -1,0 +1,567 @@
+"""One conversion engine between bertology's parameters and Hugging Face checkpoints.
+
+A checkpoint family (BERT, RoBERTa, ...) is data: a `CheckpointFamily` declared in its own module under
+`bertology.model.families` and registered with `register_family`. It says which config.json keys map to which
+`EncoderConfig` fields (each optionally with a value transform in either direction), which facts the family fixes,
+which weights map to which parameters (each entry with a transform: rename, transpose, reshape, split a fused tensor,
+merge several, or tie to another parameter), its heads, and which transformers class has which heads. Everything
+else here is shared by all families: reading and writing config.json, the weights in both directions, and one check
+that names every missing, unexpected and mis-shaped key with the file they came from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from bertology.errors import CheckpointError, ConfigError
+from bertology.model.config import EncoderConfig
+from bertology.model.encoder import HeadSpec
+
+# --- config keys --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    """One config.json key: `key` in the file is `field` of EncoderConfig. `read(value, config_json)` turns the file's
+    value into ours, `write(value, config)` ours into the file's; None keeps the value as it is."""
+
+    field: str
+    key: str
+    read: Callable[[Any, Mapping[str, Any]], Any] | None = None
+    write: Callable[[Any, EncoderConfig], Any] | None = None
+
+
+def renamed_keys(mapping: Mapping[str, str]) -> tuple[ConfigKey, ...]:
+    """Config keys that only change name: our field -> the config.json key."""
+    return tuple(ConfigKey(ours, theirs) for ours, theirs in mapping.items())
+
+
+# --- weight transforms --------------------------------------------------------------------------------------------
+
+
+def resolve_shape(shape: tuple[int | str, ...], config: Any) -> tuple[int, ...]:
+    """A shape whose entries are numbers or names of config attributes (e.g. "num_heads", "head_dim")."""
+    return tuple(getattr(config, d) if isinstance(d, str) else d for d in shape)
+
+
+@dataclass(frozen=True)
+class Rename:
+    """The tensor is stored as it is, under another name."""
+
+    name = "rename"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours == theirs == 1 else "a rename maps one parameter to one key"
+
+    def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        return theirs
+
+    def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
+        return ours
+
+
+@dataclass(frozen=True)
+class Transpose:
+    """The stored tensor is ours with two dimensions swapped (GPT-2's Conv1D keeps [in, out] where nn.Linear keeps
+    [out, in])."""
+
+    dims: tuple[int, int] = (0, 1)
+    name = "transpose"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours == theirs == 1 else "a transpose maps one parameter to one key"
+
+    def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        return [theirs[0].transpose(*self.dims).contiguous()]
+
+    def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
+        return [ours[0].transpose(*self.dims).contiguous()]
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """The stored tensor has the same elements in another shape: `shape` is the stored one, numbers or config
+    attribute names (-1 for the one left over)."""
+
+    shape: tuple[int | str, ...]
+    name = "reshape"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours == theirs == 1 else "a reshape maps one parameter to one key"
+
+    def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        return [theirs[0].reshape(shapes[0])]
+
+    def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
+        return [ours[0].reshape(resolve_shape(self.shape, config))]
+
+
+@dataclass(frozen=True)
+class Split:
+    """One stored tensor holds several of ours side by side along `dim` (after a transpose when `transpose`), e.g.
+    a fused query/key/value projection. The parts' widths are our parameters' shapes, so they may differ."""
+
+    dim: int = 0
+    transpose: bool = False
+    name = "split"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours >= 2 and theirs == 1 else "a split maps one key to two or more parameters"
+
+    def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        fused = theirs[0].transpose(0, 1) if self.transpose else theirs[0]
+        sizes = [shape[self.dim] for shape in shapes]
+        if fused.shape[self.dim] != sum(sizes):
+            raise ValueError(f"dimension {self.dim} is {fused.shape[self.dim]}, the parts need {sum(sizes)}")
+        return [part.contiguous() for part in torch.split(fused, sizes, dim=self.dim)]
+
+    def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
+        fused = torch.cat(ours, dim=self.dim)
+        return [fused.transpose(0, 1).contiguous() if self.transpose else fused]
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Several stored tensors are one of ours, concatenated along `dim`; saving cuts it into equal parts."""
+
+    dim: int = 0
+    parts: int = 2
+    name = "merge"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours == 1 and theirs >= 2 else "a merge maps two or more keys to one parameter"
+
+    def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        return [torch.cat(theirs, dim=self.dim)]
+
+    def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
+        return [part.contiguous() for part in torch.tensor_split(ours[0], self.parts, dim=self.dim)]
+
+
+@dataclass(frozen=True)
+class Tie:
+    """The stored keys are copies of our parameters (an MLM decoder tied to the word embeddings): not written, and
+    on reading accepted when present, and when `check`, required to equal them."""
+
+    check: bool = True
+    name = "tie"
+
+    def arity_problem(self, ours: int, theirs: int) -> str | None:
+        return None if ours == theirs >= 1 else "a tie pairs each key with one parameter"
+
+
+Transform = Rename | Transpose | Reshape | Split | Merge | Tie
+RENAME = Rename()
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
+    Names may hold `{i}` (the layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
+    Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
+    `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler")."""
+
+    ours: tuple[str, ...]
+    theirs: tuple[str, ...]
+    transform: Transform = RENAME
+    when: str | None = None
+
+    def __post_init__(self) -> None:
+        problem = self.transform.arity_problem(len(self.ours), len(self.theirs))
+        if problem is not None:
+            raise ConfigError(f"weight entry {self.ours} <- {self.theirs}: {problem}")
+        if not isinstance(self.transform, Merge) or self.transform.parts == len(self.theirs):
+            return
+        raise ConfigError(f"weight entry {self.ours} <- {self.theirs}: Merge(parts={self.transform.parts}) but "
+                          f"{len(self.theirs)} keys")
+
+
+def linear(ours: str, theirs: str, params: tuple[str, ...] = ("weight", "bias"), when: str | None = None,
+           transform: Transform = RENAME) -> tuple[WeightEntry, ...]:
+    """One entry per parameter of a module (a Linear or LayerNorm's weight and bias, an Embedding's weight)."""
+    return tuple(WeightEntry((f"{ours}.{p}",), (f"{theirs}.{p}",), transform, when) for p in params)
+
+
+def layer_linears(layer: str, parts: Mapping[str, str]) -> tuple[WeightEntry, ...]:
+    """Every layer's modules: our part (`query`) -> its name under the checkpoint's `layer` template."""
+    return tuple(entry for ours, theirs in parts.items()
+                 for entry in linear(f"encoder.layers.{{i}}.{ours}", f"{layer}.{theirs}"))
+
+
+# --- heads and families -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Head:
+    """A head as the family's transformers classes store it: its kind, its activation (None: the config's
+    hidden_act) and its parts: our module part (`dense`, `norm`, `out`) -> the checkpoint's module name, `bias` -> a
+    bare bias parameter, `tied` -> the decoder module tied to the word embeddings and to `bias`."""
+
+    kind: str
+    activation: str | None = None
+    parts: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
+
+    def entries(self, name: str) -> tuple[WeightEntry, ...]:
+        out: list[WeightEntry] = []
+        for part, theirs in self.parts.items():
+            if part == "bias":
+                out.append(WeightEntry((f"heads.{name}.bias",), (theirs,)))
+            elif part == "tied":
+                out.append(WeightEntry(("encoder.embeddings.word.weight",), (f"{theirs}.weight",), Tie(check=True)))
+                if "bias" in self.parts:  # transformers ties the decoder's bias to the head's
+                    out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
+            else:
+                out.extend(linear(f"heads.{name}.{part}", theirs))
+        return tuple(out)
+
+    def as_tuple(self) -> tuple[str, str | None, dict[str, str]]:
+        return self.kind, self.activation, dict(self.parts)
+
+
+@dataclass(frozen=True)
+class CheckpointFamily:
+    """Everything that tells one family's checkpoints apart (see the module docstring). `family` is the
+    EncoderConfig family the checkpoints build (the model_type by default); `architectures` maps transformers
+    class-name suffixes (`ForMaskedLM`, `ForPreTraining`) to their heads, the first being the primary one; keys in
+    `tolerated` may appear in the config even though another family's table uses them."""
+
+    model_type: str
+    class_stem: str
+    prefix: str
+    config_keys: tuple[ConfigKey, ...]
+    weights: tuple[WeightEntry, ...]
+    heads: Mapping[str, Head]
+    architectures: Mapping[str, tuple[str, ...]]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    family: str = ""
+    tolerated: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        for name in ("heads", "architectures", "fixed"):
+            object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
+        if not self.family:
+            object.__setattr__(self, "family", self.model_type)
+        where = f"checkpoint family {self.model_type!r}"
+        if not self.model_type or not isinstance(self.model_type, str):
+            raise ConfigError(f"checkpoint family: model_type must be a non-empty string, got {self.model_type!r}")
+        fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+        for key in self.config_keys:
+            if key.field not in fields:
+                raise ConfigError(f"{where}: config_keys: {key.key!r} maps to {key.field!r}, which is not an "
+                                  "EncoderConfig field")
+        for name in self.fixed:
+            if name not in fields:
+                raise ConfigError(f"{where}: fixed: {name!r} is not an EncoderConfig field")
+        for suffix, heads in self.architectures.items():
+            for head in heads:
+                if head not in self.heads:
+                    raise ConfigError(f"{where}: architectures[{suffix!r}] names head {head!r}, which the family does "
+                                      f"not declare (heads: {', '.join(self.heads) or 'none'})")
+        if "Model" not in self.architectures:
+            raise ConfigError(f"{where}: architectures has no 'Model' entry (the base model without heads)")
+
+    @property
+    def key_names(self) -> frozenset[str]:
+        return frozenset(k.key for k in self.config_keys)
+
+    def architecture_heads(self, architecture: str, source: str) -> tuple[str, ...]:
+        if not isinstance(architecture, str) or not architecture.startswith(self.class_stem):
+            raise CheckpointError(f"{source}: architectures: {architecture!r} does not belong to model type "
+                                  f"{self.model_type!r}")
+        suffix = architecture[len(self.class_stem):]
+        if suffix not in self.architectures:
+            known = ", ".join(self.class_stem + s for s in self.architectures)
+            raise CheckpointError(f"{source}: architectures: unsupported architecture {architecture!r}; supported: "
+                                  f"{known}")
+        return self.architectures[suffix]
+
+    def architecture_name(self, heads: tuple[str, ...]) -> str:
+        for suffix, names in self.architectures.items():
+            if tuple(names) == tuple(heads):
+                return self.class_stem + suffix
+        raise CheckpointError(f"no transformers architecture of {self.model_type!r} has exactly the heads {heads}")
+
+
+# --- the registry -------------------------------------------------------------------------------------------------
+
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert")  # modules of bertology.model.families
+REGISTRY: dict[str, CheckpointFamily] = {}
+_loaded = False
+
+
+def registry() -> dict[str, CheckpointFamily]:
+    """model_type -> family, the built-in ones first (their modules are imported on first use)."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        for module in BUILT_IN:
+            register_family(importlib.import_module(f"bertology.model.families.{module}").FAMILY)
+    return REGISTRY
+
+
+def register_family(family: CheckpointFamily, *, replace: bool = False) -> CheckpointFamily:
+    """Make `family`'s checkpoints loadable and savable. Registering an equal table again is harmless; another
+    table under a registered model_type is an error unless `replace`."""
+    if not isinstance(family, CheckpointFamily):
+        raise ConfigError(f"register_family expects a CheckpointFamily, got {type(family).__name__}")
+    known = registry()
+    current = known.get(family.model_type)
+    if current is not None and current != family and not replace:
+        raise ConfigError(f"model_type {family.model_type!r} is registered already with another table (pass "
+                          "replace=True to replace it)")
+    known[family.model_type] = family
+    return family
+
+
+def checkpoint_family(model_type: Any, source: str = "config.json") -> CheckpointFamily:
+    known = registry()
+    if not isinstance(model_type, str) or model_type not in known:
+        raise CheckpointError(f"{source}: model_type: unknown model_type {model_type!r}; registered: "
+                              f"{', '.join(known)}")
+    return known[model_type]
+
+
+def family_for_config(config: EncoderConfig) -> CheckpointFamily:
+    """The table a config is written with: the one it was read with (config.json's model_type, kept in `extra`)
+    when that builds the config's family, else the one whose model_type is the family."""
+    known = registry()
+    read_as = config.extra.get("model_type")
+    read_with = known.get(read_as) if isinstance(read_as, str) else None
+    if read_with is not None and read_with.family == config.family:
+        return read_with
+    if config.family in known:
+        return known[config.family]
+    raise CheckpointError(f"no registered checkpoint family builds {config.family!r} models; registered: "
+                          f"{', '.join(known)}")
+
+
+# --- config.json ------------------------------------------------------------------------------------------------
+
+
+def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:
+    """A config key that only another registered family's table uses means the file mixes two families."""
+    own = family.key_names | family.tolerated
+    for other in registry().values():
+        if other.model_type == family.model_type:
+            continue
+        for key in sorted(other.key_names - own):
+            if hf.get(key) is not None:
+                raise ConfigError(f"{source}: key {key!r} is a {other.model_type} config key, not a "
+                                  f"{family.model_type} one: the file mixes two families' fields")
+
+
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderConfig:
+    """Map a transformers config.json onto an EncoderConfig; keys bertology does not use are kept in `extra`."""
+    family = checkpoint_family(hf.get("model_type"), source)
+    check_mixed_keys(family, hf, source)
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise CheckpointError(
+            f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')"
+        )
+    values: dict[str, Any] = dict(family.fixed)
+    used = set()
+    for key in family.config_keys:
+        if hf.get(key.key) is not None:
+            values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
+            used.add(key.key)
+    if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
+        values["pruned_heads"] = hf["pruned_heads"] or {}
+        used.add("pruned_heads")
+    extra = {k: v for k, v in hf.items() if k not in used}
+    try:
+        return EncoderConfig(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
+    except (ConfigError, TypeError) as error:
+        raise ConfigError(f"{source}: {error}") from None
+
+
+def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str, Any]:
+    family = family_for_config(config)
+    hf: dict[str, Any] = dict(config.extra)
+    for key in family.config_keys:
+        value = getattr(config, key.field)
+        if key.write is not None:
+            value = key.write(value, config)
+        if value is not None or key.key not in hf:
+            hf[key.key] = value
+    hf.pop("pruned_heads", None)
+    if config.pruned_heads:
+        hf["pruned_heads"] = {str(layer): list(h) for layer, h in config.pruned_heads.items()}
+    hf["model_type"] = family.model_type
+    hf["architectures"] = [family.architecture_name(tuple(h.name for h in heads))]
+    labelled = [h for h in heads if h.name in ("classifier", "token_classifier")]
+    if labelled:
+        n = labelled[0].num_labels
+        if len(hf.get("id2label", {})) != n:
+            hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
+            hf["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+        if labelled[0].kind in ("pooled", "first_token") and n == 1:
+            hf.setdefault("problem_type", "regression")
+    return hf
+
+
+# --- weights --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A weight entry with its names filled in for one model."""
+
+    ours: tuple[str, ...]
+    theirs: tuple[str, ...]
+    transform: Transform
+
+
+def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool,
+                  family: CheckpointFamily | None = None) -> list[Bound]:
+    """Every entry of the family for this config and these heads, names filled in."""
+    family = family or family_for_config(config)
+    base = f"{family.prefix}." if prefixed else ""
+    out: list[Bound] = []
+    for entry in family.weights:
+        if entry.when is not None and not getattr(config, entry.when):
+            continue
+        per_layer = any("{i}" in name for name in entry.ours + entry.theirs)
+        for i in range(config.num_unique_layers) if per_layer else [None]:
+            names: dict[str, Any] = {}
+            if i is not None:
+                names = dict(i=i, group=i // config.inner_group_size, inner=i % config.inner_group_size)
+            out.append(Bound(tuple(n.format(**names) for n in entry.ours),
+                             tuple(base + n.format(**names) for n in entry.theirs), entry.transform))
+    for spec in heads:
+        head = family.heads.get(spec.name)
+        if head is None:
+            raise CheckpointError(f"family {family.model_type!r} has no head named {spec.name!r} in transformers' "
+                                  "format")
+        out.extend(Bound(e.ours, e.theirs, e.transform) for e in head.entries(spec.name))
+    return out
+
+
+def model_entries(model: Any, prefixed: bool, family: CheckpointFamily) -> list[Bound]:
+    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error."""
+    entries = bound_entries(model.config, model.head_specs, prefixed, family)
+    params = set(model.state_dict())
+    absent = sorted({o for entry in entries for o in entry.ours if o not in params})
+    if absent:
+        raise CheckpointError(f"the {family.model_type} checkpoint table names parameters the model does not have: "
+                              f"{', '.join(absent[:5])}{' ...' if len(absent) > 5 else ''}")
+    return entries
+
+
+def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, str]:
+    """Our parameter name -> the checkpoint key it is stored under as it is (the entries that rename)."""
+    return {b.ours[0]: b.theirs[0] for b in bound_entries(config, heads, prefixed) if isinstance(b.transform, Rename)}
+
+
+def named_parameters(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> set[str]:
+    """Our parameters that the family's entries store (tied ones excluded: they are stored once, elsewhere)."""
+    return {o for b in bound_entries(config, heads, prefixed=False) if not isinstance(b.transform, Tie)
+            for o in b.ours}
+
+
+def to_state_dict(model: Any, weights: Mapping[str, Tensor], prefixed: bool, source: str,
+                  family: CheckpointFamily | None = None) -> dict[str, Tensor]:
+    """Checkpoint `weights` as `model`'s state dict; missing, unexpected and mis-shaped keys are one CheckpointError
+    naming `source`."""
+    family = family or family_for_config(model.config)
+    expected = model.state_dict()
+    entries = model_entries(model, prefixed, family)
+    state: dict[str, Tensor] = {}
+    missing: list[str] = []
+    mismatched: list[str] = []
+    used: set[str] = set()
+    ties = []
+    for entry in entries:
+        if isinstance(entry.transform, Tie):
+            ties.append(entry)
+            continue
+        absent = [k for k in entry.theirs if k not in weights]
+        if absent:
+            missing.extend(absent)
+            continue
+        used.update(entry.theirs)
+        theirs = [weights[k] for k in entry.theirs]
+        shapes = [expected[o].shape for o in entry.ours]
+        try:
+            ours = entry.transform.load(theirs, shapes)
+            fits = all(t.shape == s for t, s in zip(ours, shapes))
+        except (RuntimeError, ValueError):  # a reshape or split that the stored tensor cannot give
+            fits = False
+        if fits:
+            state.update(zip(entry.ours, ours))
+        elif isinstance(entry.transform, Rename):
+            mismatched.append(f"{entry.theirs[0]}: checkpoint {tuple(theirs[0].shape)}, model {tuple(shapes[0])}")
+        else:
+            mismatched.append(f"{', '.join(entry.theirs)} ({entry.transform.name} to {', '.join(entry.ours)}): "
+                              f"checkpoint {', '.join(str(tuple(t.shape)) for t in theirs)}, model "
+                              f"{', '.join(str(tuple(s)) for s in shapes)}")
+    for entry in ties:
+        for ours, theirs in zip(entry.ours, entry.theirs):
+            if theirs not in weights:
+                continue
+            used.add(theirs)
+            if entry.transform.check and ours in state and not torch.equal(weights[theirs], state[ours]):
+                mismatched.append(f"{theirs}: differs from {ours}, which transformers ties it to; untied weights are "
+                                  "not supported")
+    check_keys(source, family.model_type, missing, sorted(set(weights) - used), mismatched)
+    return state
+
+
+def check_keys(source: str, family: str, missing: list[str], unexpected: list[str], mismatched: list[str]) -> None:
+    """The one check of a checkpoint's keys against a model: every problem named in one CheckpointError."""
+    problems = []
+    if missing:
+        problems.append(f"missing keys: {', '.join(missing)}")
+    if unexpected:
+        problems.append(f"unexpected keys: {', '.join(unexpected)}")
+    if mismatched:
+        problems.append(f"shape mismatches: {'; '.join(mismatched)}")
+    if problems:
+        raise CheckpointError(f"{source}: weights do not fit a {family} model: " + " | ".join(problems))
+
+
+def from_state_dict(model: Any, family: CheckpointFamily | None = None) -> dict[str, Tensor]:
+    """Our parameters under the checkpoint's names (with heads, base-model keys carry the family's prefix)."""
+    family = family or family_for_config(model.config)
+    state = model.state_dict()
+    out: dict[str, Tensor] = {}
+    covered: set[str] = set()
+    for entry in model_entries(model, bool(model.head_specs), family):
+        if isinstance(entry.transform, Tie):
+            continue
+        tensors = entry.transform.save([state[o].detach() for o in entry.ours], model.config)
+        out.update((k, t.contiguous().clone()) for k, t in zip(entry.theirs, tensors))
+        covered.update(entry.ours)
+    unnamed = sorted(set(state) - covered)
+    if unnamed:
+        raise CheckpointError(f"parameters {', '.join(unnamed[:5])}{' ...' if len(unnamed) > 5 else ''} have no "
+                              f"name in {family.model_type} checkpoints")
+    return out
+
+
+def head_specs(family: CheckpointFamily, config: EncoderConfig, names: tuple[str, ...],
+               weights: Mapping[str, Tensor], source: str) -> tuple[HeadSpec, ...]:
+    """The heads `names` as the family stores them; labels counted from the output layer's weight."""
+    specs = []
+    for name in names:
+        head = family.heads.get(name)
+        if head is None:
+            raise CheckpointError(f"{source}: {family.model_type} checkpoints have no head {name!r} (heads: "
+                                  f"{', '.join(family.heads)})")
+        num_labels = 2
+        out = head.parts.get("out")
+        if out is not None and f"{out}.weight" in weights:
+            num_labels = weights[f"{out}.weight"].shape[0]
+        specs.append(HeadSpec(name=name, kind=head.kind, num_labels=num_labels,  # type: ignore[arg-type]
+                              activation=head.activation or config.hidden_act))
+    return tuple(specs)

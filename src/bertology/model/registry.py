@@ -1,0 +1,63 @@
+"""The model classes bertology's native format can rebuild, by name: bertology.json records the name of the model's
+class, and loading builds the class registered under it. A registered class is built as `cls(config, heads)` and
+has a config class (its `config_class` attribute, or one given at registration) with `to_dict()` and
+`from_dict(data)`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bertology.errors import CheckpointError, ConfigError
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    cls: type
+    config_class: type
+
+
+MODELS: dict[str, RegisteredModel] = {}
+
+
+def register_model(name: str, cls: type, config_class: type | None = None) -> None:
+    """Register `cls` under `name`. Registering the same class again is harmless; another class under a registered
+    name, or a class registered under two names, is a ConfigError."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"register_model: the name must be a non-empty string, got {name!r}")
+    if not isinstance(cls, type):
+        raise ConfigError(f"register_model({name!r}): expected a class, got {type(cls).__name__}")
+    config_class = config_class or getattr(cls, "config_class", None)
+    if config_class is None or not (callable(getattr(config_class, "from_dict", None))
+                                    and callable(getattr(config_class, "to_dict", None))):
+        raise ConfigError(f"register_model({name!r}): {cls.__name__} needs a config class with to_dict() and "
+                          "from_dict() (its config_class attribute, or config_class=...)")
+    current = MODELS.get(name)
+    if current is not None and current.cls is not cls:
+        raise ConfigError(f"register_model: {name!r} is registered already for {current.cls.__name__}")
+    for entry in MODELS.values():
+        if entry.cls is cls and entry.name != name:
+            raise ConfigError(f"register_model: {cls.__name__} is registered already as {entry.name!r}")
+    MODELS[name] = RegisteredModel(name, cls, config_class)
+
+
+def registered(name: Any) -> RegisteredModel:
+    if not isinstance(name, str) or name not in MODELS:
+        raise CheckpointError(f"unknown model {name!r}; registered: {', '.join(MODELS) or 'none'}")
+    return MODELS[name]
+
+
+def model_class(name: str) -> type:
+    """The class registered under `name`; an unknown name is a CheckpointError listing the registered ones."""
+    return registered(name).cls
+
+
+def model_name(model: Any) -> str:
+    """The name `model`'s class is registered under (its exact class: a subclass would be rebuilt as its parent)."""
+    for entry in MODELS.values():
+        if type(model) is entry.cls:
+            return entry.name
+    raise CheckpointError(f"{type(model).__name__} is not a registered model class (registered: "
+                          f"{', '.join(f'{e.name} ({e.cls.__name__})' for e in MODELS.values()) or 'none'}); "
+                          "register it with bertology.model.registry.register_model to save it natively")

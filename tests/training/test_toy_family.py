@@ -152,7 +152,7 @@ def test_a_toy_decoder_family_trains_saves_and_loads_through_the_shared_loop(tmp
     before = trainer.evaluate()
     metrics = trainer.train()
     assert before["lm_accuracy"] < 0.3
-    assert metrics["lm_accuracy"] > 0.9, metrics  # the successor rule is learnt (0.97-1.00 over seeds 0-4)
+    assert metrics["lm_accuracy"] > 0.9, metrics  # the successor rule is learnt: 1.00 on seeds 0-4 (from 0.01-0.06)
     loaded = load_model(tmp_path / "run" / "model")
     assert type(loaded) is ToyDecoder
     batch = next(CountingSequences(1, 5).batches(0, 4))

@@ -10,6 +10,8 @@ from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
 from bertology.model.packing import Layout
 from bertology.model.protocol import Model, require_encoder
+from bertology.model.registry import register_model
+from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
 from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 
@@ -18,6 +20,10 @@ __all__ = [
     "Block",
     "BlockSpec",
     "CAUSAL",
+    "DecoderModel",
+    "Seq2SeqModel",
+    "TransformerConfig",
+    "register_model",
     "HeadInputs",
     "KVCache",
     "Layout",

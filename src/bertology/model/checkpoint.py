@@ -36,7 +36,8 @@ from bertology.model.convert import (
     to_state_dict,
 )
 from bertology.model.encoder import EncoderModel, HeadSpec
-from bertology.model.registry import model_name, register_model, registered
+from bertology.model.protocol import Model
+from bertology.model.registry import model_class, model_name, register_model, registered
 
 register_model("encoder", EncoderModel, EncoderConfig)
 
@@ -79,7 +80,7 @@ def architecture_name(family: str, heads: tuple[str, ...]) -> str:
     return checkpoint_family(family, "model").architecture_name(tuple(heads))
 
 
-def hf_layout_problem(model: EncoderModel) -> str | None:
+def hf_layout_problem(model: Model) -> str | None:
     """Why `model` cannot be written in transformers' layout, or None when it can."""
     config = model.config
     try:
@@ -90,7 +91,7 @@ def hf_layout_problem(model: EncoderModel) -> str | None:
     if model.extensions:
         return f"it has extensions ({', '.join(model.extensions)})"
     projects = any(o.startswith("encoder.embeddings.project.") for e in family.weights for o in e.ours)
-    if config.embedding_size is not None and not projects:
+    if getattr(config, "embedding_size", None) is not None and not projects:
         return f"it projects its embeddings (embedding_size), which transformers' {name} models do not"
     for spec in model.head_specs:
         head = family.heads.get(spec.name)
@@ -181,7 +182,7 @@ def read_weights(directory: Path, *, renamed: bool = True) -> dict[str, Tensor]:
     return out
 
 
-def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = None) -> EncoderModel:
+def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Model:
     """Build an EncoderModel from a model directory: transformers' layout (config.json), with the heads its
     architecture names, or bertology's native format (bertology.json), with its heads and extensions. `heads`
     overrides which heads are built (a subset of the saved ones, for the native format)."""
@@ -205,12 +206,12 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
             raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got "
                                   f"{architectures!r}")
         heads = family.architecture_heads(architectures[0], str(config_path))
-    if config.pooler:  # a BERT-style checkpoint without pooler weights (e.g. a masked-LM one) has no pooler
+    if getattr(config, "pooler", False):  # a BERT-style checkpoint without pooler weights (a masked-LM one) has none
         base = family.prefix + "." if prefixed else ""
         config.pooler = any(base + key in weights for entry in family.weights if entry.when == "pooler"
                             for key in entry.theirs)
     specs = head_specs(family, config, tuple(heads), weights, str(config_path))
-    model = EncoderModel(config, specs)
+    model = model_class(family.model)(config, specs)
     model.load_state_dict(to_state_dict(model, weights, prefixed, str(directory), family))
     return model.eval()
 
@@ -218,7 +219,7 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
 # --- the native format ------------------------------------------------------------------------------------------------
 
 
-def native_metadata(model: EncoderModel) -> dict[str, Any]:
+def native_metadata(model: Model) -> dict[str, Any]:
     return {
         "format": "bertology",
         "version": NATIVE_VERSION,
@@ -230,13 +231,13 @@ def native_metadata(model: EncoderModel) -> dict[str, Any]:
     }
 
 
-def skeleton(metadata: dict[str, Any], source: str) -> EncoderModel:
+def skeleton(metadata: dict[str, Any], source: str) -> Model:
     """The model `metadata` (bertology.json) describes, on the meta device: its parameter names and shapes only."""
     with torch.device("meta"):
         return build_native(metadata, source)
 
 
-def build_native(metadata: dict[str, Any], source: str) -> EncoderModel:
+def build_native(metadata: dict[str, Any], source: str) -> Model:
     """The registered model class `metadata` names, built from its config, heads and extensions (version 1 files
     hold an EncoderModel's config under "encoder")."""
     try:
@@ -256,7 +257,7 @@ def build_native(metadata: dict[str, Any], source: str) -> EncoderModel:
     return model
 
 
-def write_native(model: EncoderModel, directory: Path) -> None:
+def write_native(model: Model, directory: Path) -> None:
     metadata = native_metadata(model)
     state = model.state_dict()
     # Every parameter must be one that loading rebuilds: modules set by hand, not with add_extension, would be lost.
@@ -271,7 +272,7 @@ def write_native(model: EncoderModel, directory: Path) -> None:
               metadata={"format": "pt"})
 
 
-def read_state_dict(directory: str | os.PathLike, model: EncoderModel) -> dict[str, Tensor]:
+def read_state_dict(directory: str | os.PathLike, model: Model) -> dict[str, Tensor]:
     """The weights of a model directory in either format as `model`'s state dict (for resuming into a model built
     already); missing, unexpected and mis-shaped keys are one CheckpointError."""
     directory = Path(directory)
@@ -285,15 +286,15 @@ def read_state_dict(directory: str | os.PathLike, model: EncoderModel) -> dict[s
     return weights
 
 
-def check_native_keys(source: str, model: EncoderModel, weights: dict[str, Tensor]) -> None:
+def check_native_keys(source: str, model: Model, weights: dict[str, Tensor]) -> None:
     expected = model.state_dict()
     mismatched = [f"{k}: checkpoint {tuple(weights[k].shape)}, model {tuple(v.shape)}"
                   for k, v in expected.items() if k in weights and weights[k].shape != v.shape]
-    check_keys(source, model.config.family, sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected)),
-               mismatched)
+    check_keys(source, getattr(model.config, "family", type(model).__name__), sorted(set(expected) - set(weights)),
+               sorted(set(weights) - set(expected)), mismatched)
 
 
-def load_native(directory: Path, heads: tuple[str, ...] | None) -> EncoderModel:
+def load_native(directory: Path, heads: tuple[str, ...] | None) -> Model:
     path = directory / NATIVE_FILE
     metadata = read_json_object(path)
     if metadata.get("format") != "bertology" or metadata.get("version") not in NATIVE_VERSIONS:
@@ -318,7 +319,7 @@ def load_native(directory: Path, heads: tuple[str, ...] | None) -> EncoderModel:
 # --- saving in either format ----------------------------------------------------------------------------------------
 
 
-def save_model(model: EncoderModel, directory: str | os.PathLike, extra_files: dict[str, str] | None = None,
+def save_model(model: Model, directory: str | os.PathLike, extra_files: dict[str, str] | None = None,
                format: Format = "auto") -> None:
     """Write the model (atomically: a killed save leaves any previous checkpoint intact). "hf": transformers' layout
     (config.json and model.safetensors); "native": bertology's (bertology.json and model.safetensors under our
@@ -329,7 +330,7 @@ def save_model(model: EncoderModel, directory: str | os.PathLike, extra_files: d
             (tmp / name).write_text(text, encoding="utf-8")
 
 
-def write_model_files(model: EncoderModel, directory: Path, format: Format = "auto") -> None:
+def write_model_files(model: Model, directory: Path, format: Format = "auto") -> None:
     from bertology.model.quantize import is_quantized  # here: quantize imports this module
 
     if is_quantized(model):  # int8 weights have no place in either layout; refuse rather than write a broken model
@@ -353,7 +354,7 @@ def write_model_files(model: EncoderModel, directory: Path, format: Format = "au
 class Pretrained:
     """A loaded checkpoint: the model (in eval mode) and its tokenizer."""
 
-    model: EncoderModel
+    model: Model
     tokenizer: Any  # bertology.tokenization.Tokenizer, or None for a directory without tokenizer files
 
     @property

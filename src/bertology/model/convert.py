@@ -246,6 +246,9 @@ class CheckpointFamily:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     family: str = ""
     tolerated: frozenset[str] = frozenset()
+    # The registered model class its checkpoints build (bertology.model.registry) and that class's config.
+    model: str = "encoder"
+    config_class: type = EncoderConfig
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed"):
@@ -255,14 +258,15 @@ class CheckpointFamily:
         where = f"checkpoint family {self.model_type!r}"
         if not self.model_type or not isinstance(self.model_type, str):
             raise ConfigError(f"checkpoint family: model_type must be a non-empty string, got {self.model_type!r}")
-        fields = {f.name for f in dataclasses.fields(EncoderConfig)}
+        fields = {f.name for f in dataclasses.fields(self.config_class)}
+        config_name = self.config_class.__name__
         for key in self.config_keys:
             if key.field not in fields:
-                raise ConfigError(f"{where}: config_keys: {key.key!r} maps to {key.field!r}, which is not an "
-                                  "EncoderConfig field")
+                raise ConfigError(f"{where}: config_keys: {key.key!r} maps to {key.field!r}, which is not a "
+                                  f"{config_name} field")
         for name in self.fixed:
             if name not in fields:
-                raise ConfigError(f"{where}: fixed: {name!r} is not an EncoderConfig field")
+                raise ConfigError(f"{where}: fixed: {name!r} is not a {config_name} field")
         for suffix, heads in self.architectures.items():
             for head in heads:
                 if head not in self.heads:
@@ -336,14 +340,15 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
     """The table a config is written with: the one it was read with (config.json's model_type, kept in `extra`)
     when that builds the config's family, else the one whose model_type is the family."""
     known = registry()
-    read_as = config.extra.get("model_type")
+    family = getattr(config, "family", None)
+    read_as = getattr(config, "extra", {}).get("model_type")
     read_with = known.get(read_as) if isinstance(read_as, str) else None
-    if read_with is not None and read_with.family == config.family:
+    if read_with is not None and read_with.family == family:
         return read_with
-    if config.family in known:
-        return known[config.family]
-    raise CheckpointError(f"no registered checkpoint family builds {config.family!r} models; registered: "
-                          f"{', '.join(known)}")
+    if family in known:
+        return known[family]
+    raise CheckpointError(f"no registered checkpoint family builds {family or type(config).__name__!r} models; "
+                          f"registered: {', '.join(known)}")
 
 
 # --- config.json ------------------------------------------------------------------------------------------------
@@ -380,7 +385,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         used.add("pruned_heads")
     extra = {k: v for k, v in hf.items() if k not in used}
     try:
-        return EncoderConfig(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
+        return family.config_class(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
     except (ConfigError, TypeError) as error:
         raise ConfigError(f"{source}: {error}") from None
 

@@ -28,6 +28,7 @@ from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
+from bertology.model.registry import register_model
 
 PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
 
@@ -375,3 +376,7 @@ class Seq2SeqModel(TransformerModel):
         if labels is not None and out.logits is not None and masked_positions is None:
             out.loss = lm_loss(out.logits, labels)
         return out
+
+
+register_model("decoder", DecoderModel, TransformerConfig)
+register_model("seq2seq", Seq2SeqModel, TransformerConfig)

@@ -364,3 +364,30 @@ def test_head_kinds_are_registered_not_hard_wired():
     assert model(torch.randint(0, 50, (2, 4))).logits.shape == (2, 3)
     with pytest.raises(ConfigError, match="reads must be one of"):
         register_head("test_bad", MaxPooled, reads="sometimes")
+
+
+def test_compiled_blocks_do_not_recompile_for_new_length_mixes():
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from bertology.model import EncoderModel, preset
+    from bertology.model.blocks import compile_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = EncoderModel(preset("tiny", vocab_size=100, hidden_dropout=0.0, attention_dropout=0.0)).eval()
+    batches = []
+    for lengths in ([5, 9, 3], [7, 7], [12, 2, 4, 6], [1, 30], [16] * 4, [2, 3], [40, 1, 1]):
+        width = max(lengths)
+        ids = torch.randint(1, 100, (len(lengths), width))
+        batches.append((ids, (torch.arange(width) < torch.tensor(lengths)[:, None]).long()))
+    with torch.no_grad():
+        expected = [model(ids, mask).last_hidden_state for ids, mask in batches]
+        compile_blocks(model.blocks(), backend="eager")  # the backend does not matter to dynamo's guards
+        for (ids, mask), want in zip(batches[:2], expected):
+            torch.testing.assert_close(model(ids, mask).last_hidden_state, want)
+        warm = counters["frames"]["total"]
+        for (ids, mask), want in zip(batches[2:], expected[2:]):
+            torch.testing.assert_close(model(ids, mask).last_hidden_state, want)
+    assert counters["frames"]["total"] == warm  # five new mixes of lengths, no new compilation
+    torch._dynamo.reset()

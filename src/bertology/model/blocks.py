@@ -14,8 +14,9 @@ query beside its own sequence (prefix tuning), and any projection may be replace
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -149,9 +150,7 @@ class Block(nn.Module):
             a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache)
         else:
             a, probs = self.attention_at(z, layout, queries, head_scale), None
-        h = rows + self.sublayer_output(self.attn_out(a), self.attn_adapter)
-        if not pre:
-            h = self.attn_norm(h)
+        h = self.attention_residual(rows, a)
         if self.spec.cross_attention:
             if memory is None:
                 raise InputError("this block cross-attends: it needs the encoder's memory")
@@ -159,9 +158,17 @@ class Block(nn.Module):
             h = h + self.sublayer_output(self.cross_out(c), None)
             if not pre:
                 h = self.cross_norm(h)
-        f = self.feed_forward(self.ffn_norm(h) if pre else h)
-        y = h + self.sublayer_output(f, self.ffn_adapter)
-        return (y if pre else self.ffn_norm(y)), probs
+        return self.feed_forward_residual(h), probs
+
+    # The token-wise work around attention: what `compile_blocks` compiles (any number of tokens, one graph).
+    def attention_residual(self, rows: Tensor, a: Tensor) -> Tensor:
+        h = rows + self.sublayer_output(self.attn_out(a), self.attn_adapter)
+        return h if self.spec.pre_norm else self.attn_norm(h)
+
+    def feed_forward_residual(self, h: Tensor) -> Tensor:
+        if self.spec.pre_norm:
+            return h + self.sublayer_output(self.feed_forward(self.ffn_norm(h)), self.ffn_adapter)
+        return self.ffn_norm(h + self.sublayer_output(self.feed_forward(h), self.ffn_adapter))
 
     def feed_forward(self, h: Tensor) -> Tensor:
         if self.ffn_gate is not None:
@@ -266,3 +273,16 @@ class Block(nn.Module):
         o, _ = attend(self.heads_first(q_padded), k, v, mask, p, False, self.prefix_states(), head_scale,
                       self.spec.attention_scale)
         return o.transpose(1, 2).flatten(2)[row, slot]
+
+
+COMPILED_METHODS = ("project", "attention_residual", "feed_forward_residual")
+
+
+def compile_blocks(blocks: Sequence[nn.Module], **options: Any) -> None:
+    """torch.compile each block's token-wise work (the q/k/v projection, the output projection with its residual and
+    norm, the feed-forward with its) with the token count dynamic: one graph serves every batch, whatever its mix of
+    sequence lengths. Attention stays eager: its kernels are fused already, and its per-sequence structure (groups,
+    cumulative lengths) would otherwise recompile for every new mix of lengths."""
+    for block in blocks:
+        for name in COMPILED_METHODS:
+            setattr(block, name, torch.compile(getattr(block, name), dynamic=True, **options))

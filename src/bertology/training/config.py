@@ -222,7 +222,7 @@ class SpeedConfig:
     device: str = "auto"  # auto: cuda:<local rank> when CUDA is available, else cpu
     threads: int | None = None  # torch intra-op threads per process; None: the cores divided among local ranks
     bf16: bool | None = None
-    compile: bool = False  # torch.compile the encoder layers
+    compile: bool = False  # torch.compile each block's token-wise work (model.blocks(); attention stays eager)
     prefetch: int = 2  # batches prepared ahead in a background thread (0: in the training loop)
     fused_optimizer: bool = True  # AdamW's fused kernel where the device has it
     fsdp: bool = False  # shard parameters, gradients and optimizer state over ranks instead of DDP

@@ -31,6 +31,7 @@ from tqdm import tqdm
 from bertology import faults
 from bertology.errors import CheckpointError, ConfigError, TrainingError
 from bertology.io import atomic_write
+from bertology.model.blocks import compile_blocks
 from bertology.model.protocol import Model
 from bertology.objectives.base import Batch, Objective
 from bertology.objectives.compose import TrainingLoss, stats_to_vector
@@ -188,7 +189,7 @@ class Trainer:
         self.loss_module = TrainingLoss(model, objectives).to(self.device)
         self.model = model
         if speed.compile:
-            model.compile(dynamic=True)
+            compile_blocks(model.blocks())
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp)
         self.fsdp = speed.fsdp and self.env.distributed
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)

@@ -33,7 +33,8 @@ from torch import Tensor
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
@@ -132,7 +133,7 @@ class ClozeClassification:
 
 
 @torch.no_grad()
-def cloze_scores(model: EncoderModel, encoded: EncodedCloze, batch_size: int = 64, head: str = MLM) -> np.ndarray:
+def cloze_scores(model: Model, encoded: EncodedCloze, batch_size: int = 64, head: str = MLM) -> np.ndarray:
     """The label scores ``[N, K]``: the masked-LM logit of each verbaliser token at each example's mask, in the
     examples' order (the last layer runs only at the masks)."""
     if head not in model.heads:
@@ -145,9 +146,9 @@ def cloze_scores(model: EncoderModel, encoded: EncodedCloze, batch_size: int = 6
     try:
         for batch in encoded.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
-            logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                           masked_positions=batch.masked_positions,
-                           last_layer_at=batch.masked_positions).head_logits[head]
+            inputs = {**model.forward_inputs(batch), "masked_positions": batch.masked_positions,
+                      "last_layer_at": batch.masked_positions}
+            logits = model(**inputs).head_logits[head]
             out[batch.example_ids.cpu().numpy()] = logits[:, batch.label_token_ids].float().cpu().numpy()
     finally:
         model.train(was_training)
@@ -305,7 +306,7 @@ class ClozeTask:
         return EncodedCloze(ids, types, self.base.labels(examples), tokenizer.pad_id, columns, label_ids,
                             shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: EncodedCloze, examples: Sequence[TextExample],
+    def predict(self, model: Model, encoded: EncodedCloze, examples: Sequence[TextExample],
                 batch_size: int) -> list[Any]:
         names = self.label_names()
         assert names is not None

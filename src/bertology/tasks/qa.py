@@ -61,7 +61,8 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, classification_summary
 from bertology.tasks import metrics
 from bertology.tasks.base import register_task
@@ -326,7 +327,7 @@ class SpanExtraction:
 
 # -------------------------------------------------------------------------------------------------- prediction
 @torch.no_grad()
-def window_logits(model: EncoderModel, windows: EncodedExamples, batch_size: int = 64, head: str = QA) -> np.ndarray:
+def window_logits(model: Model, windows: EncodedExamples, batch_size: int = 64, head: str = QA) -> np.ndarray:
     """The head's start and end logits at every position of every window, ``[total positions, 2]`` float32:
     window ``w``'s rows are ``windows.offsets[w]:windows.offsets[w + 1]``."""
     was_training = model.training
@@ -337,7 +338,7 @@ def window_logits(model: EncoderModel, windows: EncodedExamples, batch_size: int
         for batch in windows.batches(0, batch_size, drop_last=False):
             rows = batch.example_ids.numpy()
             batch = batch.to(device)
-            logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids).head_logits[head]
+            logits = model(**model.forward_inputs(batch)).head_logits[head]
             logits = logits.float().cpu().numpy()
             for r, w in enumerate(rows):
                 begin, end = int(windows.offsets[w]), int(windows.offsets[w + 1])
@@ -465,7 +466,7 @@ class SquadTask:
         return QAWindows.encode(tokenizer, examples, max_length, max_query_length=self.max_query_length,
                                 doc_stride=self.doc_stride, shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: QAWindows, examples: Sequence[QAExample],
+    def predict(self, model: Model, encoded: QAWindows, examples: Sequence[QAExample],
                 batch_size: int) -> list[str]:
         if not isinstance(encoded, QAWindows) or encoded.num_questions != len(examples):
             raise ConfigError(f"{self.name}: predict needs the windows encode made of these {len(examples)} "

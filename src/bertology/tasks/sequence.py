@@ -22,7 +22,8 @@ from torch import Tensor
 from bertology.errors import ConfigError, DataError
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
@@ -230,7 +231,7 @@ class SequenceRegression:
 
 
 @torch.no_grad()
-def predict_logits(model: EncoderModel, examples: EncodedExamples, batch_size: int = 64,
+def predict_logits(model: Model, examples: EncodedExamples, batch_size: int = 64,
                    head: str = CLASSIFIER) -> np.ndarray:
     """The head's logits ``[N, num_labels]`` for every example, in the order the examples were given (batched by
     length on the padding-free path; the last layer runs only at [CLS])."""
@@ -241,8 +242,8 @@ def predict_logits(model: EncoderModel, examples: EncodedExamples, batch_size: i
     try:
         for batch in examples.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
-            logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids,
-                           last_layer_at=first_tokens(batch)).head_logits[head].float().cpu().numpy()
+            inputs = {**model.forward_inputs(batch), "last_layer_at": first_tokens(batch)}
+            logits = model(**inputs).head_logits[head].float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(examples), logits.shape[-1]), dtype=np.float32)
             out[batch.example_ids.cpu().numpy()] = logits

@@ -7,7 +7,7 @@ A span ``(i, j)`` (its first and last subword) over the encoder's last layer ``z
 
 Where the classifier lives. It is a module of the model, not of the objective, so that everything that handles the
 model handles it: the optimizer, DDP, training checkpoints, the best model kept, and the saved ``model/``. It is
-plugged in with the model's extension mechanism (``EncoderModel.add_extension("heads", "span_classifier", ...)``
+plugged in with the model's extension mechanism (``model.add_extension("heads", "span_classifier", ...)``
 adds it to ``model.heads`` as ``heads.span``; ``SpanTask.extend_model`` does it), so the native checkpoint format
 records it and ``bertology.load`` rebuilds it (this module must be imported first: ``get_task`` does). It is no
 ``HeadSpec``: the model's forward does not run it; the objective and ``predict`` call it on the last layer, which the
@@ -36,7 +36,9 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
-from bertology.model.encoder import EncoderModel, HeadSpec, activation, register_extension
+from bertology.model.extensions import register_extension
+from bertology.model.heads import HeadSpec, activation
+from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
@@ -111,19 +113,19 @@ def span_heads(config: EncoderConfig, current: nn.Module, *, num_labels: int, po
 register_extension(EXTENSION, span_heads)
 
 
-def add_span_classifier(model: EncoderModel, num_labels: int, pooling: str = "mean") -> SpanClassifier:
+def add_span_classifier(model: Model, num_labels: int, pooling: str = "mean") -> SpanClassifier:
     """Plug a span classifier into ``model`` (recorded as an extension: saved and rebuilt with the model)."""
     heads = model.add_extension("heads", EXTENSION, num_labels=num_labels, pooling=pooling)
     return heads[SPAN]  # type: ignore[index,return-value]
 
 
-def span_classifier(model: EncoderModel) -> SpanClassifier | None:
+def span_classifier(model: Model) -> SpanClassifier | None:
     """The model's span classifier, None when it has none."""
     module = model.heads[SPAN] if SPAN in model.heads else None
     return module if isinstance(module, SpanClassifier) else None
 
 
-def _require(model: EncoderModel, task: str) -> SpanClassifier:
+def _require(model: Model, task: str) -> SpanClassifier:
     module = span_classifier(model)
     if module is None:
         raise ConfigError(f"the model has no span classifier (heads.{SPAN}): it was not fine-tuned for {task} "
@@ -261,7 +263,7 @@ class SpanTyping:
 
 
 @torch.no_grad()
-def predict_span_labels(model: EncoderModel, examples: SpanExamples, batch_size: int = 64) -> np.ndarray:
+def predict_span_labels(model: Model, examples: SpanExamples, batch_size: int = 64) -> np.ndarray:
     """The argmax type id of every span (by span id), the last layer run only inside the spans."""
     module = _require(model, "span typing")
     was_training = model.training
@@ -272,7 +274,7 @@ def predict_span_labels(model: EncoderModel, examples: SpanExamples, batch_size:
         for batch in examples.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
             at = span_positions(batch.spans, batch.input_ids.shape[1])
-            z = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, last_layer_at=at).last_hidden_state
+            z = model(**{**model.forward_inputs(batch), "last_layer_at": at}).last_hidden_state
             out[batch.span_ids.cpu().numpy()] = module(z, batch.spans).argmax(-1).cpu().numpy()
     finally:
         model.train(was_training)
@@ -380,7 +382,7 @@ class SpanTask:
     def heads(self, config: EncoderConfig) -> list[HeadSpec]:
         return []
 
-    def extend_model(self, model: EncoderModel) -> None:
+    def extend_model(self, model: Model) -> None:
         """Give a freshly built model the span classifier (the recipe calls this before training)."""
         if span_classifier(model) is None:
             add_span_classifier(model, len(self.types), self.pooling)
@@ -392,7 +394,7 @@ class SpanTask:
                seed: int = 0) -> SpanExamples:
         return encode_spans(tokenizer, examples, self.types, max_length, shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: SpanExamples, examples: Sequence[TaggedSentence],
+    def predict(self, model: Model, encoded: SpanExamples, examples: Sequence[TaggedSentence],
                 batch_size: int) -> list[list[str]]:
         """Per sentence, the predicted type of each of its gold spans, in order."""
         names = self.types.names

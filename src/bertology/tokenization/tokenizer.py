@@ -18,7 +18,6 @@ from bertology.errors import TokenizerError
 from bertology.io import atomic_directory, atomic_write, file_in_the_way
 from bertology.tokenization._pipeline import (
     MODEL_TYPE_TO_KIND,
-    STYLES,
     SpecialTokenTexts,
     byte_level_prefix_space,
     check_choice,
@@ -94,7 +93,7 @@ class Tokenizer:
         trim_offsets: bool = True,
         source: str | os.PathLike | None = None,
     ) -> None:
-        self.style = check_choice(style, STYLES, "tokenizer style")
+        self.style = check_choice(style, tuple(FRAMINGS), "tokenizer style")  # registered framings included
         self.source = str(source) if source is not None else None
         where = self.source or "tokenizer"
         model_type = type(backend.model).__name__

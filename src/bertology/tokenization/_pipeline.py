@@ -13,8 +13,6 @@ from bertology.errors import TokenizerError
 from bertology.tokenization.framing import FRAMINGS, ROLES
 
 KINDS: tuple[str, ...] = ("wordpiece", "bpe", "unigram")
-# The framings a tokenizer's ``style`` can name (the built-in ones; see `bertology.tokenization.framing`).
-STYLES: tuple[str, ...] = tuple(FRAMINGS)
 
 # The backend model type (tokenizer.json "model.type") for each kind.
 MODEL_TYPE_TO_KIND: dict[str, str] = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 import transformers
+from tokenizers import processors
 
 from bertology.data import InMemoryDocuments, InstanceConfig, Masker, MaskingConfig, create_instances
 from bertology.errors import ConfigError, TokenizerError
@@ -192,3 +193,17 @@ def test_a_registered_framing_frames_tokenizers(tmp_path: Path) -> None:
     finally:
         del FRAMINGS["prefixed-test"]
 
+
+
+def test_bert_and_roberta_post_processors_are_the_ones_transformers_builds() -> None:
+    """The framing rebuilds the very processors BERT and RoBERTa use, so tokenizer.json (and the fingerprint of
+    corpora prepared with it) does not change."""
+    bert = tokenizer("bert")
+    cls, sep = bert.cls_token, bert.sep_token
+    expected = processors.TemplateProcessing(single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+                                             special_tokens=[(cls, bert.cls_id), (sep, bert.sep_id)])
+    assert json.loads(bert.backend.to_str())["post_processor"] == json.loads(expected.__getstate__())
+    roberta = tokenizer("roberta")
+    expected = processors.RobertaProcessing((roberta.sep_token, roberta.sep_id), (roberta.cls_token, roberta.cls_id),
+                                            True, False)
+    assert json.loads(roberta.backend.to_str())["post_processor"] == json.loads(expected.__getstate__())

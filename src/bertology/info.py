@@ -29,7 +29,7 @@ class ParameterCounts:
 @dataclass(frozen=True)
 class TokenizerFacts:
     kind: str  # wordpiece, bpe, unigram
-    style: str  # bert or roberta special-token layout
+    style: str  # the special-token framing (bert, roberta, gpt2, t5, xlnet, ...)
     vocab_size: int
     specials: dict[str, tuple[str, int]]  # role -> (token, id)
     lowercase: bool
@@ -130,9 +130,9 @@ def tokenizer_facts(tokenizer) -> TokenizerFacts | None:
         return None
     normalizer = tokenizer.backend.normalizer
     lowercase = normalizer is not None and normalizer.normalize_str("A") == "a"
-    specials = {
+    specials = {  # the roles the tokenizer has (GPT-2's has no cls, sep or mask)
         role: (getattr(tokenizer, f"{role}_token"), getattr(tokenizer, f"{role}_id"))
-        for role in ("cls", "sep", "pad", "mask", "unk")
+        for role in ("cls", "sep", "pad", "mask", "unk") if getattr(tokenizer, f"{role}_token") is not None
     }
     return TokenizerFacts(tokenizer.kind, tokenizer.style, tokenizer.vocab_size, specials, lowercase,
                           tokenizer.model_max_length)

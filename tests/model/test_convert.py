@@ -283,9 +283,9 @@ def test_bad_family_tables_are_refused_with_the_key():
         toy_with(architectures={"Model": (), "ForPreTraining": ("mlm", "nsp")})
     with pytest.raises(ConfigError, match="architectures has no 'Model' entry"):
         toy_with(architectures={"LMHeadModel": ("mlm",)})
-    with pytest.raises(ConfigError, match=r"config_keys: 'n_ctx' maps to 'context', which is not an EncoderConfig"):
+    with pytest.raises(ConfigError, match=r"config_keys: 'n_ctx' maps to 'context', which is not a field of EncoderConfig"):
         toy_with(config_keys=(ConfigKey("context", "n_ctx"),))
-    with pytest.raises(ConfigError, match=r"fixed: 'rotary' is not an EncoderConfig field"):
+    with pytest.raises(ConfigError, match=r"fixed: 'rotary' is not a field of EncoderConfig"):
         toy_with(fixed={"rotary": True})
     with pytest.raises(ConfigError, match="model_type must be a non-empty string"):
         toy_with(model_type="")

@@ -22,12 +22,12 @@ from bertology.data.instances import (
     Instance,
     InstanceConfig,
     InstanceStats,
-    SpecialTokens,
     create_instances,
     derive_seed,
 )
 from bertology.data.masking import Masker, masking_seeds
 from bertology.errors import ConfigError
+from bertology.tokenization.framing import Framing
 
 # Random streams derived from the user seed (instances.py uses 1).
 _ORDER_STREAM = 2
@@ -169,7 +169,7 @@ class PretrainingDataset:
     many batches) to cut padding; it changes which instances share a batch, not the set of instances of an epoch.
     """
 
-    def __init__(self, source: DocumentSource, special: SpecialTokens, config: InstanceConfig,
+    def __init__(self, source: DocumentSource, special: Framing, config: InstanceConfig,
                  make_batch: Masker | BatchMaker, bucket_window: int = 0, clock: StepClock | None = None) -> None:
         if isinstance(make_batch, Masker):
             if make_batch.special != special:
@@ -292,7 +292,7 @@ class PretrainingDataset:
     def _iterate(self, epoch: int, plan: list[np.ndarray], first: int = 0) -> Iterator[Any]:
         packed = self._load(epoch)
         for offset, indices in enumerate(plan):
-            input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.pad_id)
+            input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.fill_id)
             labels = torch.from_numpy(packed.random_next[indices].copy()) if self.config.sentence_labels else None
             yield self.make_batch(InstanceBatch(
                 torch.from_numpy(input_ids), torch.from_numpy(attention_mask), torch.from_numpy(token_type_ids),

@@ -25,12 +25,13 @@ import dataclasses
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, get_args, runtime_checkable
+from typing import Any, ClassVar, Literal, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
 from bertology.config import derived, from_mapping, validate
 from bertology.errors import ConfigError, DataError
+from bertology.tokenization.framing import Framing
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
@@ -48,10 +49,10 @@ def derive_seed(*parts: int) -> int:
 
 
 @dataclass(frozen=True)
-class SpecialTokens:
-    """Ids of the special tokens and the family layout of a pair.
-
-    ``bert``: ``[CLS] A [SEP] B [SEP]`` with segment ids 0 / 1; ``roberta``: ``<s> A </s></s> B </s>``, all 0.
+class SpecialTokens(Framing):
+    """A BERT-family framing from ids alone, every token present: ``bert`` frames a pair
+    ``[CLS] A [SEP] B [SEP]`` with segment ids 0 / 1, ``roberta`` ``<s> A </s></s> B </s>``, all 0. Any other
+    framing (GPT-2 without specials, XLNet's summary token last) comes from its tokenizer: ``Tokenizer.framing``.
     """
 
     cls_id: int
@@ -60,11 +61,7 @@ class SpecialTokens:
     mask_id: int
     style: Style = "bert"
 
-    def __post_init__(self) -> None:
-        validate(self, "SpecialTokens")
-        for key in ("cls_id", "sep_id", "pad_id", "mask_id"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"SpecialTokens.{key}: must be >= 0, got {getattr(self, key)}")
+    _STYLES: ClassVar[tuple[str, ...]] = STYLES
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> SpecialTokens:
@@ -73,15 +70,6 @@ class SpecialTokens:
         if missing:
             raise ConfigError(f"SpecialTokens.from_tokenizer: the tokenizer has no {', '.join(missing)}")
         return cls(tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, tokenizer.mask_id, tokenizer.style)
-
-    @property
-    def ids(self) -> frozenset[int]:
-        return frozenset({int(self.cls_id), int(self.sep_id), int(self.pad_id), int(self.mask_id)})
-
-    @property
-    def pair_overhead(self) -> int:
-        """Number of special tokens around a segment pair."""
-        return 3 if self.style == "bert" else 4
 
 
 @runtime_checkable
@@ -123,7 +111,7 @@ class InMemoryDocuments:
 
 @dataclass
 class Instance:
-    """One pretraining sequence with its specials; ``word_starts`` is False at specials."""
+    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
@@ -160,7 +148,7 @@ class InstanceConfig:
             raise ConfigError(f"{where}.nsp: kind 'nsp' needs nsp=True (use kind 'segment-pair' without NSP)")
         if self.nsp and self.kind not in ("nsp", "segment-pair"):
             raise ConfigError(f"{where}.nsp: next-sentence prediction needs segment pairs, not kind {self.kind!r}")
-        # Pairs need room for 4 specials (RoBERTa layout) and two tokens of text.
+        # Pairs need room for 4 specials (RoBERTa's framing) and two tokens of text.
         if self.max_seq_length < 6:
             raise ConfigError(f"{where}.max_seq_length: must be >= 6, got {self.max_seq_length}")
         if not 0.0 <= self.short_seq_prob <= 1.0:
@@ -251,13 +239,21 @@ def _load_documents(source: DocumentSource, stats: InstanceStats) -> list[_Docum
 
 
 def create_instances(
-    source: DocumentSource, config: InstanceConfig, special: SpecialTokens, duplicate: int = 0
+    source: DocumentSource, config: InstanceConfig, special: Framing, duplicate: int = 0
 ) -> tuple[list[Instance], InstanceStats]:
-    """All instances of one duplicate (a deterministic function of ``config.seed`` and ``duplicate``).
+    """All instances of one duplicate (a deterministic function of ``config.seed`` and ``duplicate``), framed by
+    ``special`` (`SpecialTokens`, or any tokenizer's ``framing``: room is left for its specials around one text or
+    a pair, and packed documents are separated by its separator, back to back without one).
 
     Instances come in shuffled document order; shuffling the instances themselves is left to the reader.
-    Raises DataError when the corpus cannot give any (useful) instance, saying why.
+    Raises DataError when the corpus cannot give any (useful) instance, saying why, and TokenizerError when a
+    sentence-relation label is asked of a framing without a separator.
     """
+    if config.sentence_labels and special.sep_id is None:
+        raise special.missing("sep", "next-sentence prediction" if config.nsp else "sentence order prediction")
+    if config.max_seq_length <= special.overhead(config.pairs) + 1:
+        raise ConfigError(f"InstanceConfig.max_seq_length: {config.max_seq_length} leaves no room for two tokens "
+                          f"beside the {special.overhead(config.pairs)} specials of the {special.style} framing")
     stats = InstanceStats()
     documents = _load_documents(source, stats)
     name = _source_name(source)
@@ -319,32 +315,28 @@ def _cut(ids: np.ndarray, starts: np.ndarray, cut: tuple[int, int]) -> tuple[np.
     return ids[cut[0]:end], starts[cut[0]:end]
 
 
-def _build(special: SpecialTokens, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None,
+def _build(special: Framing, a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray] | None,
            is_random_next: bool | None) -> Instance:
-    """Put the family's specials around one or two segments."""
-    cls = np.array([special.cls_id], dtype=np.int64)
-    sep = np.array([special.sep_id], dtype=np.int64)
-    if b is None:
-        ids = np.concatenate([cls, a[0], sep])
-        types = np.zeros(len(ids), dtype=np.int64)
-        starts = np.concatenate([[False], a[1], [False]])
-        return Instance(ids, types, starts, is_random_next)
-    middle = sep if special.style == "bert" else np.concatenate([sep, sep])
-    ids = np.concatenate([cls, a[0], middle, b[0], sep])
-    types = np.zeros(len(ids), dtype=np.int64)
-    if special.style == "bert":
-        types[2 + len(a[0]):] = 1
-    no = np.zeros(len(middle), dtype=bool)
-    starts = np.concatenate([[False], a[1], no, b[1], [False]])
-    return Instance(ids, types, starts, is_random_next)
+    """Frame one or two segments with the family's specials (`Framing.pieces`)."""
+    texts = (a, b)
+    ids, types, starts = [], [], []
+    for piece in special.pieces(b is not None):
+        if piece.text is None:
+            ids.append(np.asarray(piece.ids, dtype=np.int64))
+            starts.append(np.zeros(len(piece.ids), dtype=bool))
+        else:
+            ids.append(texts[piece.text][0])
+            starts.append(texts[piece.text][1])
+        types.append(np.full(len(ids[-1]), piece.segment, dtype=np.int64))
+    return Instance(np.concatenate(ids), np.concatenate(types), np.concatenate(starts), is_random_next)
 
 
-def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfig, special: SpecialTokens,
+def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfig, special: Framing,
                    rng: random.Random, stats: InstanceStats, out: list[Instance]) -> None:
     """Instances of document ``index``: BERT's create_instances_from_document (ALBERT's, for ``sop``)."""
     document = documents[index]
     sop = config.kind == "sop"
-    max_num_tokens = config.max_seq_length - special.pair_overhead
+    max_num_tokens = config.max_seq_length - special.overhead(pair=True)
     # Mostly fill the whole sequence; sometimes (short_seq_prob) use a shorter one so that pretraining also sees
     # the short inputs of fine-tuning. Drawn once per document, as in BERT.
     target = max_num_tokens
@@ -382,7 +374,7 @@ def _segment_pairs(documents: list[_Document], index: int, config: InstanceConfi
             else:
                 b = None
             if b is None:
-                budget = config.max_seq_length - 2
+                budget = config.max_seq_length - special.overhead(pair=False)
                 cut, _ = _truncate_pair(len(a[0]), 0, budget, rng)
                 stats.truncated_tokens += sum(cut)
                 out.append(_build(special, _cut(*a, cut), None, None))
@@ -418,11 +410,12 @@ def _random_segment(documents: list[_Document], index: int, target_length: int,
     return _concat(taken)
 
 
-def _pack(documents: list[_Document], config: InstanceConfig, special: SpecialTokens, stats: InstanceStats,
+def _pack(documents: list[_Document], config: InstanceConfig, special: Framing, stats: InstanceStats,
           out: list[Instance], cross_documents: bool) -> None:
     """RoBERTa FULL-SENTENCES (``cross_documents``) or DOC-SENTENCES packing, greedy in corpus order."""
-    budget = config.max_seq_length - 2
-    separator = (np.array([special.sep_id], dtype=np.int64), np.zeros(1, dtype=bool))
+    budget = config.max_seq_length - special.overhead(pair=False)
+    brk = special.document_break
+    separator = (np.array(brk, dtype=np.int64), np.zeros(len(brk), dtype=bool))
     pieces: list[tuple[np.ndarray, np.ndarray]] = []
     length = 0
 
@@ -440,13 +433,13 @@ def _pack(documents: list[_Document], config: InstanceConfig, special: SpecialTo
             for begin in range(0, len(ids), budget):
                 piece = (ids[begin:begin + budget], starts[begin:begin + budget])
                 # The extra separator marks a document boundary inside a sequence, never at its start.
-                needs_separator = starts_document and length > 0
-                if length + needs_separator + len(piece[0]) > budget:
+                needs_separator = starts_document and length > 0 and len(brk) > 0
+                if length + needs_separator * len(brk) + len(piece[0]) > budget:
                     emit()
                     needs_separator = False
                 if needs_separator:
                     pieces.append(separator)
-                    length += 1
+                    length += len(brk)
                 pieces.append(piece)
                 length += len(piece[0])
                 starts_document = False

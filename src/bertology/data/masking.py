@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bertology.config import from_mapping, validate
-from bertology.data.instances import SpecialTokens
+from bertology.tokenization.framing import Framing
 from bertology.errors import ConfigError, DataError
 
 Selection = Literal["count", "bernoulli"]
@@ -189,8 +189,9 @@ def _keyed_uniforms(keys: torch.Tensor, length: int, stream: int) -> torch.Tenso
 class Masker:
     """Select MLM positions of a padded batch and corrupt them (see the module docstring)."""
 
-    def __init__(self, config: MaskingConfig, special: SpecialTokens, vocab_size: int,
+    def __init__(self, config: MaskingConfig, special: Framing, vocab_size: int,
                  special_ids: Iterable[int] = (), unigram_counts: np.ndarray | None = None) -> None:
+        special.require("mask", "masked-LM")  # a framing without a mask token (GPT-2, T5) cannot mask
         self.config = config
         self.special = special
         self.vocab_size = int(vocab_size)

@@ -90,8 +90,9 @@ class Backbone(Protocol):
 
 
 class EncoderBackbone(torch.nn.Module):
-    """bertology's BERT-family encoder as a `Backbone`: ``[CLS] ids [SEP]`` (RoBERTa: ``<s> ids </s>``) with the
-    tokenizer's ids, the first token as the summary, hidden states from `Encoder(output_hidden_states=True)`."""
+    """bertology's encoder as a `Backbone`: content framed by the tokenizer's framing (``Tokenizer.framing``: BERT
+    ``[CLS] ids [SEP]``, RoBERTa ``<s> ids </s>``, GPT-2 nothing, XLNet ``ids <sep> <cls>``) with its segment ids,
+    its cls token as the summary, hidden states from `Encoder(output_hidden_states=True)`."""
 
     def __init__(self, model: Pretrained | EncoderModel | Encoder, tokenizer: Tokenizer | None = None) -> None:
         super().__init__()
@@ -112,8 +113,7 @@ class EncoderBackbone(torch.nn.Module):
         self.encoder = encoder
         self.training = encoder.training  # a new Module starts in training mode; follow the encoder's instead
         self.tokenizer = tokenizer  # embed's default tokenizer
-        self.cls_id, self.sep_id = tokenizer.cls_id, tokenizer.sep_id
-        self._pad_id = tokenizer.pad_id
+        self.framing = tokenizer.framing
 
     @property
     def num_layers(self) -> int:
@@ -129,10 +129,13 @@ class EncoderBackbone(torch.nn.Module):
 
     @property
     def pad_id(self) -> int:
-        return self._pad_id
+        return self.framing.fill_id
 
     def frame(self, ids: Sequence[int]) -> Framed:
-        return Framed([self.cls_id, *ids, self.sep_id], 1, 1 + len(ids), summary=0)
+        framed = self.framing.frame(ids)
+        (start, stop), = framed.spans
+        type_ids = framed.type_ids if any(framed.type_ids) else None
+        return Framed(framed.ids, start, stop, summary=framed.summary, type_ids=type_ids)
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         device = next(self.encoder.parameters()).device

@@ -52,9 +52,9 @@ def embed(
     """Contextual vectors of `texts` (one string counts as a list of one), as float32 numpy arrays.
 
     `model` is a `Backbone` (see `bertology.embeddings.backbone`), or bertology's `Pretrained`, `EncoderModel` or
-    `Encoder`, which are wrapped in an `EncoderBackbone` (BERT framing: [CLS] text [SEP]). `tokenizer` defaults
-    to the model's (a `Pretrained`'s, or a backbone's `tokenizer` attribute); texts are tokenised without
-    specials and each window is framed by the backbone.
+    `Encoder`, which are wrapped in an `EncoderBackbone` (the tokenizer's framing: BERT's [CLS] text [SEP], GPT-2's
+    text alone, XLNet's text <sep> <cls>). `tokenizer` defaults to the model's (a `Pretrained`'s, or a backbone's
+    `tokenizer` attribute); texts are tokenised without specials and each window is framed by the backbone.
 
     - tokens: every content token (specials excluded) with its character offsets and vocabulary id.
     - words: the tokenizer's pre-tokenised words, grouped by word id from the tokens that cover more than

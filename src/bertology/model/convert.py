@@ -263,10 +263,10 @@ class CheckpointFamily:
         for key in self.config_keys:
             if key.field not in fields:
                 raise ConfigError(f"{where}: config_keys: {key.key!r} maps to {key.field!r}, which is not a "
-                                  f"{config_name} field")
+                                  f"field of {config_name}")
         for name in self.fixed:
             if name not in fields:
-                raise ConfigError(f"{where}: fixed: {name!r} is not a {config_name} field")
+                raise ConfigError(f"{where}: fixed: {name!r} is not a field of {config_name}")
         for suffix, heads in self.architectures.items():
             for head in heads:
                 if head not in self.heads:

@@ -30,6 +30,8 @@ def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) ->
                               f"{', '.join(model.heads) or 'no head'}")
     if top_k < 1:
         raise BertologyError(f"top_k must be >= 1, got {top_k}")
+    framing = tokenizer.framing
+    framing.require("mask", "fill-mask")
     mask = tokenizer.mask_token
     if mask not in text:
         raise BertologyError(f"no mask token in the input: write {mask!r} where a word should be predicted "
@@ -51,14 +53,14 @@ def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) ->
         model.train(was_training)
     probs = out.head_logits["mlm"].float().softmax(-1)
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
-    frame = torch.tensor([tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id])
+    frame = torch.tensor([i for i in (framing.cls_id, framing.sep_id, framing.pad_id) if i is not None])
     results: list[list[Prediction]] = []
     for row, position in enumerate(positions.tolist()):
         candidates = []
         for p, token_id in zip(top.values[row].tolist(), top.indices[row].tolist()):
             filled = ids[0].clone()
             filled[position] = token_id
-            kept = filled[~torch.isin(filled, frame)]  # drop [CLS]/[SEP] but keep any other mask
+            kept = filled[~torch.isin(filled, frame)]  # drop the framing's [CLS]/[SEP] but keep any other mask
             sequence = tokenizer.decode(kept, skip_special_tokens=False).strip()
             candidates.append(Prediction(tokenizer.id_to_token(token_id) or "", token_id, p, sequence))
         results.append(candidates)

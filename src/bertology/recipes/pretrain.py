@@ -21,7 +21,6 @@ import torch
 
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
-from bertology.data.instances import SpecialTokens
 from bertology.data.masking import Masker
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
@@ -137,7 +136,7 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
                    heldout: TokenizedCorpus | None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
     """Training instances (masked as configured) and held-out instances (one fixed, static masking)."""
     inst = config.data.instances
-    special = SpecialTokens.from_tokenizer(tokenizer)
+    special = tokenizer.framing
     masking = config.data.masking
 
     # A masking-rate schedule reads the optimizer step of each micro-batch.
@@ -191,8 +190,11 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
     if model_config.pad_token_id != tokenizer.pad_id:
         problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.pad_id} "
                         f"({tokenizer.pad_token!r})")
-    if tokenizer.style == "bert" and model_config.type_vocab_size < 2 and config.data.instances.pairs:
-        problems.append(f"type_vocab_size {model_config.type_vocab_size} < 2, but BERT-style pairs use segment 1")
+    segments = 1 + max(piece.segment for piece in tokenizer.framing.pieces(config.data.instances.pairs))
+    if model_config.type_vocab_size < segments:
+        what = "pairs" if config.data.instances.pairs else "texts"
+        problems.append(f"type_vocab_size {model_config.type_vocab_size} < {segments}, but {tokenizer.style}-style "
+                        f"{what} use segment {segments - 1}")
     if problems:
         raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
     length = config.data.instances.max_seq_length

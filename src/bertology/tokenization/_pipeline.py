@@ -1,4 +1,4 @@
-"""Building blocks shared by loading and training: special-token sets, post-processors, and the transformers
+"""Building blocks shared by loading and training: special-token sets and the transformers
 tokenizer class (plus its options) that rebuilds a given pipeline exactly."""
 
 from __future__ import annotations
@@ -8,12 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import tokenizers
-from tokenizers import processors
 
 from bertology.errors import TokenizerError
+from bertology.tokenization.framing import FRAMINGS, ROLES
 
 KINDS: tuple[str, ...] = ("wordpiece", "bpe", "unigram")
-STYLES: tuple[str, ...] = ("bert", "roberta")
 
 # The backend model type (tokenizer.json "model.type") for each kind.
 MODEL_TYPE_TO_KIND: dict[str, str] = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "unigram"}
@@ -36,6 +35,10 @@ CLASS_STYLE: dict[str, str] = {
     "AlbertTokenizer": "bert",
     "RobertaTokenizer": "roberta",
     "XLMRobertaTokenizer": "roberta",
+    "BartTokenizer": "bart",
+    "GPT2Tokenizer": "gpt2",
+    "T5Tokenizer": "t5",
+    "XLNetTokenizer": "xlnet",
 }
 
 # A class that makes transformers load tokenizer.json as it is, for pipelines no family class rebuilds.
@@ -44,17 +47,21 @@ GENERIC_CLASS = "PreTrainedTokenizerFast"
 
 @dataclass(frozen=True)
 class SpecialTokenTexts:
-    """The texts of the five special tokens of a BERT-family tokenizer (ids: `bertology.data.SpecialTokens`)."""
+    """The texts of a tokenizer's special tokens by role (ids: ``Tokenizer.framing``); None where it has none."""
 
-    cls: str
-    sep: str
-    pad: str
-    mask: str
-    unk: str
+    cls: str | None
+    sep: str | None
+    pad: str | None
+    mask: str | None
+    unk: str | None
 
     def as_list(self) -> list[str]:
-        """Distinct tokens in a fixed order (cls, sep, pad, mask, unk)."""
-        return list(dict.fromkeys([self.cls, self.sep, self.pad, self.mask, self.unk]))
+        """Distinct tokens in a fixed order (cls, sep, pad, mask, unk), absent ones left out."""
+        return [t for t in dict.fromkeys([self.cls, self.sep, self.pad, self.mask, self.unk]) if t is not None]
+
+    def roles(self) -> dict[str, str]:
+        """role -> text of every token present."""
+        return {role: getattr(self, role) for role in ROLES if getattr(self, role) is not None}
 
 
 BERT_SPECIALS = SpecialTokenTexts(cls="[CLS]", sep="[SEP]", pad="[PAD]", mask="[MASK]", unk="[UNK]")
@@ -63,10 +70,11 @@ ROBERTA_SPECIALS = SpecialTokenTexts(cls="<s>", sep="</s>", pad="<pad>", mask="<
 
 
 def default_specials(style: str, kind: str) -> SpecialTokenTexts:
-    """The special tokens of the reference model of this style and kind (BERT, ALBERT, RoBERTa, XLM-R)."""
-    if style == "roberta":
-        return ROBERTA_SPECIALS
-    return ALBERT_SPECIALS if kind == "unigram" else BERT_SPECIALS
+    """The special tokens of the reference model of this style and kind (BERT; ALBERT for a bert-style Unigram;
+    each other family's layout defaults)."""
+    if style == "bert" and kind == "unigram":
+        return ALBERT_SPECIALS
+    return SpecialTokenTexts(**{role: FRAMINGS[style].tokens.get(role) for role in ROLES})
 
 
 # Training vocabularies start with the specials in the order of the reference checkpoints, so that the ids
@@ -77,27 +85,6 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
     ("unigram", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "bert"): ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
 }
-
-
-def post_processor(
-    style: str, kind: str, specials: SpecialTokenTexts, ids: dict[str, int], *, trim_offsets: bool, add_prefix_space: bool
-) -> tokenizers.processors.PostProcessor:
-    """The post-processor transformers' tokenizer for this style uses: BERT pairs get type ids 0/1, RoBERTa-style
-    pairs are ``<s> A </s></s> B </s>`` with type ids all 0 (byte-level BPE also trims offsets, like RoBERTa)."""
-    cls, sep = specials.cls, specials.sep
-    if style == "bert":
-        return processors.TemplateProcessing(
-            single=f"{cls}:0 $A:0 {sep}:0",
-            pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
-            special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
-        )
-    if kind == "bpe":
-        return processors.RobertaProcessing((sep, ids[sep]), (cls, ids[cls]), trim_offsets, add_prefix_space)
-    return processors.TemplateProcessing(
-        single=[cls, "$A", sep],
-        pair=[cls, "$A", sep, sep, "$B", sep],
-        special_tokens=[(cls, ids[cls]), (sep, ids[sep])],
-    )
 
 
 def find_components(node: Any, type_name: str) -> list[dict]:

@@ -21,6 +21,7 @@ from bertology.tokenization._pipeline import (
     default_specials,
     with_byte_level_prefix_space,
 )
+from bertology.tokenization.framing import FRAMINGS, ROLES
 from bertology.tokenization.tokenizer import Tokenizer
 
 # transformers writes a huge sentinel for "no limit".
@@ -49,13 +50,16 @@ def load_tokenizer(directory: str | os.PathLike, model_type: str | None = None) 
     tokenizer_json = directory / "tokenizer.json"
     if tokenizer_json.is_file():
         backend = _read_tokenizer_json(tokenizer_json)
+        source = tokenizer_json
     elif (directory / "vocab.txt").is_file():
         backend = _wordpiece_from_vocab(directory / "vocab.txt", tok_config)
+        source = directory / "vocab.txt"
     elif (directory / "vocab.json").is_file() or (directory / "merges.txt").is_file():
         for name in ("vocab.json", "merges.txt"):
             if not (directory / name).is_file():
                 raise TokenizerError(f"{directory}: has a byte-level BPE vocabulary but no {name} (both are needed)")
         backend = _bpe_from_files(directory / "vocab.json", directory / "merges.txt")
+        source = directory / "vocab.json"
     else:
         spm = sorted(p.name for p in directory.glob("*.model"))
         if spm:
@@ -89,6 +93,7 @@ def load_tokenizer(directory: str | os.PathLike, model_type: str | None = None) 
         specials=specials,
         model_max_length=int(max_length) if max_length is not None else None,
         trim_offsets=bool(tok_config.get("trim_offsets", True)),
+        source=source,
     )
 
 
@@ -178,14 +183,23 @@ def _style(model_type: str | None, tok_config: dict[str, Any], backend: tokenize
     tokenizer_class = tok_config.get("tokenizer_class")
     if isinstance(tokenizer_class, str) and tokenizer_class.removesuffix("Fast") in CLASS_STYLE:
         return CLASS_STYLE[tokenizer_class.removesuffix("Fast")]
-    if backend.token_to_id("[CLS]") is not None:
-        return "bert"
-    if backend.token_to_id("<s>") is not None:
-        return "roberta"
+    # The first family whose telling tokens are all in the vocabulary (BART's framing is RoBERTa's).
+    for style, telling in _TELLING_TOKENS:
+        if all(backend.token_to_id(t) is not None for t in telling):
+            return style
     raise TokenizerError(
         f"{directory}: cannot tell the special-token style (no config.json model_type, no known tokenizer_class, "
-        "neither [CLS] nor <s> in the vocabulary); pass model_type"
+        f"none of {', '.join(' + '.join(t) for _, t in _TELLING_TOKENS)} in the vocabulary); pass model_type"
     )
+
+
+_TELLING_TOKENS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("bert", ("[CLS]",)),
+    ("xlnet", ("<cls>", "<sep>")),
+    ("roberta", ("<s>",)),
+    ("t5", ("</s>",)),
+    ("gpt2", ("<|endoftext|>",)),
+)
 
 
 def _token_value(value: Any) -> str | None:
@@ -196,9 +210,13 @@ def _token_value(value: Any) -> str | None:
 
 
 def _specials(style: str, kind: str, tok_config: dict[str, Any], special_map: dict[str, Any]) -> SpecialTokenTexts:
+    """Each role's token: named by special_tokens_map.json, else by tokenizer_config.json (under the family's keys
+    for the role, in order), else the family's default (None where the family has no such token)."""
     defaults = default_specials(style, kind)
+    layout = FRAMINGS[style]
     chosen = {}
-    for field in ("cls", "sep", "pad", "mask", "unk"):
-        key = f"{field}_token"
-        chosen[field] = _token_value(special_map.get(key)) or _token_value(tok_config.get(key)) or getattr(defaults, field)
+    for role in ROLES:
+        keys = layout.token_keys(role)
+        named = [_token_value(source.get(key)) for source in (special_map, tok_config) for key in keys]
+        chosen[role] = next((t for t in named if t), None) or getattr(defaults, role)
     return SpecialTokenTexts(**chosen)

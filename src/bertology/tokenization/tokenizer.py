@@ -18,14 +18,13 @@ from bertology.errors import TokenizerError
 from bertology.io import atomic_directory, atomic_write, file_in_the_way
 from bertology.tokenization._pipeline import (
     MODEL_TYPE_TO_KIND,
-    STYLES,
     SpecialTokenTexts,
     byte_level_prefix_space,
     check_choice,
-    post_processor,
     transformers_class,
     with_byte_level_prefix_space,
 )
+from bertology.tokenization.framing import FRAMINGS, Framing
 
 TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second")
 PADDING_STRATEGIES: tuple[str, ...] = ("longest", "max_length")
@@ -62,7 +61,8 @@ class Encoding:
 
 @dataclass
 class Batch:
-    """A right-padded batch: ``input_ids``, ``attention_mask`` (1 = real token), ``token_type_ids``, all [B, L]."""
+    """A padded batch: ``input_ids``, ``attention_mask`` (1 = real token), ``token_type_ids``, all [B, L]; padded
+    on the right, or on the left for a framing that pads left (XLNet)."""
 
     input_ids: torch.LongTensor
     attention_mask: torch.LongTensor
@@ -71,9 +71,14 @@ class Batch:
 
 
 class Tokenizer:
-    """Encodes text for a BERT-family model. ``style`` fixes how specials wrap a text or pair:
-    "bert" gives ``[CLS] a [SEP] b [SEP]`` with type ids 0/1, "roberta" gives ``<s> a </s></s> b </s>`` with
-    type ids 0. Padding and truncation are chosen per call; none is baked into the backend.
+    """Encodes text for a transformer family. ``style`` names the family's framing (`bertology.tokenization.
+    framing`), which fixes how specials wrap a text or pair: "bert" gives ``[CLS] a [SEP] b [SEP]`` with type ids
+    0/1, "roberta" gives ``<s> a </s></s> b </s>`` with type ids 0, "xlnet" ``a <sep> b <sep> <cls>``, ...
+    ``self.framing`` holds the layout with this tokenizer's ids. Padding and truncation are chosen per call; none
+    is baked into the backend.
+
+    ``specials`` names the token of each role (None: the tokenizer has none); every named token must be in the
+    vocabulary, and so must every role the family needs. ``source`` (the file it came from) is named in errors.
 
     The ``backend`` is taken over: its post-processor, padding and truncation are replaced. Truncation is set on it
     per call, so one Tokenizer must not be used from several threads at once."""
@@ -86,15 +91,23 @@ class Tokenizer:
         specials: SpecialTokenTexts,
         model_max_length: int | None = None,
         trim_offsets: bool = True,
+        source: str | os.PathLike | None = None,
     ) -> None:
-        self.style = check_choice(style, STYLES, "tokenizer style")
+        self.style = check_choice(style, tuple(FRAMINGS), "tokenizer style")  # registered framings included
+        self.source = str(source) if source is not None else None
+        where = self.source or "tokenizer"
         model_type = type(backend.model).__name__
         if model_type not in MODEL_TYPE_TO_KIND:
             raise TokenizerError(f"unsupported tokenizer model {model_type!r}; expected WordPiece, BPE or Unigram")
         self.kind: str = MODEL_TYPE_TO_KIND[model_type]
-        missing = [t for t in specials.as_list() if backend.token_to_id(t) is None]
+        layout = FRAMINGS[self.style]
+        absent = [role for role in layout.needs if getattr(specials, role) is None]
+        if absent:
+            raise TokenizerError(f"{where}: the {self.style} framing needs a {absent[0]} token; none is named")
+        missing = [(role, t) for role, t in specials.roles().items() if backend.token_to_id(t) is None]
         if missing:
-            raise TokenizerError(f"special token(s) {', '.join(map(repr, missing))} not in the vocabulary")
+            named = ", ".join(f"{role} token {t!r}" for role, t in missing)
+            raise TokenizerError(f"{where}: the {self.style} framing's {named} not in the vocabulary")
         self.specials = specials
         self.model_max_length = model_max_length
         self.trim_offsets = trim_offsets
@@ -105,12 +118,18 @@ class Tokenizer:
         )
         backend.no_padding()
         backend.no_truncation()
-        ids = {t: backend.token_to_id(t) for t in specials.as_list()}
+        ids = {role: backend.token_to_id(t) for role, t in specials.roles().items()}
+        sentinels: list[int] = []
+        while layout.sentinels is not None:
+            found = backend.token_to_id(layout.sentinels.format(len(sentinels)))
+            if found is None:
+                break
+            sentinels.append(found)
+        self.framing = Framing(ids.get("cls"), ids.get("sep"), ids.get("pad"), ids.get("mask"), self.style,
+                               tuple(sentinels), source=self.source)
         # Only byte-level BPE has a prefix-space setting; serialising a big vocabulary to find it is not free.
         self._add_prefix_space = self.kind == "bpe" and byte_level_prefix_space(json.loads(backend.to_str()))
-        backend.post_processor = post_processor(
-            self.style, self.kind, specials, ids, trim_offsets=trim_offsets, add_prefix_space=self._add_prefix_space
-        )
+        backend.post_processor = self._post_processor(backend, self._add_prefix_space)
         self.backend = backend
         self._word_backend: tokenizers.Tokenizer | None = None
 
@@ -119,50 +138,52 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    # A role's token and id are None where the tokenizer has no such token (GPT-2 has no [CLS]/[SEP]/[MASK]).
     @property
-    def cls_token(self) -> str:
+    def cls_token(self) -> str | None:
         return self.specials.cls
 
     @property
-    def sep_token(self) -> str:
+    def sep_token(self) -> str | None:
         return self.specials.sep
 
     @property
-    def pad_token(self) -> str:
+    def pad_token(self) -> str | None:
         return self.specials.pad
 
     @property
-    def mask_token(self) -> str:
+    def mask_token(self) -> str | None:
         return self.specials.mask
 
     @property
-    def unk_token(self) -> str:
+    def unk_token(self) -> str | None:
         return self.specials.unk
 
     @property
-    def cls_id(self) -> int:
-        return self.backend.token_to_id(self.specials.cls)
+    def cls_id(self) -> int | None:
+        return self.framing.cls_id
 
     @property
-    def sep_id(self) -> int:
-        return self.backend.token_to_id(self.specials.sep)
+    def sep_id(self) -> int | None:
+        return self.framing.sep_id
 
     @property
-    def pad_id(self) -> int:
-        return self.backend.token_to_id(self.specials.pad)
+    def pad_id(self) -> int | None:
+        return self.framing.pad_id
 
     @property
-    def mask_id(self) -> int:
-        return self.backend.token_to_id(self.specials.mask)
+    def mask_id(self) -> int | None:
+        return self.framing.mask_id
 
     @property
-    def unk_id(self) -> int:
-        return self.backend.token_to_id(self.specials.unk)
+    def unk_id(self) -> int | None:
+        return None if self.specials.unk is None else self.backend.token_to_id(self.specials.unk)
 
     @property
     def special_ids(self) -> frozenset[int]:
         added = {i for i, token in self.backend.get_added_tokens_decoder().items() if token.special}
-        return frozenset(added | {self.backend.token_to_id(t) for t in self.specials.as_list()})
+        named = {self.backend.token_to_id(t) for t in self.specials.as_list()}
+        return frozenset(added | named | self.framing.ids)
 
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
@@ -231,7 +252,8 @@ class Tokenizer:
         padding: str = "longest",
         pad_to_multiple_of: int | None = None,
     ) -> Batch:
-        """Encode texts (or text pairs) and right-pad them into [B, L] tensors. ``padding="longest"`` pads to the
+        """Encode texts (or text pairs) and pad them into [B, L] tensors on the framing's side (the pad token's id,
+        0 without one). ``padding="longest"`` pads to the
         longest row, ``"max_length"`` to ``max_length``; ``pad_to_multiple_of`` then rounds L up."""
         check_choice(padding, PADDING_STRATEGIES, "padding")
         if isinstance(texts, str):
@@ -265,9 +287,15 @@ class Tokenizer:
             length = math.ceil(length / pad_to_multiple_of) * pad_to_multiple_of
         # One tensor from nested lists is much faster than filling rows one at a time.
         pads = [length - len(e) for e in encodings]
-        input_ids = torch.tensor([e.ids + [self.pad_id] * p for e, p in zip(encodings, pads)], dtype=torch.long)
-        token_type_ids = torch.tensor([e.type_ids + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
-        attention_mask = torch.tensor([[1] * len(e) + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
+        fill = self.framing.fill_id
+        if self.framing.padding_side == "left":
+            input_ids = torch.tensor([[fill] * p + e.ids for e, p in zip(encodings, pads)], dtype=torch.long)
+            token_type_ids = torch.tensor([[0] * p + e.type_ids for e, p in zip(encodings, pads)], dtype=torch.long)
+            attention_mask = torch.tensor([[0] * p + [1] * len(e) for e, p in zip(encodings, pads)], dtype=torch.long)
+        else:
+            input_ids = torch.tensor([e.ids + [fill] * p for e, p in zip(encodings, pads)], dtype=torch.long)
+            token_type_ids = torch.tensor([e.type_ids + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
+            attention_mask = torch.tensor([[1] * len(e) + [0] * p for e, p in zip(encodings, pads)], dtype=torch.long)
         return Batch(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                      encodings=encodings)
 
@@ -303,12 +331,15 @@ class Tokenizer:
             return self.backend
         if self._word_backend is None:
             backend = with_byte_level_prefix_space(self.backend, True)
-            ids = {t: backend.token_to_id(t) for t in self.specials.as_list()}
-            backend.post_processor = post_processor(
-                self.style, self.kind, self.specials, ids, trim_offsets=self.trim_offsets, add_prefix_space=True
-            )
+            backend.post_processor = self._post_processor(backend, True)
             self._word_backend = backend
         return self._word_backend
+
+    def _post_processor(self, backend: tokenizers.Tokenizer, add_prefix_space: bool) -> Any:
+        """The framing's post-processor with this tokenizer's texts and ids of its special tokens."""
+        tokens = {backend.token_to_id(t): t for t in self.specials.as_list()}
+        return self.framing.post_processor(tokens, self.kind, trim_offsets=self.trim_offsets,
+                                           add_prefix_space=add_prefix_space)
 
     # ----------------------------------------------------------------- saving
     def save(self, directory: str | os.PathLike) -> None:
@@ -347,16 +378,13 @@ class Tokenizer:
                 handle.write("#version: 0.2\n")
                 handle.writelines(f"{merge}\n" for merge in merges)
         tokenizer_class, options = transformers_class(state, self.kind, self.style, self.trim_offsets)
-        special_map = {
-            "cls_token": self.specials.cls,
-            "sep_token": self.specials.sep,
-            "pad_token": self.specials.pad,
-            "mask_token": self.specials.mask,
-            "unk_token": self.specials.unk,
-        }
-        if self.style == "roberta":
-            special_map.update(bos_token=self.specials.cls, eos_token=self.specials.sep)
-        elif self.kind == "unigram":  # ALBERT names [CLS]/[SEP] its bos/eos
+        # Each role under its family's keys: the first of each in role order, then the other names.
+        layout = self.framing.layout
+        roles = self.specials.roles()
+        special_map = {layout.token_keys(role)[0]: text for role, text in roles.items()}
+        for role, text in roles.items():
+            special_map.update(dict.fromkeys(layout.token_keys(role)[1:], text))
+        if self.style == "bert" and self.kind == "unigram":  # ALBERT names [CLS]/[SEP] its bos/eos
             special_map.update(bos_token=self.specials.cls, eos_token=self.specials.sep)
         config: dict[str, Any] = {"tokenizer_class": tokenizer_class, **options, **special_map}
         if self.model_max_length is not None:

@@ -15,7 +15,6 @@ from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 from bertology.errors import DataError, TokenizerError
 from bertology.tokenization._pipeline import (
     KINDS,
-    STYLES,
     TRAINING_SPECIALS,
     SpecialTokenTexts,
     check_choice,
@@ -27,6 +26,8 @@ if TYPE_CHECKING:
     from bertology.data.corpus import CorpusSource
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
+# The framings a tokenizer is trained for (the others are loaded from their files).
+TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta")
 _GLOB_CHARS = frozenset("*?[")
 # Lines go to the trainer in batches: one Python call per batch instead of per line.
 _BATCH_LINES = 1000
@@ -70,7 +71,7 @@ def train_tokenizer(
     than ``vocab_size``; compare ``vocab_size`` of the result.
     """
     check_choice(kind, KINDS, "tokenizer kind")
-    style = check_choice(style or _DEFAULT_STYLE[kind], STYLES, "tokenizer style")
+    style = check_choice(style or _DEFAULT_STYLE[kind], TRAINING_STYLES, "tokenizer style")
     if (kind, style) not in TRAINING_SPECIALS:
         raise TokenizerError(f"a {kind} tokenizer is trained in {_DEFAULT_STYLE[kind]} style only, not {style!r}")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:

@@ -110,3 +110,11 @@ def test_an_untied_decoder_is_named(tmp_path):
     weights["cls.predictions.decoder.weight"] = weights["bert.embeddings.word_embeddings.weight"].clone()
     save_file(weights, directory / "model.safetensors")
     assert [s.name for s in load_model(directory).head_specs] == ["mlm", "nsp"]  # a tied copy is accepted
+
+
+def test_distilbert_tolerates_the_bert_keys_its_transformers_config_keeps_and_ignores(tmp_path):
+    directory = saved(tmp_path, "distilbert", heads=(("mlm", "masked_lm"),), type_vocab_size=0, pooler=False)
+    edit_config(directory, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0, intermediate_size=99)
+    config = load_model(directory).config
+    assert (config.intermediate_size, config.attention_dropout) == (24, 0.1)  # hidden_dim and attention_dropout rule
+    assert config.extra["intermediate_size"] == 99  # kept, so that saving writes it back

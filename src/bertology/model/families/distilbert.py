@@ -46,4 +46,9 @@ FAMILY = CheckpointFamily(
     },
     architectures=bert.ARCHITECTURES,
     fixed={"type_vocab_size": 0, "layer_norm_eps": 1e-12, "pooler": False},
+    # BERT's keys that DistilBertConfig keeps as given (and its models ignore) when one set of BERT-style keyword
+    # arguments builds configs of several families. BERT's names for the layer count, width and heads are not among
+    # them: DistilBertConfig maps those onto n_layers, dim and n_heads, so they never reach its config.json.
+    tolerated=frozenset({"intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+                         "type_vocab_size", "layer_norm_eps", "classifier_dropout"}),
 )

@@ -39,7 +39,7 @@ from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import Model
 from bertology.model.registry import model_class, model_name, register_model, registered
 
-register_model("encoder", EncoderModel, EncoderConfig)
+register_model("encoder", EncoderModel)
 
 __all__ = [  # what other modules import from here, the engine's names included
     "FAMILY_FIXED", "HEADS", "NATIVE_FILE", "TOKENIZER_FILES", "CheckpointFamily", "Pretrained", "architecture_name",

@@ -240,6 +240,8 @@ class Encoder(nn.Module):
 class EncoderModel(nn.Module):
     """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
 
+    config_class = EncoderConfig
+
     def __init__(self, config: EncoderConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__()
         self.config = config

@@ -219,6 +219,8 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
 class TransformerModel(nn.Module):
     """What decoders and encoder-decoders share: token embeddings, heads, extensions and initialisation."""
 
+    config_class = TransformerConfig
+
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec]) -> None:
         super().__init__()
         self.config = config
@@ -378,5 +380,5 @@ class Seq2SeqModel(TransformerModel):
         return out
 
 
-register_model("decoder", DecoderModel, TransformerConfig)
-register_model("seq2seq", Seq2SeqModel, TransformerConfig)
+register_model("decoder", DecoderModel)
+register_model("seq2seq", Seq2SeqModel)

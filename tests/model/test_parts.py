@@ -391,3 +391,25 @@ def test_compiled_blocks_do_not_recompile_for_new_length_mixes():
             torch.testing.assert_close(model(ids, mask).last_hidden_state, want)
     assert counters["frames"]["total"] == warm  # five new mixes of lengths, no new compilation
     torch._dynamo.reset()
+
+
+def test_embed_reads_a_decoder_and_an_encoder_decoder_through_the_protocol():
+    from framing_helpers import tokenizer
+
+    from bertology import embed
+
+    gpt2 = tokenizer("gpt2")
+    texts = ["the cat sat on the mat", "she read the old book"]
+    for model in (DecoderModel(tiny_config(vocab_size=gpt2.vocab_size)),
+                  Seq2SeqModel(tiny_config(vocab_size=gpt2.vocab_size, positions="relative"))):
+        model.init_weights(torch.Generator().manual_seed(3))
+        model.eval()
+        vectors = embed(model, texts, tokenizer=gpt2, layers=[0, 1, 2], combine="concat")
+        for row, text in enumerate(texts):
+            ids = torch.tensor([gpt2.encode(text, add_special_tokens=False).ids])
+            with torch.no_grad():
+                states = model.layer_states(ids, torch.ones_like(ids))
+            assert len(states) == model.config.num_layers + 1
+            # a sentence vector is the mean of its tokens' vectors
+            expected = torch.cat(states, -1)[0].mean(0)  # every hidden state side by side
+            torch.testing.assert_close(torch.as_tensor(vectors.sentences[row]), expected, atol=1e-5, rtol=1e-5)

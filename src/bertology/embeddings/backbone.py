@@ -41,7 +41,7 @@ from torch import Tensor
 
 from bertology.embeddings.result import EmbeddingError
 from bertology.errors import TokenizerError
-from bertology.model import EncoderModel, Pretrained
+from bertology.model import EncoderModel, Model, Pretrained
 from bertology.model.encoder import Encoder
 from bertology.tokenization import Tokenizer
 
@@ -90,34 +90,33 @@ class Backbone(Protocol):
 
 
 class EncoderBackbone(torch.nn.Module):
-    """bertology's encoder as a `Backbone`: content framed by the tokenizer's framing (``Tokenizer.framing``: BERT
+    """A bertology model as a `Backbone`: content framed by the tokenizer's framing (``Tokenizer.framing``: BERT
     ``[CLS] ids [SEP]``, RoBERTa ``<s> ids </s>``, GPT-2 nothing, XLNet ``ids <sep> <cls>``) with its segment ids,
-    its cls token as the summary, hidden states from `Encoder(output_hidden_states=True)`."""
+    its cls token as the summary. Hidden states come from the BERT-family `Encoder(output_hidden_states=True)`, or
+    from any other model's `layer_states` (a causal decoder's blocks, an encoder-decoder's encoder side)."""
 
-    def __init__(self, model: Pretrained | EncoderModel | Encoder, tokenizer: Tokenizer | None = None) -> None:
+    def __init__(self, model: Pretrained | Model | Encoder, tokenizer: Tokenizer | None = None) -> None:
         super().__init__()
         if isinstance(model, Pretrained):
-            encoder, tokenizer = model.model.encoder, tokenizer or model.tokenizer
-        elif isinstance(model, EncoderModel):
-            encoder = model.encoder
-        elif isinstance(model, Encoder):
-            encoder = model
-        else:
-            raise EmbeddingError(f"EncoderBackbone needs a Pretrained, EncoderModel or Encoder, got "
+            model, tokenizer = model.model, tokenizer or model.tokenizer
+        if isinstance(model, EncoderModel):
+            model = model.encoder
+        if not isinstance(model, Encoder) and not callable(getattr(model, "layer_states", None)):
+            raise EmbeddingError(f"EncoderBackbone needs a Pretrained, a bertology model or an Encoder, got "
                                  f"{type(model).__name__}")
         if tokenizer is None:
             raise EmbeddingError("embed needs a tokenizer: the model has none, pass tokenizer=")
-        if tokenizer.vocab_size > encoder.config.vocab_size:
+        if tokenizer.vocab_size > model.config.vocab_size:
             raise TokenizerError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model's vocabulary only "
-                                 f"{encoder.config.vocab_size}: they do not belong together")
-        self.encoder = encoder
-        self.training = encoder.training  # a new Module starts in training mode; follow the encoder's instead
+                                 f"{model.config.vocab_size}: they do not belong together")
+        self.encoder = model  # the BERT-family Encoder, or the whole model when it is another kind
+        self.training = model.training  # a new Module starts in training mode; follow the model's instead
         self.tokenizer = tokenizer  # embed's default tokenizer
         self.framing = tokenizer.framing
 
     @property
     def num_layers(self) -> int:
-        return self.encoder.config.num_layers
+        return self.encoder.config.num_layers  # a decoder's blocks, an encoder-decoder's encoder side
 
     @property
     def hidden_size(self) -> int:
@@ -125,7 +124,9 @@ class EncoderBackbone(torch.nn.Module):
 
     @property
     def max_length(self) -> int:
-        return self.encoder.max_length  # RoBERTa's positions after the padding index already taken off
+        if isinstance(self.encoder, Encoder):
+            return self.encoder.max_length  # RoBERTa's positions after the padding index already taken off
+        return self.encoder.config.max_length
 
     @property
     def pad_id(self) -> int:
@@ -139,16 +140,18 @@ class EncoderBackbone(torch.nn.Module):
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor) -> tuple[Tensor, ...]:
         device = next(self.encoder.parameters()).device
-        out = self.encoder(input_ids.to(device), attention_mask.to(device), token_type_ids.to(device),
-                           output_hidden_states=True)
-        return out.hidden_states
+        inputs = (input_ids.to(device), attention_mask.to(device), token_type_ids.to(device))
+        if isinstance(self.encoder, Encoder):
+            return self.encoder(*inputs, output_hidden_states=True).hidden_states
+        return self.encoder.layer_states(*inputs)
 
 
-def as_backbone(model: Backbone | Pretrained | EncoderModel | Encoder, tokenizer: Tokenizer | None) -> Backbone:
-    """`model` itself when it is a `Backbone`, bertology's encoder types wrapped in an `EncoderBackbone`."""
-    if isinstance(model, (Pretrained, EncoderModel, Encoder)):
+def as_backbone(model: Backbone | Pretrained | Model | Encoder, tokenizer: Tokenizer | None) -> Backbone:
+    """`model` itself when it is a `Backbone`, bertology's models wrapped in an `EncoderBackbone`."""
+    if isinstance(model, (Pretrained, Encoder)) or callable(getattr(model, "layer_states", None)):
         return EncoderBackbone(model, tokenizer)
     if isinstance(model, Backbone):
         return model
     raise EmbeddingError(f"embed needs a Backbone (num_layers, hidden_size, max_length, pad_id, frame, "
-                         f"hidden_states), or a Pretrained, EncoderModel or Encoder; got {type(model).__name__}")
+                         f"hidden_states), or a Pretrained, a bertology model or an Encoder; got "
+                         f"{type(model).__name__}")

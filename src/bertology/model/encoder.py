@@ -318,6 +318,14 @@ class EncoderModel(nn.Module):
     def blocks(self) -> list[nn.Module]:
         return list(self.encoder.layers)
 
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The contextual representations embed and the analyses read: the embedding output, then every layer
+        call's output, [B, L, H] each."""
+        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+        assert out.hidden_states is not None
+        return out.hidden_states
+
     @property
     def word_embeddings(self) -> nn.Embedding:
         return self.encoder.embeddings.word

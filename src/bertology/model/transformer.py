@@ -282,6 +282,15 @@ class DecoderModel(TransformerModel):
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                 "masked_positions": getattr(batch, "masked_positions", None)}
 
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The contextual representations embed and the analyses read: the embedding output, then every block's
+        (the last after the final norm), [B, L, H] each."""
+        check_ids(input_ids, self.config.vocab_size)
+        states = self.decoder(self.embed(input_ids), attention_mask, output_hidden_states=True)[1]
+        assert states is not None
+        return states
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, labels: Tensor | None = None,
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
@@ -334,6 +343,15 @@ class Seq2SeqModel(TransformerModel):
                 "decoder_input_ids": getattr(batch, "decoder_input_ids", None),
                 "decoder_attention_mask": getattr(batch, "decoder_attention_mask", None),
                 "labels": getattr(batch, "labels", None)}
+
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The encoder's contextual representations (what embed and the analyses read): the embedding output, then
+        every encoder block's (the last after the final norm), [B, L, H] each."""
+        check_ids(input_ids, self.config.vocab_size)
+        states = self.encoder(self.embed(input_ids), attention_mask, output_hidden_states=True)[1]
+        assert states is not None
+        return states
 
     def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, packed: bool = True) -> Tensor:
         check_ids(input_ids, self.config.vocab_size)

@@ -124,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
 
 def run_corpus(args: argparse.Namespace) -> int:
     # The local engine runs here: its device is resolved now. Ray's actors resolve theirs (run_ray checks it).
+    if args.gpus_per_worker is not None and args.engine != "ray":
+        raise ConfigError("--gpus-per-worker: for corpus mode with --engine ray only")
     device = placement_from_args(args, int8=True).device if args.engine == "local" else args.device
     settings = CorpusSettings(level=args.level, layers=args.layers, combine=args.combine, pooling=args.pooling,
                               sentence=args.sentence, batch_size=args.batch_size, max_length=args.max_length,

@@ -71,6 +71,13 @@ def files(tmp_path_factory) -> Path:
     (root / "corpus" / "a.jsonl").write_bytes((root / "passages.jsonl").read_bytes())
     (root / "labelled.tsv").write_text("".join(f"{s}\tthe\t{'a' if i % 2 else 'b'}\n" for i, s in
                                                enumerate(SENTENCES) if " the " in f" {s} "), encoding="utf-8")
+    squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": s, "qas": [{"id": f"q{i}", "question": " ".join(s.split()[:3]),
+                                "answers": [{"text": s.split()[1], "answer_start": s.index(s.split()[1])}]}]}
+        for i, s in enumerate(SENTENCES)]}]}
+    (root / "squad.json").write_text(json.dumps(squad), encoding="utf-8")
+    assert main(["index", "build", "--model", str(root / "model"), "--squad", str(root / "squad.json"), "--out",
+                 str(root / "squad-index"), "--quiet", "--device", "cpu"]) == 0
     ud = root / "data" / "ud-english-ewt"
     ud.mkdir(parents=True)
     for split in ("train", "dev", "test"):
@@ -95,6 +102,8 @@ def commands(f: Path, out: Path) -> dict[str, list]:
         "index": ["index", "build", "--model", f / "model", "--input", f / "passages.jsonl", "--out", out / "index",
                   "--quiet"],
         "demo": ["demo", "--model", f / "model", "--layers", "last"],
+        "evaluate-retrieval": ["evaluate", "--task", "retrieval", "--index", f / "squad-index", "--squad",
+                               f / "squad.json"],
         "anisotropy": ["anisotropy", "--model", f / "model", "--corpus", f / "texts.txt", "--out", out,
                        "--bootstrap", "20", "--quiet"],
         "neighbours": ["neighbours", "--model", f / "model", "--corpus", f / "texts.txt", "--out", out,
@@ -176,6 +185,18 @@ def test_no_gpu_bad_devices_and_half_precision_on_the_cpu_are_one_line_errors(na
     assert err.startswith(f"bertology {argv[0]}: error: {option}") and message in err, err
     assert err.count("\n") == 1  # one line
     assert not any(tmp_path.rglob("*.npz")) and not (tmp_path / "index").exists()  # nothing written
+
+
+def test_evaluate_takes_the_device_for_retrieval_only(files, tmp_path, capsys):
+    predictions = tmp_path / "pred.tsv"
+    assert run("predict", "--model", files / "sst2", "--task", "sst2", "--input", files / "dev.tsv",
+               "--output", predictions) == 0
+    capsys.readouterr()
+    assert run("evaluate", "--task", "sst2", "--gold", files / "dev.tsv", "--predictions", predictions) == 0
+    assert run("evaluate", "--task", "sst2", "--gold", files / "dev.tsv", "--predictions", predictions,
+               "--device", "cpu") == 2
+    assert capsys.readouterr().err.endswith("error: --device, --dtype: for --task retrieval only (it embeds the "
+                                            "questions); sst2 scores files\n")
 
 
 def test_int8_keeps_working_and_is_the_cpus(files, tmp_path, capsys):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bertology.device import add_device_arguments, placement_from_args
-import sys
 
 
 def _layers(text: str) -> list[int]:

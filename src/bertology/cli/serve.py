@@ -58,6 +58,6 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, api_key_file=args.api_key_file,
-          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=where.dtype, index=args.index,
-          device=where.device)
+          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=where.dtype,
+          index=args.index, device=where.device)
     return 0

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertology.device import place, to_cpu
 from bertology.embeddings.backbone import Backbone, Framed, as_backbone
 from bertology.embeddings.layers import Combine, LayerSelection, LayerSpec, select_layers
 from bertology.embeddings.result import (
@@ -24,7 +25,6 @@ from bertology.embeddings.result import (
     Pooling,
     SentencePooling,
 )
-from bertology.device import place, to_cpu
 from bertology.embeddings.windows import max_context_window, plan_windows
 from bertology.errors import ConfigError
 from bertology.model import EncoderModel, Pretrained

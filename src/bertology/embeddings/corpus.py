@@ -395,7 +395,8 @@ def embed_corpus(
     pretrained = where.move(with_dtype(base, settings.dtype)) if engine == "local" else base
     from bertology.embeddings.core import embed
 
-    embed(pretrained, ["a"], **settings.embed_options(), dtype=where.float_dtype if engine == "local" else "float32")  # a bad option (layers, stride, ...) fails before any write
+    forward_dtype = where.float_dtype if engine == "local" else "float32"
+    embed(pretrained, ["a"], **settings.embed_options(), dtype=forward_dtype)  # a bad option fails before any write
     if manifest is None:
         manifest = {"format": FORMAT_VERSION, "model": str(model_dir), "root": str(root), "fingerprint": fingerprint,
                     "shards": [asdict(s) for s in shards], "complete": False}

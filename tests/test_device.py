@@ -274,8 +274,8 @@ def test_gpu_results_equal_the_cpus_within_the_dtypes_tolerance(minilm_path):
 
     texts = ["The bank raised its rates.", "An unaffable clerk stamped the form.", "word " * 300]
     cpu = embed(load(minilm_path), texts, levels=("sentence", "token"))
-    for dtype, atol, min_cosine in (("float32", 1e-4, 0.99999), ("bfloat16", None, 0.99),
-                                    ("float16", None, 0.995)):
+    for dtype, atol, min_cosine in (("float32", 1e-4, 0.99999), ("bfloat16", None, 0.98),
+                                    ("float16", None, 0.99)):
         gpu = embed(load(minilm_path), texts, levels=("sentence", "token"), device="cuda", dtype=dtype)
         assert gpu.sentences.dtype == np.float32 and gpu.tokens.vectors.dtype == np.float32
         for a, b in ((cpu.sentences, gpu.sentences), (cpu.tokens.vectors, gpu.tokens.vectors)):
@@ -283,3 +283,45 @@ def test_gpu_results_equal_the_cpus_within_the_dtypes_tolerance(minilm_path):
                 np.testing.assert_allclose(b, a, atol=atol)
             cosine = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
             assert cosine.min() > min_cosine, (dtype, cosine.min())
+
+
+
+@needs_cuda
+def test_gpu_fill_mask_and_head_importances_equal_the_cpus():
+    """The direct model calls (fill-mask, head importances with their gradients) on a GPU against the CPU: within
+    float32 rounding in float32, within bfloat16's in bfloat16; the model is moved in place, results come back on
+    the CPU."""
+    from bertology.analysis.importance import MaskedLMData, head_importance
+    from bertology.model.encoder import HeadSpec
+    from bertology.objectives.fill_mask import fill_mask
+    from bertology.tokenization import train_tokenizer
+
+    words = "the cat sat on a mat and a dog ran in the park while birds sang".split()
+    tokenizer = train_tokenizer(iter([" ".join(words)] * 4), "wordpiece", 60, show_progress=False, min_frequency=1)
+    config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
+                    intermediate_size=64, max_position_embeddings=32)
+
+    def model() -> EncoderModel:
+        mlm = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
+        mlm.init_weights(torch.Generator().manual_seed(0))
+        return mlm.eval()
+
+    texts = [" ".join(words[i:i + 6]) for i in range(10)] * 2
+    text = f"the cat {tokenizer.mask_token} on a mat"
+    cpu = model()
+    cpu_fill = fill_mask(cpu, tokenizer, text, top_k=5)
+    data = MaskedLMData(Pretrained(cpu, tokenizer), texts, importance_examples=8)
+    cpu_importance = head_importance(cpu, data)
+    for dtype, atol in (("float32", 1e-5), ("bfloat16", 2e-2)):
+        gpu = model()
+        gpu_fill = fill_mask(gpu, tokenizer, text, top_k=5, device="cuda", dtype=dtype)
+        assert next(gpu.parameters()).device.type == "cuda"
+        probabilities = {p.token_id: p.probability for p in gpu_fill[0]}
+        if dtype == "float32":  # nearly uniform random logits: bfloat16 may reorder the top five
+            assert probabilities.keys() == {p.token_id for p in cpu_fill[0]}
+        for p in cpu_fill[0]:
+            if p.token_id in probabilities:
+                assert abs(probabilities[p.token_id] - p.probability) < atol, (dtype, p)
+        gpu_importance = head_importance(gpu, data, device="cuda", dtype=dtype)
+        assert gpu_importance.device.type == "cpu"
+        torch.testing.assert_close(gpu_importance, cpu_importance, atol=10 * atol, rtol=0.1)

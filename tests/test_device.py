@@ -217,9 +217,17 @@ def test_place_moves_the_model_in_place_and_none_keeps_its_device(monkeypatch):
     pretrained = Pretrained(model, None)
     where = D.place(pretrained, "cpu")
     assert where == D.Placement(torch.device("cpu"), "float32")
-    assert moved == [("EncoderModel", (torch.device("cpu"),))]  # the Pretrained's model, not a copy
+    assert moved == []  # already there: nothing to do
     assert D.place(model, None).device == torch.device("cpu")
     assert D.model_device(pretrained) == torch.device("cpu") and D.module_of(pretrained) is model
+    # Elsewhere (the meta device stands in for a GPU here: a Placement made directly, not resolved).
+    elsewhere = D.Placement(torch.device("meta"))
+    assert elsewhere.move(pretrained) is pretrained
+    assert moved == [("EncoderModel", (torch.device("meta"),))]  # the Pretrained's model, in place
+    assert D.model_device(pretrained) == torch.device("meta")
+    elsewhere.move(pretrained)
+    assert len(moved) == 1  # there now: not moved again
+    assert [t.device for t in elsewhere.inputs(torch.ones(2), torch.zeros(1))] == [torch.device("meta")] * 2
 
 
 def test_a_backbone_that_is_not_a_module_cannot_be_moved(gpus):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,9 @@ class Placement:
         """`model` (a `Pretrained`, an ``nn.Module``, or a `Backbone` that is a module) moved to the device, in
         place; returned for chaining."""
         module = module_of(model)
-        if module is not None:
-            module.to(self.device)
+        if module is not None and any(t.device != self.device for t in itertools.chain(module.parameters(),
+                                                                                         module.buffers())):
+            module.to(self.device)  # only when something is elsewhere: `to` rewrites every parameter's data
         return model
 
     def inputs(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -191,7 +191,9 @@ def add_device_arguments(parser: argparse.ArgumentParser, *, int8: bool = False,
     choices = FLOAT_DTYPES + (("int8",) if int8 else ())
     parser.add_argument("--dtype", choices=choices, default="float32",
                         help="float32; float16 or bfloat16 (on a GPU: the forward under autocast in that type, "
-                        "results close to float32's)" + (f"; int8: {int8_help}" if int8 and int8_help else "")
+                        "results close to float32's)"
+                        + (f"; int8: {int8_help or 'int8 weights'}, on the CPU only (where auto then runs)"
+                           if int8 else "")
                         + " (default: float32)")
 
 

@@ -200,3 +200,10 @@ def add_device_arguments(parser: argparse.ArgumentParser, *, int8: bool = False,
 def placement_from_args(args: argparse.Namespace, *, int8: bool = False) -> Placement:
     """The `Placement` of the options `add_device_arguments` added, errors naming --device and --dtype."""
     return placement(args.device, args.dtype, device_option="--device", dtype_option="--dtype", int8=int8)
+
+
+def device_options(args: argparse.Namespace) -> dict[str, Any]:
+    """``device=`` and ``dtype=`` for an API call, from the options `add_device_arguments` added (resolved, so a
+    bad one fails as the call's arguments are evaluated, before the call does any work)."""
+    where = placement_from_args(args)
+    return {"device": where.device, "dtype": where.dtype}

@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.analysis.base import Section, write_numbers
-from bertology.device import model_device, place
 from bertology.errors import ConfigError, DataError
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import EncoderModel
@@ -66,6 +65,8 @@ def _rows_of(batch: Any, labels: Tensor | None = None) -> _Rows:
 
 def _moved(model: EncoderModel, *tensors: Tensor | None) -> tuple[Any, ...]:
     """`tensors` on `model`'s device (the same tensors when they are there already; None stays None)."""
+    from bertology.device import model_device
+
     device = model_device(model)
     return tuple(None if t is None else t.to(device) for t in tensors)
 
@@ -216,6 +217,8 @@ def head_importance(model: EncoderModel, data: ImportanceData, head_mask: Tensor
     importances come back on the CPU."""
     from tqdm.auto import tqdm
 
+    from bertology.device import place
+
     where = place(model, device, dtype)
     present = existing_heads(model)
     mask = present.float() if head_mask is None else head_mask.detach().float() * present
@@ -256,6 +259,8 @@ def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.
     (`bertology.device`)."""
     if not 0 < step <= 1 or not 0 < max_share <= 1:
         raise ConfigError(f"step {step} and max_share {max_share} must lie in (0, 1]")
+    from bertology.device import place
+
     where = place(model, device, dtype)
 
     def metric(mask: Tensor) -> float:
@@ -350,6 +355,8 @@ def analyze_importance(pretrained: Pretrained, data: ImportanceData, out_dir: st
     """Importances at the full model, the pruning curve, and the share prunable at `keep` x the unpruned metric;
     writes `importance.json` and `importance.png` to `out_dir`. `device` (None: where the model is) and `dtype`
     say where and how the model runs (`bertology.device`)."""
+    from bertology.device import place
+
     model = pretrained.model
     where = place(model, device, dtype)
     importance = head_importance(model, data, show_progress=show_progress, dtype=where.dtype)

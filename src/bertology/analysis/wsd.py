@@ -241,11 +241,11 @@ def predict(
     device: Any = None,
     dtype: str = "float32",
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Disambiguate every instance of a framework `.data.xml` file; returns {instance id: sense key} (written to
-    `output` as a key file when given) and a JSON-able summary with the counts. Options left None take the values
+    """Disambiguate every instance of a framework `.data.xml` file, the model on `device` in `dtype` as
+    `fit_senses` takes them; returns {instance id: sense key} (written to `output` as a key file when given) and
+    a JSON-able summary with the counts. Options left None take the values
     stored with the sense vectors. `standardize` may also be a (mu, sigma) pair of [D] arrays estimated on another
-    corpus, used instead of the SemCor estimate. `device` (None: where the model is, the CPU for a directory) and
-    `dtype` say where and how the model runs (`bertology.device`)."""
+    corpus, used instead of the SemCor estimate."""
     source = str(senses) if not isinstance(senses, SenseVectors) else None
     if not isinstance(senses, SenseVectors):
         senses = SenseVectors.load(senses)

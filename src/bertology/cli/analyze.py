@@ -35,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from bertology.analysis.report import build_report, chosen_analyses
 
-    chosen_analyses(args.only)  # a bad --only fails before the model is loaded
     where = placement_from_args(args)
+    chosen_analyses(args.only)  # a bad --only fails before the model is loaded
     if args.threads:
         import torch
 

@@ -7,7 +7,7 @@ import json
 import sys
 
 from bertology.cli.embed import layers_argument
-from bertology.device import add_device_arguments, placement_from_args
+from bertology.device import add_device_arguments, device_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -95,12 +95,10 @@ def run_fit(args: argparse.Namespace) -> int:
 
     if not args.out.endswith(".npz"):
         raise ConfigError(f"--out {args.out}: sense vectors are written to a .npz file")
-    where = placement_from_args(args)
     senses = fit_senses(args.model, args.semcor, args.wordnet, layers=args.layers, combine=args.combine,
                         propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
                         first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
-                        max_sentences=args.max_sentences, show_progress=_progress(args), device=where.device,
-                        dtype=where.dtype)
+                        max_sentences=args.max_sentences, show_progress=_progress(args), **device_options(args))
     senses.save(args.out)
     print(json.dumps({"out": args.out, "config": senses.config, "stats": senses.stats}))
     return 0
@@ -109,11 +107,10 @@ def run_fit(args: argparse.Namespace) -> int:
 def run_predict(args: argparse.Namespace) -> int:
     from bertology.analysis.wsd import predict
 
-    where = placement_from_args(args)
     _, summary = predict(args.model, args.senses, args.wordnet, args.data, args.output,
                          propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
                          first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
-                         show_progress=_progress(args), device=where.device, dtype=where.dtype)
+                         show_progress=_progress(args), **device_options(args))
     summary["output"] = args.output
     print(json.dumps(summary))
     return 0

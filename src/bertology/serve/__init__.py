@@ -54,11 +54,11 @@ def load_for_serving(model: str | os.PathLike) -> Pretrained:
     return pretrained
 
 
-def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None = None,
+def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None = None, device: Any = None,
                max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, api_key: str | None = None,
                api_key_file: str | os.PathLike | None = None, max_body_bytes: int = 4 * 1024 * 1024,
                max_texts: int = 256, max_chars: int = 20_000, dtype: str = "float32",
-               index: str | os.PathLike | None = None, device: Any = None) -> FastAPI:
+               index: str | os.PathLike | None = None) -> FastAPI:
     """The service's ASGI app for a model directory (or a loaded `Pretrained`).
 
     Requests to `POST /v1/embed` that arrive within `max_wait_ms` of the oldest waiting one are embedded together,
@@ -77,13 +77,6 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
     from bertology.serve.app import build_app, model_name_of
     from bertology.serve.limits import Limits, read_api_key
 
-    if api_key is not None and api_key_file is not None:
-        raise ConfigError("give api_key or api_key_file, not both")
-    if api_key_file is not None:
-        api_key = read_api_key(api_key_file)
-    if api_key is not None and not api_key:
-        raise ConfigError("api_key is empty")
-    limits = Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars)
     from bertology.device import model_device, placement
     from bertology.model.quantize import check_dtype, quantize
 
@@ -91,6 +84,13 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
         dtype = check_dtype(dtype)  # "fp32" is float32 here, as before
     where = placement(device, dtype, int8=True,  # checked before a model directory is loaded
                       current=model_device(model) if isinstance(model, Pretrained) else None)
+    if api_key is not None and api_key_file is not None:
+        raise ConfigError("give api_key or api_key_file, not both")
+    if api_key_file is not None:
+        api_key = read_api_key(api_key_file)
+    if api_key is not None and not api_key:
+        raise ConfigError("api_key is empty")
+    limits = Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars)
     if isinstance(model, Pretrained):
         pretrained, name = model, model_name or "model"
         if pretrained.tokenizer is None:

@@ -252,7 +252,7 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         if not has_mlm:
             raise ServiceError(501, f"{model_name} has no masked-LM head, so fill-mask is not available")
         texts = limits.check_texts(request.texts)
-        results = await batcher.run(_fill_masks, pretrained, texts, request.top_k, forward_dtype)
+        results = await batcher.run(_fill_masks, pretrained, texts, request.top_k)
         return JSONResponse({"model": model_name, "results": results})
 
     if index is not None:
@@ -267,12 +267,11 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     return app
 
 
-def _fill_masks(pretrained: Pretrained, texts: list[str], top_k: int,
-                dtype: str = "float32") -> list[list[list[dict[str, Any]]]]:
+def _fill_masks(pretrained: Pretrained, texts: list[str], top_k: int) -> list[list[list[dict[str, Any]]]]:
     out = []
     for i, text in enumerate(texts):
         try:
-            predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k, dtype=dtype)
+            predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k)
         except BertologyError as error:
             raise ServiceError(422, f"texts[{i}]: {error}", field=f"texts[{i}]") from None
         out.append([[{"token": p.token, "token_id": p.token_id, "probability": p.probability,

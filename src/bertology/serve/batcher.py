@@ -74,12 +74,12 @@ class Batcher:
                  observe: Any = None, device: str | torch.device | None = None, dtype: str = "float32") -> None:
         if pretrained.tokenizer is None:
             raise ConfigError("the model has no tokenizer; the service needs one")
-        # The model is moved to `device` (None: it stays where it is); the forwards run in `dtype` there.
-        self.placement = place(pretrained, device, dtype)
         if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not 0 <= max_wait_ms:
             raise ConfigError(f"max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
         self.pretrained = pretrained
         self.tokenizer = pretrained.tokenizer
+        # The model is moved to `device` (None: it stays where it is); the forwards run in `dtype` there.
+        self.placement = place(pretrained, device, dtype)
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
         probe = embed(pretrained, [""], levels=("sentence",), dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
@@ -139,8 +139,8 @@ class Batcher:
         return await future
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the encoder's worker thread (between batches)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        """Run `fn(*args)` on the encoder's worker thread (between batches), under the model's autocast there."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._placed, fn, *args)
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -181,6 +181,10 @@ class Batcher:
                     job.future.set_exception(outcome)
                 else:
                     job.future.set_result(outcome)
+
+    def _placed(self, fn: Callable[..., T], *args: Any) -> T:
+        with self.placement.autocast():  # autocast is per thread: entered on the worker itself
+            return fn(*args)
 
     def _budget_full(self) -> bool:
         total = 0

@@ -176,7 +176,6 @@ def run_prune(args: argparse.Namespace) -> int:
         with placement_from_args(args).autocast():
             record["metric_of_pruned_model"] = data.metric(pretrained.model,
                                                            existing_heads(pretrained.model).float())
-    pretrained.model.cpu()  # saved from the CPU, whatever --device ran it
     pretrained.save(args.out)
     write_numbers(Path(args.out) / "pruning.json", record)
     print(f"removed {total - record['heads_after']} of {total} heads; parameters {before:,} -> "

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from bertology.embeddings import embed
 from bertology.embeddings.backbone import Backbone
@@ -125,15 +126,17 @@ def sense_tables(
     layers: LayerSpec = "sum-last-four",
     combine: Combine | None = None,
     pooling: Pooling = "mean",
+    device: str | torch.device | None = None,
+    dtype: str = "float32",
 ) -> list[SenseTable]:
     """One SenseTable per word of `examples` (default: SENSE_EXAMPLES). Each occurrence's vector pools its subword
-    tokens; all sentences are embedded in one call."""
+    tokens; all sentences are embedded in one call (on `device` in `dtype`, as `embed` takes them)."""
     examples = SENSE_EXAMPLES if examples is None else examples
     flat = [(word, sense, sentence) for word, pairs in examples.items() for sense, sentence in pairs]
     if not flat:
         raise EmbeddingError("sense_tables: no example sentences")
     result = embed(model, [s for _, _, s in flat], tokenizer=tokenizer, layers=layers, combine=combine,
-                   pooling=pooling, levels=("token",))
+                   pooling=pooling, levels=("token",), device=device, dtype=dtype)
     vectors = np.stack([result.vector(i, word) for i, (word, _, _) in enumerate(flat)])
     tables = []
     first = 0

@@ -395,6 +395,29 @@ def test_cli_fit_predict_score_round_trip(tiny, tmp_path, capsys):
     assert "bad.key, line 1" in capsys.readouterr().err
 
 
+def test_cli_device_cpu_is_bit_identical_to_the_default(tiny, tmp_path, capsys, monkeypatch):
+    """`wsd fit` and `wsd predict` with --device cpu write the same bytes as with the default (auto: the CPU here);
+    --device cuda without a GPU is a one-line error naming --device."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    written = []
+    for extra in ([], ["--device", "cpu", "--dtype", "float32"]):
+        out, pred = tmp_path / f"senses{len(written)}.npz", tmp_path / f"pred{len(written)}.key"
+        assert main(["wsd", "fit", "--model", str(tiny / "model"), "--semcor", str(tiny / "semcor"), "--wordnet",
+                     str(tiny / "wordnet"), "--out", str(out), "--quiet", *extra]) == 0
+        assert main(["wsd", "predict", "--model", str(tiny / "model"), "--senses", str(out), "--wordnet",
+                     str(tiny / "wordnet"), "--data", str(tiny / "tiny.data.xml"), "--output", str(pred), "--quiet",
+                     *extra]) == 0
+        senses = wsd.SenseVectors.load(out)
+        written.append((senses.keys, senses.vectors.tobytes(), senses.mean.tobytes(), pred.read_bytes()))
+    capsys.readouterr()
+    assert written[0] == written[1]
+    assert main(["wsd", "predict", "--model", str(tiny / "model"), "--senses", str(out), "--wordnet",
+                 str(tiny / "wordnet"), "--data", str(tiny / "tiny.data.xml"), "--output", str(tmp_path / "x.key"),
+                 "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("bertology wsd: error: --device: 'cuda' asked for") and err.count("\n") == 1
+
+
 # ------------------------------------------------------------------------------------------------- real data
 
 

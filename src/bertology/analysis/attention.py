@@ -73,9 +73,13 @@ class _Totals:
 
 
 def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, batch_size: int = 16,
-                    min_relation_count: int = 100, show_progress: bool = False) -> dict[str, Any]:
-    """The per-head statistics of the module docstring over `sentences`, as a JSON-able dict."""
+                    min_relation_count: int = 100, show_progress: bool = False, device: Any = None,
+                    dtype: str = "float32") -> dict[str, Any]:
+    """The per-head statistics of the module docstring over `sentences`, as a JSON-able dict. `device` (None:
+    where the model is) and `dtype` say where and how the model runs (`bertology.device`)."""
     from tqdm.auto import tqdm
+
+    from bertology.device import place
 
     model, tokenizer = pretrained.model, pretrained.tokenizer
     if tokenizer is None:
@@ -107,7 +111,8 @@ def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, 
     totals = _Totals(len(flat_heads), relations)
     encoded.sort(key=lambda item: len(item[1].ids))  # similar lengths together: little padding
 
-    device = next(model.parameters()).device
+    where = place(pretrained, device, dtype)
+    device = where.device
     batches = range(0, len(encoded), batch_size)
     for start in tqdm(batches, desc="attention", unit="batch", disable=not show_progress):
         chunk = encoded[start:start + batch_size]
@@ -119,7 +124,7 @@ def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, 
             ids[row, :len(e.ids)] = torch.tensor(e.ids)
             types[row, :len(e.ids)] = torch.tensor(e.type_ids)
             mask[row, :len(e.ids)] = 1
-        with torch.no_grad():
+        with torch.no_grad(), where.autocast():
             out = model(ids.to(device), mask.to(device), types.to(device), output_attentions=True)
         # [B, all heads, L, L]: the layers' heads side by side, in the order of flat_heads.
         probs = torch.cat([a.float().cpu() for a in out.attentions], 1)
@@ -321,12 +326,13 @@ def plot_syntactic(numbers: dict[str, Any], path: str | Path) -> Path:
 
 def analyze_heads(pretrained: Pretrained, ud_dir: str | Path, out_dir: str | Path, *, split: str = "dev",
                   limit: int | None = None, batch_size: int = 16, min_relation_count: int = 100,
-                  show_progress: bool = False) -> dict[str, Any]:
+                  show_progress: bool = False, device: Any = None, dtype: str = "float32") -> dict[str, Any]:
     """Read the `split` of the UD treebank in `ud_dir` (its first `limit` sentences), compute the head statistics
-    and write `attention.json`, `attention-heads.png` and `attention-syntactic.png` to `out_dir`."""
+    and write `attention.json`, `attention-heads.png` and `attention-syntactic.png` to `out_dir` (the model on
+    `device` in `dtype`, as `head_statistics` takes them)."""
     sentences = read_split(ud_dir, split, limit)
     numbers = head_statistics(pretrained, sentences, batch_size=batch_size, min_relation_count=min_relation_count,
-                              show_progress=show_progress)
+                              show_progress=show_progress, device=device, dtype=dtype)
     numbers["data"] = {"ud": str(ud_dir), "split": split, "limit": limit}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

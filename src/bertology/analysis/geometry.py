@@ -74,6 +74,8 @@ def layer_vectors(
     batch_size: int = 32,
     show_progress: bool = False,
     description: str = "embedding",
+    device: Any = None,
+    dtype: str = "float32",
 ) -> LayerVectors:
     """Word vectors of `texts` at every hidden state in `layers` (default: all, 0..L), in one forward per batch.
 
@@ -81,7 +83,8 @@ def layer_vectors(
     a treebank's words); a span's vector is the mean of the subword tokens overlapping it. A span that no token
     overlaps (characters the tokenizer drops) gets no row and is counted in `counts["spans_without_tokens"]`.
     Texts longer than the model are embedded in overlapping windows (see `bertology.embed`) and counted in
-    `counts["texts_windowed"]`."""
+    `counts["texts_windowed"]`. `device` (None: where the model is) and `dtype` say where and how the model runs
+    (`bertology.device`)."""
     texts = list(texts)
     if spans is not None and len(spans) != len(texts):
         raise ConfigError(f"spans: {len(spans)} span lists for {len(texts)} texts")
@@ -102,7 +105,7 @@ def layer_vectors(
         for first in range(0, len(texts), CHUNK_TEXTS):
             chunk = texts[first: first + CHUNK_TEXTS]
             result = embed(pretrained, chunk, layers=list(wanted), combine="concat", levels=("token",),
-                           batch_size=batch_size)
+                           batch_size=batch_size, device=device, dtype=dtype)
             capacity = result.window_length - 2
             tokens = result.tokens
             for t, source in enumerate(chunk):
@@ -440,12 +443,14 @@ def read_corpus(paths: Sequence[str | os.PathLike], limit: int | None = None) ->
 def analyse(pretrained: Any, texts: Sequence[str], out_dir: str | os.PathLike, *,
             spans: Sequence[Sequence[tuple[int, int]]] | None = None, layers: Sequence[int] | None = None,
             options: GeometryOptions = GeometryOptions(), batch_size: int = 32, show_progress: bool = False,
-            source: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[Path]]:
-    """Embed `texts` (words of every layer), measure, write `anisotropy.json` and the figures into `out_dir`."""
+            source: dict[str, Any] | None = None, device: Any = None,
+            dtype: str = "float32") -> tuple[dict[str, Any], list[Path]]:
+    """Embed `texts` (words of every layer), measure, write `anisotropy.json` and the figures into `out_dir`.
+    `device` (None: where the model is) and `dtype` say where and how the model runs (`bertology.device`)."""
     out_dir = Path(out_dir)
     clock = time.perf_counter()
     data = layer_vectors(pretrained, texts, spans=spans, layers=layers, batch_size=batch_size,
-                         show_progress=show_progress, description="anisotropy")
+                         show_progress=show_progress, description="anisotropy", device=device, dtype=dtype)
     embedded = time.perf_counter() - clock
     numbers = measure(data, options)
     numbers["source"] = source or {}

@@ -32,7 +32,8 @@ from bertology.model.encoder import EncoderModel
 
 
 class ImportanceData(Protocol):
-    """Where the loss (for importances) and the metric (for the pruning curve) come from."""
+    """Where the loss (for importances) and the metric (for the pruning curve) come from. `loss` and `metric` run
+    the model where it is: they move their batches and `head_mask` to its device."""
 
     metric_name: str
 
@@ -60,6 +61,14 @@ class _Rows:
 
 def _rows_of(batch: Any, labels: Tensor | None = None) -> _Rows:
     return _Rows(batch.input_ids, batch.attention_mask, batch.token_type_ids, labels)
+
+
+def _moved(model: EncoderModel, *tensors: Tensor | None) -> tuple[Any, ...]:
+    """`tensors` on `model`'s device (the same tensors when they are there already; None stays None)."""
+    from bertology.device import model_device
+
+    device = model_device(model)
+    return tuple(None if t is None else t.to(device) for t in tensors)
 
 
 class TaskData:
@@ -96,17 +105,19 @@ class TaskData:
         return self.train.batches(0, 1, drop_last=False)
 
     def loss(self, model: EncoderModel, batch: Any, head_mask: Tensor) -> Tensor:
-        out = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, head_mask=head_mask,
-                    last_layer_at=batch.input_ids.new_zeros(0, 2))
-        return F.cross_entropy(out.logits.float(), batch.labels)
+        ids, mask, types, labels, head_mask = _moved(model, batch.input_ids, batch.attention_mask,
+                                                     batch.token_type_ids, batch.labels, head_mask)
+        out = model(ids, mask, types, head_mask=head_mask, last_layer_at=ids.new_zeros(0, 2))
+        return F.cross_entropy(out.logits.float(), labels)
 
     @torch.no_grad()
     def metric(self, model: EncoderModel, head_mask: Tensor) -> float:
         correct = total = 0
         for batch in self.dev.batches(0, self.batch_size, drop_last=False):
-            out = model(batch.input_ids, batch.attention_mask, batch.token_type_ids, head_mask=head_mask,
-                        last_layer_at=batch.input_ids.new_zeros(0, 2))
-            correct += int((out.logits.argmax(-1) == batch.labels).sum())
+            ids, mask, types, labels, moved_mask = _moved(model, batch.input_ids, batch.attention_mask,
+                                                          batch.token_type_ids, batch.labels, head_mask)
+            out = model(ids, mask, types, head_mask=moved_mask, last_layer_at=ids.new_zeros(0, 2))
+            correct += int((out.logits.argmax(-1) == labels).sum())
             total += len(batch.labels)
         return 100.0 * correct / total
 
@@ -168,12 +179,14 @@ class MaskedLMData:
             yield row
 
     def _logits(self, model: EncoderModel, rows: _Rows, head_mask: Tensor) -> Tensor:
-        out = model(rows.input_ids, rows.attention_mask, rows.token_type_ids, masked_positions=rows.positions,
-                    head_mask=head_mask, last_layer_at=rows.input_ids.new_zeros(0, 2))
+        ids, mask, types, positions, head_mask = _moved(model, rows.input_ids, rows.attention_mask,
+                                                        rows.token_type_ids, rows.positions, head_mask)
+        out = model(ids, mask, types, masked_positions=positions, head_mask=head_mask,
+                    last_layer_at=ids.new_zeros(0, 2))
         return out.head_logits[self.head].float()
 
     def loss(self, model: EncoderModel, batch: _Rows, head_mask: Tensor) -> Tensor:
-        return F.cross_entropy(self._logits(model, batch, head_mask), batch.labels)
+        return F.cross_entropy(self._logits(model, batch, head_mask), *_moved(model, batch.labels))
 
     @torch.no_grad()
     def metric(self, model: EncoderModel, head_mask: Tensor) -> float:
@@ -181,7 +194,7 @@ class MaskedLMData:
         for k, row in enumerate(self._single_rows()):
             if k < self.importance_count:
                 continue
-            correct += int((self._logits(model, row, head_mask).argmax(-1) == row.labels).sum())
+            correct += int((self._logits(model, row, head_mask).argmax(-1) == _moved(model, row.labels)[0]).sum())
             total += len(row.labels)  # type: ignore[arg-type]
         return 100.0 * correct / max(total, 1)
 
@@ -196,11 +209,17 @@ def existing_heads(model: EncoderModel) -> Tensor:
 
 
 def head_importance(model: EncoderModel, data: ImportanceData, head_mask: Tensor | None = None, *,
-                    normalize: bool = True, show_progress: bool = False) -> Tensor:
+                    normalize: bool = True, show_progress: bool = False, device: Any = None,
+                    dtype: str = "float32") -> Tensor:
     """I_h = mean over `data.importance_batches()` of |dL/dxi_h| at `head_mask` (ones by default), [layers, heads];
-    with `normalize`, divided by the L2 norm of its layer (Michel et al.). Masked and pruned heads get 0."""
+    with `normalize`, divided by the L2 norm of its layer (Michel et al.). Masked and pruned heads get 0.
+    `device` (None: where the model is) and `dtype` say where and how the model runs (`bertology.device`); the
+    importances come back on the CPU."""
     from tqdm.auto import tqdm
 
+    from bertology.device import place
+
+    where = place(model, device, dtype)
     present = existing_heads(model)
     mask = present.float() if head_mask is None else head_mask.detach().float() * present
     was_training = model.training
@@ -209,7 +228,9 @@ def head_importance(model: EncoderModel, data: ImportanceData, head_mask: Tensor
     count = 0
     for batch in tqdm(data.importance_batches(), desc="head importance", unit="example", disable=not show_progress):
         xi = mask.clone().requires_grad_(True)
-        (grad,) = torch.autograd.grad(data.loss(model, batch, xi), xi)
+        with where.autocast():
+            loss = data.loss(model, batch, xi)
+        (grad,) = torch.autograd.grad(loss, xi)
         total += grad.abs().double()
         count += 1
     model.train(was_training)
@@ -231,16 +252,25 @@ class PruningStep:
 
 
 def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.1, max_share: float = 0.9,
-                  show_progress: bool = False) -> list[PruningStep]:
+                  show_progress: bool = False, device: Any = None, dtype: str = "float32") -> list[PruningStep]:
     """Iterative pruning by masking: the metric with no head removed, then after removing, at each step, the least
     important remaining heads (importances recomputed with the removed ones masked) until `max_share` of the
-    model's heads are gone."""
+    model's heads are gone. `device` (None: where the model is) and `dtype` say where and how the model runs
+    (`bertology.device`)."""
     if not 0 < step <= 1 or not 0 < max_share <= 1:
         raise ConfigError(f"step {step} and max_share {max_share} must lie in (0, 1]")
+    from bertology.device import place
+
+    where = place(model, device, dtype)
+
+    def metric(mask: Tensor) -> float:
+        with where.autocast():
+            return data.metric(model, mask)
+
     present = existing_heads(model)
     total = int(present.sum())
     mask = present.float()
-    steps = [PruningStep(0.0, [], data.metric(model, mask), total)]
+    steps = [PruningStep(0.0, [], metric(mask), total)]
     removed = 0
     k = 1
     while True:
@@ -250,14 +280,14 @@ def pruning_curve(model: EncoderModel, data: ImportanceData, *, step: float = 0.
                 break
             k += 1
             continue
-        importance = head_importance(model, data, mask, show_progress=show_progress)
+        importance = head_importance(model, data, mask, show_progress=show_progress, dtype=where.dtype)
         importance[mask == 0] = math.inf
         order = torch.argsort(importance.flatten())[: target - removed]
         chosen = [(int(i) // mask.shape[1], int(i) % mask.shape[1]) for i in order]
         for layer, head in chosen:
             mask[layer, head] = 0.0
         removed = target
-        steps.append(PruningStep(removed / total, chosen, data.metric(model, mask), total))
+        steps.append(PruningStep(removed / total, chosen, metric(mask), total))
         if k * step >= max_share - 1e-9:
             break
         k += 1
@@ -320,12 +350,18 @@ def plot_curve(steps: Sequence[PruningStep], metric_name: str, path: str | Path,
 
 
 def analyze_importance(pretrained: Pretrained, data: ImportanceData, out_dir: str | Path, *, step: float = 0.1,
-                       max_share: float = 0.9, keep: float = 0.99, show_progress: bool = False) -> dict[str, Any]:
+                       max_share: float = 0.9, keep: float = 0.99, show_progress: bool = False, device: Any = None,
+                       dtype: str = "float32") -> dict[str, Any]:
     """Importances at the full model, the pruning curve, and the share prunable at `keep` x the unpruned metric;
-    writes `importance.json` and `importance.png` to `out_dir`."""
+    writes `importance.json` and `importance.png` to `out_dir`. `device` (None: where the model is) and `dtype`
+    say where and how the model runs (`bertology.device`)."""
+    from bertology.device import place
+
     model = pretrained.model
-    importance = head_importance(model, data, show_progress=show_progress)
-    steps = pruning_curve(model, data, step=step, max_share=max_share, show_progress=show_progress)
+    where = place(model, device, dtype)
+    importance = head_importance(model, data, show_progress=show_progress, dtype=where.dtype)
+    steps = pruning_curve(model, data, step=step, max_share=max_share, show_progress=show_progress,
+                          dtype=where.dtype)
     present = existing_heads(model)
     grid = [[round(float(v), 6) if bool(p) else None for v, p in zip(row, prow)]
             for row, prow in zip(importance.tolist(), present)]

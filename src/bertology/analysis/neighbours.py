@@ -20,6 +20,7 @@ import numpy as np
 
 from bertology.analysis.base import Section, write_numbers
 from bertology.analysis.geometry import layer_vectors
+from bertology.device import place
 from bertology.embeddings.result import normalize
 from bertology.errors import BertologyError, ConfigError
 
@@ -50,14 +51,17 @@ class NeighbourIndex:
     type_vectors: np.ndarray  # [T, D] normalised means of each type's (raw) occurrence vectors
     layer: int
     pretrained: Any
+    dtype: str = "float32"  # how queries run the model (`bertology.device`)
 
     @classmethod
     def build(cls, pretrained: Any, texts: Sequence[str], layer: int = -1, batch_size: int = 32,
-              show_progress: bool = False) -> NeighbourIndex:
-        """Embed `texts` at hidden state `layer` (default the last) and index their words."""
+              show_progress: bool = False, *, device: Any = None, dtype: str = "float32") -> NeighbourIndex:
+        """Embed `texts` at hidden state `layer` (default the last) and index their words. `device` (None: where
+        the model is) and `dtype` say where and how the model runs, for the queries too (`bertology.device`)."""
         faiss = _faiss()
+        where = place(pretrained, device, dtype)
         data = layer_vectors(pretrained, texts, layers=[layer], batch_size=batch_size, show_progress=show_progress,
-                             description="indexing")
+                             description="indexing", dtype=where.dtype)
         if not len(data.strings):
             raise NeighboursError("the corpus has no words to index")
         vectors = data.vectors[0]
@@ -68,7 +72,7 @@ class NeighbourIndex:
         sums = np.zeros((len(types), vectors.shape[1]), dtype=np.float64)
         np.add.at(sums, inverse, vectors)
         return cls(list(data.texts), list(data.strings), data.text_index, index, [str(t) for t in types], counts,
-                   normalize(sums / counts[:, None]), data.layers[0], pretrained)
+                   normalize(sums / counts[:, None]), data.layers[0], pretrained, where.dtype)
 
     def __len__(self) -> int:
         return len(self.strings)
@@ -84,7 +88,8 @@ class NeighbourIndex:
         if occurrence < 0 or occurrence >= len(matches):
             raise NeighboursError(f"{word!r} occurs {len(matches)} time(s) as a whole word in the sentence "
                                   f"{sentence[:80]!r}; occurrence {occurrence} asked for")
-        data = layer_vectors(self.pretrained, [sentence], spans=[[matches[occurrence]]], layers=[self.layer])
+        data = layer_vectors(self.pretrained, [sentence], spans=[[matches[occurrence]]], layers=[self.layer],
+                             dtype=self.dtype)
         if not len(data.strings):
             raise NeighboursError(f"{word!r}: the tokenizer gives it no tokens")
         query = normalize(data.vectors[0])
@@ -127,9 +132,11 @@ class NeighbourIndex:
 
 def neighbours(pretrained: Any, corpus: Sequence[str], queries: Sequence[tuple[str, str]], out_dir: str | os.PathLike,
                *, layer: int = -1, k: int = 10, batch_size: int = 32,
-               show_progress: bool = False) -> tuple[dict[str, Any], list[Path]]:
-    """Index `corpus` and answer every (sentence, word) query; writes `neighbours.json` into `out_dir`."""
-    index = NeighbourIndex.build(pretrained, corpus, layer, batch_size, show_progress)
+               show_progress: bool = False, device: Any = None,
+               dtype: str = "float32") -> tuple[dict[str, Any], list[Path]]:
+    """Index `corpus` and answer every (sentence, word) query; writes `neighbours.json` into `out_dir`.
+    `device` (None: where the model is) and `dtype` say where and how the model runs (`bertology.device`)."""
+    index = NeighbourIndex.build(pretrained, corpus, layer, batch_size, show_progress, device=device, dtype=dtype)
     numbers = {
         "corpus_sentences": len(corpus),
         "indexed_occurrences": len(index),

@@ -32,6 +32,7 @@ import torch
 from bertology.analysis.base import Section, write_numbers
 from bertology.analysis.geometry import LayerVectors, layer_vectors
 from bertology.analysis.ud import UDSentence, read_split, stats
+from bertology.device import place
 from bertology.errors import BertologyError, ConfigError
 from bertology.io import atomic_write
 
@@ -165,9 +166,10 @@ class _Split:
 
 
 def _embed_split(pretrained: Any, sentences: list[UDSentence], layers: Sequence[int] | None, batch_size: int,
-                 show_progress: bool, name: str) -> _Split:
+                 show_progress: bool, name: str, dtype: str = "float32") -> _Split:
     data = layer_vectors(pretrained, [s.text for s in sentences], spans=[s.spans for s in sentences], layers=layers,
-                         batch_size=batch_size, show_progress=show_progress, description=f"probe features ({name})")
+                         batch_size=batch_size, show_progress=show_progress, description=f"probe features ({name})",
+                         dtype=dtype)
     if data.counts["spans_without_tokens"]:
         # a word without tokens would shift every later row of its sentence: such sentences cannot be aligned
         raise ProbingError(f"{data.counts['spans_without_tokens']} treebank words have no token under this "
@@ -278,22 +280,25 @@ def plot(numbers: dict[str, Any], path: Path, title: str = "") -> Path:
 
 def probe(pretrained: Any, ud_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
           layers: Sequence[int] | None = None, limit: int | None = None, tasks: Sequence[str] = TASKS,
-          options: ProbeOptions = ProbeOptions(), batch_size: int = 32,
-          show_progress: bool = False) -> tuple[dict[str, Any], list[Path]]:
+          options: ProbeOptions = ProbeOptions(), batch_size: int = 32, show_progress: bool = False,
+          device: Any = None, dtype: str = "float32") -> tuple[dict[str, Any], list[Path]]:
     """Probe every layer (or `layers`) of `pretrained` on the treebank in `ud_dir` (train, dev, test; `limit`
-    caps each split's sentences); writes `probing.json` and `probing.png` into `out_dir`."""
+    caps each split's sentences); writes `probing.json` and `probing.png` into `out_dir`. `device` (None: where
+    the model is) and `dtype` say where and how the model embeds the words (`bertology.device`); the probes train
+    on the CPU."""
     out_dir = Path(out_dir)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ConfigError(f"limit must be a positive number of sentences, got {limit!r}")
     for task in tasks:
         if task not in TASKS:
             raise ConfigError(f"tasks: unknown {task!r}; expected some of {', '.join(TASKS)}")
+    where = place(pretrained, device, dtype)
     torch.manual_seed(options.seed)
     clock = time.perf_counter()
     splits = {}
     for name in ("train", "dev", "test"):
         sentences = read_split(ud_dir, name, limit)
-        splits[name] = _embed_split(pretrained, sentences, layers, batch_size, show_progress, name)
+        splits[name] = _embed_split(pretrained, sentences, layers, batch_size, show_progress, name, where.dtype)
     embedded = time.perf_counter() - clock
     tasks_result = probe_layers(splits, tasks, options, show_progress)
     numbers = {

@@ -68,15 +68,19 @@ def chosen_analyses(only: str | list[str] | None) -> list[str]:
 
 def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only: str | list[str] | None = None,
                  data_dir: str | os.PathLike = "../shared/data", *, quick: bool = False, task: str | None = None,
-                 show_progress: bool = False) -> ReportResult:
+                 show_progress: bool = False, device: Any = None, dtype: str = "float32") -> ReportResult:
     """Run the chosen analyses on the model in `model_dir` with the data sets under `data_dir`, each writing its
-    JSON and figures under `out_dir`, and write `out_dir/report.html` (atomically) and `out_dir/report.json`."""
+    JSON and figures under `out_dir`, and write `out_dir/report.html` (atomically) and `out_dir/report.json`.
+    The model runs on `device` (None: the CPU; "auto", "cuda", ...), its forwards in `dtype` there
+    (`bertology.device`): every analysis runs it where it is, under the autocast entered here."""
+    from bertology.device import placement
     from bertology.model import load
 
     names = chosen_analyses(only)
+    where = placement(device, dtype)  # before the model is loaded
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    pretrained = load(model_dir)
+    pretrained = where.move(load(model_dir))
     result = ReportResult(out / "report.html")
     options = {"quick": quick, "model_dir": str(model_dir), "task": task, "show_progress": show_progress}
     for name in names:
@@ -95,7 +99,8 @@ def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only:
         kwargs = {k: v for k, v in options.items() if k in accepted}
         start = time.perf_counter()
         try:
-            section = make(pretrained, out, Path(data_dir), **kwargs)
+            with where.autocast():
+                section = make(pretrained, out, Path(data_dir), **kwargs)
         except (FileNotFoundError, AnalysisUnavailable) as error:  # its data (or a head it needs) is not there
             result.skipped.append(Skipped(name, str(error)))
             continue

@@ -103,16 +103,17 @@ def project(vectors: np.ndarray, method: str = "auto", seed: int = 0) -> tuple[n
 
 def sense_map(pretrained: Any, occurrences: Sequence[Occurrence], out_dir: str | os.PathLike, *, word: str = "",
               layer: int = -1, method: str = "auto", min_count: int = 1, seed: int = 0,
-              batch_size: int = 32) -> tuple[dict[str, Any], list[Path]]:
+              batch_size: int = 32, device: Any = None, dtype: str = "float32") -> tuple[dict[str, Any], list[Path]]:
     """Embed the occurrences, project them and write `sense_map.json` and `sense_map.png` into `out_dir`.
-    Senses with fewer than `min_count` occurrences are left out (and counted)."""
+    Senses with fewer than `min_count` occurrences are left out (and counted). `device` (None: where the model
+    is) and `dtype` say where and how the model runs (`bertology.device`)."""
     counts = Counter(o.sense for o in occurrences)
     kept = [o for o in occurrences if counts[o.sense] >= min_count]
     if len(kept) < 3:
         raise SenseMapError(f"{word or 'the word'}: {len(kept)} occurrence(s) in senses seen at least {min_count} "
                             "time(s); a map needs at least 3")
     data = layer_vectors(pretrained, [o.sentence for o in kept], spans=[[o.span] for o in kept], layers=[layer],
-                         batch_size=batch_size)
+                         batch_size=batch_size, device=device, dtype=dtype)
     if data.counts["spans_without_tokens"]:
         raise SenseMapError(f"{data.counts['spans_without_tokens']} occurrence(s) have no token under this tokenizer")
     points, used = project(data.vectors[0], method, seed)

@@ -144,13 +144,20 @@ def fit_senses(
     max_length: int | None = None,
     max_sentences: int | None = None,
     show_progress: bool = False,
+    device: Any = None,
+    dtype: str = "float32",
 ) -> SenseVectors:
     """Sense vectors from the SemCor tag files under `semcor_dir`, for a `Pretrained` model (or a model
     directory). `propagate`, `gloss_weight`, `standardize` and `first_sense_bonus` are stored as the defaults
     `predict` uses.
-    Keys not in WordNet are skipped and counted in `stats`; so are tokens whose text the tokenizer drops."""
+    Keys not in WordNet are skipped and counted in `stats`; so are tokens whose text the tokenizer drops.
+    `device` (None: where the model is, the CPU for a directory) and `dtype` say where and how the model runs
+    (`bertology.device`)."""
     _check_options(propagate, gloss_weight, first_sense_bonus)
     pretrained, model_info = _model(pretrained)
+    from bertology.device import place  # torch: imported only where a model runs
+
+    where = place(pretrained, device, dtype)
     started = time.perf_counter()
     wordnet = load_wordnet(wordnet_dir)
     corpus = read_semcor(semcor_dir, max_sentences=max_sentences)
@@ -181,7 +188,7 @@ def fit_senses(
     seen = 0
     row = 0
     for vectors, missing, long_texts in _span_vectors(pretrained, texts, spans, config, batch_size, show_progress,
-                                                      "SemCor"):
+                                                      "SemCor", where.dtype):
         if sums is None:
             sums = np.zeros((len(key_index), vectors.shape[1]), dtype=np.float64)
             moment1 = np.zeros(vectors.shape[1], dtype=np.float64)
@@ -231,9 +238,12 @@ def predict(
     first_sense_bonus: float | None = None,
     batch_size: int = 64,
     show_progress: bool = False,
+    device: Any = None,
+    dtype: str = "float32",
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """Disambiguate every instance of a framework `.data.xml` file; returns {instance id: sense key} (written to
-    `output` as a key file when given) and a JSON-able summary with the counts. Options left None take the values
+    """Disambiguate every instance of a framework `.data.xml` file, the model on `device` in `dtype` as
+    `fit_senses` takes them; returns {instance id: sense key} (written to `output` as a key file when given) and
+    a JSON-able summary with the counts. Options left None take the values
     stored with the sense vectors. `standardize` may also be a (mu, sigma) pair of [D] arrays estimated on another
     corpus, used instead of the SemCor estimate."""
     source = str(senses) if not isinstance(senses, SenseVectors) else None
@@ -259,6 +269,9 @@ def predict(
         raise SenseVectorError(f"{source or 'the sense vectors'} were fitted with the model at "
                                f"{senses.model.get('path')} (weights {senses.model['fingerprint'][:12]}...), not with "
                                f"{model_info['path']} ({model_info['fingerprint'][:12]}...)")
+    from bertology.device import place  # torch: imported only where a model runs
+
+    where = place(pretrained, device, dtype)
     started = time.perf_counter()
     wordnet = load_wordnet(wordnet_dir)
     dataset = read_raganato(data)
@@ -268,7 +281,8 @@ def predict(
         spans[instance.sentence].append((instance.start, instance.end))
     vectors = []
     for chunk, missing, long_texts in _span_vectors(pretrained, [s.text for s in dataset.sentences], spans,
-                                                    senses.config, batch_size, show_progress, "instances"):
+                                                    senses.config, batch_size, show_progress, "instances",
+                                                    where.dtype):
         vectors.append(chunk)
         counts["instances the tokenizer drops"] += int(missing.sum())
         counts["sentences longer than the model (windowed)"] += long_texts
@@ -284,7 +298,7 @@ def predict(
     gloss = {}
     if gloss_weight > 0:  # only candidates that can win need a gloss vector
         wanted = sorted({k for scored in candidates.values() for k, _ in scored})
-        gloss = _gloss_vectors(pretrained, wordnet, wanted, senses.config, batch_size, show_progress)
+        gloss = _gloss_vectors(pretrained, wordnet, wanted, senses.config, batch_size, show_progress, where.dtype)
 
     def prepare(x: np.ndarray) -> np.ndarray:
         if standardize:
@@ -478,18 +492,18 @@ def _lexname_vectors(senses: SenseVectors, wordnet: WordNet) -> tuple[list[str],
 
 
 def _gloss_vectors(pretrained: Any, wordnet: WordNet, keys: Sequence[str], config: dict[str, Any],
-                   batch_size: int, show_progress: bool) -> dict[str, np.ndarray]:
+                   batch_size: int, show_progress: bool, dtype: str = "float32") -> dict[str, np.ndarray]:
     from bertology.embeddings import embed
 
     texts = [wordnet.gloss_text(k) for k in keys]
     result = embed(pretrained, texts, layers=config["layers"], combine=config["combine"], levels=("sentence",),
                    batch_size=batch_size, max_length=config["max_length"],
-                   show_progress=show_progress and len(texts) > batch_size)
+                   show_progress=show_progress and len(texts) > batch_size, dtype=dtype)
     return dict(zip(keys, result.sentences))
 
 
 def _span_vectors(pretrained: Any, texts: Sequence[str], spans: Sequence[Sequence[tuple[int, int]]],
-                  config: dict[str, Any], batch_size: int, show_progress: bool, what: str):
+                  config: dict[str, Any], batch_size: int, show_progress: bool, what: str, dtype: str = "float32"):
     """Yield, a chunk of texts at a time, the vectors of the character spans of each text ([spans, D], the
     subword tokens overlapping a span averaged), a mask of the spans no token covers (their rows are zero) and
     how many texts needed more than one window."""
@@ -502,7 +516,7 @@ def _span_vectors(pretrained: Any, texts: Sequence[str], spans: Sequence[Sequenc
         for first in range(0, len(texts), CHUNK_SENTENCES):
             chunk = list(texts[first: first + CHUNK_SENTENCES])
             result = embed(pretrained, chunk, layers=config["layers"], combine=config["combine"],
-                           levels=("token",), batch_size=batch_size, max_length=config["max_length"])
+                           levels=("token",), batch_size=batch_size, max_length=config["max_length"], dtype=dtype)
             capacity = result.window_length - 2
             out, missing = [], []
             long_texts = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from bertology.analysis.report import ALIASES, ANALYSES
@@ -26,19 +28,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--task", help="the fine-tuning task of a fine-tuned model (head importance uses its loss)")
     parser.add_argument("--quick", action="store_true", help="smaller samples: a fast, rougher report")
     parser.add_argument("--threads", type=int, metavar="N", help="torch threads")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bertology.analysis.report import build_report, chosen_analyses
 
+    where = placement_from_args(args)
     chosen_analyses(args.only)  # a bad --only fails before the model is loaded
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     result = build_report(args.model, args.out, args.only, args.data, quick=args.quick, task=args.task,
-                          show_progress=sys.stderr.isatty())
+                          show_progress=sys.stderr.isatty(), device=where.device, dtype=where.dtype)
     for skipped in result.skipped:
         print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
     print(f"wrote {result.path} ({len(result.sections)} analyses, {len(result.skipped)} skipped)", file=sys.stderr)

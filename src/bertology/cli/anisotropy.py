@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
 from bertology.errors import ConfigError
 
 
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="occurrences a word type needs for self-similarity (default 5)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -38,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 2:
         raise ConfigError(f"--limit must be at least 2 sentences, got {args.limit}")
+    where = placement_from_args(args)
     if args.ud:
         from bertology.analysis.ud import read_split
 
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     options = GeometryOptions(bootstrap=args.bootstrap, min_occurrences=args.min_occurrences)
     numbers, figures = analyse(load(args.model), texts, args.out, spans=spans, options=options,
                                batch_size=args.batch_size, show_progress=not args.quiet and sys.stderr.isatty(),
-                               source={**source, "model": args.model})
+                               source={**source, "model": args.model}, device=where.device, dtype=where.dtype)
     for row in numbers["layers"]:
         raw, std = row["raw"], row["standardised"]
         print(f"layer {row['layer']}: anisotropy {raw['anisotropy']['mean']:.3f} "

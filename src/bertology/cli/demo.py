@@ -6,6 +6,7 @@ import argparse
 
 from bertology.demo import format_report, sense_tables
 from bertology.cli.embed import layers_argument
+from bertology.device import add_device_arguments, placement_from_args
 from bertology.model import load
 
 
@@ -24,11 +25,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how explicit layer indices are combined (default: mean)")
     parser.add_argument("--pooling", choices=("first", "mean", "last"), default="mean",
                         help="subword pooling when a word is split into pieces (default: mean)")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    tables = sense_tables(load(args.model), layers=args.layers, combine=args.combine, pooling=args.pooling)
+    where = placement_from_args(args)
+    tables = sense_tables(load(args.model), layers=args.layers, combine=args.combine, pooling=args.pooling,
+                          device=where.device, dtype=where.dtype)
     layers = args.layers if isinstance(args.layers, str) else ",".join(map(str, args.layers))
     header = (f"Contextual vectors of ambiguous words\nmodel: {args.model}\nlayers: {layers}, "
               f"subword pooling: {args.pooling}\ncells: cosine similarity of two occurrences; * = same sense")

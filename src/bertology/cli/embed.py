@@ -7,12 +7,13 @@ import sys
 
 import torch
 
+from bertology.device import add_device_arguments, placement_from_args
 from bertology.embeddings import check_output, embed, parse_layers, read_texts, save_vectors
 from bertology.embeddings.corpus import CorpusSettings, embed_corpus, is_corpus_input
 from bertology.embeddings.layers import LayerSpec
 from bertology.errors import ConfigError
 from bertology.model import load
-from bertology.model.quantize import DTYPES, with_dtype
+from bertology.model.quantize import with_dtype
 
 
 def layers_argument(text: str) -> LayerSpec:
@@ -60,9 +61,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens per window, specials included (default: the model's positions)")
     parser.add_argument("--stride", type=int, default=None,
                         help="step between window starts in content tokens (default: half a window)")
-    parser.add_argument("--dtype", choices=DTYPES, default="float32",
-                        help="int8: the encoder layers' linear maps in int8 (faster on CPU, vectors differ slightly "
-                        "from float32; docs/EMBEDDING-AT-SCALE.md); default: float32")
+    add_device_arguments(parser, int8=True, int8_help="the encoder layers' linear maps in int8 (faster on CPU, "
+                         "vectors differ slightly from float32; docs/EMBEDDING-AT-SCALE.md)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     corpus = parser.add_argument_group("corpus mode (--input is a directory or a glob)")
     corpus.add_argument("--shard-size", type=int, default=10000, help="texts per shard (default: 10000)")
@@ -76,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     corpus.add_argument("--address", default=None,
                         help="Ray cluster address (e.g. ray://host:10001 or auto); default: a local Ray instance")
     corpus.add_argument("--workers", type=int, default=None, help="Ray encoder actors (default: 2)")
+    corpus.add_argument("--gpus-per-worker", type=float, default=None, metavar="G",
+                        help="GPUs each Ray actor asks for (fractions share one, e.g. 0.5; default: 1 when this "
+                        "machine has a GPU and --device is not cpu, else 0)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (per encoder on Ray; default: torch's own, 1 per Ray actor)")
     parser.set_defaults(func=run)
@@ -86,13 +89,15 @@ def run(args: argparse.Namespace) -> int:
         return run_corpus(args)
     corpus_only = [flag for flag, given in (("--resume", args.resume), ("--engine", args.engine != "local"),
                                             ("--address", args.address is not None),
-                                            ("--workers", args.workers is not None)) if given]
+                                            ("--workers", args.workers is not None),
+                                            ("--gpus-per-worker", args.gpus_per_worker is not None)) if given]
     if corpus_only:
         raise ConfigError(f"{', '.join(corpus_only)}: for corpus mode only (--input a directory or a glob pattern)")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"threads must be a positive integer, got {args.threads}")
         torch.set_num_threads(args.threads)
+    where = placement_from_args(args, int8=True)
     check_output(args.output, args.level)  # paths first: a bad --output fails before any embedding work
     texts = read_texts(args.input, args.format, args.text_field)
     pretrained = with_dtype(load(args.model), args.dtype)
@@ -108,6 +113,8 @@ def run(args: argparse.Namespace) -> int:
         max_length=args.max_length,
         stride=args.stride,
         show_progress=not args.quiet and sys.stderr.isatty() and len(texts) > args.batch_size,
+        device=where.device,
+        dtype=where.float_dtype,
     )
     rows = save_vectors(result, args.output, args.level, meta={"model": str(args.model), "input": str(args.input)})
     print(f"wrote {rows} {args.level} vectors ({result.dim} dimensions) for {len(texts)} texts to {args.output}",
@@ -116,12 +123,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_corpus(args: argparse.Namespace) -> int:
+    # The local engine runs here: its device is resolved now. Ray's actors resolve theirs (run_ray checks it).
+    if args.gpus_per_worker is not None and args.engine != "ray":
+        raise ConfigError("--gpus-per-worker: for corpus mode with --engine ray only")
+    device = placement_from_args(args, int8=True).device if args.engine == "local" else args.device
     settings = CorpusSettings(level=args.level, layers=args.layers, combine=args.combine, pooling=args.pooling,
                               sentence=args.sentence, batch_size=args.batch_size, max_length=args.max_length,
                               stride=args.stride, dtype=args.dtype, format=args.format, text_field=args.text_field,
                               id_field=args.id_field, shard_size=args.shard_size)
     report = embed_corpus(args.model, args.input, args.output, settings, resume=args.resume, engine=args.engine,
-                          address=args.address, workers=args.workers, threads=args.threads,
+                          address=args.address, workers=args.workers, threads=args.threads, device=device,
+                          gpus_per_worker=args.gpus_per_worker,
                           show_progress=not args.quiet and sys.stderr.isatty())
     print(f"{report.texts} texts in {len(report.files)} files: {report.written} shards written, {report.skipped} "
           f"already done, {report.shards} in all ({report.dim} dimensions) in {report.output}", file=sys.stderr)

@@ -11,6 +11,8 @@ TASKS = ("squad", "conll", "conll2003", "sst2", "cola", "mrpc", "rte", "stsb")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from bertology.device import add_device_arguments
+
     parser = subparsers.add_parser(
         "evaluate",
         help="score predictions with a task's official metrics",
@@ -35,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="retrieval: a dense index (`bertology index build --squad FILE`); with --squad FILE, "
                         "prints recall@1/5/20 (percent) of every question against all its paragraphs")
     parser.add_argument("--squad", metavar="FILE", help="retrieval: the SQuAD v1.1 file the index was built from")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -46,10 +49,15 @@ def run(args: argparse.Namespace) -> int:
 
     name = args.task.lower() if args.task.lower() in TASKS else args.task
     if name.lower() == "retrieval":
+        from bertology.device import placement_from_args
         from bertology.retrieval.evaluate import evaluate_retrieval
 
-        print(json.dumps(evaluate_retrieval(args.index, args.squad)))
+        where = placement_from_args(args)
+        print(json.dumps(evaluate_retrieval(args.index, args.squad, device=where.device, dtype=where.dtype)))
         return 0
+    if args.device != "auto" or args.dtype != "float32":
+        raise ConfigError(f"--device, --dtype: for --task retrieval only (it embeds the questions); "
+                          f"{args.task} scores files")
     if args.predictions is None:
         raise ConfigError(f"evaluate --task {args.task}: --predictions FILE is required")
     if name in TASKS:

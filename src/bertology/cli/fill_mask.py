@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -15,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("text", metavar="TEXT")
     parser.add_argument("--model", required=True, metavar="PATH", help="model directory with its tokenizer")
     parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default: 5)")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -23,10 +26,12 @@ def run(args: argparse.Namespace) -> int:
     from bertology.model.checkpoint import load
     from bertology.objectives.fill_mask import fill_mask
 
+    where = placement_from_args(args)
     pretrained = load(args.model)
     if pretrained.tokenizer is None:
         raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
-    results = fill_mask(pretrained.model, pretrained.tokenizer, args.text, top_k=args.top_k)
+    results = fill_mask(pretrained.model, pretrained.tokenizer, args.text, top_k=args.top_k, device=where.device,
+                        dtype=where.dtype)
     for number, predictions in enumerate(results, start=1):
         if len(results) > 1:
             print(f"mask {number}:")

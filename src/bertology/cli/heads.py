@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -32,6 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="report relations with at least N arcs (default: 100)")
     stats.add_argument("--batch-size", type=int, default=16)
     stats.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(stats)
     stats.set_defaults(func=run_stats)
 
     importance = commands.add_parser(
@@ -72,16 +75,19 @@ def _loss_arguments(parser: argparse.ArgumentParser, required: bool = True) -> N
     parser.add_argument("--eval-examples", type=int, metavar="N", help="evaluate the metric on the first N only")
     parser.add_argument("--threads", type=int, metavar="N", help="torch threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
 
 
 def _load(args: argparse.Namespace):
+    """The model, on --device (the commands then run it in --dtype)."""
     import torch
 
     from bertology.model import load
 
+    where = placement_from_args(args)
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
-    return load(args.model)
+    return where.move(load(args.model))
 
 
 def _data(args: argparse.Namespace, pretrained):
@@ -116,7 +122,7 @@ def run_stats(args: argparse.Namespace) -> int:
     pretrained = _load(args)
     numbers = analyze_heads(pretrained, args.ud, args.out, split=args.split, limit=args.limit,
                             batch_size=args.batch_size, min_relation_count=args.min_count,
-                            show_progress=not args.quiet and sys.stderr.isatty())
+                            show_progress=not args.quiet and sys.stderr.isatty(), dtype=args.dtype)
     print(json.dumps(summary_table(numbers), indent=2))
     print(f"wrote {Path(args.out) / 'attention.json'} and its figures", file=sys.stderr)
     return 0
@@ -128,7 +134,7 @@ def run_importance(args: argparse.Namespace) -> int:
     pretrained = _load(args)
     numbers = analyze_importance(pretrained, _data(args, pretrained), args.out, step=args.step,
                                  max_share=args.max_share, keep=args.keep,
-                                 show_progress=not args.quiet and sys.stderr.isatty())
+                                 show_progress=not args.quiet and sys.stderr.isatty(), dtype=args.dtype)
     curve = ", ".join(f"{c['share_removed']:.0%}: {c['metric']:.2f}" for c in numbers["curve"])
     print(f"{numbers['metric']} by share of heads removed: {curve}; prunable share {numbers['prunable_share']:.0%}",
           file=sys.stderr)
@@ -158,7 +164,7 @@ def run_prune(args: argparse.Namespace) -> int:
             raise ConfigError(f"--share must lie in (0, 1), got {args.share}")
         data = _data(args, pretrained)
         steps = pruning_curve(pretrained.model, data, step=args.step, max_share=args.share,
-                              show_progress=not args.quiet and sys.stderr.isatty())
+                              show_progress=not args.quiet and sys.stderr.isatty(), dtype=args.dtype)
         heads = heads_removed_at(steps, args.share)
         record.update(metric=data.metric_name, curve=[{"share_removed": s.share, "metric": s.metric} for s in steps])
     total = int(existing_heads(pretrained.model).sum())
@@ -167,7 +173,9 @@ def run_prune(args: argparse.Namespace) -> int:
                   heads_after=int(existing_heads(pretrained.model).sum()), parameters_before=before,
                   parameters_after=parameter_count(pretrained.model))
     if not args.heads:  # the pruned model itself, measured: it must match the curve's last masked step
-        record["metric_of_pruned_model"] = data.metric(pretrained.model, existing_heads(pretrained.model).float())
+        with placement_from_args(args).autocast():
+            record["metric_of_pruned_model"] = data.metric(pretrained.model,
+                                                           existing_heads(pretrained.model).float())
     pretrained.save(args.out)
     write_numbers(Path(args.out) / "pruning.json", record)
     print(f"removed {total - record['heads_after']} of {total} heads; parameters {before:,} -> "

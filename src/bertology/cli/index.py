@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -51,6 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--batch-size", type=int, default=32)
     build.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own setting)")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(build)
     build.set_defaults(func=run_build)
 
 
@@ -63,6 +66,10 @@ def run_build(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.retrieval.index import check_output, corpus_vectors, set_threads
 
+    where = placement_from_args(args)
+    if args.vectors is not None and args.dtype != "float32":
+        raise ConfigError(f"--dtype {args.dtype}: with --vectors the corpus run's vectors are indexed and only a "
+                          f"check of a few passages is embedded, in float32 (on --device)")
     check_output(args.out)  # before any embedding work
     set_threads(args.threads)
     structure = Structure(args.approximate or "flat", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
@@ -88,11 +95,13 @@ def run_build(args: argparse.Namespace) -> int:
             raise ConfigError(f"--vectors: the corpus run's embedding options are used; drop --{', --'.join(changes)}"
                               .replace("_", "-"))
         vectors, options = corpus_vectors(args.vectors, passages)
+        where.move(pretrained)  # the check's passages are embedded where the model is
         index = Index.from_vectors(pretrained, passages, vectors, options=options, structure=structure,
                                    model_dir=args.model)
     else:
         index = Index.build(pretrained, passages, options=options, structure=structure, batch_size=args.batch_size,
-                            show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model)
+                            show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model,
+                            device=where.device, dtype=where.dtype)
     index.save(args.out)
     print(f"indexed {len(index)} passages ({index.dim} dimensions, {structure.kind}) in "
           f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -26,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -34,6 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from bertology.analysis.neighbours import neighbours
     from bertology.model import load
 
+    where = placement_from_args(args)
     if args.ud:
         from bertology.analysis.ud import read_split
 
@@ -42,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         corpus = read_corpus(args.corpus, args.limit)
     numbers, _ = neighbours(load(args.model), corpus, [(sentence, word) for word, sentence in args.query], args.out,
                             layer=args.layer, k=args.k, batch_size=args.batch_size,
-                            show_progress=not args.quiet and sys.stderr.isatty())
+                            show_progress=not args.quiet and sys.stderr.isatty(), device=where.device,
+                            dtype=where.dtype)
     for query in numbers["queries"]:
         print(f"{query['word']!r} in {query['sentence']!r}")
         for n in query["contextual"]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,15 +24,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-length", type=int, metavar="N",
                         help="tokens per example; use the run's task.max_length (default: the task's, 128 or 384)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples per batch (default 64)")
-    parser.add_argument("--dtype", choices=("float32", "int8"), default="float32",
-                        help="int8: the encoder layers' linear maps in int8, faster on CPU (default: float32)")
+    add_device_arguments(parser, int8=True, int8_help="the encoder layers' linear maps in int8, faster on CPU")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from bertology.recipes.finetune import predict_file
 
+    where = placement_from_args(args, int8=True)
     count = predict_file(args.model, args.task, args.input, args.output, args.max_length, args.batch_size,
-                         dtype=args.dtype)
+                         dtype=where.dtype, device=where.device)
     print(f"{count} predictions written to {args.output}", file=sys.stderr)
     return 0

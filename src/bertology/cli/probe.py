@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def _layers(text: str) -> list[int]:
     try:
@@ -37,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -50,9 +53,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         raise ConfigError(f"--l2: {args.l2!r} is not comma-separated numbers") from None
     options = ProbeOptions(epochs=args.epochs, learning_rate=args.learning_rate, l2=l2, seed=args.seed)
+    where = placement_from_args(args)
     numbers, figures = probe(load(args.model), args.ud, args.out, layers=args.layers, limit=args.limit,
                              tasks=[t.strip() for t in args.tasks.split(",") if t.strip()], options=options,
-                             batch_size=args.batch_size, show_progress=not args.quiet and sys.stderr.isatty())
+                             batch_size=args.batch_size, show_progress=not args.quiet and sys.stderr.isatty(),
+                             device=where.device, dtype=where.dtype)
     for task, result in numbers["tasks"].items():
         for row in result["layers"]:
             print(f"{task} layer {row['layer']}: test accuracy {row['test_accuracy']:.3f}, control "

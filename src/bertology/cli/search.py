@@ -6,6 +6,8 @@ import argparse
 import json
 from pathlib import Path
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -22,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ef-search", type=int, default=None, help="hnsw: search-time beam (default: recorded)")
     parser.add_argument("--nprobe", type=int, default=None, help="ivf: cells visited (default: recorded)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own setting)")
+    add_device_arguments(parser)
     parser.add_argument("queries", nargs="+", metavar="QUERY")
     parser.set_defaults(func=run)
 
@@ -31,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from bertology.retrieval import Index
     from bertology.retrieval.index import set_threads
 
+    where = placement_from_args(args)
     set_threads(args.threads)
     index = Index.load(args.index)
     model = args.model or index.model_path
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     if args.model is None and not Path(model).is_dir():
         raise ConfigError(f"{args.index}: the model directory recorded in the index, {model}, does not exist any "
                           f"more; pass --model DIR (it must be the same model)")
-    index.attach(model)
+    index.attach(model, device=where.device, dtype=where.dtype)
     results = index.search(args.queries, k=args.k, ef_search=args.ef_search, nprobe=args.nprobe)
     for query, hits in zip(args.queries, results):
         print(json.dumps({"query": query, "hits": [{"id": h.id, "score": round(h.score, 6), "text": h.text}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -24,6 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--layer", type=int, default=-1, help="hidden state (default -1, the last)")
     parser.add_argument("--method", choices=("auto", "umap", "pca"), default="auto")
     parser.add_argument("--min-count", type=int, default=1, help="leave out senses seen fewer times")
+    add_device_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -32,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.model import load
 
+    where = placement_from_args(args)
     if args.semcor:
         if not args.lemma:
             raise ConfigError("--semcor needs --lemma")
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
         occurrences = read_labelled(args.labelled)
     word = args.lemma or (occurrences[0].sentence[slice(*occurrences[0].span)] if occurrences else "")
     numbers, figures = sense_map(load(args.model), occurrences, args.out, word=word, layer=args.layer,
-                                 method=args.method, min_count=args.min_count)
+                                 method=args.method, min_count=args.min_count, device=where.device,
+                                 dtype=where.dtype)
     print(f"{numbers['occurrences']} occurrences in {len(numbers['senses'])} senses ({numbers['method']}); "
           f"mean cosine within a sense {numbers['separation']['within_sense']:.3f}, between senses "
           f"{numbers['separation']['between_senses']:.3f}")

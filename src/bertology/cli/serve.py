@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from bertology.device import add_device_arguments, placement_from_args
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -31,9 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-chars", type=int, default=20_000, metavar="N",
                         help="characters per text (default: 20000; longer texts than the model's positions are "
                         "embedded in windows)")
-    parser.add_argument("--dtype", choices=("float32", "int8"), default="float32",
-                        help="int8: the encoder's linear layers in int8 (bertology.model.quantize): faster on CPU, "
-                        "vectors close to but not equal to float32's")
+    add_device_arguments(parser, int8=True, int8_help="the encoder's linear layers in int8 "
+                         "(bertology.model.quantize): faster on CPU, vectors close to but not equal to float32's")
     parser.add_argument("--index", metavar="DIR", default=None,
                         help="an index directory from `bertology index build` with this model: adds POST /v1/search")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.serve import serve
 
+    where = placement_from_args(args, int8=True)
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads is not None:
@@ -56,5 +58,6 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, api_key_file=args.api_key_file,
-          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=args.dtype, index=args.index)
+          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=where.dtype,
+          index=args.index, device=where.device)
     return 0

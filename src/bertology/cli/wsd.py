@@ -7,6 +7,7 @@ import json
 import sys
 
 from bertology.cli.embed import layers_argument
+from bertology.device import add_device_arguments, device_options
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     fit.add_argument("--max-sentences", type=int, default=None, help="use only the first N sentences")
     fit.add_argument("--batch-size", type=int, default=64)
     fit.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(fit)
     fit.set_defaults(func=run_fit)
 
     pred = commands.add_parser(
@@ -53,6 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _options(pred, None, None, None, None)
     pred.add_argument("--batch-size", type=int, default=64)
     pred.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_device_arguments(pred)
     pred.set_defaults(func=run_predict)
 
     scorer = commands.add_parser(
@@ -95,7 +98,7 @@ def run_fit(args: argparse.Namespace) -> int:
     senses = fit_senses(args.model, args.semcor, args.wordnet, layers=args.layers, combine=args.combine,
                         propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
                         first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
-                        max_sentences=args.max_sentences, show_progress=_progress(args))
+                        max_sentences=args.max_sentences, show_progress=_progress(args), **device_options(args))
     senses.save(args.out)
     print(json.dumps({"out": args.out, "config": senses.config, "stats": senses.stats}))
     return 0
@@ -107,7 +110,7 @@ def run_predict(args: argparse.Namespace) -> int:
     _, summary = predict(args.model, args.senses, args.wordnet, args.data, args.output,
                          propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
                          first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,
-                         show_progress=_progress(args))
+                         show_progress=_progress(args), **device_options(args))
     summary["output"] = args.output
     print(json.dumps(summary))
     return 0

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from bertology.device import place, to_cpu
 from bertology.embeddings.backbone import Backbone, Framed, as_backbone
 from bertology.embeddings.layers import Combine, LayerSelection, LayerSpec, select_layers
 from bertology.embeddings.result import (
@@ -48,6 +49,8 @@ def embed(
     max_length: int | None = None,
     stride: int | None = None,
     show_progress: bool = False,
+    device: str | torch.device | None = None,
+    dtype: str = "float32",
 ) -> Embeddings:
     """Contextual vectors of `texts` (one string counts as a list of one), as float32 numpy arrays.
 
@@ -78,9 +81,14 @@ def embed(
     window. The specials before the content (BERT's [CLS]) come from the first window and those after it ([SEP])
     from the last. A text that fits in one window gets exactly the backbone's direct forward.
     `levels` limits what is kept (e.g. ("sentence",) for large inputs).
+
+    `device` (None: where the model is; "auto", "cpu", "cuda", "cuda:N") is where the model is moved (in place) and
+    run, `dtype` "float16" or "bfloat16" runs the forwards under autocast on a GPU (`bertology.device`); the vectors
+    come back as float32 numpy arrays either way.
     """
     backbone = as_backbone(model, tokenizer)
     tokenizer = _tokenizer(model, backbone, tokenizer)
+    where = place(model, device, dtype)
     selection = select_layers(layers, combine, backbone.num_layers)
     if pooling not in POOLINGS:
         raise ConfigError(f"pooling: unknown {pooling!r}; expected one of {', '.join(POOLINGS)}")
@@ -103,7 +111,7 @@ def embed(
 
     width = selection.width(backbone.hidden_size)
     collected = _Collector(texts, width, wanted)
-    with _evaluating(backbone), torch.inference_mode(), tqdm(
+    with _evaluating(backbone), torch.inference_mode(), where.autocast(), tqdm(
         total=len(texts), unit="text", disable=not show_progress, dynamic_ncols=True
     ) as bar:
         for chunk in _chunks(texts, tokenizer, capacity, stride, layout):
@@ -136,11 +144,13 @@ def word_vector(
     pooling: Pooling = "mean",
     max_length: int | None = None,
     stride: int | None = None,
+    device: str | torch.device | None = None,
+    dtype: str = "float32",
 ) -> np.ndarray:
     """The vector of one word occurrence in `text`: `target` is a word (its `occurrence`-th whole-word,
     case-sensitive match) or a (start, end) character span; the overlapping subword tokens are pooled."""
     result = embed(model, [text], tokenizer=tokenizer, layers=layers, combine=combine, pooling=pooling,
-                   levels=("token",), max_length=max_length, stride=stride)
+                   levels=("token",), max_length=max_length, stride=stride, device=device, dtype=dtype)
     return result.vector(0, target, occurrence)
 
 
@@ -257,7 +267,7 @@ def _run(backbone: Backbone, layout: _Layout, docs: list[_Document], selection: 
                 token_type_ids[row, : len(framed.ids)] = torch.tensor(framed.type_ids)
         hidden = backbone.hidden_states(input_ids, attention_mask, token_type_ids)
         _check_hidden(backbone, hidden, input_ids.shape)
-        combined = selection.apply(hidden).cpu().numpy()
+        combined = to_cpu(selection.apply(hidden)).numpy()
         for row, (doc, k, framed) in enumerate(batch):
             if doc.receive(k, combined[row, : len(framed.ids)], layout.before):
                 bar.update(1)

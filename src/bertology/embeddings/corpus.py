@@ -28,7 +28,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -39,6 +39,9 @@ from bertology.embeddings.layers import LayerSpec
 from bertology.embeddings.result import LEVELS, Embeddings
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write, recover
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -67,6 +70,7 @@ class CorpusSettings:
     shard_size: int = 10000
 
     def __post_init__(self) -> None:
+        from bertology.device import FLOAT_DTYPES
         from bertology.model.quantize import check_dtype
 
         if self.level not in LEVELS:
@@ -75,7 +79,8 @@ class CorpusSettings:
             raise ConfigError(f"input format: unknown {self.format!r}; expected one of {', '.join(INPUT_FORMATS)}")
         if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise ConfigError(f"shard_size must be a positive integer, got {self.shard_size!r}")
-        object.__setattr__(self, "dtype", check_dtype(self.dtype))
+        if self.dtype not in FLOAT_DTYPES:  # float16 / bfloat16 are checked against the device by embed_corpus
+            object.__setattr__(self, "dtype", check_dtype(self.dtype))
         if not isinstance(self.layers, (str, int)):
             object.__setattr__(self, "layers", tuple(self.layers))
 
@@ -249,7 +254,8 @@ def embed_shard(pretrained: Any, root: Path, shard: Shard, settings: CorpusSetti
     from bertology.embeddings.core import embed
 
     entries = shard_texts(root, shard, settings)
-    result = embed(pretrained, [e.text for e in entries], **settings.embed_options())
+    result = embed(pretrained, [e.text for e in entries], **settings.embed_options(),
+                   dtype="float32" if settings.dtype == "int8" else settings.dtype)
     if settings.level == "sentence":
         vectors = result.sentences
     else:
@@ -344,17 +350,30 @@ def embed_corpus(
     workers: int | None = None,
     threads: int | None = None,
     show_progress: bool = False,
+    device: str | torch.device | None = None,
+    gpus_per_worker: float | None = None,
 ) -> CorpusReport:
     """Embed every text of `inputs` (a directory, a glob pattern or one file) with the model directory `model`,
     writing shards to the directory `output` (see the module docstring). `resume` continues a run in `output` made
     with the same model, inputs and settings, skipping its complete shards. `engine="ray"` spreads the shards over
     a pool of `workers` encoder actors on the Ray cluster at `address` (`ray_engine.run_ray`); `threads` is the
-    torch threads per encoder (default: torch's own for the local engine, 1 per actor on Ray)."""
+    torch threads per encoder (default: torch's own for the local engine, 1 per actor on Ray).
+
+    `device` (None: the CPU; "auto", "cpu", "cuda", "cuda:N") is where the local engine runs the model, with
+    `settings.dtype` float16 / bfloat16 only on a GPU and int8 only on the CPU (`bertology.device`). On Ray each
+    actor asks for `gpus_per_worker` GPUs (fractions share one; default 1 when this machine has a GPU and `device`
+    is not "cpu", else 0) and runs on the GPU Ray gives it, or on the CPU without one."""
     settings = settings or CorpusSettings()
     if engine not in ENGINES:
         raise ConfigError(f"engine: unknown {engine!r}; expected one of {', '.join(ENGINES)}")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise ConfigError(f"threads must be a positive integer, got {threads!r}")
+    from bertology.device import placement
+
+    if engine == "local":
+        if gpus_per_worker is not None:
+            raise ConfigError("gpus_per_worker: for engine='ray' only")
+        where = placement(device, settings.dtype, int8=True)
     output = Path(output)
     if output.suffix.lower() in (".npy", ".npz") and not output.is_dir():
         what = "is a directory" if Path(inputs).is_dir() else "is a glob pattern"
@@ -373,10 +392,11 @@ def embed_corpus(
     base = load_encoder(model_dir, "float32", threads if engine == "local" else None)
     fingerprint = {"model": model_fingerprint(base), "inputs": described, **settings.to_json()}
     manifest = check_output_dir(output, fingerprint, resume)
-    pretrained = with_dtype(base, settings.dtype) if engine == "local" else base
+    pretrained = where.move(with_dtype(base, settings.dtype)) if engine == "local" else base
     from bertology.embeddings.core import embed
 
-    embed(pretrained, ["a"], **settings.embed_options())  # a bad option (layers, stride, ...) fails before any write
+    forward_dtype = where.float_dtype if engine == "local" else "float32"
+    embed(pretrained, ["a"], **settings.embed_options(), dtype=forward_dtype)  # a bad option fails before any write
     if manifest is None:
         manifest = {"format": FORMAT_VERSION, "model": str(model_dir), "root": str(root), "fingerprint": fingerprint,
                     "shards": [asdict(s) for s in shards], "complete": False}
@@ -399,7 +419,7 @@ def embed_corpus(
             from bertology.embeddings.ray_engine import run_ray
 
             run_ray(model_dir, root, pending, settings, finished, address=address, workers=workers,
-                    threads=threads)
+                    threads=threads, device=device, gpus_per_worker=gpus_per_worker)
         else:
             for shard in pending:
                 finished(shard, *embed_shard(pretrained, root, shard, settings))
@@ -411,16 +431,19 @@ def embed_corpus(
     return report
 
 
-def load_encoder(model_dir: Path, dtype: str, threads: int | None) -> Any:
-    """The model of a corpus run, in `dtype`, with `threads` torch threads (None: leave torch's setting)."""
+def load_encoder(model_dir: Path, dtype: str, threads: int | None, device: str | None = None) -> Any:
+    """The model of a corpus run, in `dtype` (int8 quantized; half types are autocast by `embed`), with `threads`
+    torch threads (None: leave torch's setting), on `device` (None: the CPU)."""
     import torch
 
+    from bertology.device import placement
     from bertology.model import load
     from bertology.model.quantize import with_dtype
 
+    where = placement(device, dtype, int8=True)
     if threads is not None:
         torch.set_num_threads(threads)
-    return with_dtype(load(model_dir), dtype)
+    return where.move(with_dtype(load(model_dir), dtype))
 
 
 def load_corpus(output: str | os.PathLike) -> tuple[np.ndarray, list[dict[str, Any]]]:

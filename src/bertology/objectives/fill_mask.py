@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from bertology.device import place, to_cpu
 from bertology.errors import BertologyError, CheckpointError
 from bertology.model.encoder import EncoderModel
 
@@ -22,9 +23,11 @@ class Prediction:
 
 
 @torch.no_grad()
-def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) -> list[list[Prediction]]:
+def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5, *,
+              device: str | torch.device | None = None, dtype: str = "float32") -> list[list[Prediction]]:
     """Top-``top_k`` predictions for every mask token in ``text`` (the tokenizer's own mask token, e.g. ``[MASK]``
-    or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are."""
+    or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are.
+    ``device`` (None: where the model is) and ``dtype`` say where and how the model runs (`bertology.device`)."""
     if "mlm" not in model.heads:
         raise CheckpointError("fill-mask needs a model with a masked-LM head; this one has "
                               f"{', '.join(model.heads) or 'no head'}")
@@ -44,14 +47,17 @@ def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5) ->
     limit = model.encoder.max_length  # fewer than max_position_embeddings with RoBERTa's position offset
     if ids.shape[1] > limit:
         raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    where = place(model, device, dtype)
     was_training = model.training
     model.eval()
     try:
         index = torch.stack([torch.zeros_like(positions), positions], dim=1)
-        out = model(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids]), masked_positions=index)
+        with where.autocast():
+            out = model(*where.inputs(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids])),
+                        masked_positions=where.inputs(index)[0])
     finally:
         model.train(was_training)
-    probs = out.head_logits["mlm"].float().softmax(-1)
+    probs = to_cpu(out.head_logits["mlm"]).float().softmax(-1)
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     frame = torch.tensor([i for i in (framing.cls_id, framing.sep_id, framing.pad_id) if i is not None])
     results: list[list[Prediction]] = []

@@ -308,15 +308,19 @@ class DevSelection:
 
 
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
-                 max_length: int | None = None, batch_size: int = 64, dtype: str = "float32") -> int:
+                 max_length: int | None = None, batch_size: int = 64, dtype: str = "float32",
+                 device: str | torch.device | None = None) -> int:
     """Predict every example of a task file (in the layout the task reads) with a fine-tuned model; writes the
     predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number.
-    ``dtype="int8"`` runs the encoder layers in int8 (``bertology.model.quantize``)."""
-    from bertology.model.quantize import check_dtype, with_dtype
+    ``dtype="int8"`` runs the encoder layers in int8 (``bertology.model.quantize``, CPU only), "float16" and
+    "bfloat16" under autocast on a GPU; ``device`` (None: the CPU; "auto", "cuda", ...) is where the model runs
+    (``bertology.device``)."""
+    from bertology.device import placement
+    from bertology.model.quantize import with_dtype
 
     task = get_task(task_name)
-    check_dtype(dtype)  # before the model is loaded
-    pretrained = with_dtype(load(model_dir), dtype)
+    where = placement(device, dtype, int8=True)  # before the model is loaded
+    pretrained = where.move(with_dtype(load(model_dir), dtype))
     if pretrained.tokenizer is None:
         raise ConfigError(f"{model_dir}: no tokenizer files")
     wanted = task.heads(pretrained.model.config)
@@ -332,7 +336,9 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     length = max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
     encoded = task.encode(pretrained.tokenizer, examples, min(length, pretrained.model.config.max_length),
                           train=False)
-    task.write(Path(output_path), task.predict(pretrained.model, encoded, examples, batch_size), examples)
+    with where.autocast():
+        predictions = task.predict(pretrained.model, encoded, examples, batch_size)
+    task.write(Path(output_path), predictions, examples)
     return len(examples)
 
 

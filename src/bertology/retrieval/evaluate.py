@@ -17,6 +17,7 @@ import sys
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bertology.errors import ConfigError, DataError
 from bertology.retrieval.passages import Passage
@@ -148,9 +149,10 @@ def evaluate_squad(index, squad: str | os.PathLike, *, ks: Sequence[int] = DEFAU
 
 
 def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike | None,
-                       model: str | os.PathLike | None = None) -> dict[str, float | int]:
-    """`bertology evaluate --task retrieval`: load the index directory (with `model`, default the recorded one) and
-    return `evaluate_squad(...).summary()`."""
+                       model: str | os.PathLike | None = None, *, device: Any = None,
+                       dtype: str = "float32") -> dict[str, float | int]:
+    """`bertology evaluate --task retrieval`: load the index directory (with `model`, default the recorded one,
+    run on `device` in `dtype` as `Index.attach` takes them) and return `evaluate_squad(...).summary()`."""
     from bertology.retrieval.index import Index
 
     if index is None or squad is None:
@@ -159,5 +161,5 @@ def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike
     model = model or loaded.model_path
     if model is None:
         raise ConfigError(f"{index}: the index records no model directory (it was built from a loaded model)")
-    loaded.attach(model)
+    loaded.attach(model, device=device, dtype=dtype)
     return evaluate_squad(loaded, squad, show_progress=sys.stderr.isatty()).summary()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal, Union
 
 import numpy as np
+import torch
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.embeddings.result import normalize
@@ -195,6 +196,7 @@ class Index:
         self.options: EmbeddingOptions = from_mapping(EmbeddingOptions, meta["embedding"], "embedding")
         self.structure: Structure = from_mapping(Structure, meta["structure"], "structure")
         self.model: Pretrained | None = None
+        self.dtype = "float32"  # how `encode` runs the attached model (`attach`)
         if model is not None:
             self.attach(model)
 
@@ -219,19 +221,21 @@ class Index:
     @classmethod
     def build(cls, model: Pretrained | str | os.PathLike, passages: str | os.PathLike | Sequence[Passage | Mapping],
               *, options: EmbeddingOptions | None = None, structure: Structure | None = None, batch_size: int = 32,
-              show_progress: bool = False, model_dir: str | os.PathLike | None = None) -> Index:
+              show_progress: bool = False, model_dir: str | os.PathLike | None = None,
+              device: str | torch.device | None = None, dtype: str = "float32") -> Index:
         """Embed `passages` (a JSON-lines file, or Passage objects / ``{"id", "text"}`` mappings) with `model` (a
         model directory or a loaded `Pretrained`) and index the normalised vectors. `options` default to what the
         model was trained for (`model_options` of its directory; for a loaded model, of `model_dir` if given, else
         bertology's defaults); `structure` to exact search (``Structure("flat")``). `model_dir`: where a loaded
-        model came from, recorded so that `bertology search` can load it."""
+        model came from, recorded so that `bertology search` can load it. `device` (None: where the model is) and
+        `dtype` say where and how the passages are embedded (`bertology.device`)."""
         passages = as_passages(passages)
         pretrained, path = _load_model(model)
         if path is None and model_dir is not None:
             path = str(Path(model_dir).resolve())
         options = options if options is not None else model_options(path)
         vectors = encode(pretrained, [p.text for p in passages], options, batch_size=batch_size,
-                         show_progress=show_progress)
+                         show_progress=show_progress, device=device, dtype=dtype)
         return cls.from_vectors(pretrained, passages, vectors, options=options, structure=structure, model_dir=path,
                                 check=0)
 
@@ -298,7 +302,9 @@ class Index:
         """The same passages and vectors in another faiss structure (e.g. exact -> HNSW), without embedding again."""
         faiss_index, parameters = _build_faiss(self.vectors(), structure)
         meta = {**self.meta, "structure": to_mapping(Structure(**parameters)), "structure_parameters": parameters}
-        return Index(faiss_index, self.passages, meta, self.model)
+        index = Index(faiss_index, self.passages, meta, self.model)
+        index.dtype = self.dtype
+        return index
 
     # ---------------------------------------------------------------------------------------------------- files
     def save(self, directory: str | os.PathLike) -> Path:
@@ -313,10 +319,12 @@ class Index:
         return directory
 
     @classmethod
-    def load(cls, directory: str | os.PathLike, model: Pretrained | str | os.PathLike | None = None) -> Index:
+    def load(cls, directory: str | os.PathLike, model: Pretrained | str | os.PathLike | None = None, *,
+             device: str | torch.device | None = None, dtype: str = "float32") -> Index:
         """Read an index directory. With `model` (a loaded model or a model directory), it is checked against the
-        recorded fingerprint (an `IndexMismatchError` if it differs) and used to embed text queries; without one,
-        only vector queries work until `attach` is called (the recorded directory is `model_path`)."""
+        recorded fingerprint (an `IndexMismatchError` if it differs) and used to embed text queries (on `device`
+        in `dtype`, as `attach` says); without one, only vector queries work until `attach` is called (the
+        recorded directory is `model_path`)."""
         directory = Path(directory)
         recover(directory)
         meta_file = directory / META_FILE
@@ -354,11 +362,15 @@ class Index:
         except ConfigError as error:  # a recorded option or structure that is not valid
             raise DataError(f"{meta_file}: {error}") from None
         if model is not None:
-            index.attach(model)
+            index.attach(model, device=device, dtype=dtype)
         return index
 
-    def attach(self, model: Pretrained | str | os.PathLike) -> None:
-        """Use `model` to embed text queries, after checking that it is the model that built the index."""
+    def attach(self, model: Pretrained | str | os.PathLike, *, device: str | torch.device | None = None,
+               dtype: str = "float32") -> None:
+        """Use `model` to embed text queries, after checking that it is the model that built the index; the model
+        is moved to `device` (None: it stays where it is) and run in `dtype` there (`bertology.device`)."""
+        from bertology.device import place
+
         pretrained, path = _load_model(model)
         found = model_fingerprint(pretrained)
         if found != self.fingerprint:
@@ -367,6 +379,7 @@ class Index:
                 f"the index was built with another model: its fingerprint is {self.fingerprint[:16]}... (model "
                 f"{self.model_path or 'given as a loaded object'}), this model's{where} is {found[:16]}...; search "
                 f"with the model that built the index, or build a new index with this one")
+        self.dtype = place(pretrained, device, dtype).dtype
         self.model = pretrained
 
     # --------------------------------------------------------------------------------------------------- search
@@ -375,7 +388,8 @@ class Index:
         if self.model is None:
             raise ConfigError("this index has no model attached: load it with Index.load(path, model=...) or call "
                               f"index.attach(model) (it was built with {self.model_path or 'a loaded model'})")
-        return encode(self.model, texts, self.options, batch_size=batch_size, show_progress=show_progress)
+        return encode(self.model, texts, self.options, batch_size=batch_size, show_progress=show_progress,
+                      dtype=self.dtype)
 
     def search(self, queries: str | Sequence[str] | np.ndarray, k: int = 10, *, batch_size: int = 32,
                ef_search: int | None = None, nprobe: int | None = None) -> list[list[Hit]]:
@@ -458,8 +472,10 @@ def _build_faiss(vectors: np.ndarray, structure: Structure) -> tuple[Any, dict[s
 
 # ---------------------------------------------------------------------------------------------------- embedding
 def encode(model: Pretrained, texts: str | Sequence[str], options: EmbeddingOptions, *, batch_size: int = 32,
-           show_progress: bool = False) -> np.ndarray:
-    """Normalised sentence vectors [N, D] of `texts` by `bertology.embed` with `options`."""
+           show_progress: bool = False, device: str | torch.device | None = None,
+           dtype: str = "float32") -> np.ndarray:
+    """Normalised sentence vectors [N, D] of `texts` by `bertology.embed` with `options` (on `device` in `dtype`,
+    as `embed` takes them)."""
     from bertology.embeddings import as_backbone, embed
 
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -471,7 +487,7 @@ def encode(model: Pretrained, texts: str | Sequence[str], options: EmbeddingOpti
         texts = [_truncate(model, text, capacity) for text in texts]
     result = embed(model, texts, layers=options.layers, combine=options.combine, sentence=options.sentence,
                    levels=("sentence",), batch_size=batch_size, max_length=options.max_length,
-                   stride=options.stride, show_progress=show_progress)
+                   stride=options.stride, show_progress=show_progress, device=device, dtype=dtype)
     return normalize(result.sentences)
 
 

@@ -54,7 +54,7 @@ def load_for_serving(model: str | os.PathLike) -> Pretrained:
     return pretrained
 
 
-def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None = None,
+def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None = None, device: Any = None,
                max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, api_key: str | None = None,
                api_key_file: str | os.PathLike | None = None, max_body_bytes: int = 4 * 1024 * 1024,
                max_texts: int = 256, max_chars: int = 20_000, dtype: str = "float32",
@@ -67,6 +67,9 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
     encoder's linear layers (`bertology.model.quantize`). With `index` (a directory of `bertology index build`),
     `POST /v1/search` answers queries against it; an index built with another model is refused here (the check
     runs on the float32 model, so an int8 service embeds its queries in int8 against float32 passages).
+    `device` ("auto", "cpu", "cuda", "cuda:N"; None: where a loaded model is, the CPU for a directory) is where the
+    model runs; `dtype` "float16" and "bfloat16" run its forwards under autocast on a GPU, "int8" on the CPU only
+    (`bertology.device`).
     """
     _require("fastapi")
     _require("prometheus_client")
@@ -74,6 +77,13 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
     from bertology.serve.app import build_app, model_name_of
     from bertology.serve.limits import Limits, read_api_key
 
+    from bertology.device import model_device, placement
+    from bertology.model.quantize import check_dtype, quantize
+
+    if dtype not in ("float16", "bfloat16"):
+        dtype = check_dtype(dtype)  # "fp32" is float32 here, as before
+    where = placement(device, dtype, int8=True,  # checked before a model directory is loaded
+                      current=model_device(model) if isinstance(model, Pretrained) else None)
     if api_key is not None and api_key_file is not None:
         raise ConfigError("give api_key or api_key_file, not both")
     if api_key_file is not None:
@@ -87,9 +97,6 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
             raise CheckpointError("the model has no tokenizer; the service needs one")
     else:
         pretrained, name = load_for_serving(model), model_name or model_name_of(model)
-    from bertology.model.quantize import check_dtype, quantize
-
-    dtype = check_dtype(dtype)
     pretrained.model.eval()
     loaded_index, index_name = None, None
     if index is not None:
@@ -99,9 +106,11 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
         index_name = Path(index).resolve().name
     if dtype == "int8":
         pretrained = quantize(pretrained, inplace=True)  # in place: the index embeds its queries with it too
+    if loaded_index is not None:
+        loaded_index.dtype = where.float_dtype  # it embeds queries with the served model, as the service does
     return build_app(pretrained, model_name=name, limits=limits, max_batch_tokens=max_batch_tokens,
                      max_wait_ms=max_wait_ms, api_key=api_key, index=loaded_index, index_name=index_name,
-                     dtype=dtype)
+                     dtype=dtype, device=where.device)
 
 
 def serve(model: str | os.PathLike | Pretrained, *, host: str = "127.0.0.1", port: int = 8080,

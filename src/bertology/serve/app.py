@@ -164,10 +164,14 @@ class _StrictJSONRoute(APIRoute):
 
 def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_batch_tokens: int,
               max_wait_ms: float, api_key: str | None, index: Any = None, index_name: str | None = None,
-              dtype: str = "float32") -> FastAPI:
-    """The app (see `bertology.serve.create_app`, which loads the model and checks the arguments)."""
+              dtype: str = "float32", device: Any = None) -> FastAPI:
+    """The app (see `bertology.serve.create_app`, which loads the model and checks the arguments). `dtype` is the
+    served one (int8: the model is quantized already), `device` where the model runs (None: where it is)."""
     metrics = ServiceMetrics()
-    batcher = Batcher(pretrained, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, observe=metrics)
+    forward_dtype = "float32" if dtype == "int8" else dtype
+    batcher = Batcher(pretrained, max_batch_tokens=max_batch_tokens, max_wait_ms=max_wait_ms, observe=metrics,
+                      device=device, dtype=forward_dtype)
+    where = str(batcher.placement.device)
     num_layers = pretrained.model.config.num_layers
     has_mlm = "mlm" in pretrained.model.heads
 
@@ -216,7 +220,8 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
 
     @app.get("/health", summary="liveness and the model served")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": model_name, "dtype": dtype, "dim": pretrained.model.config.hidden_size,
+        return {"status": "ok", "model": model_name, "dtype": dtype, "device": where,
+                "dim": pretrained.model.config.hidden_size,
                 "layers": num_layers, "window": batcher.window_length, "fill_mask": has_mlm,
                 "index": None if index is None else {"name": index_name, "passages": len(index)}}
 

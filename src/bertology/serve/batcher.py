@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import numpy as np
+import torch
 
+from bertology.device import place
 from bertology.embeddings import Embeddings, Pieces, as_backbone, embed, plan_windows
 from bertology.embeddings.layers import Combine
 from bertology.embeddings.result import Level, Pooling, SentencePooling
@@ -69,15 +71,17 @@ class Batcher:
     """
 
     def __init__(self, pretrained: Pretrained, *, max_batch_tokens: int = 8192, max_wait_ms: float = 5.0,
-                 observe: Any = None) -> None:
+                 observe: Any = None, device: str | torch.device | None = None, dtype: str = "float32") -> None:
         if pretrained.tokenizer is None:
             raise ConfigError("the model has no tokenizer; the service needs one")
         if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not 0 <= max_wait_ms:
             raise ConfigError(f"max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
         self.pretrained = pretrained
         self.tokenizer = pretrained.tokenizer
+        # The model is moved to `device` (None: it stays where it is); the forwards run in `dtype` there.
+        self.placement = place(pretrained, device, dtype)
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
-        probe = embed(pretrained, [""], levels=("sentence",))
+        probe = embed(pretrained, [""], levels=("sentence",), dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
         self.specials = len(as_backbone(pretrained, None).frame([]).ids)  # the specials around every window
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) \
@@ -135,8 +139,8 @@ class Batcher:
         return await future
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(*args)` on the encoder's worker thread (between batches)."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        """Run `fn(*args)` on the encoder's worker thread (between batches), under the model's autocast there."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._placed, fn, *args)
 
     # ------------------------------------------------------------------------------------------------ internals
 
@@ -178,6 +182,10 @@ class Batcher:
                 else:
                     job.future.set_result(outcome)
 
+    def _placed(self, fn: Callable[..., T], *args: Any) -> T:
+        with self.placement.autocast():  # autocast is per thread: entered on the worker itself
+            return fn(*args)
+
     def _budget_full(self) -> bool:
         total = 0
         for job in self._pending:
@@ -214,7 +222,7 @@ class Batcher:
             try:
                 result = embed(self.pretrained, texts, layers=layers, combine=options.combine,
                                pooling=options.pooling, sentence=options.sentence, levels=(options.level,),
-                               batch_size=batch_size)
+                               batch_size=batch_size, dtype=self.placement.dtype)
             except Exception as error:  # noqa: BLE001 - handed to the requests of this group
                 for i in members:
                     outcomes[i] = error

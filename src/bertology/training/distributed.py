@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from bertology.device import resolve_device
 from bertology.errors import ConfigError
 from bertology.training.config import SpeedConfig
 
@@ -49,18 +50,8 @@ def init_distributed(speed: SpeedConfig) -> DistEnv:
     """Read torchrun's RANK / WORLD_SIZE / LOCAL_RANK, pick the device, and join the process group."""
     rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
     local_rank, local_world = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", world)
-    if speed.device == "auto":
-        device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            device = torch.device(speed.device)
-        except RuntimeError as error:
-            raise ConfigError(f"speed.device: {error}") from None
-        if device.type == "cuda" and device.index is None:
-            device = torch.device(f"cuda:{local_rank}")
+    device = resolve_device(speed.device, option="speed.device", local_rank=local_rank)
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"speed.device: {speed.device!r} asked for, but CUDA is not available")
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

@@ -307,7 +307,7 @@ class ReplacedTokenDetection:
         return batch.masked_positions[:0]  # the discriminator reads its own pass, on the corrupted ids
 
     def units(self, batch: Any) -> Tensor:
-        return batch.attention_mask.sum().to(torch.int64).cpu()
+        return batch.attention_mask.sum().to(torch.int64)  # on the batch's device: no host sync
 
     def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
         done = self.electra.replace(passes, batch)

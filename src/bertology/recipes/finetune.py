@@ -180,6 +180,9 @@ class FinetuneConfig:
         validate(self)
         if not self.model.strip():
             raise ConfigError("model: the model directory to fine-tune is required")
+        if self.speed.meta_init:
+            raise ConfigError("speed.meta_init: fine-tuning starts from a model directory's weights; meta-device "
+                              "construction is for pretraining a fresh model")
         metrics = get_task(self.task.name).metrics
         if self.select.metric is not None and self.select.metric not in metrics:
             raise ConfigError(f"select.metric: {self.task.name} reports {', '.join(metrics)}; got "

@@ -203,7 +203,8 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
 
 
 def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> EncoderModel:
-    """A freshly initialised model (seeded by run.seed) or, with ``model.init_from``, a pretrained one."""
+    """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
+    ``model.init_from``, a pretrained one."""
     if config.model.init_from is not None:
         source = config.model.init_from
         pretrained = load_model(source)
@@ -220,17 +221,14 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     if derived is not None:
         model = derived
     elif config.model.init_from is not None:
-        model = EncoderModel(model_config, heads)
-        generator = torch.Generator().manual_seed(config.run.seed)
-        model.init_weights(generator)
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
         # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
         model.encoder.load_state_dict(pretrained.encoder.state_dict())
         for name, head in pretrained.heads.items():
             if name in model.heads and type(model.heads[name]) is type(head):
                 model.heads[name].load_state_dict(head.state_dict())
     else:
-        model = EncoderModel(model_config, heads)
-        model.init_weights(torch.Generator().manual_seed(config.run.seed))
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
     for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
         attach = getattr(objective, "attach", None)
         if attach is not None:

@@ -199,6 +199,7 @@ class Trainer:
         # no host synchronisation inside a step. Other optimizers read it after every step.
         self._skip_on_device = bool(self.optimizer.defaults.get("fused"))
         self._bad: Tensor | None = None  # bool, on the device: some step since the last check was not finite
+        self._unchecked = False  # steps ran since the flag was last read
         self._bad_step: Tensor | None = None  # the first such step
         self._bad_stats: Tensor | None = None  # its stats and gradient norm, for the error
         self._bad_norm: Tensor | None = None
@@ -398,6 +399,7 @@ class Trainer:
         self._bad_stats = torch.where(first, stats, self._bad_stats)
         self._bad_norm = torch.where(first.to(grad_norm.device), grad_norm, self._bad_norm)
         self._bad = self._bad | now
+        self._unchecked = True
         if self._skip_on_device:
             self.optimizer.found_inf = self._bad.to(torch.float32)  # type: ignore[attr-defined]
         else:
@@ -405,7 +407,11 @@ class Trainer:
 
     def _raise_if_bad(self) -> None:
         """Stop with an error naming the first step whose loss or gradient was not finite, if there was one."""
-        if self._bad is None or not bool(self._bad):
+        if not self._unchecked:
+            return
+        self._unchecked = False
+        assert self._bad is not None
+        if not bool(self._bad):
             return
         self.optimizer.zero_grad(set_to_none=True)
         assert self._stat_keys is not None and self._bad_stats is not None and self._bad_step is not None
@@ -547,7 +553,9 @@ class Trainer:
     def _check_finite_weights(self, what: str) -> None:
         """An update can overflow the weights with finite gradients (a learning rate far too large); such weights
         are never written over a good checkpoint or as the final model. Each rank checks what it holds."""
-        bad = [name for name, p in self.model.named_parameters() if not bool(torch.isfinite(D.local(p)).all())]
+        named = list(self.model.named_parameters())
+        finite = torch.stack([torch.isfinite(D.local(p)).all() for _, p in named]).tolist()  # one read
+        bad = [name for (name, _), ok in zip(named, finite) if not ok]
         if self.fsdp and self.env.distributed:
             bad = sorted({name for names in D.all_gather_objects(bad, self.env) for name in names})
         if bad:

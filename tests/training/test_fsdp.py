@@ -83,17 +83,19 @@ def test_fsdp_with_checkpointing_and_meta_init_trains_exactly_like_the_plain_run
         assert torch.equal(weights[key], value), key
 
 
-def test_fsdp_resume_is_bitwise(assets, tmp_path):
-    """Killed after the checkpoint at step 2 (here: stopped there) and resumed under FSDP2, a run ends where an
-    uninterrupted one does."""
-    speed = {"fsdp": True}
+@pytest.mark.parametrize("before, after", [(True, True), (True, False), (False, True)])
+def test_fsdp_resume_is_bitwise(assets, tmp_path, before, after):
+    """Stopped after the checkpoint at step 2 and resumed, with FSDP2 or without (a checkpoint has the same form
+    either way: whole weights, the optimizer's state numbered as without FSDP), a run ends where an uninterrupted
+    one does."""
     full = tiny_config(assets, tmp_path / "full", optim={"total_steps": 4}, run={"checkpoint_every": 2},
-                       speed=speed)
+                       speed={"fsdp": True})
     pretrain(build(full))
     part = tiny_config(assets, tmp_path / "part", optim={"total_steps": 2}, run={"checkpoint_every": 2},
-                       speed=speed)
+                       speed={"fsdp": before})
     pretrain(build(part))
-    part["optim"]["total_steps"] = 4  # extend the run (may change on resume)
+    part["optim"]["total_steps"] = 4  # extend the run (may change on resume, as may speed.fsdp)
+    part["speed"]["fsdp"] = after
     pretrain(build(part), resume=True)
     weights = load_file(tmp_path / "part" / "model" / "model.safetensors")
     for key, value in load_file(tmp_path / "full" / "model" / "model.safetensors").items():
@@ -243,3 +245,28 @@ def test_fine_tuning_refuses_meta_init(tmp_path):
 
     with pytest.raises(ConfigError, match="^speed.meta_init: fine-tuning starts from a model directory"):
         FinetuneConfig.from_dict({"model": str(tmp_path), "task": {"name": "sst2"}, "speed": {"meta_init": True}})
+
+
+def test_electra_under_fsdp_trains_like_the_plain_run(assets, tmp_path):
+    """ELECTRA's generator (an objective's module sharing the embeddings) is sharded with its own blocks; the run,
+    its checkpoint and the generator it saves are those of the run without FSDP."""
+    def raw(name: str, speed: dict) -> dict:
+        return tiny_config(assets, tmp_path / name, model={"family": "electra"},
+                           data={"instances": {"kind": "full-sentences"}},
+                           objectives={"electra": {"generator_size": 0.5}}, optim={"total_steps": 3},
+                           run={"checkpoint_every": 2, "eval_every": 0}, speed=speed)
+
+    pretrain(build(raw("plain", {})))
+    pretrain(build(raw("fsdp", {"fsdp": True, "activation_checkpointing": True})))
+    assert [r["loss"] for r in _train_rows(tmp_path / "fsdp")] == [r["loss"] for r in _train_rows(tmp_path / "plain")]
+    for part in ("model", "generator", "checkpoints/step-0000002"):
+        weights = load_file(tmp_path / "fsdp" / part / "model.safetensors")
+        expected = load_file(tmp_path / "plain" / part / "model.safetensors")
+        assert weights.keys() == expected.keys()
+        for key, value in expected.items():
+            assert torch.equal(weights[key], value), (part, key)
+    state = load_file(tmp_path / "fsdp" / "checkpoints" / "step-0000002" / "trainer_state.safetensors")
+    reference = load_file(tmp_path / "plain" / "checkpoints" / "step-0000002" / "trainer_state.safetensors")
+    assert state.keys() == reference.keys()
+    for key, value in reference.items():
+        assert torch.equal(state[key], value), key

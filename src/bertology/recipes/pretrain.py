@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
@@ -240,6 +241,26 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     return model
 
 
+def objectives_to_save(config: PretrainConfig, trainer: Trainer, objectives: list[Objective]) -> list[Objective]:
+    """The objectives whose ``save_with_model`` writes what they trained. Under FSDP their modules hold shards, so
+    (every rank taking part in the gathering) rank 0 gets fresh instances built around the gathered model and given
+    the gathered weights, and the other ranks none; without FSDP the trained objectives themselves."""
+    if not trainer.fsdp or not any(isinstance(o, nn.Module) for o in objectives):
+        return objectives
+    model, state = trainer.gathered("objectives' modules")
+    if model is None or state is None:
+        return []
+    fresh = config.build_objectives()
+    for objective in fresh:
+        if getattr(objective, "activation", "") is None:
+            objective.activation = model.config.hidden_act  # type: ignore[attr-defined]
+        attach = getattr(objective, "attach", None)
+        if attach is not None:
+            attach(model, torch.Generator().manual_seed(config.run.seed + 1))
+    nn.ModuleDict({o.name: o for o in fresh if isinstance(o, nn.Module)}).load_state_dict(state)
+    return fresh
+
+
 def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective],
                            heads: list[Any]) -> EncoderModel | None:
     """The model an objective derives from another one (a distillation student from its teacher), or None. Such an
@@ -288,8 +309,8 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
             trainer.resume()
         metrics = trainer.train()
         output_dir = Path(config.run.output_dir)
-        for objective in objectives:  # what an objective trains beside the model (ELECTRA's generator)
-            save = getattr(objective, "save_with_model", None)
+        for objective in objectives_to_save(config, trainer, objectives):
+            save = getattr(objective, "save_with_model", None)  # what it trains beside the model (ELECTRA's generator)
             if save is not None and env.is_main:
                 save(output_dir, tokenizer)
         return PretrainResult(output_dir, output_dir / FINAL_MODEL_DIR, metrics, trainer.state.step)

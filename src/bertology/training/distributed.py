@@ -216,22 +216,37 @@ def full_state_dict(module: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
 
 
 def optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> dict[str, Any]:
+    """The optimizer's whole state in ``optimizer.state_dict()``'s form (parameters numbered in the optimizer's
+    order), so that a checkpoint is the same with FSDP or without and resumes either way. Under FSDP every rank must
+    call this; rank 0 receives the state (on CPU), the others an empty one."""
     if not fsdp:
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(wrapped, optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    named = get_optimizer_state_dict(wrapped, optimizer,
+                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if not named:
+        return {}
+    order = {name: i for i, name in enumerate(n for group in named["param_groups"] for n in group["params"])}
+    return {"state": {order[name]: value for name, value in named["state"].items()},
+            "param_groups": [{**group, "params": [order[n] for n in group["params"]]}
+                             for group in named["param_groups"]]}
 
 
 def load_optimizer_state(wrapped: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
                          fsdp: bool) -> None:
+    """Load ``optimizer_state``'s form (every rank gives the whole state; FSDP keeps each rank's shard)."""
     if not fsdp:
         optimizer.load_state_dict(state)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(wrapped, optimizer, state, options=StateDictOptions(full_state_dict=True))
+    names = {id(p): name for name, p in wrapped.named_parameters()}
+    order = [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+    named = {"state": {order[int(i)]: value for i, value in state["state"].items()},
+             "param_groups": [{**group, "params": [order[int(i)] for i in group["params"]]}
+                              for group in state["param_groups"]]}
+    set_optimizer_state_dict(wrapped, optimizer, named, options=StateDictOptions(full_state_dict=True))
 
 
 def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], fsdp: bool) -> None:

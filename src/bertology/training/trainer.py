@@ -529,7 +529,7 @@ class Trainer:
             "world_size": self.env.world_size,
         }
 
-    def _gathered(self, what: str) -> tuple[EncoderModel | None, dict[str, Tensor] | None]:
+    def gathered(self, what: str) -> tuple[EncoderModel | None, dict[str, Tensor] | None]:
         """The model and the objectives' modules with whole (unsharded) weights, for writing: on rank 0, and
         None on the others under FSDP. Every rank must call this. Under FSDP the model is rebuilt from its
         description (``bertology.model.checkpoint.native_metadata``: config, heads, extensions such as LoRA and
@@ -568,7 +568,7 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0 writes; every rank takes part in gathering state)."""
-        model, objective_state = self._gathered("checkpoint")
+        model, objective_state = self.gathered("checkpoint")
         trainer_state = self._trainer_state(objective_state)
         path = None
         if self.env.is_main:
@@ -584,7 +584,7 @@ class Trainer:
         from bertology.model.checkpoint import Pretrained
 
         path = self.output_dir / FINAL_MODEL_DIR
-        model, _ = self._gathered("final model")
+        model, _ = self.gathered("final model")
         if self.env.is_main:
             assert model is not None
             Pretrained(model, self.tokenizer).save(path)

@@ -97,3 +97,43 @@ def test_logging_reads_once_per_logged_step(assets, tmp_path, host_reads):
     # The gradient norm and the window's tokens of each logged step: read by the loop, once per log.
     assert host_reads["trainer.train", "__float__", True] == 2
     assert host_reads["trainer.train", "__int__", True] == 2
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_nan_between_checks_skips_every_update_until_the_check(assets, tmp_path, monkeypatch, fused):
+    """A loss that turns NaN at step 2 of 5, with nothing logged or saved before the end: with the fused AdamW the
+    update of step 2 and of every later step is skipped on the device and the check at the end stops the run naming
+    step 2; without it the run stops at step 2 itself. Either way the weights stay those after step 1."""
+    from bertology.errors import TrainingError
+    from bertology.objectives.mlm import MaskedLM
+
+    original = MaskedLM.__call__
+    calls = {"n": 0}
+
+    def poisoned(self, passes, batch):
+        out = original(self, passes, batch)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            out.loss_sum = out.loss_sum * float("nan")
+        return out
+
+    monkeypatch.setattr(MaskedLM, "__call__", poisoned)
+    seen: list[tuple[int, dict[str, torch.Tensor]]] = []
+
+    def record(trainer, report):
+        seen.append((report.step, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}))
+
+    raw = tiny_config(assets, tmp_path / "run", optim={"total_steps": 5},
+                      run={"log_every": 0, "eval_every": 0, "checkpoint_every": 0},
+                      speed={"fused_optimizer": fused})
+    expected = (r"step 2: the (loss|gradient) \(.*nan\) is not finite; the step was not applied "
+                + (r"\(nor were steps 3-5, run before this check\) " if fused else "") + "and the run stops")
+    with pytest.raises(TrainingError, match=expected):
+        pretrain(build(raw), hooks=[record])
+    # Hooks run after a step's events: the check at step 5 stops the run before them.
+    assert [step for step, _ in seen] == ([1, 2, 3, 4] if fused else [1])
+    after_first = seen[0][1]
+    for step, weights in seen[1:]:
+        for name, value in weights.items():
+            assert torch.equal(value, after_first[name]), (step, name)
+    assert not (tmp_path / "run" / "model").exists()

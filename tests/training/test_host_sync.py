@@ -72,16 +72,21 @@ def host_reads(monkeypatch):
 SPANS = {"masking": {"spans": {"geometric_p": 0.2, "max_words": 4}}, "instances": {"kind": "full-sentences"}}
 
 
-@pytest.mark.parametrize("data, accumulation", [
+ELECTRA = {"model": {"family": "electra"}, "data": {"instances": {"kind": "full-sentences"}},
+           "objectives": {"electra": {"generator_size": 0.5}}}
+
+
+@pytest.mark.parametrize("sections, accumulation", [
     ({}, 1),  # MLM + NSP
     ({}, 2),  # ... over two micro-batches
-    ({"instances": {"kind": "sop"}}, 1),  # MLM + SOP
-    (SPANS, 1),  # SpanBERT: MLM + the span boundary objective
+    ({"data": {"instances": {"kind": "sop"}}}, 1),  # MLM + SOP
+    ({"data": SPANS}, 1),  # SpanBERT: MLM + the span boundary objective
+    (ELECTRA, 1),  # the generator's keyed sampling included
 ])
-def test_no_host_reads_inside_training_steps(assets, tmp_path, host_reads, data, accumulation):
+def test_no_host_reads_inside_training_steps(assets, tmp_path, host_reads, sections, accumulation):
     # Nothing is logged, evaluated or saved before the last of 5 steps: every read before it would be a sync.
-    raw = tiny_config(assets, tmp_path / "run", data=data, optim={"total_steps": 5, "grad_accumulation": accumulation},
-                      run={"log_every": 0, "eval_every": 0, "checkpoint_every": 0})
+    raw = tiny_config(assets, tmp_path / "run", optim={"total_steps": 5, "grad_accumulation": accumulation},
+                      run={"log_every": 0, "eval_every": 0, "checkpoint_every": 0}, **sections)
     pretrain(build(raw))
     assert {key: n for key, n in host_reads.items() if key[2]} == {}
     # The counter does see the trainer: the reads of the one check at the end (the "not finite" flag, the tokens).

@@ -119,11 +119,17 @@ class Texts:
         self.rows = [tokenizer.encode(texts[j], max_length=512).ids for j in picks]
         self.rng = rng
 
-    def rows_of(self, count: int, shortest: int, longest: int) -> list[list[int]]:
+    def rows_of(self, count: int, shortest: int, longest: int, padding: float | None = None) -> list[list[int]]:
         """``count`` rows, each a text at least as long as a length drawn uniformly from [shortest, longest] and cut
-        to it (ending with the text's [SEP])."""
+        to it (ending with the text's [SEP]). With ``padding``, the lengths are drawn again until the padded batch's
+        padding share is within 0.01 of it."""
+        while True:
+            lengths = self.rng.integers(shortest, longest + 1, size=count)
+            share = 1 - lengths.sum() / (count * lengths.max())
+            if padding is None or abs(share - padding) <= 0.01:
+                break
         out = []
-        for length in self.rng.integers(shortest, longest + 1, size=count):
+        for length in lengths:
             fits = [r for r in self.rows if len(r) >= length]
             row = fits[self.rng.integers(len(fits))]
             out.append(row[:length - 1] + row[-1:])
@@ -332,7 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         ours.eval()
         theirs.eval()
         count, shortest, longest = sizes.inference_varlen
-        varlen = padded(texts.rows_of(count, shortest, longest), tokenizer.pad_id)
+        varlen = padded(texts.rows_of(count, shortest, longest, padding=0.44), tokenizer.pad_id)
         rows, length = sizes.inference_uniform
         uniform = padded(texts.rows_of(rows, length, length), tokenizer.pad_id)
         check = inference_sides(ours, theirs, *varlen, device, bf16=False)

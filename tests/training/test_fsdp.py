@@ -240,11 +240,13 @@ def test_speed_switches_must_be_booleans(key):
         PretrainConfig.from_dict({"speed": {key: "yes"}})
 
 
-def test_fine_tuning_refuses_meta_init(tmp_path):
+@pytest.mark.parametrize("key, message", [("meta_init", "fine-tuning starts from a model directory"),
+                                          ("fsdp", "fine-tuning keeps whole models")])
+def test_fine_tuning_refuses_pretraining_only_speed_settings(tmp_path, key, message):
     from bertology.recipes.finetune import FinetuneConfig
 
-    with pytest.raises(ConfigError, match="^speed.meta_init: fine-tuning starts from a model directory"):
-        FinetuneConfig.from_dict({"model": str(tmp_path), "task": {"name": "sst2"}, "speed": {"meta_init": True}})
+    with pytest.raises(ConfigError, match=f"^speed.{key}: {message}"):
+        FinetuneConfig.from_dict({"model": str(tmp_path), "task": {"name": "sst2"}, "speed": {key: True}})
 
 
 def test_electra_under_fsdp_trains_like_the_plain_run(assets, tmp_path):

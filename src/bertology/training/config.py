@@ -227,7 +227,7 @@ class SpeedConfig:
     prefetch: int = 2  # batches prepared ahead in a background thread (0: in the training loop)
     fused_optimizer: bool = True  # AdamW's fused kernel where the device has it
     # FSDP2: shard parameters, gradients and optimizer state over ranks (each transformer block one unit, then the
-    # root) instead of DDP; also with one process.
+    # root) instead of DDP; also with one process. For pretraining (fine-tuning refuses it).
     fsdp: bool = False
     # Recompute each transformer block's activations in the backward instead of keeping them (less memory, about a
     # third more compute; the same gradients).

@@ -208,9 +208,32 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
         grads.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
     assert torch.equal(grads[0][0], grads[1][0])
     assert grads[0][1].keys() == grads[1][1].keys() and len(grads[0][1]) > 20
-    assert saved[1] < saved[0] / 2  # the blocks kept their inputs only
     for name, grad in grads[0][1].items():
         assert torch.equal(grad, grads[1][1][name]), name
+    assert saved[1] < saved[0] / 2  # the blocks kept their inputs only
+
+
+def test_a_copy_of_a_checkpointed_block_runs_its_own_weights():
+    """Gradients on (the checkpointed path): a deep copy's block runs with the copy's weights, not the original's."""
+    import copy
+
+    config = preset("tiny", vocab_size=50, num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64)
+    model = D.initialised_model(config, [], seed=0)
+    D.checkpoint_activations(model.encoder.layers[0])
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in twin.encoder.layers[0].parameters():
+            p.mul_(0.5)
+    ids = torch.randint(5, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    twin.eval()
+    plain = D.initialised_model(config, [], seed=0)
+    with torch.no_grad():
+        for p in plain.encoder.layers[0].parameters():
+            p.mul_(0.5)
+    plain.eval()
+    torch.testing.assert_close(twin(ids).last_hidden_state, plain(ids).last_hidden_state, rtol=0, atol=0)
+    assert not torch.equal(model(ids).last_hidden_state, twin(ids).last_hidden_state)
 
 
 @pytest.mark.parametrize("overrides", [

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import types
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -95,23 +96,21 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     return blocks
 
 
+def _checkpointed_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    forward = type(self).forward
+    if not torch.is_grad_enabled():  # evaluation: nothing to save, nothing to recompute
+        return forward(self, *args, **kwargs)
+    return checkpoint(forward, self, *args, use_reentrant=False, **kwargs)
+
+
 def checkpoint_activations(block: nn.Module) -> None:
     """Keep only ``block``'s inputs in the forward and recompute its activations in the backward (non-reentrant
     ``torch.utils.checkpoint``, which replays the random state: dropout draws the same masks, and the gradients are
-    those of the plain forward). The module and its parameter names stay as they are."""
-    from torch.utils.checkpoint import checkpoint
-
-    if getattr(block, "_bertology_checkpointed", False):
-        return
-    forward = block.forward
-
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
-        if not torch.is_grad_enabled():  # evaluation: nothing to save, nothing to recompute
-            return forward(*args, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-
-    block.forward = checkpointed  # type: ignore[method-assign]
-    block._bertology_checkpointed = True  # type: ignore[assignment]
+    those of the plain forward). The module and its parameter names stay as they are; a copy of the module
+    (``copy.deepcopy``) checkpoints itself."""
+    block.forward = types.MethodType(_checkpointed_forward, block)  # type: ignore[method-assign]
 
 
 def _process_group_for(env: DistEnv) -> None:

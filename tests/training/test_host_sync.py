@@ -43,9 +43,10 @@ def _in_step(frame) -> bool:
     where = _where(frame)
     if where is not None and where.startswith("trainer.") and where.split(".")[1] in STEP_FUNCTIONS:
         return True
-    while frame is not None:
-        if Path(frame.f_code.co_filename).resolve() == SRC / "training" / "trainer.py":
-            return frame.f_code.co_name in ("_step", "_guard")
+    while frame is not None:  # the nearest trainer function (not a comprehension) below which the call happens
+        name = frame.f_code.co_name
+        if not name.startswith("<") and Path(frame.f_code.co_filename).resolve() == SRC / "training" / "trainer.py":
+            return name in ("_step", "_guard")
         frame = frame.f_back
     return False
 

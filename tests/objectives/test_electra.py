@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -305,3 +306,40 @@ def test_continuing_from_an_electra_run_reads_its_generator(tmp_path):
     assert ours.keys() == saved.keys()
     for key, value in ours.items():
         assert torch.equal(value, saved[key]), key
+
+
+def _numpy_sampling_keys(seed, input_ids, attention_mask, instance_ids):
+    """The keys computed on the host with numpy's uint64 arithmetic (the reference for the tensor version)."""
+    from bertology.data.masking import _GOLDEN, _mix64
+    from bertology.objectives.electra import _SAMPLE_TAG
+
+    ids = input_ids.numpy().astype(np.int64).view(np.uint64)
+    real = attention_mask.numpy().astype(bool)
+    columns = (np.arange(ids.shape[1], dtype=np.uint64) + np.uint64(1)) * _GOLDEN
+    with np.errstate(over="ignore"):
+        content = np.where(real, _mix64(ids + columns[None, :]), np.uint64(0)).sum(axis=1, dtype=np.uint64)
+        rows = (instance_ids.numpy() if instance_ids is not None else np.arange(ids.shape[0])).astype(
+            np.int64).view(np.uint64)
+        base = _mix64(np.array([int(seed) % 2**64], dtype=np.uint64) ^ _SAMPLE_TAG)
+        keys = _mix64(_mix64(base + (rows + np.uint64(1)) * _GOLDEN) ^ content)
+    return torch.from_numpy(keys.view(np.int64).copy())
+
+
+@pytest.mark.parametrize("seed", [0, 7, 2**63 + 5])
+def test_keys_and_uniforms_on_tensors_equal_the_uint64_reference(seed):
+    """Keys and uniforms come from tensor operations on the batch's device (no host sync); their bits are those of
+    numpy's uint64 arithmetic, including wrap-around and values with the top bit set."""
+    from bertology.data.masking import _keyed_uniforms
+    from bertology.objectives.electra import keyed_uniforms_at
+
+    g = torch.Generator().manual_seed(seed % 1000)
+    ids = torch.randint(0, 30522, (64, 40), generator=g)
+    mask = (torch.arange(40)[None, :] < torch.randint(1, 41, (64, 1), generator=g)).long()
+    for instances in (None, torch.randint(0, 2**62, (64,), generator=g)):
+        keys = sampling_keys(seed, ids, mask, instances)
+        assert torch.equal(keys, _numpy_sampling_keys(seed, ids, mask, instances))
+        assert (keys < 0).any()  # top bits set: the unsigned arithmetic is exercised
+        positions = torch.stack(torch.meshgrid(torch.arange(64), torch.arange(40), indexing="ij"), -1).reshape(-1, 2)
+        for stream in (0, 2):
+            expected = _keyed_uniforms(keys, 40, stream)[positions[:, 0], positions[:, 1]]
+            assert torch.equal(keyed_uniforms_at(keys, positions, stream), expected)

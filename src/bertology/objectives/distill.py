@@ -271,7 +271,7 @@ class HiddenCosine:
         return None  # every real token of the last layer
 
     def units(self, batch: Any) -> Tensor:
-        return batch.attention_mask.sum().to(torch.int64).cpu()
+        return batch.attention_mask.sum().to(torch.int64)  # on the batch's device: no host sync
 
     def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
         student = passes.shared.last_hidden_state

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertology.data.masking import _GOLDEN, _keyed_uniforms, _mix64
+from bertology.data.masking import _GOLDEN, _STREAMS, _mix64
 from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
@@ -77,19 +77,53 @@ def generator_config(discriminator: EncoderConfig, size: float, layers: int | No
     )
 
 
+def _signed(value: int) -> int:
+    """A 64-bit pattern as the int64 holding the same bits."""
+    value %= 2**64
+    return value - 2**64 if value >= 2**63 else value
+
+
+def _shift_right(x: Tensor, bits: int) -> Tensor:
+    """The logical right shift of int64 ``x`` taken as uint64 (torch shifts int64 arithmetically)."""
+    return (x >> bits) & ((1 << (64 - bits)) - 1)
+
+
+_SPLITMIX = (_signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB))
+_GOLDEN_INT = _signed(int(_GOLDEN))
+
+
+def _mix64_tensor(x: Tensor) -> Tensor:
+    """``bertology.data.masking._mix64`` (SplitMix64's finaliser) on int64 tensors holding uint64 bits, on any
+    device: int64 products and sums wrap modulo 2**64 as the uint64 ones do, so the bits are the same."""
+    x = x ^ _shift_right(x, 30)
+    x = x * _SPLITMIX[0]
+    x = x ^ _shift_right(x, 27)
+    x = x * _SPLITMIX[1]
+    return x ^ _shift_right(x, 31)
+
+
 def sampling_keys(seed: int, input_ids: Tensor, attention_mask: Tensor, instance_ids: Tensor | None) -> Tensor:
-    """One 64-bit key per row (int64 ``[B]``) from ``seed``, the row's instance id (its index when there is none)
-    and a hash of its (masked) ids at real tokens."""
-    ids = input_ids.detach().cpu().numpy().astype(np.int64).view(np.uint64)
-    real = attention_mask.detach().cpu().numpy().astype(bool)
-    columns = (np.arange(ids.shape[1], dtype=np.uint64) + np.uint64(1)) * _GOLDEN
-    with np.errstate(over="ignore"):
-        content = np.where(real, _mix64(ids + columns[None, :]), np.uint64(0)).sum(axis=1, dtype=np.uint64)
-        rows = (instance_ids.detach().cpu().numpy() if instance_ids is not None
-                else np.arange(ids.shape[0])).astype(np.int64).view(np.uint64)
-        base = _mix64(np.array([int(seed) % 2**64], dtype=np.uint64) ^ _SAMPLE_TAG)
-        keys = _mix64(_mix64(base + (rows + np.uint64(1)) * _GOLDEN) ^ content)
-    return torch.from_numpy(keys.view(np.int64).copy())
+    """One 64-bit key per row (int64 ``[B]``, on the batch's device) from ``seed``, the row's instance id (its index
+    when there is none) and a hash of its (masked) ids at real tokens. Computed with tensor operations where the
+    batch is: no host synchronisation in a training step."""
+    ids = input_ids.detach().to(torch.int64)
+    device = ids.device
+    columns = (torch.arange(ids.shape[1], dtype=torch.int64, device=device) + 1) * _GOLDEN_INT
+    mixed = _mix64_tensor(ids + columns[None, :])
+    content = torch.where(attention_mask.detach().bool(), mixed, torch.zeros_like(mixed)).sum(dim=1)
+    rows = (instance_ids.detach().to(device, torch.int64) if instance_ids is not None
+            else torch.arange(ids.shape[0], dtype=torch.int64, device=device))
+    base = int(_mix64(np.array([int(seed) % 2**64], dtype=np.uint64) ^ _SAMPLE_TAG)[0])  # a constant: host
+    return _mix64_tensor(_mix64_tensor(_signed(base) + (rows + 1) * _GOLDEN_INT) ^ content)
+
+
+def keyed_uniforms_at(keys: Tensor, positions: Tensor, stream: int = 0) -> Tensor:
+    """``bertology.data.masking._keyed_uniforms(keys, L, stream)[rows, columns]`` at the ``[N, 2]`` (row, column)
+    ``positions`` only, on their device: float64 uniforms in [0, 1), 53 random bits each."""
+    k = keys.to(positions.device)[positions[:, 0]]
+    counters = positions[:, 1].to(torch.int64) * _STREAMS + (stream + 1)
+    bits = _shift_right(_mix64_tensor(k + counters * _GOLDEN_INT), 11)
+    return bits.to(torch.float64) * 2.0**-53
 
 
 def sample_from_logits(logits: Tensor, uniforms: Tensor) -> Tensor:
@@ -185,8 +219,7 @@ class Electra(nn.Module):
         logits = out.head_logits["mlm"]
         keys = sampling_keys(self.seed, batch.input_ids, batch.attention_mask,  # type: ignore[attr-defined]
                              getattr(batch, "instance_ids", None))
-        width = batch.input_ids.shape[1]  # type: ignore[attr-defined]
-        uniforms = _keyed_uniforms(keys, width, 0)[positions[:, 0].cpu(), positions[:, 1].cpu()]
+        uniforms = keyed_uniforms_at(keys, positions)
         with torch.no_grad():
             samples = sample_from_logits(logits, uniforms)
             corrupted = batch.input_ids.clone()  # type: ignore[attr-defined]
@@ -307,7 +340,7 @@ class ReplacedTokenDetection:
         return batch.masked_positions[:0]  # the discriminator reads its own pass, on the corrupted ids
 
     def units(self, batch: Any) -> Tensor:
-        return batch.attention_mask.sum().to(torch.int64).cpu()
+        return batch.attention_mask.sum().to(torch.int64)  # on the batch's device: no host sync
 
     def __call__(self, passes: Passes, batch: Any) -> ObjectiveOutput:
         done = self.electra.replace(passes, batch)

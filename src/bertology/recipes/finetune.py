@@ -180,6 +180,12 @@ class FinetuneConfig:
         validate(self)
         if not self.model.strip():
             raise ConfigError("model: the model directory to fine-tune is required")
+        if self.speed.meta_init:
+            raise ConfigError("speed.meta_init: fine-tuning starts from a model directory's weights; meta-device "
+                              "construction is for pretraining a fresh model")
+        if self.speed.fsdp:
+            raise ConfigError("speed.fsdp: fine-tuning keeps whole models (dev selection scores and writes the model "
+                              "during the run); it runs on one process or with DDP over several")
         metrics = get_task(self.task.name).metrics
         if self.select.metric is not None and self.select.metric not in metrics:
             raise ConfigError(f"select.metric: {self.task.name} reports {', '.join(metrics)}; got "

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
@@ -205,7 +206,8 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
 
 
 def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> EncoderModel:
-    """A freshly initialised model (seeded by run.seed) or, with ``model.init_from``, a pretrained one."""
+    """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
+    ``model.init_from``, a pretrained one."""
     if config.model.init_from is not None:
         source = config.model.init_from
         pretrained = load_model(source)
@@ -222,17 +224,14 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     if derived is not None:
         model = derived
     elif config.model.init_from is not None:
-        model = EncoderModel(model_config, heads)
-        generator = torch.Generator().manual_seed(config.run.seed)
-        model.init_weights(generator)
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
         # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
         model.encoder.load_state_dict(pretrained.encoder.state_dict())
         for name, head in pretrained.heads.items():
             if name in model.heads and type(model.heads[name]) is type(head):
                 model.heads[name].load_state_dict(head.state_dict())
     else:
-        model = EncoderModel(model_config, heads)
-        model.init_weights(torch.Generator().manual_seed(config.run.seed))
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
     for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
         attach = getattr(objective, "attach", None)
         if attach is not None:
@@ -242,6 +241,26 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         if load_beside is not None and config.model.init_from is not None:
             load_beside(config.model.init_from)
     return model
+
+
+def objectives_to_save(config: PretrainConfig, trainer: Trainer, objectives: list[Objective]) -> list[Objective]:
+    """The objectives whose ``save_with_model`` writes what they trained. Under FSDP their modules hold shards, so
+    (every rank taking part in the gathering) rank 0 gets fresh instances built around the gathered model and given
+    the gathered weights, and the other ranks none; without FSDP the trained objectives themselves."""
+    if not trainer.fsdp or not any(isinstance(o, nn.Module) for o in objectives):
+        return objectives
+    model, state = trainer.gathered("objectives' modules")
+    if model is None or state is None:
+        return []
+    fresh = config.build_objectives()
+    for objective in fresh:
+        if getattr(objective, "activation", "") is None:
+            objective.activation = model.config.hidden_act  # type: ignore[attr-defined]
+        attach = getattr(objective, "attach", None)
+        if attach is not None:
+            attach(model, torch.Generator().manual_seed(config.run.seed + 1))
+    nn.ModuleDict({o.name: o for o in fresh if isinstance(o, nn.Module)}).load_state_dict(state)
+    return fresh
 
 
 def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective],
@@ -292,8 +311,8 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
             trainer.resume()
         metrics = trainer.train()
         output_dir = Path(config.run.output_dir)
-        for objective in objectives:  # what an objective trains beside the model (ELECTRA's generator)
-            save = getattr(objective, "save_with_model", None)
+        for objective in objectives_to_save(config, trainer, objectives):
+            save = getattr(objective, "save_with_model", None)  # what it trains beside the model (ELECTRA's generator)
             if save is not None and env.is_main:
                 save(output_dir, tokenizer)
         return PretrainResult(output_dir, output_dir / FINAL_MODEL_DIR, metrics, trainer.state.step)

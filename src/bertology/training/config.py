@@ -11,7 +11,8 @@ Sections and what belongs where:
 * ``optim``: everything that shapes the optimisation: batch size, accumulation, learning rate and schedule, clipping.
 * ``run``: seed, output directory, how often to log, evaluate and checkpoint.
 * ``speed``: settings that change only how fast the run goes, never what it computes (up to floating-point
-  rounding: bf16 autocast, fused kernels): device, threads, autocast, torch.compile, prefetching, FSDP sharding.
+  rounding: bf16 autocast, fused kernels): device, threads, autocast, torch.compile, prefetching, FSDP sharding,
+  activation checkpointing, meta-device construction.
 
 Unknown keys, wrong types, non-finite numbers and out-of-range values are errors naming the key's path
 (``optim.lerning_rate: unknown key; did you mean lr?``); so are a key given twice in a file and a file that is not
@@ -225,7 +226,15 @@ class SpeedConfig:
     compile: bool = False  # torch.compile each block's token-wise work (model.blocks(); attention stays eager)
     prefetch: int = 2  # batches prepared ahead in a background thread (0: in the training loop)
     fused_optimizer: bool = True  # AdamW's fused kernel where the device has it
-    fsdp: bool = False  # shard parameters, gradients and optimizer state over ranks instead of DDP
+    # FSDP2: shard parameters, gradients and optimizer state over ranks (each transformer block one unit, then the
+    # root) instead of DDP; also with one process. For pretraining (fine-tuning refuses it).
+    fsdp: bool = False
+    # Recompute each transformer block's activations in the backward instead of keeping them (less memory, about a
+    # third more compute; the same gradients).
+    activation_checkpointing: bool = False
+    # Build a fresh model on the meta device and materialise it once with its initialisation (no default
+    # initialisation first): the same weights, bit for bit. For pretraining; fine-tuning starts from a checkpoint.
+    meta_init: bool = False
 
     def __post_init__(self) -> None:
         validate(self, "speed")

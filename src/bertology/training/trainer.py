@@ -60,6 +60,8 @@ RUN_CONFIG_FILE = "run_config.json"
 # What a run writes in its output directory (the tokenizer and shards a pretraining run prepares there are inputs,
 # reused by later runs, and not listed).
 RUN_OUTPUTS = (METRICS_FILE, CHECKPOINTS_DIR, FINAL_MODEL_DIR, PLOT_FILE, RUN_CONFIG_FILE)
+# Steps between two readings of the device's "a step was not finite" flag when nothing is logged or saved.
+CHECK_EVERY = 100
 
 # Settings that may differ between a checkpoint and the run that resumes it: they change how the run is watched,
 # how fast it goes or how long it lasts, never what a step computes. ``optim.total_steps`` extends (or shortens) a
@@ -190,9 +192,19 @@ class Trainer:
         self.model = model
         if speed.compile:
             compile_blocks(model.blocks())
-        self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp)
-        self.fsdp = speed.fsdp and self.env.distributed
+        self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)
+        self.fsdp = speed.fsdp
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
+        # With the fused AdamW a step whose loss or gradient is not finite is skipped on the device (the kernel's
+        # found_inf), and the host reads that flag only at the next log, evaluation or checkpoint (see _guard):
+        # no host synchronisation inside a step. Other optimizers read it after every step.
+        self._skip_on_device = bool(self.optimizer.defaults.get("fused"))
+        self._bad: Tensor | None = None  # bool, on the device: some step since the last check was not finite
+        self._unchecked = False  # steps ran since the flag was last read
+        self._bad_step: Tensor | None = None  # the first such step
+        self._bad_stats: Tensor | None = None  # its stats and gradient norm, for the error
+        self._bad_norm: Tensor | None = None
+        self._pending_tokens: Tensor | None = None  # real tokens of this rank's steps not yet in state.tokens
         self.scheduler = build_scheduler(self.optimizer, config.optim)
         self.schedule = Schedule.from_config(config.optim, config.run,
                                              evaluate=eval_data is not None or bool(self.evaluators))
@@ -269,36 +281,41 @@ class Trainer:
         progress = tqdm(total=total, initial=self.state.step, unit="step", desc="training",
                         disable=not (cfg.run.progress and self.env.is_main), dynamic_ncols=True)
         window_stats: Tensor | None = None
-        window_tokens = 0
+        window_tokens: Tensor | None = None
         window_start = time.perf_counter()
         last_metrics: dict[str, float] = {}
         try:
             while self.state.step < total:
                 micro = [next(stream) for _ in range(accum)]
                 batches = [self._device_batch(b) for _, _, b in micro]
-                tokens = sum(int(b.attention_mask.sum()) for _, _, b in micro)
+                # Counted on the batches as read (host memory), summed as a tensor: read once per log.
+                tokens = torch.stack([b.attention_mask.sum() for _, _, b in micro]).sum()
                 step_stats, grad_norm = self._step(batches)
                 window_stats = step_stats if window_stats is None else window_stats + step_stats
-                window_tokens += tokens
+                window_tokens = tokens if window_tokens is None else window_tokens + tokens
+                self._pending_tokens = tokens if self._pending_tokens is None else self._pending_tokens + tokens
                 epoch, index, _ = micro[-1]
                 self.state.step += 1
                 self.state.epoch, self.state.batch = epoch, index + 1
-                self.state.tokens += tokens * self.env.world_size  # ranks see batches of similar size
                 progress.update(1)
                 faults.point("step", str(self.state.step))  # updated, nothing logged or saved yet
                 ids = [getattr(b, "instance_ids", None) for _, _, b in micro]
                 report = StepReport(self.state.step, self.state.epoch, self.state.batch,
                                     [i for i in ids if i is not None])
-                for event in self.schedule.events(self.state.step):
+                events = self.schedule.events(self.state.step)
+                if events or self.state.step % CHECK_EVERY == 0:
+                    self._settle()  # a skipped step stops the run before anything is logged or saved
+                for event in events:
                     if event == "log":
                         elapsed = time.perf_counter() - window_start
                         metrics = self._reduce(window_stats)
+                        assert window_tokens is not None
                         metrics.update(lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
-                                       tokens_per_s=window_tokens * self.env.world_size / max(elapsed, 1e-9))
+                                       tokens_per_s=int(window_tokens) * self.env.world_size / max(elapsed, 1e-9))
                         self._log("train", metrics)
                         progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                         report.metrics = last_metrics = metrics
-                        window_stats, window_tokens = None, 0
+                        window_stats, window_tokens = None, None
                     elif event == "eval":
                         last_metrics = self.evaluate()
                         self._log("eval", last_metrics)
@@ -309,6 +326,7 @@ class Trainer:
                     hook(self, report)
                 faults.point("step-done", str(self.state.step))
                 if self._stop_reason is not None:
+                    self._settle()
                     self._log("stop", {"reason": self._stop_reason})  # type: ignore[dict-item]
                     break
         finally:
@@ -319,10 +337,9 @@ class Trainer:
         return last_metrics
 
     def _finish(self) -> None:
-        if self.env.is_main:
-            self.save_final_model()
-            if self.config.run.plot and self.metrics_path.is_file():
-                plot_metrics(self.metrics_path, self.output_dir / PLOT_FILE)
+        self.save_final_model()  # every rank takes part (FSDP gathers the weights); rank 0 writes
+        if self.env.is_main and self.config.run.plot and self.metrics_path.is_file():
+            plot_metrics(self.metrics_path, self.output_dir / PLOT_FILE)
         D.barrier(self.env)
 
     def _step(self, batches: list[Batch]) -> tuple[Tensor, Tensor]:
@@ -333,7 +350,8 @@ class Trainer:
         loss_module = self.loss_module
         units_local = [loss_module.units(b) for b in batches]
         names = list(units_local[0])
-        units = torch.stack([sum(u[n] for u in units_local) for n in names]).to(torch.float64)
+        units = torch.stack([sum(u[n].to(self.device, non_blocking=True) for u in units_local)
+                             for n in names]).to(torch.float64)
         D.all_reduce_sum(units, self.env)
         # DDP and FSDP average gradients over ranks; dividing by units / world size makes the result the gradient
         # of the mean over the effective batch.
@@ -342,7 +360,7 @@ class Trainer:
         total_stats: Tensor | None = None
         last = len(batches) - 1
         for i, batch in enumerate(batches):
-            with D.no_sync(self.wrapped, skip=self.env.distributed and i < last):
+            with D.no_sync(self.wrapped, skip=(self.env.distributed or self.fsdp) and i < last):
                 with self._autocast():
                     loss, stats = self.wrapped(batch, per_name)
                 loss.backward()
@@ -353,31 +371,70 @@ class Trainer:
         assert total_stats is not None
         clip = self.config.optim.clip_norm
         max_norm = clip if clip is not None else math.inf  # inf: measure the norm, change nothing
-        if self.fsdp:
-            grad_norm = self.wrapped.clip_grad_norm_(max_norm)  # type: ignore[operator]
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), max_norm)
-        self._check_finite(total_stats, grad_norm)
+        # Under FSDP2 the gradients are sharded DTensors; the norm is reduced over ranks and comes back replicated.
+        grad_norm = D.replicated(torch.nn.utils.clip_grad_norm_(self.loss_module.parameters(), max_norm))
+        self._guard(total_stats, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total_stats, grad_norm.detach()
 
-    def _check_finite(self, stats: Tensor, grad_norm: Tensor) -> None:
+    def _guard(self, stats: Tensor, grad_norm: Tensor) -> None:
+        """Keep a step whose loss or gradient is not finite (on any rank) from changing the weights.
+
+        With the fused optimizer the verdict stays on the device: the kernel skips the update (``found_inf``), and
+        once a step was bad every later one is skipped too, until ``_settle`` reads the flag (at the next log,
+        evaluation, checkpoint or every ``CHECK_EVERY`` steps) and stops the run naming the first bad step. Other
+        optimizers read it here, before the update."""
         bad = (~torch.isfinite(stats).all() | ~torch.isfinite(grad_norm)).to(torch.float64).reshape(1)
-        D.all_reduce_sum(bad, self.env)  # every rank stops together
-        if not bad.item():
+        D.all_reduce_sum(bad, self.env)  # every rank skips and stops together
+        now = bad[0] > 0
+        step = self.state.step + 1
+        if self._bad is None:
+            self._bad = torch.zeros((), dtype=torch.bool, device=now.device)
+            self._bad_step = torch.zeros((), dtype=torch.int64, device=now.device)
+            self._bad_stats = torch.zeros_like(stats)
+            self._bad_norm = torch.zeros((), dtype=grad_norm.dtype, device=grad_norm.device)
+        first = now & ~self._bad
+        self._bad_step = torch.where(first, step, self._bad_step)
+        self._bad_stats = torch.where(first, stats, self._bad_stats)
+        self._bad_norm = torch.where(first.to(grad_norm.device), grad_norm, self._bad_norm)
+        self._bad = self._bad | now
+        self._unchecked = True
+        if self._skip_on_device:
+            self.optimizer.found_inf = self._bad.to(torch.float32)  # type: ignore[attr-defined]
+        else:
+            self._raise_if_bad()
+
+    def _raise_if_bad(self) -> None:
+        """Stop with an error naming the first step whose loss or gradient was not finite, if there was one."""
+        if not self._unchecked:
+            return
+        self._unchecked = False
+        assert self._bad is not None
+        if not bool(self._bad):
             return
         self.optimizer.zero_grad(set_to_none=True)
-        assert self._stat_keys is not None
-        losses = {k: v for k, v in zip(self._stat_keys, stats.tolist()) if not math.isfinite(v)}
+        assert self._stat_keys is not None and self._bad_stats is not None and self._bad_step is not None
+        first = int(self._bad_step)
+        losses = {k: v for k, v in zip(self._stat_keys, self._bad_stats.tolist()) if not math.isfinite(v)}
         what = (f"loss ({', '.join(f'{k} {v}' for k, v in losses.items())})" if losses
-                else f"gradient (norm {float(grad_norm)})")
+                else f"gradient (norm {float(self._bad_norm)})")  # type: ignore[arg-type]
+        later = self.state.step
+        after = f" (nor were steps {first + 1}-{later}, run before this check)" if later > first else ""
         checkpoint = latest_checkpoint(self.output_dir)
         raise TrainingError(
-            f"step {self.state.step + 1}: the {what} is not finite; the step was not applied and the run stops. "
+            f"step {first}: the {what} is not finite; the step was not applied{after} and the run stops. "
             f"Last checkpoint: {checkpoint if checkpoint is not None else 'none'}. Lower optim.lr, set "
             f"optim.clip_norm, or check the data.")
+
+    def _settle(self) -> None:
+        """The one host synchronisation of the steps since the last: stop if one was not finite, and add their
+        tokens to ``state.tokens``."""
+        self._raise_if_bad()
+        if self._pending_tokens is not None:
+            self.state.tokens += int(self._pending_tokens) * self.env.world_size  # ranks see similar batches
+            self._pending_tokens = None
 
     def _reduce(self, vector: Tensor | None) -> dict[str, float]:
         """Stats summed over ranks, turned into the objectives' readable metrics."""
@@ -404,12 +461,13 @@ class Trainer:
         # Under DDP the bare module runs evaluation, so ranks with different batch counts never wait on each
         # other; FSDP needs the wrapper (parameters are sharded) and so equal batch counts on every rank.
         module = self.wrapped if self.fsdp else self.loss_module
+        sharded = self.fsdp and env.distributed
         module.eval()
         total: Tensor | None = None
         keys: list[str] | None = None
         try:
             batches = self.eval_data.batches(0, cfg.optim.batch_size, 0, env.rank, env.world_size,
-                                             drop_last=self.fsdp)
+                                             drop_last=sharded)
             for index, batch in enumerate(batches):
                 if cfg.run.eval_batches is not None and index >= cfg.run.eval_batches:
                     break
@@ -437,6 +495,8 @@ class Trainer:
             handle.write("\n")
 
     def _log(self, kind: str, metrics: Mapping[str, Any]) -> None:
+        if self._pending_tokens is not None:
+            self._settle()
         record = {"kind": kind, "step": self.state.step, "epoch": self.state.epoch, "tokens": self.state.tokens,
                   **{k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}}
         self.history.append(record)
@@ -459,29 +519,46 @@ class Trainer:
                 return {k: v for k, v in rows[-1].items() if k not in ("kind", "step", "epoch", "tokens")}
         return {}
 
-    def _trainer_state(self) -> dict[str, Any]:
+    def _trainer_state(self, objective_state: dict[str, Tensor] | None) -> dict[str, Any]:
         """Optimizer, scheduler, objective parameters and RNG states of every rank (collective under DDP/FSDP)."""
         rngs = D.all_gather_objects(capture_rng(), self.env)
         return {
             "optimizer": D.optimizer_state(self.wrapped, self.optimizer, self.fsdp),
             "scheduler": self.scheduler.state_dict(),
-            "objective_modules": self.loss_module.objective_modules.state_dict(),
+            "objective_modules": objective_state,
             "rng": rngs,
             "world_size": self.env.world_size,
         }
 
-    def _model_for_saving(self) -> Model:
+    def gathered(self, what: str) -> tuple[Model | None, dict[str, Tensor] | None]:
+        """The model and the objectives' modules with whole (unsharded) weights, for writing: on rank 0, and
+        None on the others under FSDP. Every rank must call this. Under FSDP the model is rebuilt from its
+        description (``bertology.model.checkpoint.native_metadata``: config, heads, extensions such as LoRA and
+        adapters) and given the gathered weights, so the normal checkpoint writer saves all of it. Stops the run
+        before writing weights that are not finite."""
+        self._settle()
+        self._check_finite_weights(what)
         if not self.fsdp:
-            return self.model
-        state = D.full_state_dict(self.wrapped, self.loss_module, True)
-        copy = type(self.model)(self.model.config, self.model.head_specs)
-        copy.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")})
-        return copy
+            return self.model, self.loss_module.objective_modules.state_dict()
+        state = D.full_state_dict(self.loss_module, True)  # rank 0 receives it
+        if not self.env.is_main:
+            return None, None
+        from bertology.model.checkpoint import native_metadata, skeleton
 
-    def _check_finite_weights(self, model: Model, what: str) -> None:
+        model = skeleton(native_metadata(self.model), "model")
+        model.load_state_dict({k[len("model."):]: v for k, v in state.items() if k.startswith("model.")},
+                              assign=True)
+        prefix = "objective_modules."
+        return model, {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+    def _check_finite_weights(self, what: str) -> None:
         """An update can overflow the weights with finite gradients (a learning rate far too large); such weights
-        are never written over a good checkpoint or as the final model."""
-        bad = [name for name, p in model.named_parameters() if not bool(torch.isfinite(p).all())]
+        are never written over a good checkpoint or as the final model. Each rank checks what it holds."""
+        named = list(self.model.named_parameters())
+        finite = torch.stack([torch.isfinite(D.local(p)).all() for _, p in named]).tolist()  # one read
+        bad = [name for (name, _), ok in zip(named, finite) if not ok]
+        if self.fsdp and self.env.distributed:
+            bad = sorted({name for names in D.all_gather_objects(bad, self.env) for name in names})
         if bad:
             checkpoint = latest_checkpoint(self.output_dir)
             raise TrainingError(
@@ -492,11 +569,11 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Write a checkpoint of the current step (rank 0 writes; every rank takes part in gathering state)."""
-        trainer_state = self._trainer_state()
-        model = self._model_for_saving()
-        self._check_finite_weights(model, "checkpoint")
+        model, objective_state = self.gathered("checkpoint")
+        trainer_state = self._trainer_state(objective_state)
         path = None
         if self.env.is_main:
+            assert model is not None
             path = save_checkpoint(self.output_dir, model, self.tokenizer, self.state, trainer_state)
             prune_checkpoints(self.output_dir, self.config.run.keep_last)
         D.barrier(self.env)
@@ -504,13 +581,14 @@ class Trainer:
 
     def save_final_model(self) -> Path:
         """The trained model and its tokenizer at ``<output_dir>/model`` (the transformers layout when its heads
-        have one, else bertology's native one)."""
+        have one, else bertology's native one). Every rank calls this; rank 0 writes."""
         from bertology.model.checkpoint import Pretrained
 
         path = self.output_dir / FINAL_MODEL_DIR
-        model = self._model_for_saving()
-        self._check_finite_weights(model, "final model")
-        Pretrained(model, self.tokenizer).save(path)
+        model, _ = self.gathered("final model")
+        if self.env.is_main:
+            assert model is not None
+            Pretrained(model, self.tokenizer).save(path)
         return path
 
     # ------------------------------------------------------------------------------------------------ resuming
@@ -534,7 +612,7 @@ class Trainer:
         if self.fsdp:
             full = {f"model.{k}": v for k, v in model_state.items()}
             full.update({f"objective_modules.{k}": v for k, v in objective_state.items()})
-            D.load_full_state_dict(self.wrapped, self.loss_module, full, self.fsdp)
+            D.load_full_state_dict(self.loss_module, full, self.fsdp)
         else:
             self.model.load_state_dict(model_state)
             self.loss_module.objective_modules.load_state_dict(objective_state)

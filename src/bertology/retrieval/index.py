@@ -22,6 +22,7 @@ import numpy as np
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.embeddings.result import normalize
 from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.inputs import check_faiss
 from bertology.io import atomic_directory, file_in_the_way, recover
 from bertology.model import Pretrained
 from bertology.model import fingerprint as model_fingerprint
@@ -340,9 +341,19 @@ class Index:
         faiss_file = directory / FAISS_FILE
         if not faiss_file.is_file():
             raise DataError(f"{directory}: {FAISS_FILE} is missing")
+        for key in ("passages", "dim"):
+            if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < (key == "dim"):
+                raise DataError(f"{meta_file}: {key} must be a {'positive' if key == 'dim' else 'non-negative'} "
+                                f"integer, got {meta[key]!r}")
+        try:
+            kind = from_mapping(Structure, meta["structure"], "structure").kind
+        except ConfigError as error:
+            raise DataError(f"{meta_file}: {error}") from None
+        # The headers and every length field against the file's size, before faiss allocates what they claim.
+        check_faiss(faiss_file, kind, meta["dim"], meta["passages"])
         try:
             faiss_index = _faiss().read_index(str(faiss_file))
-        except RuntimeError as error:
+        except (RuntimeError, MemoryError) as error:
             raise DataError(f"{faiss_file}: faiss cannot read it: {str(error).strip().splitlines()[-1]}") from None
         passages = read_passages(directory / PASSAGES_FILE)
         if not (len(passages) == faiss_index.ntotal == meta["passages"]) or faiss_index.d != meta["dim"]:

@@ -372,7 +372,6 @@ def load_json(text: str, source: str) -> Any:
         data = json.loads(text, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
-
     def build(value: Any, where: str) -> Any:
         if isinstance(value, _Pairs):
             out: dict[str, Any] = {}
@@ -386,7 +385,9 @@ def load_json(text: str, source: str) -> Any:
             return [build(item, f"{where}[{i}]") for i, item in enumerate(value)]
         return value
 
-    return build(data, "")
+    from bertology.inputs import check_unicode
+
+    return check_unicode(build(data, ""), source, ConfigError)
 
 
 def decode_text(raw: bytes, source: str) -> str:

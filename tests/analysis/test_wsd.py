@@ -449,3 +449,60 @@ def test_fit_refuses_a_corpus_with_no_wordnet_key(tiny, tmp_path):
                                      "</s>\n")
     with pytest.raises(wsd.DataError, match="tagfiles: no token is tagged with a WordNet sense key"):
         wsd.fit_senses(str(tiny / "model"), tagfiles, tiny / "wordnet", layers="last")
+
+
+# ------------------------------------------------------------------------------------------------- bad bytes
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 200, -1, -30, -200])
+def test_truncated_or_empty_sense_files_are_named(fitted, tmp_path, cut):
+    _, senses = fitted
+    whole = senses.save(tmp_path / "senses.npz").read_bytes()
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(whole[:cut])
+    with pytest.raises(wsd.SenseVectorError, match=r"bad.npz: (the file is empty|not a sense-vector file|member)"):
+        wsd.SenseVectors.load(bad)
+
+
+def test_a_sense_file_whose_array_header_claims_more_is_refused_before_reading(fitted, tmp_path):
+    import io
+    import zipfile
+
+    _, senses = fitted
+    path = senses.save(tmp_path / "senses.npz")
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    vectors = np.load(io.BytesIO(members["vectors.npy"]))
+    members["vectors.npy"] = members["vectors.npy"].replace(str(vectors.shape).encode(),
+                                                            f"({10 ** 9}, {vectors.shape[1]})".encode(), 1)
+    with zipfile.ZipFile(tmp_path / "big.npz", "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    with pytest.raises(wsd.SenseVectorError, match=r"big.npz: member vectors.npy: its header says shape "
+                                                   r"\[1000000000, 32\]"):
+        wsd.SenseVectors.load(tmp_path / "big.npz")
+
+
+def test_cli_wsd_predict_names_a_truncated_sense_file_and_an_output_directory(tiny, fitted, tmp_path, capsys):
+    _, senses = fitted
+    (tmp_path / "cut.npz").write_bytes(senses.save(tmp_path / "s.npz").read_bytes()[:100])
+    common = ["wsd", "predict", "--model", str(tiny / "model"), "--wordnet", str(tiny / "wordnet"), "--data",
+              str(tiny / "tiny.data.xml"), "--quiet"]
+    assert main([*common, "--senses", str(tmp_path / "cut.npz"), "--output", str(tmp_path / "p.key")]) == 2
+    err = capsys.readouterr().err
+    assert "cut.npz: not a sense-vector file" in err and err.count("\n") == 1
+    # An existing directory as --output: refused before the sense file is even read (here: one that is missing).
+    assert main([*common, "--senses", str(tmp_path / "missing.npz"), "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {tmp_path}: is a directory" in err and err.count("\n") == 1
+
+
+def test_a_key_file_in_latin1_names_the_line_and_byte(tiny, tmp_path, capsys):
+    path = tmp_path / "latin1.key"
+    path.write_bytes("d000.s000.t000 dog%1:05:00::\nd000.s000.t001 caf\xe9%1:13:00::\n".encode("latin-1"))
+    with pytest.raises(RaganatoError, match=r"latin1.key, line 2: cannot decode as utf-8 at byte offset 47 "
+                                            r"\(byte 0xe9\)"):
+        read_keys(path)
+    assert main(["wsd", "score", "--gold", str(tiny / "tiny.gold.key.txt"), "--predictions", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.key, line 2" in err and err.count("\n") == 1

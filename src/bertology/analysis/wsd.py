@@ -46,7 +46,8 @@ from bertology.analysis.raganato import read_keys, read_raganato, write_keys
 from bertology.analysis.semcor import read_semcor
 from bertology.analysis.wordnet import WordNet, load_wordnet
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_write
+from bertology.inputs import read_npz
+from bertology.io import atomic_write, check_output_file
 
 FORMAT = "bertology-sense-vectors/1"
 PROPAGATIONS = ("none", "synset", "hypernym", "lexname")
@@ -108,20 +109,28 @@ class SenseVectors:
         from bertology.embeddings.files import _unpack_strings
 
         path = Path(path)
-        if not path.is_file():
-            raise SenseVectorError(f"{path}: no such file")
+        what = "a sense-vector file written by bertology wsd fit"
+        # Sizes and headers are checked before any array is read: a truncated, empty or tampered file is named.
+        arrays = read_npz(path, ("vectors", "counts", "lexname_vectors", "mean", "std", "keys_utf8", "keys_offsets",
+                                 "meta"), SenseVectorError, what)
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {name: data[name] for name in data.files}
             meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
             keys = _unpack_strings(arrays["keys_utf8"], arrays["keys_offsets"], path, "keys")
-        except (OSError, ValueError, KeyError, UnicodeDecodeError) as error:
-            raise SenseVectorError(f"{path}: not a sense-vector file written by bertology wsd fit ({error})") from None
-        if meta.get("format") != FORMAT:
-            raise SenseVectorError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        except (ValueError, UnicodeDecodeError, DataError) as error:
+            raise SenseVectorError(f"{path}: not {what} ({error})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise SenseVectorError(f"{path}: format {found!r}, expected {FORMAT!r}")
+        for key, kind in (("lexnames", list), ("config", dict), ("model", dict)):
+            if not isinstance(meta.get(key), kind):
+                raise SenseVectorError(f"{path}: meta.{key} is missing or not a JSON {kind.__name__}")
         vectors = arrays["vectors"]
         if vectors.ndim != 2 or len(keys) != vectors.shape[0] or arrays["counts"].shape != (len(keys),):
             raise SenseVectorError(f"{path}: {len(keys)} keys for vectors of shape {list(vectors.shape)}")
+        dim = vectors.shape[1]
+        for name, shape in (("mean", (dim,)), ("std", (dim,)), ("lexname_vectors", (len(meta["lexnames"]), dim))):
+            if arrays[name].shape != shape:
+                raise SenseVectorError(f"{path}: {name} has shape {list(arrays[name].shape)}, expected {list(shape)}")
         return cls(keys, vectors, arrays["counts"], list(meta["lexnames"]), arrays["lexname_vectors"],
                    arrays["mean"], arrays["std"], meta["config"], meta["model"], meta.get("stats", {}))
 
@@ -236,6 +245,8 @@ def predict(
     `output` as a key file when given) and a JSON-able summary with the counts. Options left None take the values
     stored with the sense vectors. `standardize` may also be a (mu, sigma) pair of [D] arrays estimated on another
     corpus, used instead of the SemCor estimate."""
+    if output is not None:
+        check_output_file(output)  # before any inference work
     source = str(senses) if not isinstance(senses, SenseVectors) else None
     if not isinstance(senses, SenseVectors):
         senses = SenseVectors.load(senses)

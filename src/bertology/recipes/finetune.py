@@ -29,7 +29,7 @@ import torch
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_directory, atomic_write
+from bertology.io import atomic_directory, atomic_write, check_output_file
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
@@ -316,6 +316,7 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
 
     task = get_task(task_name)
     check_dtype(dtype)  # before the model is loaded
+    check_output_file(output_path)  # and the output: not a directory, not below a file
     pretrained = with_dtype(load(model_dir), dtype)
     if pretrained.tokenizer is None:
         raise ConfigError(f"{model_dir}: no tokenizer files")

@@ -430,16 +430,28 @@ def test_report_section_writes_numbers_and_the_command(tiny, tmp_path):
         folder.mkdir(parents=True)
         (folder / f"{name}.data.xml").write_text(DATA_XML)
         (folder / f"{name}.gold.key.txt").write_text(GOLD)
-    section = wsd.report_section(str(tiny / "model"), tmp_path / "out", data)
-    numbers = json.loads((tmp_path / "out" / "wsd.json").read_text())
+    out = tmp_path / "my out $(touch pwned) 'x'"  # the redo command must keep it one word and run nothing
+    section = wsd.report_section(str(tiny / "model"), out, data)
+    numbers = json.loads((out / "wsd.json").read_text())
     assert section.name == "wsd" and section.numbers == numbers
     for name in ("senseval2", "semeval2007"):
         scored = numbers["sets"][name]
         assert scored["first sense"]["total"] == 8 and scored["nearest sense"]["total"] == 8
         assert scored["prediction"]["counts"]["instances"] == 8
-        assert (tmp_path / "out" / f"wsd-{name}.key").is_file()
+        assert (out / f"wsd-{name}.key").is_file()
     assert section.command.startswith(f"bertology wsd fit --model {tiny / 'model'} --semcor ")
-    assert wsd.SenseVectors.load(tmp_path / "out" / "wsd-senses.npz").config == numbers["config"]
+    assert wsd.SenseVectors.load(out / "wsd-senses.npz").config == numbers["config"]
+    # Run the command in bash with `bertology` as a function that logs its arguments, one a line.
+    import subprocess
+
+    log = tmp_path / "args.log"
+    done = subprocess.run(["bash", "-c", f"bertology() {{ printf '%s\\n' \"$@\" >> '{log}'; }}; " + section.command],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    words = log.read_text().splitlines()
+    assert str(out / "wsd-senses.npz") in words and str(out / "wsd-semeval2007.key") in words
+    assert str(data / "wsd-raganato2017" / "senseval2" / "senseval2.data.xml") in words
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_fit_refuses_a_corpus_with_no_wordnet_key(tiny, tmp_path):

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.embeddings import embed
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_write
@@ -475,6 +475,6 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
              f"{last['standardised']['anisotropy']['mean']:.3f}; the top {len(last['raw']['rogue']['top'])} "
              f"dimensions make {100 * last['raw']['rogue']['top_share']:.0f} % of the expected cosine."]
     notes += [f"warning: {w}" for w in numbers["warnings"]]
-    command = (f"bertology anisotropy --model {model_dir} --ud {corpus} --out {out_dir}")
+    command = shell_command("bertology", "anisotropy", "--model", model_dir, "--ud", corpus, "--out", out_dir)
     return Section("anisotropy", "Anisotropy, self-similarity and rogue dimensions", numbers, figures, command,
                    notes)

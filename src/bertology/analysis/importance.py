@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.errors import ConfigError, DataError
 from bertology.io import check_output_directory, files_into
 from bertology.model.checkpoint import Pretrained
@@ -406,8 +406,8 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
         glue = Path(data_dir) / "glue"
         data: ImportanceData = TaskData(pretrained, task, glue, importance_examples=examples,
                                         eval_examples=200 if quick else None)
-        command = (f"bertology heads importance --model {model_arg} --task {task} --data {glue} --out {out} "
-                   f"--examples {examples} --step {step}")
+        command = shell_command("bertology", "heads", "importance", "--model", model_arg, "--task", task, "--data",
+                                glue, "--out", out, "--examples", examples, "--step", step)
     elif any(s.kind == "masked_lm" for s in model.head_specs):
         from bertology.analysis.ud import read_split
 
@@ -416,8 +416,8 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
             raise FileNotFoundError(f"{ud}: UD English-EWT (the texts for the masked-LM loss) is not there")
         texts = [s.text for s in read_split(ud, "dev", examples * 2)]
         data = MaskedLMData(pretrained, texts, importance_examples=examples)
-        command = (f"bertology heads importance --model {model_arg} --ud {ud} --out {out} --examples {examples} "
-                   f"--step {step}")
+        command = shell_command("bertology", "heads", "importance", "--model", model_arg, "--ud", ud, "--out", out,
+                                "--examples", examples, "--step", step)
     else:
         from bertology.analysis.report import AnalysisUnavailable
 

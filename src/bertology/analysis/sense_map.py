@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.geometry import layer_vectors
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.io import atomic_write
@@ -184,5 +184,6 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
     notes = [f"{numbers['occurrences']} SemCor occurrences of {lemma!r} in {len(numbers['senses'])} senses; mean "
              f"cosine within a sense {separation['within_sense']:.3f}, between senses "
              f"{separation['between_senses']:.3f}."]
-    command = f"bertology sense-map --model {model_dir} --semcor {semcor} --lemma {lemma} --min-count 3 --out {out_dir}"
+    command = shell_command("bertology", "sense-map", "--model", model_dir, "--semcor", semcor, "--lemma", lemma,
+                            "--min-count", 3, "--out", out_dir)
     return Section("sense_map", f"The occurrences of {lemma!r} by sense", numbers, figures, command, notes)

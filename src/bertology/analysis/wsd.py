@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.raganato import read_keys, read_raganato, write_keys
 from bertology.analysis.semcor import read_semcor
 from bertology.analysis.wordnet import WordNet, load_wordnet
@@ -418,11 +418,16 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
                                  "prediction": summary}
     write_numbers(out_dir / "wsd.json", numbers)
     model_arg = info["path"] or "MODEL"
-    command = (f"bertology wsd fit --model {model_arg} --semcor {semcor} --wordnet {wordnet_dir} "
-               f"--out {out_dir / 'wsd-senses.npz'} && for s in senseval2 semeval2007; do bertology wsd predict "
-               f"--model {model_arg} --senses {out_dir / 'wsd-senses.npz'} --wordnet {wordnet_dir} "
-               f"--data {framework}/$s/$s.data.xml --output {out_dir}/wsd-$s.key && bertology wsd score "
-               f"--gold {framework}/$s/$s.gold.key.txt --predictions {out_dir}/wsd-$s.key; done")
+    senses_file = out_dir / "wsd-senses.npz"
+    # Each path quoted; the loop's "$s" parts are appended in double quotes, so the shell joins them to it.
+    framework_q, out_q = shell_command(framework), shell_command(out_dir)
+    command = (shell_command("bertology", "wsd", "fit", "--model", model_arg, "--semcor", semcor, "--wordnet",
+                             wordnet_dir, "--out", senses_file)
+               + " && for s in senseval2 semeval2007; do "
+               + shell_command("bertology", "wsd", "predict", "--model", model_arg, "--senses", senses_file,
+                               "--wordnet", wordnet_dir)
+               + f' --data {framework_q}/"$s/$s.data.xml" --output {out_q}/"wsd-$s.key" && bertology wsd score '
+               + f'--gold {framework_q}/"$s/$s.gold.key.txt" --predictions {out_q}/"wsd-$s.key"; done')
     return Section("wsd", "Word sense disambiguation (LMMS 1-NN)", numbers, [], command, notes)
 
 

@@ -199,6 +199,10 @@ class Trainer:
         self.autocast_enabled = self._bf16(speed.bf16)
         self._stat_keys: list[str] | None = None
         self._resumed = False
+        # The training metrics summed since the last "train" row, and their tokens: part of every checkpoint, so
+        # the first row after a resume averages the same steps as an uninterrupted run's.
+        self._window_stats: Tensor | None = None
+        self._window_tokens = 0
         self._stop_reason: str | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -267,8 +271,6 @@ class Trainer:
         self.wrapped.train()
         progress = tqdm(total=total, initial=self.state.step, unit="step", desc="training",
                         disable=not (cfg.run.progress and self.env.is_main), dynamic_ncols=True)
-        window_stats: Tensor | None = None
-        window_tokens = 0
         window_start = time.perf_counter()
         last_metrics: dict[str, float] = {}
         try:
@@ -277,8 +279,8 @@ class Trainer:
                 batches = [self._device_batch(b) for _, _, b in micro]
                 tokens = sum(int(b.attention_mask.sum()) for _, _, b in micro)
                 step_stats, grad_norm = self._step(batches)
-                window_stats = step_stats if window_stats is None else window_stats + step_stats
-                window_tokens += tokens
+                self._window_stats = step_stats if self._window_stats is None else self._window_stats + step_stats
+                self._window_tokens += tokens
                 epoch, index, _ = micro[-1]
                 self.state.step += 1
                 self.state.epoch, self.state.batch = epoch, index + 1
@@ -291,13 +293,13 @@ class Trainer:
                 for event in self.schedule.events(self.state.step):
                     if event == "log":
                         elapsed = time.perf_counter() - window_start
-                        metrics = self._reduce(window_stats)
+                        metrics = self._reduce(self._window_stats)
                         metrics.update(lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
-                                       tokens_per_s=window_tokens * self.env.world_size / max(elapsed, 1e-9))
+                                       tokens_per_s=self._window_tokens * self.env.world_size / max(elapsed, 1e-9))
                         self._log("train", metrics)
                         progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                         report.metrics = last_metrics = metrics
-                        window_stats, window_tokens = None, 0
+                        self._window_stats, self._window_tokens = None, 0
                     elif event == "eval":
                         last_metrics = self.evaluate()
                         self._log("eval", last_metrics)
@@ -467,6 +469,9 @@ class Trainer:
             "objective_modules": self.loss_module.objective_modules.state_dict(),
             "rng": rngs,
             "world_size": self.env.world_size,
+            "log_window": D.all_gather_objects(
+                {"stats": None if self._window_stats is None else self._window_stats.detach().cpu(),
+                 "tokens": self._window_tokens}, self.env),
         }
 
     def _model_for_saving(self) -> EncoderModel:
@@ -540,6 +545,12 @@ class Trainer:
         D.load_optimizer_state(self.wrapped, self.optimizer, trainer_state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         restore_rng(trainer_state["rng"][self.env.rank])
+        windows = trainer_state.get("log_window")  # absent from checkpoints written before it was kept
+        if isinstance(windows, list) and len(windows) == self.env.world_size:
+            window = windows[self.env.rank]
+            stats = window.get("stats") if isinstance(window, dict) else None
+            self._window_stats = stats.to(self.device) if isinstance(stats, Tensor) else None
+            self._window_tokens = int(window.get("tokens", 0)) if isinstance(window, dict) else 0
         self.state = TrainingState(step=state.step, epoch=state.epoch, batch=state.batch, tokens=state.tokens,
                                    config=self.config.to_dict())
         if self.env.is_main:

@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--model", required=True, metavar="DIR", help="model directory")
     stats.add_argument("--ud", required=True, metavar="DIR", help="UD treebank folder (*-ud-{train,dev,test}.conllu)")
     stats.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    stats.add_argument("--overwrite", action="store_true",
+                       help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     stats.add_argument("--split", default="dev", choices=("train", "dev", "test"), help="default: dev")
     stats.add_argument("--limit", type=int, metavar="N", help="the first N sentences only")
     stats.add_argument("--min-count", type=int, default=100, metavar="N",
@@ -41,6 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(--ud) or a text file (--text, one text per line). Writes OUT/importance.json and OUT/importance.png.")
     _loss_arguments(importance)
     importance.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    importance.add_argument("--overwrite", action="store_true",
+                            help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     importance.add_argument("--step", type=float, default=0.1, help="share of heads removed per step (default 0.1)")
     importance.add_argument("--max-share", type=float, default=0.9, help="stop after removing this share (0.9)")
     importance.add_argument("--keep", type=float, default=0.99,
@@ -113,6 +117,10 @@ def _data(args: argparse.Namespace, pretrained):
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "attention.json", "the output of bertology heads stats", args.overwrite)
     from bertology.analysis.attention import analyze_heads, summary_table
 
     pretrained = _load(args)
@@ -125,6 +133,10 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_importance(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "importance.json", "the output of bertology heads importance", args.overwrite)
     from bertology.analysis.importance import analyze_importance
 
     pretrained = _load(args)

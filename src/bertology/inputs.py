@@ -87,7 +87,7 @@ def read_npz(path: str | os.PathLike, names: tuple[str, ...] | None = None,
                      for info in members}
             missing = [name for name in names or () if name not in found]
             if missing:
-                raise error(f"{path}: not {what}: no {', '.join(missing)} array (found "
+                raise error(f"{path}: not {what}: no {', '.join(map(repr, missing))} array (found "
                             f"{', '.join(sorted(found)) or 'none'})")
             for name, info in found.items():
                 with archive.open(info) as handle:
@@ -98,8 +98,24 @@ def read_npz(path: str | os.PathLike, names: tuple[str, ...] | None = None,
     return arrays
 
 
-def _read_npy(handle: Any, size: int, where: str, error: type[BertologyError]) -> np.ndarray:
-    """One ``.npy`` array from a file object of `size` bytes, its header checked before the data is read."""
+def load_npy(path: str | os.PathLike, error: type[BertologyError] = DataError, mmap: bool = True) -> np.ndarray:
+    """A ``.npy`` array (memory-mapped by default, no pickles) whose header was first checked against the file's
+    size: an empty, truncated or tampered file is an `error` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"{path}: {'is a directory' if path.is_dir() else 'no such file'}")
+    size = path.stat().st_size
+    with open(path, "rb") as handle:
+        _npy_header(handle, size, str(path), error)
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as cause:
+        raise error(f"{path}: not a readable .npy array: {cause}") from None
+
+
+def _npy_header(handle: Any, size: int, where: str, error: type[BertologyError]) -> tuple[tuple[int, ...], bool,
+                                                                                            np.dtype]:
+    """Read and check a ``.npy`` header: the array it describes must fill exactly the `size` bytes of the file."""
     from numpy.lib import format as npy
 
     try:
@@ -110,7 +126,7 @@ def _read_npy(handle: Any, size: int, where: str, error: type[BertologyError]) -
             shape, fortran, dtype = npy.read_array_header_2_0(handle)
         else:
             raise ValueError(f"unknown .npy version {version}")
-    except (ValueError, SyntaxError, EOFError, struct.error) as cause:
+    except (ValueError, SyntaxError, EOFError, struct.error, UnicodeDecodeError) as cause:
         raise error(f"{where}: not a .npy array: {cause}") from None
     if dtype.hasobject:
         raise error(f"{where}: holds Python objects (dtype {dtype}); only numeric arrays are read")
@@ -118,10 +134,17 @@ def _read_npy(handle: Any, size: int, where: str, error: type[BertologyError]) -
     for dim in shape:
         count *= int(dim)
     expected = count * dtype.itemsize
-    header = handle.tell()
-    if header + expected != size:
+    start = handle.tell()
+    if start + expected != size:
         raise error(f"{where}: its header says shape {list(shape)} of {dtype} ({expected} bytes), but "
-                    f"{size - header} bytes follow it")
+                    f"{size - start} bytes follow it")
+    return shape, fortran, dtype
+
+
+def _read_npy(handle: Any, size: int, where: str, error: type[BertologyError]) -> np.ndarray:
+    """One ``.npy`` array from a file object of `size` bytes, its header checked before the data is read."""
+    shape, fortran, dtype = _npy_header(handle, size, where, error)
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     data = handle.read(expected)
     if len(data) != expected:
         raise error(f"{where}: truncated: {len(data)} of {expected} bytes")

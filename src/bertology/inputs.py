@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import struct
+import tokenize
 import zipfile
 import zlib
 from pathlib import Path
@@ -126,8 +127,9 @@ def _npy_header(handle: Any, size: int, where: str, error: type[BertologyError])
             shape, fortran, dtype = npy.read_array_header_2_0(handle)
         else:
             raise ValueError(f"unknown .npy version {version}")
-    except (ValueError, SyntaxError, EOFError, struct.error, UnicodeDecodeError) as cause:
-        raise error(f"{where}: not a .npy array: {cause}") from None
+    except (ValueError, SyntaxError, EOFError, struct.error, UnicodeDecodeError, tokenize.TokenError, TypeError,
+            KeyError, IndexError, OverflowError) as cause:  # numpy parses the header as a Python literal
+        raise error(f"{where}: not a .npy array: {type(cause).__name__}: {cause}") from None
     if dtype.hasobject:
         raise error(f"{where}: holds Python objects (dtype {dtype}); only numeric arrays are read")
     count = 1

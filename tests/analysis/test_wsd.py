@@ -518,3 +518,11 @@ def test_a_key_file_in_latin1_names_the_line_and_byte(tiny, tmp_path, capsys):
     assert main(["wsd", "score", "--gold", str(tiny / "tiny.gold.key.txt"), "--predictions", str(path)]) == 2
     err = capsys.readouterr().err
     assert "latin1.key, line 2" in err and err.count("\n") == 1
+
+
+def test_wsd_fit_refuses_a_directory_as_out_before_fitting(tmp_path, capsys):
+    (tmp_path / "d.npz").mkdir()
+    assert main(["wsd", "fit", "--model", str(tmp_path / "no-model"), "--semcor", str(tmp_path), "--wordnet",
+                 str(tmp_path), "--out", str(tmp_path / "d.npz")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'd.npz'}: is a directory" in err and err.count("\n") == 1

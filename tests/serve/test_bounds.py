@@ -144,3 +144,11 @@ def test_a_small_request_is_answered_between_the_texts_of_a_large_fill_mask(mlm_
     assert response.status_code == 200 and np.asarray(response.json()["vectors"]).shape == (1, 32)
     assert finished["fill_status"] == 200
     assert finished["embed"] < finished["fill"] and finished["embed"] - sent < 0.5
+
+
+def test_json_nested_too_deeply_is_400_naming_it(tiny_dir):
+    with TestClient(create_app(tiny_dir)) as c:
+        response = c.post("/v1/embed", content="[" * 100_000 + "]" * 100_000,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json() == {
+        "detail": "malformed JSON: arrays or objects nested too deeply"}

@@ -149,7 +149,10 @@ class _StrictJSONRequest(Request):
             except UnicodeDecodeError as error:
                 raise ServiceError(400, f"the request body is not UTF-8: byte 0x{body[error.start]:02x} at byte "
                                         f"offset {error.start} ({error.reason})") from None
-            self._json = json.loads(text)  # a JSONDecodeError becomes FastAPI's json_invalid, answered below
+            try:
+                self._json = json.loads(text)  # a JSONDecodeError becomes FastAPI's json_invalid, answered below
+            except RecursionError:
+                raise ServiceError(400, "malformed JSON: arrays or objects nested too deeply") from None
         return self._json
 
 

@@ -12,6 +12,7 @@ import struct
 import tokenize
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,28 @@ def check_unicode(value: Any, where: str, error: type[BertologyError] = DataErro
         raise error(f"{where}: {what}: character {index} is a lone surrogate (U+{ord(char):04X}, from a JSON "
                     f"\\u{ord(char):04x} escape), which is not Unicode text")
     return value
+
+
+def text_lines(path: str | os.PathLike, error: type[BertologyError] = DataError) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, line ends (LF or CRLF) and a leading byte-order mark removed;
+    bytes that are not UTF-8 are an `error` naming the file, the line and the byte offset."""
+    path = Path(path)
+    offset = 0
+    try:
+        handle = open(path, "rb")
+    except OSError as cause:
+        raise error(f"{path}: cannot read it ({cause.strerror or cause})") from None
+    with handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as cause:
+                raise error(f"{path}: line {number}: cannot decode as utf-8 at byte offset {offset + cause.start} "
+                            f"(byte 0x{raw[cause.start]:02x})") from None
+            if number == 1:
+                line = line.removeprefix("\ufeff")
+            offset += len(raw)
+            yield number, line.rstrip("\r\n")
 
 
 # ------------------------------------------------------------------------------------------------------- .npz

@@ -129,3 +129,43 @@ def test_lone_surrogates_anywhere_are_named(name):
             assert not any(f"\\ud{c}" in dumped for c in "89abcdef"), dumped[:200]
 
     run()
+
+
+def _wordnet(path):
+    from bertology.analysis.wordnet import WordNet
+
+    directory = path.parent / "wordnet"
+    directory.mkdir(exist_ok=True)
+    files = {"lexnames": "00\tadj.all\t3\n03\tnoun.Tops\t1\n05\tnoun.animal\t1\n",
+             "data.noun": "00000001 03 n 01 entity 0 000 | that which exists\n"
+                          "00000002 05 n 01 dog 0 001 @ 00000001 n 0000 | a domesticated canid\n",
+             "data.verb": "", "data.adj": "", "data.adv": ""}
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    (directory / "index.sense").write_bytes(path.read_bytes())
+    return WordNet(directory)
+
+
+MORE_READERS = {
+    "span predictions": (lambda p: __import__("bertology.tasks.spans", fromlist=["x"]).read_span_predictions(p),
+                         "sentence_id\tstart\tend\tpredicted\tgold\n0\t0\t2\tPER\tPER\n"),
+    "anisotropy corpus": (lambda p: __import__("bertology.analysis.geometry", fromlist=["x"]).read_corpus([p]),
+                          "one sentence\n\nanother one\n"),
+    "sense-map labelled": (lambda p: __import__("bertology.analysis.sense_map", fromlist=["x"]).read_labelled(p),
+                           "the bank was open\tbank\tbank%1:14:00::\n# a comment\n"),
+    "wordnet index.sense": (_wordnet, "entity%1:03:00:: 00000001 1 11\ndog%1:05:00:: 00000002 1 10\n"),
+}
+
+
+@pytest.mark.parametrize("name", MORE_READERS)
+def test_more_damaged_files_give_only_named_errors(name):
+    reader, valid = MORE_READERS[name]
+    assert reader(_file(name, valid.encode("utf-8"))) is not None  # the valid file reads
+
+    @settings(max_examples=EXAMPLES // 2)
+    @given(data=damaged(valid.encode("utf-8")))
+    def run(data):
+        path = _file(name, data)
+        only_our_errors(name, lambda: reader(path), names=(str(path), "wordnet"))
+
+    run()

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from bertology.cli.main import main
-from bertology.errors import DataError
+from bertology.errors import ConfigError, DataError
 from bertology.retrieval import Index, Structure
 
 faiss = pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
@@ -120,3 +120,11 @@ def test_search_command_names_the_file_in_one_line(saved, tmp_path, capsys):
     assert main(["search", "--index", str(directory), "cats"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "vectors.faiss" in err and "metric is L2" in err
+
+
+def test_rebuilding_an_index_that_holds_a_user_file_is_refused(saved, tiny, tmp_path):
+    directory = copy(saved["flat"], tmp_path)
+    (directory / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match=r"an index, but it also holds notes.txt, which replacing it would remove"):
+        Index.build(tiny, PASSAGES[:3]).save(directory)
+    assert (directory / "notes.txt").read_text() == "mine" and len(Index.load(directory)) == len(PASSAGES)

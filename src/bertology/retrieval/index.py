@@ -436,6 +436,12 @@ def check_output(directory: str | os.PathLike) -> Path:
         raise ConfigError(f"{directory}: is a file; the index is written as a directory")
     if directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file():
         raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
+    if (directory / META_FILE).is_file():  # an index is replaced as a whole: nothing else may be lost with it
+        others = sorted(entry.name for entry in os.scandir(directory) if not entry.name.startswith(".")
+                        and entry.name not in (META_FILE, FAISS_FILE, PASSAGES_FILE))
+        if others:
+            raise ConfigError(f"{directory}: an index, but it also holds {', '.join(others[:5])}, which replacing "
+                              "it would remove; move them out or choose another directory")
     blocker = file_in_the_way(directory)
     if blocker is not None:
         raise ConfigError(f"{directory}: cannot create it, {blocker} is a file, not a directory")

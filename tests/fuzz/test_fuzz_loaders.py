@@ -63,6 +63,9 @@ def test_model_safetensors_and_config(model_dir):
 
     fuzz_file("model.safetensors", model_dir / "model.safetensors", lambda: load(model_dir), header=256)
     fuzz_file("config.json", model_dir / "config.json", lambda: load(model_dir))
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        if (model_dir / name).is_file():
+            fuzz_file(name, model_dir / name, lambda: load(model_dir))
 
 
 def test_sense_vectors_npz(work):

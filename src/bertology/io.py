@@ -361,6 +361,13 @@ def files_into(directory: str | os.PathLike) -> Iterator[Path]:
     try:
         yield tmp
         _finish_tree(tmp, directory.name)
+        from bertology.errors import ConfigError
+
+        for root, _, files in os.walk(tmp):  # every clash is found before the first file is moved
+            for file in files:
+                target = directory / Path(root).relative_to(tmp) / file
+                if target.is_dir() and not target.is_symlink():
+                    raise ConfigError(f"{target}: is a directory where a file is to be written")
         for root, dirs, files in os.walk(tmp):
             relative = Path(root).relative_to(tmp)
             for sub in dirs:

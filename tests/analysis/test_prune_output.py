@@ -104,3 +104,12 @@ def test_out_below_a_file_is_refused(model_dir, tmp_path, capsys):
     assert "is a file, not a directory" in capsys.readouterr().err
     assert prune(model_dir, tmp_path / "file") == 2
     assert "is a file; the output is a directory" in capsys.readouterr().err
+
+
+def test_a_directory_where_a_model_file_goes_is_named_and_nothing_moved(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    (out / "config.json").mkdir(parents=True)
+    (out / "other.txt").write_text("x")
+    assert prune(model_dir, out, "--overwrite") == 2
+    assert "config.json: is a directory where a file is to be written" in capsys.readouterr().err
+    assert sorted(os.listdir(out)) == ["config.json", "other.txt"]

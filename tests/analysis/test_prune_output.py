@@ -113,3 +113,18 @@ def test_a_directory_where_a_model_file_goes_is_named_and_nothing_moved(model_di
     assert prune(model_dir, out, "--overwrite") == 2
     assert "config.json: is a directory where a file is to be written" in capsys.readouterr().err
     assert sorted(os.listdir(out)) == ["config.json", "other.txt"]
+
+
+def test_prune_model_saves_by_the_same_rules(model_dir, tmp_path):
+    from bertology.analysis.importance import prune_model
+    from bertology.errors import ConfigError
+
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x.txt").write_text("x")
+    pretrained = load(model_dir)
+    with pytest.raises(ConfigError, match="holds other files"):
+        prune_model(pretrained, {0: [1]}, tmp_path / "busy")
+    assert pretrained.config.pruned_heads == {}  # refused before the model was changed
+    prune_model(pretrained, {0: [1]}, tmp_path / "pruned")
+    assert load(tmp_path / "pruned").config.pruned_heads == {0: [1]}
+    assert json.loads((tmp_path / "pruned" / "pruning.json").read_text())["pruned_heads"] == {"0": [1]}

@@ -293,10 +293,13 @@ def prunable_share(steps: Sequence[PruningStep], keep: float = 0.99) -> float:
 
 def prune_model(pretrained: Pretrained, heads: dict[int, list[int]], out_dir: str | Path | None = None) -> Pretrained:
     """Remove `heads` (layer -> heads, original numbering) from the model for good, and save it to `out_dir` when
-    given (transformers' layout when it applies, `pruned_heads` in config.json)."""
+    given (transformers' layout when it applies, `pruned_heads` in config.json) by `save_pruned`, whose rules for
+    the folder are checked before the model is changed."""
+    if out_dir is not None:
+        check_pruned_output(out_dir)
     pretrained.model.prune_heads(heads)
     if out_dir is not None:
-        pretrained.save(out_dir)
+        save_pruned(pretrained, out_dir, {"pruned_heads": {str(k): v for k, v in heads.items()}})
     return pretrained
 
 

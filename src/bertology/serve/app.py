@@ -276,9 +276,9 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
             queries = limits.check_texts(request.queries, field="queries")
             limits.check("max_outputs", len(queries) * request.k, f"the passages asked for ({len(queries)} queries "
                          f"x k {request.k})", field="k")
-            tokens = sum(len(pretrained.tokenizer.encode(q).ids) for q in queries) if sum(map(len, queries)) \
-                <= INLINE_CHARS else await asyncio.to_thread(
-                    lambda: sum(len(pretrained.tokenizer.encode(q).ids) for q in queries))
+            small = sum(map(len, queries)) <= INLINE_CHARS
+            _, tokens = _mask_counts(pretrained, queries) if small else await asyncio.to_thread(
+                _mask_counts, pretrained, queries)
             limits.check("max_tokens", tokens, "the tokens of the queries", field="queries")
             hits = await batcher.run(index.search, queries, request.k)
             return JSONResponse({"model": model_name, "index": index_name, "results": [
@@ -288,7 +288,8 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
 
 
 def _mask_counts(pretrained: Pretrained, texts: list[str]) -> tuple[list[int], int]:
-    """The mask tokens of each text and the tokens of all of them (specials included), as fill-mask reads them."""
+    """The mask tokens of each text and the tokens of all of them (specials included), as fill-mask and search
+    read them."""
     tokenizer = pretrained.tokenizer
     masks, tokens = [], 0
     for text in texts:

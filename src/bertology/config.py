@@ -372,6 +372,8 @@ def load_json(text: str, source: str) -> Any:
         data = json.loads(text, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid JSON: arrays or objects nested too deeply") from None
     def build(value: Any, where: str) -> Any:
         if isinstance(value, _Pairs):
             out: dict[str, Any] = {}
@@ -387,7 +389,11 @@ def load_json(text: str, source: str) -> Any:
 
     from bertology.inputs import check_unicode
 
-    return check_unicode(build(data, ""), source, ConfigError)
+    try:
+        built = build(data, "")
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid JSON: arrays or objects nested too deeply") from None
+    return check_unicode(built, source, ConfigError)
 
 
 def decode_text(raw: bytes, source: str) -> str:

@@ -23,30 +23,27 @@ from bertology.errors import BertologyError, DataError
 
 # ------------------------------------------------------------------------------------------------------- text
 def lone_surrogate(value: Any, path: str = "") -> tuple[str, int, str] | None:
-    """The first lone surrogate in a decoded JSON value (strings, and the keys and values of objects and lists,
-    recursively): ``(field path, character index, the character)``, or None. The field path reads like
-    ``text`` or ``meta.authors[2]``; a key that is itself bad is named as ``<key of path>``."""
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as error:
-            return path, error.start, value[error.start]
-        return None
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str):
-                found = lone_surrogate(key, f"<key of {path or 'the object'}>")
-                if found is not None:
-                    return found
-            found = lone_surrogate(item, f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
-        return None
-    if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            found = lone_surrogate(item, f"{path}[{i}]")
-            if found is not None:
-                return found
+    """The first lone surrogate in a decoded JSON value (strings, and the keys and values of objects and lists, in
+    document order): ``(field path, character index, the character)``, or None. The field path reads like ``text``
+    or ``meta.authors[2]``; a key that is itself bad is named as ``<key of path>``. Iterative, so that any depth
+    the JSON parser accepted is walked."""
+    stack: list[tuple[str, Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as error:
+                return where, error.start, item[error.start]
+        elif isinstance(item, dict):
+            children = []
+            for key, child in item.items():
+                if isinstance(key, str):
+                    children.append((f"<key of {where or 'the object'}>", key))
+                children.append((f"{where}.{key}" if where else str(key), child))
+            stack.extend(reversed(children))
+        elif isinstance(item, (list, tuple)):
+            stack.extend(reversed([(f"{where}[{i}]", child) for i, child in enumerate(item)]))
     return None
 
 
@@ -102,7 +99,8 @@ def read_npz(path: str | os.PathLike, names: tuple[str, ...] | None = None,
         with zipfile.ZipFile(path) as archive:
             members = archive.infolist()
             for info in members:
-                if info.file_size > 16 * max(size, 1 << 20) and info.compress_type != zipfile.ZIP_STORED:
+                # Deflate cannot expand more than about 1032 to 1: a member claiming more was tampered with.
+                if info.file_size > 1100 * max(size, 1024) and info.compress_type != zipfile.ZIP_STORED:
                     raise error(f"{path}: member {info.filename} claims {info.file_size} bytes, far more than the "
                                 f"{size}-byte file could hold")
                 if info.compress_type == zipfile.ZIP_STORED and info.file_size > size:

@@ -169,3 +169,21 @@ def test_more_damaged_files_give_only_named_errors(name):
         only_our_errors(name, lambda: reader(path), names=(str(path), "wordnet"))
 
     run()
+
+
+@pytest.mark.parametrize("name", JSON_READERS)
+@pytest.mark.parametrize("depth", [900, 100_000])
+def test_json_nested_beyond_the_parser_is_named(name, depth):
+    reader, _ = READERS[name]
+    path = _file(name, ("[" * depth + "]" * depth + "\n").encode())
+    outcome = only_our_errors(f"{name} (nesting)", lambda: reader(path), names=str(path))
+    assert isinstance(outcome, Exception)
+
+
+def test_surrogates_are_found_at_any_depth():
+    from bertology.inputs import check_unicode
+    from bertology.errors import DataError
+
+    deep = json.loads("[" * 900 + '"\\udfff"' + "]" * 900)
+    with pytest.raises(DataError, match=r"f.json: field '(\[0\]){900}': character 0 is a lone surrogate"):
+        check_unicode(deep, "f.json")

@@ -183,7 +183,7 @@ class Standardiser:
     def load(cls, path: str | os.PathLike) -> Standardiser:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{path}: cannot read a standardiser: {error}") from None
         return cls.from_dict(data, str(path))
 

@@ -107,6 +107,8 @@ def jsonl_text(line: str, path: Path, number: int, text_field: str) -> str:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(record, dict):
         raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
     if text_field not in record:

@@ -126,7 +126,7 @@ class TokenizedCorpus:
             raise DataError(f"{self.directory}: not a tokenized corpus (no {METADATA_FILE})")
         try:
             metadata = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{path}: invalid metadata: {error}") from None
         if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
             raise DataError(f"{path}: not a {FORMAT_NAME} metadata file")

@@ -285,7 +285,7 @@ def read_manifest(output: str | os.PathLike, error: type[BertologyError] = DataE
         raise error(f"{output}: no {MANIFEST}: not the output of a corpus embedding run")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as cause:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as cause:
         raise error(f"{path}: not a manifest written by bertology embed ({cause})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
         raise error(f"{path}: not a manifest written by bertology embed (no fingerprint)")
@@ -446,7 +446,7 @@ def iter_shards(output: str | os.PathLike) -> Iterator[tuple[str, np.ndarray, li
         try:
             with open(directory / "index.jsonl", encoding="utf-8") as handle:
                 index = [json.loads(line) for line in handle]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{directory / 'index.jsonl'}: cannot read it: {error}") from None
         if vectors.ndim != 2 or len(index) != len(vectors):
             raise DataError(f"{directory}: {len(vectors)} vectors but {len(index)} index rows")

@@ -381,6 +381,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not UTF-8 text ({error})") from None
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}")
     return data

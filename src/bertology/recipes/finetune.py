@@ -281,6 +281,8 @@ class DevSelection:
             return json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise DataError(f"{path}: invalid JSON: {error}") from None
+        except RecursionError:
+            raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
 
     def scores(self, model: EncoderModel) -> dict[str, float]:
         predictions = self.task.predict(model, self.dev, self.dev_examples, max(32, self.config.optim.batch_size))

@@ -107,7 +107,7 @@ def _json_file(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ConfigError(f"{path}: cannot read it as JSON: {error}") from None
 
 
@@ -327,7 +327,7 @@ class Index:
             raise DataError(f"{directory}: not an index ({META_FILE} is missing)")
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{meta_file}: cannot read it as JSON: {error}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None

@@ -80,6 +80,8 @@ def read_passages(path: str | os.PathLike) -> list[Passage]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{where}: invalid JSON: {error.msg} (column {error.colno})") from None
+            except RecursionError:
+                raise DataError(f"{where}: invalid JSON: arrays or objects nested too deeply") from None
             passage = _passage(record, where)
             if passage.id in lines:
                 raise DataError(f"{where}: id {passage.id!r} repeats the one on line {lines[passage.id]}")

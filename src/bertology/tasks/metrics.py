@@ -510,6 +510,8 @@ def _read_json(path: str | Path) -> Any:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     return check_unicode(document, str(path))
 
 

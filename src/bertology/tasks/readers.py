@@ -423,6 +423,8 @@ def read_squad(path: PathLike) -> list[QAExample]:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     del text
     check_unicode(document, str(path))
 
@@ -744,6 +746,8 @@ def _task_jsonl(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> 
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
+        except RecursionError:
+            raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}: line {number}: expected a JSON object, got {_json_name(record)}")
         check_unicode(record, f"{path}: line {number}")

@@ -597,7 +597,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     return records
 

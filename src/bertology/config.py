@@ -349,9 +349,13 @@ def _check_duplicate_keys(root: yaml.Node, path: str, source: str) -> None:
 def load_yaml(text: str, source: str, invalid_as_text: bool = False) -> Any:
     """Parse YAML ``text`` with ConfigLoader; syntax errors and duplicate keys are ConfigErrors naming ``source``.
     ``invalid_as_text``: text that is not valid YAML is returned as it is (a ``--set`` value)."""
+    from bertology.inputs import check_unicode
+
     loader = type("ConfigLoader", (ConfigLoader,), {"source": source})(text)
     try:
-        return loader.get_single_data()
+        return check_unicode(loader.get_single_data(), source, ConfigError)  # "\ud800" escapes decode unpaired
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as error:
         if invalid_as_text:
             return text

@@ -54,7 +54,7 @@ def check_unicode(value: Any, where: str, error: type[BertologyError] = DataErro
     if found is not None:
         field, index, char = found
         what = f"field {field!r}" if field else "the value"
-        raise error(f"{where}: {what}: character {index} is a lone surrogate (U+{ord(char):04X}, from a JSON "
+        raise error(f"{where}: {what}: character {index} is a lone surrogate (U+{ord(char):04X}, from a "
                     f"\\u{ord(char):04x} escape), which is not Unicode text")
     return value
 

@@ -271,3 +271,9 @@ def test_squad_and_config_json_lone_surrogates_name_the_field(tmp_path: Path) ->
         list(read_squad(path))
     with pytest.raises(ConfigError, match=r"run.json: field 'run.output_dir': character 3 is a lone surrogate"):
         load_json('{"run": {"output_dir": "out\\udc80"}}', "run.json")
+    from bertology.config import load_yaml
+
+    with pytest.raises(ConfigError, match=r"run.yaml: field 'run.output_dir': character 3 is a lone surrogate"):
+        load_yaml('run:\n  output_dir: "out\\ud800"\n', "run.yaml")
+    with pytest.raises(ConfigError, match=r"deep.yaml: invalid YAML: nested too deeply"):
+        load_yaml("[" * 5000 + "]" * 5000, "deep.yaml")

@@ -146,7 +146,28 @@ def _wordnet(path):
     return WordNet(directory)
 
 
+def _task_tsv(path):
+    from bertology.tasks.readers import TaskFileConfig, read_task_file
+
+    config = TaskFileConfig(format="tsv", kind="classification", header=True, text="sentence", label="label",
+                            train=str(path))
+    return list(read_task_file(config, "train"))
+
+
+def _corpus(kind):
+    def read(path):
+        from bertology.data.corpus import read_documents
+
+        return list(read_documents(path, kind))
+
+    return read
+
+
 MORE_READERS = {
+    "task tsv": (_task_tsv, "sentence\tlabel\na good film\tpos\na bad one\tneg\n"),
+    "corpus bert": (_corpus("bert"), "First sentence.\nSecond one.\n\nAnother document.\n"),
+    "corpus text": (_corpus("text"), "A paragraph of text. It has two sentences.\n\nAnother paragraph.\n"),
+    "corpus brown": (_corpus("brown"), "The/at dog/nn barked/vbd ./.\n\nIt/pps ran/vbd ./.\n"),
     "span predictions": (lambda p: __import__("bertology.tasks.spans", fromlist=["x"]).read_span_predictions(p),
                          "sentence_id\tstart\tend\tpredicted\tgold\n0\t0\t2\tPER\tPER\n"),
     "anisotropy corpus": (lambda p: __import__("bertology.analysis.geometry", fromlist=["x"]).read_corpus([p]),

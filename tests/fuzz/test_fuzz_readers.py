@@ -4,6 +4,7 @@ holding lone surrogates: each returns or raises bertology's own error naming the
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from fuzz_helpers import damaged, only_our_errors
 
 EXAMPLES = 100  # inputs per reader (the suite's time budget: about 30 seconds in all)
 WORK = Path(tempfile.mkdtemp(prefix="bertology-fuzz-"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def remove_work():
+    yield
+    shutil.rmtree(WORK, ignore_errors=True)
 
 
 def _config_json(path):

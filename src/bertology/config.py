@@ -349,9 +349,13 @@ def _check_duplicate_keys(root: yaml.Node, path: str, source: str) -> None:
 def load_yaml(text: str, source: str, invalid_as_text: bool = False) -> Any:
     """Parse YAML ``text`` with ConfigLoader; syntax errors and duplicate keys are ConfigErrors naming ``source``.
     ``invalid_as_text``: text that is not valid YAML is returned as it is (a ``--set`` value)."""
+    from bertology.inputs import check_unicode
+
     loader = type("ConfigLoader", (ConfigLoader,), {"source": source})(text)
     try:
-        return loader.get_single_data()
+        return check_unicode(loader.get_single_data(), source, ConfigError)  # "\ud800" escapes decode unpaired
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
     except yaml.YAMLError as error:
         if invalid_as_text:
             return text
@@ -372,7 +376,8 @@ def load_json(text: str, source: str) -> Any:
         data = json.loads(text, object_pairs_hook=_Pairs)
     except json.JSONDecodeError as error:
         raise ConfigError(f"{source}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
-
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid JSON: arrays or objects nested too deeply") from None
     def build(value: Any, where: str) -> Any:
         if isinstance(value, _Pairs):
             out: dict[str, Any] = {}
@@ -386,7 +391,13 @@ def load_json(text: str, source: str) -> Any:
             return [build(item, f"{where}[{i}]") for i, item in enumerate(value)]
         return value
 
-    return build(data, "")
+    from bertology.inputs import check_unicode
+
+    try:
+        built = build(data, "")
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid JSON: arrays or objects nested too deeply") from None
+    return check_unicode(built, source, ConfigError)
 
 
 def decode_text(raw: bytes, source: str) -> str:

@@ -309,3 +309,71 @@ def file_in_the_way(path: str | os.PathLike) -> Path | None:
     while not parent.exists():
         parent = parent.parent
     return None if parent.is_dir() else parent
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+def check_output_file(path: str | os.PathLike, flag: str = "--output") -> Path:
+    """Where a command may write a file, checked before any work: not an existing directory, not below a file."""
+    from bertology.errors import ConfigError
+
+    path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a directory; give a file name")
+    blocker = file_in_the_way(path)
+    if blocker is not None:
+        raise ConfigError(f"{flag} {path}: cannot create it, {blocker} is a file, not a directory")
+    return path
+
+
+def check_output_directory(path: str | os.PathLike, own: str, what: str, overwrite: bool = False,
+                           flag: str = "--out") -> Path:
+    """Where a command may write a directory of outputs, checked before any work: a new or empty directory, one
+    holding this command's own kind of output (its file `own` is there), or, with `overwrite`, any directory (the
+    command then writes its files into it and keeps the others). Not a file, not below a file. Hidden entries
+    (leftovers of killed atomic writes) do not count. Returns the path."""
+    from bertology.errors import ConfigError
+
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {path}: is a file; the output is a directory")
+    blocker = file_in_the_way(path / "x")
+    if blocker is not None and blocker != path:
+        raise ConfigError(f"{flag} {path}: cannot create it, {blocker} is a file, not a directory")
+    if path.is_dir() and not overwrite and not (path / own).is_file():
+        others = sorted(entry.name for entry in os.scandir(path) if not entry.name.startswith("."))
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            raise ConfigError(f"{flag} {path}: holds other files ({shown}) and is not {what} (no {own}); choose a "
+                              "new or empty directory, or pass --overwrite to write into it (its other files are "
+                              "kept)")
+    return path
+
+
+@contextlib.contextmanager
+def files_into(directory: str | os.PathLike) -> Iterator[Path]:
+    """Yield a hidden temporary directory inside `directory` (created if missing); on success every file written
+    there is renamed into `directory` (replacing a file of the same name, one rename per file), and nothing else
+    in `directory` is touched; on error the temporary directory is removed. For outputs that must share a
+    directory with files bertology did not write (`--overwrite` into a user's folder, `--out .`)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".bertology.{_tag()}.", suffix=".tmp", dir=directory))
+    try:
+        yield tmp
+        _finish_tree(tmp, directory.name)
+        from bertology.errors import ConfigError
+
+        for root, _, files in os.walk(tmp):  # every clash is found before the first file is moved
+            for file in files:
+                target = directory / Path(root).relative_to(tmp) / file
+                if target.is_dir() and not target.is_symlink():
+                    raise ConfigError(f"{target}: is a directory where a file is to be written")
+        for root, dirs, files in os.walk(tmp):
+            relative = Path(root).relative_to(tmp)
+            for sub in dirs:
+                (directory / relative / sub).mkdir(exist_ok=True)
+            for file in files:
+                os.replace(Path(root) / file, directory / relative / file)
+        _fsync_dir(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

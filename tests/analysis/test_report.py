@@ -163,3 +163,14 @@ def test_importance_section_of_a_model_with_a_masked_lm_head(tmp_path, capsys):
     assert "--ud" in result.sections[0].command
     assert main(["analyze", "--model", str(tmp_path / "model"), "--out", str(tmp_path / "o"), "--only", "nope"]) == 2
     assert "unknown analysis 'nope'" in capsys.readouterr().err
+
+
+def test_redo_commands_quote_every_path():
+    import shlex
+
+    from bertology.analysis.base import shell_command
+
+    nasty = ["dir with spaces/model", "$(rm -rf ~)", "it's", "a;b", "plain"]
+    command = shell_command("bertology", "probe", "--model", *nasty)
+    assert shlex.split(command) == ["bertology", "probe", "--model", *nasty]
+    assert command.endswith(" plain")  # words that need no quotes stay readable

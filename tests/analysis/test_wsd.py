@@ -453,16 +453,28 @@ def test_report_section_writes_numbers_and_the_command(tiny, tmp_path):
         folder.mkdir(parents=True)
         (folder / f"{name}.data.xml").write_text(DATA_XML)
         (folder / f"{name}.gold.key.txt").write_text(GOLD)
-    section = wsd.report_section(str(tiny / "model"), tmp_path / "out", data)
-    numbers = json.loads((tmp_path / "out" / "wsd.json").read_text())
+    out = tmp_path / "my out $(touch pwned) 'x'"  # the redo command must keep it one word and run nothing
+    section = wsd.report_section(str(tiny / "model"), out, data)
+    numbers = json.loads((out / "wsd.json").read_text())
     assert section.name == "wsd" and section.numbers == numbers
     for name in ("senseval2", "semeval2007"):
         scored = numbers["sets"][name]
         assert scored["first sense"]["total"] == 8 and scored["nearest sense"]["total"] == 8
         assert scored["prediction"]["counts"]["instances"] == 8
-        assert (tmp_path / "out" / f"wsd-{name}.key").is_file()
+        assert (out / f"wsd-{name}.key").is_file()
     assert section.command.startswith(f"bertology wsd fit --model {tiny / 'model'} --semcor ")
-    assert wsd.SenseVectors.load(tmp_path / "out" / "wsd-senses.npz").config == numbers["config"]
+    assert wsd.SenseVectors.load(out / "wsd-senses.npz").config == numbers["config"]
+    # Run the command in bash with `bertology` as a function that logs its arguments, one a line.
+    import subprocess
+
+    log = tmp_path / "args.log"
+    done = subprocess.run(["bash", "-c", f"bertology() {{ printf '%s\\n' \"$@\" >> '{log}'; }}; " + section.command],
+                          cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    words = log.read_text().splitlines()
+    assert str(out / "wsd-senses.npz") in words and str(out / "wsd-semeval2007.key") in words
+    assert str(data / "wsd-raganato2017" / "senseval2" / "senseval2.data.xml") in words
+    assert not (tmp_path / "pwned").exists()
 
 
 def test_fit_refuses_a_corpus_with_no_wordnet_key(tiny, tmp_path):
@@ -472,3 +484,68 @@ def test_fit_refuses_a_corpus_with_no_wordnet_key(tiny, tmp_path):
                                      "</s>\n")
     with pytest.raises(wsd.DataError, match="tagfiles: no token is tagged with a WordNet sense key"):
         wsd.fit_senses(str(tiny / "model"), tagfiles, tiny / "wordnet", layers="last")
+
+
+# ------------------------------------------------------------------------------------------------- bad bytes
+
+
+@pytest.mark.parametrize("cut", [0, 1, 30, 200, -1, -30, -200])
+def test_truncated_or_empty_sense_files_are_named(fitted, tmp_path, cut):
+    _, senses = fitted
+    whole = senses.save(tmp_path / "senses.npz").read_bytes()
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(whole[:cut])
+    with pytest.raises(wsd.SenseVectorError, match=r"bad.npz: (the file is empty|not a sense-vector file|member)"):
+        wsd.SenseVectors.load(bad)
+
+
+def test_a_sense_file_whose_array_header_claims_more_is_refused_before_reading(fitted, tmp_path):
+    import io
+    import zipfile
+
+    _, senses = fitted
+    path = senses.save(tmp_path / "senses.npz")
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    vectors = np.load(io.BytesIO(members["vectors.npy"]))
+    members["vectors.npy"] = members["vectors.npy"].replace(str(vectors.shape).encode(),
+                                                            f"({10 ** 9}, {vectors.shape[1]})".encode(), 1)
+    with zipfile.ZipFile(tmp_path / "big.npz", "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    with pytest.raises(wsd.SenseVectorError, match=r"big.npz: member vectors.npy: its header says shape "
+                                                   r"\[1000000000, 32\]"):
+        wsd.SenseVectors.load(tmp_path / "big.npz")
+
+
+def test_cli_wsd_predict_names_a_truncated_sense_file_and_an_output_directory(tiny, fitted, tmp_path, capsys):
+    _, senses = fitted
+    (tmp_path / "cut.npz").write_bytes(senses.save(tmp_path / "s.npz").read_bytes()[:100])
+    common = ["wsd", "predict", "--model", str(tiny / "model"), "--wordnet", str(tiny / "wordnet"), "--data",
+              str(tiny / "tiny.data.xml"), "--quiet"]
+    assert main([*common, "--senses", str(tmp_path / "cut.npz"), "--output", str(tmp_path / "p.key")]) == 2
+    err = capsys.readouterr().err
+    assert "cut.npz: not a sense-vector file" in err and err.count("\n") == 1
+    # An existing directory as --output: refused before the sense file is even read (here: one that is missing).
+    assert main([*common, "--senses", str(tmp_path / "missing.npz"), "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {tmp_path}: is a directory" in err and err.count("\n") == 1
+
+
+def test_a_key_file_in_latin1_names_the_line_and_byte(tiny, tmp_path, capsys):
+    path = tmp_path / "latin1.key"
+    path.write_bytes("d000.s000.t000 dog%1:05:00::\nd000.s000.t001 caf\xe9%1:13:00::\n".encode("latin-1"))
+    with pytest.raises(RaganatoError, match=r"latin1.key, line 2: cannot decode as utf-8 at byte offset 47 "
+                                            r"\(byte 0xe9\)"):
+        read_keys(path)
+    assert main(["wsd", "score", "--gold", str(tiny / "tiny.gold.key.txt"), "--predictions", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "latin1.key, line 2" in err and err.count("\n") == 1
+
+
+def test_wsd_fit_refuses_a_directory_as_out_before_fitting(tmp_path, capsys):
+    (tmp_path / "d.npz").mkdir()
+    assert main(["wsd", "fit", "--model", str(tmp_path / "no-model"), "--semcor", str(tmp_path), "--wordnet",
+                 str(tmp_path), "--out", str(tmp_path / "d.npz")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'd.npz'}: is a directory" in err and err.count("\n") == 1

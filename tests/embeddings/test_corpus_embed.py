@@ -227,3 +227,34 @@ def test_corpus_options_on_a_single_file_are_refused(small_model, corpus, tmp_pa
                "--engine", "ray") == 2
     assert "--resume, --engine: for corpus mode only" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("field", ["text", "id"])
+def test_a_lone_surrogate_is_named_before_any_shard_and_the_fixed_file_runs(small_model, tmp_path, capsys, field):
+    root = tmp_path / "jsonl"
+    root.mkdir()
+    lines = [json.dumps({"id": f"d{i}", "text": f"text number {i}"}) for i in range(6)]
+    bad = {"id": "d5", "text": "broken \\ud800 text"} if field == "text" else {"id": "\\ud800", "text": "ok"}
+    lines[5] = json.dumps(bad).replace("\\\\ud800", "\\ud800")  # the escape itself, as a JSON writer leaves it
+    (root / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    args = ["embed", "--model", small_model, "--input", root, "--output", out, "--format", "jsonl",
+            "--shard-size", 1, "--quiet"]
+    assert run(*args) == 2
+    err = capsys.readouterr().err
+    assert f"c.jsonl: line 6: field {field!r}: character" in err and "lone surrogate (U+D800" in err
+    assert err.count("\n") == 1 and not out.exists()  # nothing written: not one shard, not the manifest
+    lines[5] = json.dumps({"id": "d5", "text": "fixed text"})
+    (root / "c.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert run(*args, "--resume") == 0  # nothing to resume: a fresh run
+    assert "6 shards written" in capsys.readouterr().err
+    assert run(*args, "--output", tmp_path / "fresh") == 0
+
+
+def test_a_lone_surrogate_in_a_single_jsonl_file_is_named(small_model, tmp_path, capsys):
+    path = tmp_path / "one.jsonl"
+    path.write_text('{"text": "fine"}\n\n{"text": "x\\udc00"}\n', encoding="utf-8")
+    assert run("embed", "--model", small_model, "--input", path, "--format", "jsonl", "--output",
+               tmp_path / "v.npy") == 2
+    assert "one.jsonl: line 3: field 'text': character 1 is a lone surrogate (U+DC00" in capsys.readouterr().err
+    assert not (tmp_path / "v.npy").exists()

@@ -122,6 +122,17 @@ def test_predict_writes_what_evaluate_reads(glue, model_dir, tmp_path, capsys):
                  "--output", str(tmp_path / "x.tsv")]) == 2
     assert "its classifier has 2 outputs; stsb needs 1" in capsys.readouterr().err
     assert not (tmp_path / "x.tsv").exists()
+    # The run's folder instead of its model: the error names the subfolder that holds the model.
+    assert main(["predict", "--model", str(out), "--task", "sst2", "--input", str(dev), "--output",
+                 str(tmp_path / "y.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert "config.json is missing; this folder holds a model in a subfolder: give" in err
+    assert str(out / "model") in err and err.count("\n") == 1
+    # An existing directory as --output fails before the model is even read (here: a model that does not exist).
+    assert main(["predict", "--model", str(tmp_path / "no-model"), "--task", "sst2", "--input", str(dev),
+                 "--output", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {tmp_path}: is a directory" in err and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("kind", ["lora", "adapters", "prefix", "frozen"])

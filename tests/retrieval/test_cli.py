@@ -72,6 +72,9 @@ def test_search_with_another_model_is_refused(tiny_dir, other_dir, passages_file
     (b'{"id": "a", "text": "x"}\n{"id": "b", "text": "caf\xe9"}\n',
      "passages.jsonl: line 2: cannot decode as utf-8 at byte offset 49 (byte 0xe9)"),
     (b"\n\n", "passages.jsonl: no passages"),
+    (b'{"id": "a", "text": "x"}\n{"id": "b", "text": "ab\\ud800"}\n',
+     "passages.jsonl: line 2: field 'text': character 2 is a lone surrogate (U+D800"),
+    (b'{"id": "\\udfff", "text": "x"}\n', "passages.jsonl: line 1: field 'id': character 0 is a lone surrogate"),
 ])
 def test_malformed_passages_name_file_and_line(tiny_dir, tmp_path, capsys, content, message):
     path = tmp_path / "passages.jsonl"

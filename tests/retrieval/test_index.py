@@ -232,7 +232,7 @@ def test_load_errors_name_the_file(tiny, tmp_path):
         Index.load(tmp_path / "index")
     meta_file.write_text(json.dumps(meta))
     (tmp_path / "index" / "vectors.faiss").write_bytes(b"not a faiss index")
-    with pytest.raises(DataError, match="vectors.faiss: faiss cannot read it"):
+    with pytest.raises(DataError, match="vectors.faiss: the flat index header needs 37 bytes; 17 are left"):
         Index.load(tmp_path / "index")
 
 

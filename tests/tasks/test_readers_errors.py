@@ -258,3 +258,22 @@ def test_squad_no_questions(tmp_path: Path) -> None:
     path = write_json(tmp_path, {"data": [], "version": "1.1"})
     with pytest.raises(DataError, match="squad.json: no questions"):
         read_squad(path)
+
+
+def test_squad_and_config_json_lone_surrogates_name_the_field(tmp_path: Path) -> None:
+    from bertology.config import load_json
+
+    squad = {"version": "1.1", "data": [{"title": "T", "paragraphs": [{"context": "a b", "qas": [
+        {"id": "q1", "question": "a\\ud800?", "answers": [{"text": "a", "answer_start": 0}]}]}]}]}
+    path = write(tmp_path, "dev.json", json.dumps(squad).replace("\\\\ud800", "\\ud800"))
+    with pytest.raises(DataError, match=r"dev.json: field 'data\[0\].paragraphs\[0\].qas\[0\].question': "
+                                        r"character 1 is a lone surrogate \(U\+D800"):
+        list(read_squad(path))
+    with pytest.raises(ConfigError, match=r"run.json: field 'run.output_dir': character 3 is a lone surrogate"):
+        load_json('{"run": {"output_dir": "out\\udc80"}}', "run.json")
+    from bertology.config import load_yaml
+
+    with pytest.raises(ConfigError, match=r"run.yaml: field 'run.output_dir': character 3 is a lone surrogate"):
+        load_yaml('run:\n  output_dir: "out\\ud800"\n', "run.yaml")
+    with pytest.raises(ConfigError, match=r"deep.yaml: invalid YAML: nested too deeply"):
+        load_yaml("[" * 5000 + "]" * 5000, "deep.yaml")

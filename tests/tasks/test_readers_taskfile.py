@@ -195,6 +195,9 @@ def test_jsonl(tmp_path: Path) -> None:
     ('{"q": "a?", "y": 1.5}', "classification", r"line 2: label 'y' must be a string or an integer, got a number"),
     ('{"q": "a?", "y": true}', "regression", r"line 2: label 'y' must be a number for regression, got boolean"),
     ('{"q": "a?", "y": [1]}', "regression", r"line 2: label 'y' must be a number for regression, got a list"),
+    ('{"q": "a\\ud83d?", "y": 1}', "classification", r"line 2: field 'q': character 1 is a lone surrogate \(U\+D83D"),
+    ('{"q": "a?", "y": 1, "note": {"by": ["x", "\\udfff"]}}', "classification",
+     r"line 2: field 'note.by\[1\]': character 0 is a lone surrogate"),
 ])
 def test_jsonl_errors(tmp_path: Path, line: str, kind: str, message: str) -> None:
     path = write(tmp_path, "train.jsonl", '{"q": "fine", "y": 0}\n' + line + "\n")

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.ud import UDSentence, read_split, stats
 from bertology.errors import DataError
 from bertology.io import atomic_write
@@ -373,7 +373,8 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
         title="Attention heads (Clark et al. 2019)",
         numbers=summary_table(numbers),
         figures=[out / "attention-heads.png", out / "attention-syntactic.png"],
-        command=f"bertology heads stats --model {model_dir or 'MODEL'} --ud {ud} --out {out} --limit {limit}",
+        command=shell_command("bertology", "heads", "stats", "--model", model_dir or "MODEL", "--ud", ud, "--out", out,
+                              "--limit", limit),
         notes=[f"UD English-EWT dev, first {limit} sentences; layers and heads are 0-based; full numbers in "
                f"{out / 'attention.json'}.",
                "Entropy in nats, averaged over query tokens; 'uniform_entropy' is that of uniform attention over "

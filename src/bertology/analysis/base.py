@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def shell_command(*words: object) -> str:
+    """A command line a POSIX shell runs as these words: each quoted where needed (a folder with spaces, quotes or
+    ``$(...)`` stays one argument and runs nothing)."""
+    return " ".join(shlex.quote(str(word)) for word in words)
 
 
 def write_numbers(path: str | Path, numbers: dict[str, Any]) -> Path:

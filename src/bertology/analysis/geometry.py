@@ -32,9 +32,10 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.embeddings import embed
 from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.inputs import text_lines
 from bertology.io import atomic_write
 
 # Fewer sentences than this make the bootstrap interval of the anisotropy unreliable: the result carries a warning.
@@ -185,7 +186,7 @@ class Standardiser:
     def load(cls, path: str | os.PathLike) -> Standardiser:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as error:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{path}: cannot read a standardiser: {error}") from None
         return cls.from_dict(data, str(path))
 
@@ -426,17 +427,11 @@ def read_corpus(paths: Sequence[str | os.PathLike], limit: int | None = None) ->
     """Sentences from text files, one per non-empty line (a corpus file of one sentence or paragraph per line)."""
     texts: list[str] = []
     for path in paths:
-        try:
-            with open(path, encoding="utf-8") as handle:
-                for number, line in enumerate(handle, start=1):
-                    if line.strip():
-                        texts.append(line.strip())
-                    if limit is not None and len(texts) >= limit:
-                        return texts
-        except UnicodeDecodeError as error:
-            raise DataError(f"{path}: not UTF-8 near line {number + 1} ({error.reason})") from None
-        except OSError as error:
-            raise DataError(f"{path}: cannot read ({error.strerror})") from None
+        for _, line in text_lines(path):  # bad bytes: a DataError naming the file, line and byte offset
+            if line.strip():
+                texts.append(line.strip())
+            if limit is not None and len(texts) >= limit:
+                return texts
     return texts
 
 
@@ -480,6 +475,6 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
              f"{last['standardised']['anisotropy']['mean']:.3f}; the top {len(last['raw']['rogue']['top'])} "
              f"dimensions make {100 * last['raw']['rogue']['top_share']:.0f} % of the expected cosine."]
     notes += [f"warning: {w}" for w in numbers["warnings"]]
-    command = (f"bertology anisotropy --model {model_dir} --ud {corpus} --out {out_dir}")
+    command = shell_command("bertology", "anisotropy", "--model", model_dir, "--ud", corpus, "--out", out_dir)
     return Section("anisotropy", "Anisotropy, self-similarity and rogue dimensions", numbers, figures, command,
                    notes)

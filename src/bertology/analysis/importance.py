@@ -15,6 +15,7 @@ and the model saves in transformers' layout with `pruned_heads` in config.json.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.errors import ConfigError, DataError
+from bertology.io import check_output_directory, files_into
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import EncoderModel
 
@@ -321,11 +323,58 @@ def prunable_share(steps: Sequence[PruningStep], keep: float = 0.99) -> float:
 
 def prune_model(pretrained: Pretrained, heads: dict[int, list[int]], out_dir: str | Path | None = None) -> Pretrained:
     """Remove `heads` (layer -> heads, original numbering) from the model for good, and save it to `out_dir` when
-    given (transformers' layout when it applies, `pruned_heads` in config.json)."""
+    given (transformers' layout when it applies, `pruned_heads` in config.json) by `save_pruned`, whose rules for
+    the folder are checked before the model is changed."""
+    if out_dir is not None:
+        check_pruned_output(out_dir)
     pretrained.model.prune_heads(heads)
     if out_dir is not None:
-        pretrained.save(out_dir)
+        save_pruned(pretrained, out_dir, {"pruned_heads": {str(k): v for k, v in heads.items()}})
     return pretrained
+
+
+PRUNING_FILE = "pruning.json"
+# Files of a model directory in either layout: one left beside a pruned model of the other layout would make the
+# directory ambiguous, so writing into a folder that holds one is refused rather than mixing two models.
+MODEL_FILES = ("config.json", "bertology.json", "model.safetensors", "model.safetensors.index.json",
+               "pytorch_model.bin", "tokenizer.json", "vocab.txt", "vocab.json", "merges.txt",
+               "tokenizer_config.json", "special_tokens_map.json")
+
+
+def check_pruned_output(out_dir: str | Path, overwrite: bool = False) -> Path:
+    """Where `save_pruned` may write, checked before any work (see `bertology.io.check_output_directory`)."""
+    return check_output_directory(out_dir, PRUNING_FILE, "a pruned model of `bertology heads prune`", overwrite)
+
+
+def save_pruned(pretrained: Pretrained, out_dir: str | Path, record: dict[str, Any], overwrite: bool = False) -> Path:
+    """Write a pruned model and its `pruning.json` (`record` plus the names of the files written) into `out_dir`:
+    a new or empty directory, an earlier output of this function (whose files it replaces), or with `overwrite` any
+    directory, whose other files are kept. Files are renamed in one by one (`bertology.io.files_into`), so no file
+    this function did not write is ever removed; `--out .` works."""
+    from bertology.model.checkpoint import write_model_files
+
+    out = check_pruned_output(out_dir, overwrite)
+    previous: list[str] = []
+    if (out / PRUNING_FILE).is_file():
+        try:
+            listed = json.loads((out / PRUNING_FILE).read_text(encoding="utf-8")).get("files", [])
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            listed = []
+        previous = [name for name in listed if isinstance(name, str) and "/" not in name and name not in ("..", ".")]
+    with files_into(out) as tmp:
+        write_model_files(pretrained.model, tmp)
+        if pretrained.tokenizer is not None:
+            pretrained.tokenizer.save(tmp)
+        written = sorted(p.name for p in tmp.iterdir())
+        stale = [name for name in MODEL_FILES if (out / name).exists() and name not in written and name not in previous]
+        if stale:
+            raise ConfigError(f"--out {out}: holds {', '.join(stale)} of another model, which this pruned model "
+                              "would not replace; choose a new or empty directory")
+        write_numbers(tmp / PRUNING_FILE, {**record, "files": [*written, PRUNING_FILE]})
+    for name in previous:  # what an earlier prune wrote there and this one did not
+        if name not in written and name != PRUNING_FILE and (out / name).is_file():
+            (out / name).unlink()
+    return out
 
 
 def parameter_count(model: EncoderModel) -> int:
@@ -396,8 +445,8 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
         glue = Path(data_dir) / "glue"
         data: ImportanceData = TaskData(pretrained, task, glue, importance_examples=examples,
                                         eval_examples=200 if quick else None)
-        command = (f"bertology heads importance --model {model_arg} --task {task} --data {glue} --out {out} "
-                   f"--examples {examples} --step {step}")
+        command = shell_command("bertology", "heads", "importance", "--model", model_arg, "--task", task, "--data",
+                                glue, "--out", out, "--examples", examples, "--step", step)
     elif any(s.kind == "masked_lm" for s in model.head_specs):
         from bertology.analysis.ud import read_split
 
@@ -406,8 +455,8 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
             raise FileNotFoundError(f"{ud}: UD English-EWT (the texts for the masked-LM loss) is not there")
         texts = [s.text for s in read_split(ud, "dev", examples * 2)]
         data = MaskedLMData(pretrained, texts, importance_examples=examples)
-        command = (f"bertology heads importance --model {model_arg} --ud {ud} --out {out} --examples {examples} "
-                   f"--step {step}")
+        command = shell_command("bertology", "heads", "importance", "--model", model_arg, "--ud", ud, "--out", out,
+                                "--examples", examples, "--step", step)
     else:
         from bertology.analysis.report import AnalysisUnavailable
 
@@ -448,4 +497,5 @@ def parse_heads(text: str) -> dict[int, list[int]]:
 
 
 __all__ = ["TaskData", "MaskedLMData", "head_importance", "pruning_curve", "heads_removed_at", "prunable_share",
-           "prune_model", "analyze_importance", "parse_heads", "existing_heads"]
+           "prune_model", "analyze_importance", "parse_heads", "existing_heads", "save_pruned",
+           "check_pruned_output"]

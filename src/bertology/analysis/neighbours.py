@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.geometry import layer_vectors
 from bertology.device import place
 from bertology.embeddings.result import normalize
@@ -174,6 +174,7 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
         static = ", ".join(n["type"] for n in query["static"][:5])
         notes.append(f"{query['word']!r} in {query['sentence']!r}: nearest occurrences {near}; static type "
                      f"neighbours {static}")
-    queries = " ".join(f"--query {word} {sentence!r}" for sentence, word in REPORT_QUERIES)
-    command = (f"bertology neighbours --model {model_dir} --ud {ud} --limit {limit} {queries} --out {out_dir}")
+    queries = [part for sentence, word in REPORT_QUERIES for part in ("--query", word, sentence)]
+    command = shell_command("bertology", "neighbours", "--model", model_dir, "--ud", ud, "--limit", limit, *queries,
+                            "--out", out_dir)
     return Section("neighbours", "Contextual nearest neighbours", numbers, figures, command, notes)

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.geometry import LayerVectors, layer_vectors
 from bertology.analysis.ud import UDSentence, read_split, stats
 from bertology.device import place
@@ -331,7 +331,7 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
         notes.append(f"{task}: best hidden state {best['layer']} (chosen on dev): test accuracy "
                      f"{best['test_accuracy']:.3f}, control {best['control_test_accuracy']:.3f}, selectivity "
                      f"{best['selectivity']:.3f}; majority label {result['majority_test_accuracy']:.3f}.")
-    command = f"bertology probe --model {model_dir} --ud {ud} --out {out_dir}" + \
-        (f" --limit {limit}" if limit else "")
+    command = shell_command("bertology", "probe", "--model", model_dir, "--ud", ud, "--out", out_dir,
+                            *(("--limit", limit) if limit else ()))
     return Section("probing", "Linear probes by layer (UPOS, dependency relations) with control tasks", numbers,
                    figures, command, notes)

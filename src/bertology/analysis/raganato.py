@@ -120,8 +120,17 @@ def read_keys(path: str | os.PathLike) -> dict[str, list[str]]:
     if not path.is_file():
         raise RaganatoError(f"{path}: no such file")
     keys: dict[str, list[str]] = {}
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    offset = 0
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RaganatoError(f"{path}, line {number}: cannot decode as utf-8 at byte offset "
+                                    f"{offset + error.start} (byte 0x{raw[error.start]:02x})") from None
+            offset += len(raw)
+            if number == 1:
+                line = line.removeprefix("\ufeff")
             fields = line.split()
             if not fields:
                 continue

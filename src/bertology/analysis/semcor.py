@@ -97,11 +97,18 @@ def read_tagfile(path: str | os.PathLike, corpus: Semcor) -> None:
     tokens: list[SemcorToken] = []
     length = 0
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, "rb")
     except OSError as error:
         raise SemcorError(f"{path}: cannot be read ({error.strerror})") from None
+    offset = 0
     with handle:
-        for number, raw in enumerate(handle, 1):
+        for number, raw_bytes in enumerate(handle, 1):
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise SemcorError(f"{path}, line {number}: cannot decode as utf-8 at byte offset "
+                                  f"{offset + error.start} (byte 0x{raw_bytes[error.start]:02x})") from None
+            offset += len(raw_bytes)
             line = raw.strip()
             if not line:
                 continue

@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.geometry import layer_vectors
 from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.inputs import text_lines
 from bertology.io import atomic_write
 
 METHODS: tuple[str, ...] = ("auto", "umap", "pca")
@@ -43,11 +44,7 @@ def read_labelled(path: str | os.PathLike) -> list[Occurrence]:
     """`sentence<TAB>word<TAB>sense` lines (empty lines and `#` comments skipped); the word must occur in the
     sentence as a whole word (its first match is used)."""
     occurrences = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: cannot read as UTF-8 text ({error})") from None
-    for number, line in enumerate(lines, start=1):
+    for number, line in text_lines(path):  # bad bytes: a DataError naming the file, line and byte offset
         if not line.strip() or line.startswith("#"):
             continue
         cols = line.split("\t")
@@ -185,5 +182,6 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
     notes = [f"{numbers['occurrences']} SemCor occurrences of {lemma!r} in {len(numbers['senses'])} senses; mean "
              f"cosine within a sense {separation['within_sense']:.3f}, between senses "
              f"{separation['between_senses']:.3f}."]
-    command = f"bertology sense-map --model {model_dir} --semcor {semcor} --lemma {lemma} --min-count 3 --out {out_dir}"
+    command = shell_command("bertology", "sense-map", "--model", model_dir, "--semcor", semcor, "--lemma", lemma,
+                            "--min-count", 3, "--out", out_dir)
     return Section("sense_map", f"The occurrences of {lemma!r} by sense", numbers, figures, command, notes)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bertology.errors import DataError
+from bertology.inputs import text_lines
 
 UPOS_TAGS: tuple[str, ...] = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON",
                               "PROPN", "PUNCT", "SCONJ", "SYM", "VERB", "X")
@@ -91,21 +92,16 @@ def iter_conllu(path: str | os.PathLike, limit: int | None = None) -> Iterator[U
         raise UDFormatError(f"{path}: no such CoNLL-U file")
     count = 0
     block: list[tuple[int, str]] = []
-    try:
-        with open(path, encoding="utf-8") as handle:
-            for number, raw in enumerate(handle, start=1):
-                line = raw.rstrip("\n").rstrip("\r")
-                if line.strip():
-                    block.append((number, line))
-                    continue
-                if block:
-                    if limit is not None and count >= limit:
-                        return
-                    yield _sentence(path, block)
-                    count += 1
-                    block = []
-    except UnicodeDecodeError as error:
-        raise UDFormatError(f"{path}: not UTF-8 ({error.reason} at byte {error.start} of a line)") from None
+    for number, line in text_lines(path, UDFormatError):  # bad bytes: named with the line and byte offset
+        if line.strip():
+            block.append((number, line))
+            continue
+        if block:
+            if limit is not None and count >= limit:
+                return
+            yield _sentence(path, block)
+            count += 1
+            block = []
     if block and (limit is None or count < limit):
         yield _sentence(path, block)
 

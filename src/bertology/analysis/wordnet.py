@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bertology.errors import DataError
+from bertology.inputs import text_lines
 
 # The data file holding each ss_type; satellites (5) are adjectives.
 _SS_TYPE_FILE = {"1": "n", "2": "v", "3": "a", "4": "r", "5": "a"}
@@ -180,11 +181,9 @@ def _lines(path: Path) -> Iterable[tuple[int, str]]:
     if not path.is_file():
         raise WordNetError(f"{path}: missing; a WordNet 3.0 directory holds index.sense, lexnames and "
                            f"data.noun/verb/adj/adv")
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            line = line.rstrip("\n")
-            if line.strip():
-                yield number, line
+    for number, line in text_lines(path, WordNetError):
+        if line.strip():
+            yield number, line
 
 
 @functools.lru_cache(maxsize=2)

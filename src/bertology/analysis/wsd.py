@@ -41,12 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from bertology.analysis.base import Section, write_numbers
+from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.raganato import read_keys, read_raganato, write_keys
 from bertology.analysis.semcor import read_semcor
 from bertology.analysis.wordnet import WordNet, load_wordnet
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_write
+from bertology.inputs import read_npz
+from bertology.io import atomic_write, check_output_file
 
 FORMAT = "bertology-sense-vectors/1"
 PROPAGATIONS = ("none", "synset", "hypernym", "lexname")
@@ -108,20 +109,28 @@ class SenseVectors:
         from bertology.embeddings.files import _unpack_strings
 
         path = Path(path)
-        if not path.is_file():
-            raise SenseVectorError(f"{path}: no such file")
+        what = "a sense-vector file written by bertology wsd fit"
+        # Sizes and headers are checked before any array is read: a truncated, empty or tampered file is named.
+        arrays = read_npz(path, ("vectors", "counts", "lexname_vectors", "mean", "std", "keys_utf8", "keys_offsets",
+                                 "meta"), SenseVectorError, what)
         try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {name: data[name] for name in data.files}
             meta = json.loads(arrays["meta"].tobytes().decode("utf-8"))
             keys = _unpack_strings(arrays["keys_utf8"], arrays["keys_offsets"], path, "keys")
-        except (OSError, ValueError, KeyError, UnicodeDecodeError) as error:
-            raise SenseVectorError(f"{path}: not a sense-vector file written by bertology wsd fit ({error})") from None
-        if meta.get("format") != FORMAT:
-            raise SenseVectorError(f"{path}: format {meta.get('format')!r}, expected {FORMAT!r}")
+        except (ValueError, UnicodeDecodeError, DataError) as error:
+            raise SenseVectorError(f"{path}: not {what} ({error})") from None
+        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+            found = meta.get("format") if isinstance(meta, dict) else None
+            raise SenseVectorError(f"{path}: format {found!r}, expected {FORMAT!r}")
+        for key, kind in (("lexnames", list), ("config", dict), ("model", dict)):
+            if not isinstance(meta.get(key), kind):
+                raise SenseVectorError(f"{path}: meta.{key} is missing or not a JSON {kind.__name__}")
         vectors = arrays["vectors"]
         if vectors.ndim != 2 or len(keys) != vectors.shape[0] or arrays["counts"].shape != (len(keys),):
             raise SenseVectorError(f"{path}: {len(keys)} keys for vectors of shape {list(vectors.shape)}")
+        dim = vectors.shape[1]
+        for name, shape in (("mean", (dim,)), ("std", (dim,)), ("lexname_vectors", (len(meta["lexnames"]), dim))):
+            if arrays[name].shape != shape:
+                raise SenseVectorError(f"{path}: {name} has shape {list(arrays[name].shape)}, expected {list(shape)}")
         return cls(keys, vectors, arrays["counts"], list(meta["lexnames"]), arrays["lexname_vectors"],
                    arrays["mean"], arrays["std"], meta["config"], meta["model"], meta.get("stats", {}))
 
@@ -246,6 +255,8 @@ def predict(
     a JSON-able summary with the counts. Options left None take the values
     stored with the sense vectors. `standardize` may also be a (mu, sigma) pair of [D] arrays estimated on another
     corpus, used instead of the SemCor estimate."""
+    if output is not None:
+        check_output_file(output)  # before any inference work
     source = str(senses) if not isinstance(senses, SenseVectors) else None
     if not isinstance(senses, SenseVectors):
         senses = SenseVectors.load(senses)
@@ -421,11 +432,16 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
                                  "prediction": summary}
     write_numbers(out_dir / "wsd.json", numbers)
     model_arg = info["path"] or "MODEL"
-    command = (f"bertology wsd fit --model {model_arg} --semcor {semcor} --wordnet {wordnet_dir} "
-               f"--out {out_dir / 'wsd-senses.npz'} && for s in senseval2 semeval2007; do bertology wsd predict "
-               f"--model {model_arg} --senses {out_dir / 'wsd-senses.npz'} --wordnet {wordnet_dir} "
-               f"--data {framework}/$s/$s.data.xml --output {out_dir}/wsd-$s.key && bertology wsd score "
-               f"--gold {framework}/$s/$s.gold.key.txt --predictions {out_dir}/wsd-$s.key; done")
+    senses_file = out_dir / "wsd-senses.npz"
+    # Each path quoted; the loop's "$s" parts are appended in double quotes, so the shell joins them to it.
+    framework_q, out_q = shell_command(framework), shell_command(out_dir)
+    command = (shell_command("bertology", "wsd", "fit", "--model", model_arg, "--semcor", semcor, "--wordnet",
+                             wordnet_dir, "--out", senses_file)
+               + " && for s in senseval2 semeval2007; do "
+               + shell_command("bertology", "wsd", "predict", "--model", model_arg, "--senses", senses_file,
+                               "--wordnet", wordnet_dir)
+               + f' --data {framework_q}/"$s/$s.data.xml" --output {out_q}/"wsd-$s.key" && bertology wsd score '
+               + f'--gold {framework_q}/"$s/$s.gold.key.txt" --predictions {out_q}/"wsd-$s.key"; done')
     return Section("wsd", "Word sense disambiguation (LMMS 1-NN)", numbers, [], command, notes)
 
 

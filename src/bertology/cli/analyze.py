@@ -20,6 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="model directory")
     parser.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     parser.add_argument("--only", metavar="NAMES",
                         help=f"comma-separated analyses: {', '.join(ANALYSES)} (also {', '.join(sorted(ALIASES))})")
     parser.add_argument("--data", default="../shared/data", metavar="DIR",
@@ -37,6 +39,10 @@ def run(args: argparse.Namespace) -> int:
 
     where = placement_from_args(args)
     chosen_analyses(args.only)  # a bad --only fails before the model is loaded
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "report.html", "a report of bertology analyze", args.overwrite)
     if args.threads:
         import torch
 

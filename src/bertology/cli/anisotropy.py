@@ -24,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source.add_argument("--corpus", nargs="+", help="UTF-8 text files, one sentence per non-empty line")
     source.add_argument("--ud", help="a UD treebank folder: its dev sentences, words as the treebank splits them")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many sentences")
     parser.add_argument("--bootstrap", type=int, default=1000, help="bootstrap replicates (default 1000)")
     parser.add_argument("--min-occurrences", type=int, default=5,
@@ -35,6 +37,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "anisotropy.json", "the output of bertology anisotropy", args.overwrite)
     from bertology.analysis.geometry import GeometryOptions, analyse, read_corpus
     from bertology.model import load
 

@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     stats.add_argument("--model", required=True, metavar="DIR", help="model directory")
     stats.add_argument("--ud", required=True, metavar="DIR", help="UD treebank folder (*-ud-{train,dev,test}.conllu)")
     stats.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    stats.add_argument("--overwrite", action="store_true",
+                       help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     stats.add_argument("--split", default="dev", choices=("train", "dev", "test"), help="default: dev")
     stats.add_argument("--limit", type=int, metavar="N", help="the first N sentences only")
     stats.add_argument("--min-count", type=int, default=100, metavar="N",
@@ -44,6 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(--ud) or a text file (--text, one text per line). Writes OUT/importance.json and OUT/importance.png.")
     _loss_arguments(importance)
     importance.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    importance.add_argument("--overwrite", action="store_true",
+                            help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     importance.add_argument("--step", type=float, default=0.1, help="share of heads removed per step (default 0.1)")
     importance.add_argument("--max-share", type=float, default=0.9, help="stop after removing this share (0.9)")
     importance.add_argument("--keep", type=float, default=0.99,
@@ -61,6 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--heads", help="LAYER:HEAD,HEAD;LAYER:HEAD (0-based), e.g. '0:1,3;5:0'")
     which.add_argument("--share", type=float, help="remove this share of the heads, least important first")
     prune.add_argument("--step", type=float, default=0.1, help="share removed per pruning step (default 0.1)")
+    prune.add_argument("--overwrite", action="store_true",
+                       help="write into an --out folder that holds other files (kept; same-named files replaced)")
     prune.set_defaults(func=run_prune)
 
 
@@ -117,6 +123,10 @@ def _data(args: argparse.Namespace, pretrained):
 
 
 def run_stats(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "attention.json", "the output of bertology heads stats", args.overwrite)
     from bertology.analysis.attention import analyze_heads, summary_table
 
     pretrained = _load(args)
@@ -129,6 +139,10 @@ def run_stats(args: argparse.Namespace) -> int:
 
 
 def run_importance(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "importance.json", "the output of bertology heads importance", args.overwrite)
     from bertology.analysis.importance import analyze_importance
 
     pretrained = _load(args)
@@ -142,26 +156,27 @@ def run_importance(args: argparse.Namespace) -> int:
 
 
 def run_prune(args: argparse.Namespace) -> int:
-    from bertology.analysis.base import write_numbers
     from bertology.analysis.importance import (
+        check_pruned_output,
         existing_heads,
         heads_removed_at,
         parameter_count,
         parse_heads,
         prune_model,
         pruning_curve,
+        save_pruned,
     )
 
+    from bertology.errors import ConfigError
+
+    heads = parse_heads(args.heads) if args.heads is not None else None  # checked before any work, as --out is
+    if heads is None and not 0 < args.share < 1:
+        raise ConfigError(f"--share must lie in (0, 1), got {args.share}")
+    check_pruned_output(args.out, args.overwrite)
     pretrained = _load(args)
     before = parameter_count(pretrained.model)
     record: dict = {"model": str(args.model)}
-    if args.heads:
-        heads = parse_heads(args.heads)
-    else:
-        from bertology.errors import ConfigError
-
-        if not 0 < args.share < 1:
-            raise ConfigError(f"--share must lie in (0, 1), got {args.share}")
+    if heads is None:
         data = _data(args, pretrained)
         steps = pruning_curve(pretrained.model, data, step=args.step, max_share=args.share,
                               show_progress=not args.quiet and sys.stderr.isatty(), dtype=args.dtype)
@@ -172,12 +187,11 @@ def run_prune(args: argparse.Namespace) -> int:
     record.update(pruned_heads={str(k): v for k, v in heads.items()}, heads_before=total,
                   heads_after=int(existing_heads(pretrained.model).sum()), parameters_before=before,
                   parameters_after=parameter_count(pretrained.model))
-    if not args.heads:  # the pruned model itself, measured: it must match the curve's last masked step
+    if args.heads is None:  # the pruned model itself, measured: it must match the curve's last masked step
         with placement_from_args(args).autocast():
             record["metric_of_pruned_model"] = data.metric(pretrained.model,
                                                            existing_heads(pretrained.model).float())
-    pretrained.save(args.out)
-    write_numbers(Path(args.out) / "pruning.json", record)
+    save_pruned(pretrained, args.out, record, overwrite=args.overwrite)
     print(f"removed {total - record['heads_after']} of {total} heads; parameters {before:,} -> "
           f"{record['parameters_after']:,}; saved to {args.out}", file=sys.stderr)
     return 0

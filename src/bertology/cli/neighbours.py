@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--query", nargs=2, action="append", required=True, metavar=("WORD", "SENTENCE"),
                         help="a word and the sentence it occurs in (repeatable)")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many corpus sentences")
     parser.add_argument("--layer", type=int, default=-1, help="hidden state (default -1, the last)")
     parser.add_argument("-k", type=int, default=10, help="neighbours per query (default 10)")
@@ -33,6 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "neighbours.json", "the output of bertology neighbours", args.overwrite)
     from bertology.analysis.geometry import read_corpus
     from bertology.analysis.neighbours import neighbours
     from bertology.model import load

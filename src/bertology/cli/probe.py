@@ -27,6 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--model", required=True, help="model directory")
     parser.add_argument("--ud", required=True, help="UD treebank folder holding *-ud-{train,dev,test}.conllu")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     parser.add_argument("--layers", type=_layers, default=None,
                         help="hidden-state indices to probe, e.g. 0,3,6 (default: all; 0 = embeddings; "
                         "write --layers=-1 for a list starting with a minus)")
@@ -44,6 +46,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "probing.json", "the output of bertology probe", args.overwrite)
     from bertology.analysis.probing import ProbeOptions, probe
     from bertology.errors import ConfigError
     from bertology.model import load

@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lemma", help="the lemma to map (with --semcor)")
     parser.add_argument("--pos", default=None, help="SemCor POS prefix to keep (NN, VB, JJ, RB)")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="write into an --out folder that holds other files (kept; same-named ones replaced)")
     parser.add_argument("--layer", type=int, default=-1, help="hidden state (default -1, the last)")
     parser.add_argument("--method", choices=("auto", "umap", "pca"), default="auto")
     parser.add_argument("--min-count", type=int, default=1, help="leave out senses seen fewer times")
@@ -31,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.io import check_output_directory
+
+    # Before any work: a folder of other files is refused unless --overwrite.
+    check_output_directory(args.out, "sense_map.json", "the output of bertology sense-map", args.overwrite)
     from bertology.analysis.sense_map import read_labelled, semcor_occurrences, sense_map
     from bertology.errors import ConfigError
     from bertology.model import load

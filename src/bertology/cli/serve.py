@@ -33,6 +33,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-chars", type=int, default=20_000, metavar="N",
                         help="characters per text (default: 20000; longer texts than the model's positions are "
                         "embedded in windows)")
+    parser.add_argument("--max-tokens", type=int, default=16_384, metavar="N",
+                        help="tokens one request may cost the encoder, specials and window overlaps included "
+                        "(default: 16384)")
+    parser.add_argument("--max-values", type=int, default=1_048_576, metavar="N",
+                        help="numbers one /v1/embed response may hold: vectors x their width; at word and token "
+                        "level the texts' tokens count (default: 1048576)")
+    parser.add_argument("--max-outputs", type=int, default=2048, metavar="N",
+                        help="fill-mask candidates (masks x top_k) or search hits (queries x k) per request "
+                        "(default: 2048)")
     add_device_arguments(parser, int8=True, int8_help="the encoder's linear layers in int8 "
                          "(bertology.model.quantize): faster on CPU, vectors close to but not equal to float32's")
     parser.add_argument("--index", metavar="DIR", default=None,
@@ -49,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.serve import serve
 
+    import math
+
     where = placement_from_args(args, int8=True)
+    if not math.isfinite(args.max_wait_ms):
+        raise ConfigError(f"--max-wait-ms must be a finite number, got {args.max_wait_ms}")
     if not 0 <= args.port <= 65535:
         raise ConfigError(f"--port must be between 0 and 65535, got {args.port}")
     if args.threads is not None:
@@ -58,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, api_key_file=args.api_key_file,
-          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars, dtype=where.dtype,
+          max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
+          max_tokens=args.max_tokens, max_values=args.max_values, max_outputs=args.max_outputs, dtype=where.dtype,
           index=args.index, device=where.device)
     return 0

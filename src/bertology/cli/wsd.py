@@ -93,8 +93,11 @@ def run_fit(args: argparse.Namespace) -> int:
     from bertology.analysis.wsd import fit_senses
     from bertology.errors import ConfigError
 
+    from bertology.io import check_output_file
+
     if not args.out.endswith(".npz"):
         raise ConfigError(f"--out {args.out}: sense vectors are written to a .npz file")
+    check_output_file(args.out, "--out")  # not a directory, not below a file: before the fitting work
     senses = fit_senses(args.model, args.semcor, args.wordnet, layers=args.layers, combine=args.combine,
                         propagate=args.propagate, gloss_weight=args.gloss_weight, standardize=args.standardize,
                         first_sense_bonus=args.first_sense_bonus, batch_size=args.batch_size,

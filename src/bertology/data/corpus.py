@@ -35,6 +35,7 @@ from typing import Literal
 
 from bertology.data.sentences import split_sentences
 from bertology.errors import DataError
+from bertology.inputs import check_unicode
 
 __all__ = ["CORPUS_FORMATS", "CorpusFormat", "CorpusSource", "list_corpus_files", "read_documents", "read_sources"]
 
@@ -106,6 +107,8 @@ def jsonl_text(line: str, path: Path, number: int, text_field: str) -> str:
         record = json.loads(line)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
+    except RecursionError:
+        raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(record, dict):
         raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
     if text_field not in record:
@@ -114,6 +117,7 @@ def jsonl_text(line: str, path: Path, number: int, text_field: str) -> str:
     text = record[text_field]
     if not isinstance(text, str):
         raise DataError(f"{path}: line {number}: field {text_field!r} is {type(text).__name__}, not a string")
+    check_unicode(record, f"{path}: line {number}")  # every field: an id is written to indexes too
     return text
 
 

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from bertology.data.corpus import CORPUS_FORMATS, CorpusFormat, CorpusSource, PathsLike, read_sources
 from bertology.errors import ConfigError, DataError, TokenizerError
+from bertology.inputs import load_npy
 from bertology.io import atomic_directory, atomic_write
 from bertology.prefetch import prefetched
 
@@ -125,7 +126,7 @@ class TokenizedCorpus:
             raise DataError(f"{self.directory}: not a tokenized corpus (no {METADATA_FILE})")
         try:
             metadata = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{path}: invalid metadata: {error}") from None
         if not isinstance(metadata, dict) or metadata.get("format") != FORMAT_NAME:
             raise DataError(f"{path}: not a {FORMAT_NAME} metadata file")
@@ -141,10 +142,7 @@ class TokenizedCorpus:
         path = self.directory / name
         if not path.is_file():
             raise DataError(f"{self.directory}: missing shard file {name}")
-        try:
-            return np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as error:
-            raise DataError(f"{path}: not a readable .npy array: {error}") from None
+        return load_npy(path)  # the header against the file's size first: a truncated shard is named
 
     def _check_shard(self, shard: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
         where = self.directory / f"{shard['name']}.*.npy"

@@ -38,6 +38,7 @@ from bertology.embeddings.files import INPUT_FORMATS
 from bertology.embeddings.layers import LayerSpec
 from bertology.embeddings.result import LEVELS, Embeddings
 from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.inputs import load_npy
 from bertology.io import atomic_directory, atomic_write, recover
 
 if TYPE_CHECKING:
@@ -290,7 +291,7 @@ def read_manifest(output: str | os.PathLike, error: type[BertologyError] = DataE
         raise error(f"{output}: no {MANIFEST}: not the output of a corpus embedding run")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as cause:
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as cause:
         raise error(f"{path}: not a manifest written by bertology embed ({cause})") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
         raise error(f"{path}: not a manifest written by bertology embed (no fingerprint)")
@@ -427,7 +428,7 @@ def embed_corpus(
     with atomic_write(output / MANIFEST, "w", encoding="utf-8") as handle:
         json.dump(manifest, handle, indent=1, ensure_ascii=False)
     if report.dim is None:
-        report.dim = int(np.load(output / SHARDS / shards[0].name / "vectors.npy", mmap_mode="r").shape[1])
+        report.dim = int(load_npy(output / SHARDS / shards[0].name / "vectors.npy").shape[1])
     return report
 
 
@@ -464,9 +465,12 @@ def iter_shards(output: str | os.PathLike) -> Iterator[tuple[str, np.ndarray, li
         raise DataError(f"{output}: the run is not complete; finish it with --resume")
     for shard in manifest["shards"]:
         directory = output / SHARDS / shard["name"]
-        vectors = np.load(directory / "vectors.npy", mmap_mode="r", allow_pickle=False)
-        with open(directory / "index.jsonl", encoding="utf-8") as handle:
-            index = [json.loads(line) for line in handle]
-        if len(index) != len(vectors):
+        vectors = load_npy(directory / "vectors.npy")
+        try:
+            with open(directory / "index.jsonl", encoding="utf-8") as handle:
+                index = [json.loads(line) for line in handle]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+            raise DataError(f"{directory / 'index.jsonl'}: cannot read it: {error}") from None
+        if vectors.ndim != 2 or len(index) != len(vectors):
             raise DataError(f"{directory}: {len(vectors)} vectors but {len(index)} index rows")
         yield shard["name"], vectors, index

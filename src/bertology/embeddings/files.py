@@ -12,6 +12,7 @@ import numpy as np
 from bertology.data.corpus import jsonl_text, read_lines
 from bertology.embeddings.result import LEVELS, Embeddings, Level
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import load_npy, read_npz
 from bertology.io import atomic_write, file_in_the_way
 
 InputFormat = Literal["lines", "jsonl"]
@@ -122,16 +123,12 @@ def load_vectors(path: str | os.PathLike) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: {'is a directory' if path.is_dir() else 'no such file'}")
-    try:
-        loaded = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path}: not a .npy or .npz file written by bertology embed ({error})") from None
-    if isinstance(loaded, np.ndarray):
-        return {"vectors": loaded}
-    with loaded:
-        arrays = {name: loaded[name] for name in loaded.files}
-    if "vectors" not in arrays:
-        raise DataError(f"{path}: no 'vectors' array (found {', '.join(sorted(arrays)) or 'none'})")
+    with open(path, "rb") as handle:
+        magic = handle.read(6)
+    # Headers and sizes are checked before any array is read (bertology.inputs).
+    if magic == b"\x93NUMPY":
+        return {"vectors": load_npy(path, mmap=False)}
+    arrays = read_npz(path, ("vectors",), what="a .npy or .npz file written by bertology embed")
     result: dict[str, Any] = {}
     for name in ("texts", "strings"):
         if f"{name}_utf8" in arrays:
@@ -139,7 +136,10 @@ def load_vectors(path: str | os.PathLike) -> dict[str, Any]:
         elif name in arrays:
             result[name] = arrays.pop(name).tolist()
     if "meta" in arrays:
-        result["meta"] = json.loads(str(arrays.pop("meta")))
+        try:
+            result["meta"] = json.loads(str(arrays.pop("meta")))
+        except (ValueError, TypeError) as error:
+            raise DataError(f"{path}: meta is not JSON ({error})") from None
     result.update(arrays)
     return result
 

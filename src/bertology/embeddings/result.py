@@ -66,8 +66,9 @@ class Embeddings:
 
     @property
     def dim(self) -> int:
-        for part in (self.sentences, self.tokens.vectors if self.tokens else None,
-                     self.words.vectors if self.words else None):
+        # `is not None`: a level computed for texts without words or tokens is empty, not missing.
+        for part in (self.sentences, self.tokens.vectors if self.tokens is not None else None,
+                     self.words.vectors if self.words is not None else None):
             if part is not None:
                 return int(part.shape[1])
         raise EmbeddingError("no level was computed")

@@ -129,6 +129,8 @@ def read_json_object(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not UTF-8 text ({error})") from None
     except json.JSONDecodeError as error:
         raise CheckpointError(f"{path}: not valid JSON: {error}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}")
     return data
@@ -194,6 +196,12 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
         return load_native(directory, heads)
     config_path = directory / "config.json"
     if not config_path.is_file():
+        inside = sorted(sub.name for sub in directory.iterdir() if sub.is_dir() and not sub.name.startswith(".")
+                        and ((sub / "config.json").is_file() or (sub / NATIVE_FILE).is_file()))
+        if inside:  # a run folder (finetune --out, pretrain's output_dir) holds its model in a subfolder
+            named = " or ".join(str(directory / name) for name in inside)
+            raise CheckpointError(f"{directory}: config.json is missing; this folder holds a model in a subfolder: "
+                                  f"give {named}")
         raise CheckpointError(f"{directory}: config.json is missing")
     hf = read_json_object(config_path)
     config = config_from_hf(hf, str(config_path))

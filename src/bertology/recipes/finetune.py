@@ -29,7 +29,7 @@ import torch
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import ConfigError, DataError
-from bertology.io import atomic_directory, atomic_write
+from bertology.io import atomic_directory, atomic_write, check_output_file
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
@@ -287,6 +287,8 @@ class DevSelection:
             return json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as error:
             raise DataError(f"{path}: invalid JSON: {error}") from None
+        except RecursionError:
+            raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
 
     def scores(self, model: EncoderModel) -> dict[str, float]:
         predictions = self.task.predict(model, self.dev, self.dev_examples, max(32, self.config.optim.batch_size))
@@ -326,6 +328,7 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
 
     task = get_task(task_name)
     where = placement(device, dtype, int8=True)  # before the model is loaded
+    check_output_file(output_path)  # and the output: not a directory, not below a file
     pretrained = where.move(with_dtype(load(model_dir), dtype))
     if pretrained.tokenizer is None:
         raise ConfigError(f"{model_dir}: no tokenizer files")

@@ -23,6 +23,7 @@ import torch
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.embeddings.result import normalize
 from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.inputs import check_faiss
 from bertology.io import atomic_directory, file_in_the_way, recover
 from bertology.model import Pretrained
 from bertology.model import fingerprint as model_fingerprint
@@ -107,7 +108,7 @@ def _json_file(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
         raise ConfigError(f"{path}: cannot read it as JSON: {error}") from None
 
 
@@ -334,7 +335,7 @@ class Index:
             raise DataError(f"{directory}: not an index ({META_FILE} is missing)")
         try:
             meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
             raise DataError(f"{meta_file}: cannot read it as JSON: {error}") from None
         if not isinstance(meta, dict) or meta.get("format") != FORMAT:
             found = meta.get("format") if isinstance(meta, dict) else None
@@ -348,9 +349,19 @@ class Index:
         faiss_file = directory / FAISS_FILE
         if not faiss_file.is_file():
             raise DataError(f"{directory}: {FAISS_FILE} is missing")
+        for key in ("passages", "dim"):
+            if isinstance(meta[key], bool) or not isinstance(meta[key], int) or meta[key] < (key == "dim"):
+                raise DataError(f"{meta_file}: {key} must be a {'positive' if key == 'dim' else 'non-negative'} "
+                                f"integer, got {meta[key]!r}")
+        try:
+            kind = from_mapping(Structure, meta["structure"], "structure").kind
+        except ConfigError as error:
+            raise DataError(f"{meta_file}: {error}") from None
+        # The headers and every length field against the file's size, before faiss allocates what they claim.
+        check_faiss(faiss_file, kind, meta["dim"], meta["passages"])
         try:
             faiss_index = _faiss().read_index(str(faiss_file))
-        except RuntimeError as error:
+        except (RuntimeError, MemoryError) as error:
             raise DataError(f"{faiss_file}: faiss cannot read it: {str(error).strip().splitlines()[-1]}") from None
         passages = read_passages(directory / PASSAGES_FILE)
         if not (len(passages) == faiss_index.ntotal == meta["passages"]) or faiss_index.d != meta["dim"]:
@@ -439,6 +450,12 @@ def check_output(directory: str | os.PathLike) -> Path:
         raise ConfigError(f"{directory}: is a file; the index is written as a directory")
     if directory.is_dir() and any(directory.iterdir()) and not (directory / META_FILE).is_file():
         raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
+    if (directory / META_FILE).is_file():  # an index is replaced as a whole: nothing else may be lost with it
+        others = sorted(entry.name for entry in os.scandir(directory) if not entry.name.startswith(".")
+                        and entry.name not in (META_FILE, FAISS_FILE, PASSAGES_FILE))
+        if others:
+            raise ConfigError(f"{directory}: an index, but it also holds {', '.join(others[:5])}, which replacing "
+                              "it would remove; move them out or choose another directory")
     blocker = file_in_the_way(directory)
     if blocker is not None:
         raise ConfigError(f"{directory}: cannot create it, {blocker} is a file, not a directory")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bertology.data.corpus import read_lines
 from bertology.errors import DataError
+from bertology.inputs import check_unicode
 from bertology.io import atomic_write
 
 
@@ -37,6 +38,7 @@ def _passage(record: object, where: str) -> Passage:
         return record
     if not isinstance(record, Mapping):
         raise DataError(f"{where}: expected a JSON object with 'id' and 'text', got {_kind(record)}")
+    check_unicode(dict(record), where)
     for key in ("id", "text"):
         if key not in record:
             keys = ", ".join(map(repr, record)) or "none"
@@ -78,6 +80,8 @@ def read_passages(path: str | os.PathLike) -> list[Passage]:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise DataError(f"{where}: invalid JSON: {error.msg} (column {error.colno})") from None
+            except RecursionError:
+                raise DataError(f"{where}: invalid JSON: arrays or objects nested too deeply") from None
             passage = _passage(record, where)
             if passage.id in lines:
                 raise DataError(f"{where}: id {passage.id!r} repeats the one on line {lines[passage.id]}")

@@ -129,7 +129,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in ((400, "malformed JSON, or a body that is not UTF-8"),
                        (401, "missing or wrong API key (when the service has one)"),
-                       (413, "body, number of texts or a text's length over the service's limits"),
+                       (413, "body, number of texts, a text's length, tokens, numbers returned or candidates "
+                             "over the service's limits (the message names the option)"),
                        (422, "a field of the wrong type or value (named in `field`)"))
 }
 
@@ -148,7 +149,10 @@ class _StrictJSONRequest(Request):
             except UnicodeDecodeError as error:
                 raise ServiceError(400, f"the request body is not UTF-8: byte 0x{body[error.start]:02x} at byte "
                                         f"offset {error.start} ({error.reason})") from None
-            self._json = json.loads(text)  # a JSONDecodeError becomes FastAPI's json_invalid, answered below
+            try:
+                self._json = json.loads(text)  # a JSONDecodeError becomes FastAPI's json_invalid, answered below
+            except RecursionError:
+                raise ServiceError(400, "malformed JSON: arrays or objects nested too deeply") from None
         return self._json
 
 
@@ -173,6 +177,7 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                       device=device, dtype=forward_dtype)
     where = str(batcher.placement.device)
     num_layers = pretrained.model.config.num_layers
+    hidden_size = pretrained.model.config.hidden_size
     has_mlm = "mlm" in pretrained.model.heads
 
     @contextlib.asynccontextmanager
@@ -235,10 +240,16 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
               response_model=EmbedResponse, responses=ERRORS)
     async def embed_texts(request: EmbedRequest) -> Response:
         texts = limits.check_texts(request.texts)
-        options = _options(request, num_layers)
+        options, width = _options(request, num_layers, hidden_size)
         # Small requests are tokenised and encoded right here: a hop to a thread costs more than the work.
         small = sum(map(len, texts)) <= INLINE_CHARS
         cost = batcher.cost(texts) if small else await asyncio.to_thread(batcher.cost, texts)
+        # The work and the response are bounded before anything is queued.
+        limits.check("max_tokens", cost.tokens, "the tokens the texts cost the encoder", field="texts")
+        vectors = len(texts) if request.level == "sentence" else cost.content
+        limits.check("max_values", vectors * width, f"the numbers in the response ({vectors} "
+                     f"{'' if request.level == 'sentence' else 'content-token '}vectors of {width})", field="level"
+                     if request.level != "sentence" else "texts")
         result = await batcher.embed(texts, options, cost)
         arguments = (result, model_name, request.level, request.normalize, cost.tokens)
         small = small and request.level == "sentence" and len(texts) <= 8
@@ -252,7 +263,15 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         if not has_mlm:
             raise ServiceError(501, f"{model_name} has no masked-LM head, so fill-mask is not available")
         texts = limits.check_texts(request.texts)
-        results = await batcher.run(_fill_masks, pretrained, texts, request.top_k)
+        small = sum(map(len, texts)) <= INLINE_CHARS
+        masks, tokens = _mask_counts(pretrained, texts) if small else await asyncio.to_thread(
+            _mask_counts, pretrained, texts)
+        limits.check("max_tokens", tokens, "the tokens of the texts", field="texts")
+        limits.check("max_outputs", sum(masks) * request.top_k, f"the candidates asked for ({sum(masks)} masks x "
+                     f"top_k {request.top_k})", field="top_k")
+        # One text at a time on the encoder's thread: embedding batches run between them, so a small request
+        # never waits for all of a large one.
+        results = [await batcher.run(_fill_mask, pretrained, i, text, request.top_k) for i, text in enumerate(texts)]
         return JSONResponse({"model": model_name, "results": results})
 
     if index is not None:
@@ -260,6 +279,12 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                   response_model=SearchResponse, responses=ERRORS)
         async def search(request: SearchRequest) -> Response:
             queries = limits.check_texts(request.queries, field="queries")
+            limits.check("max_outputs", len(queries) * request.k, f"the passages asked for ({len(queries)} queries "
+                         f"x k {request.k})", field="k")
+            small = sum(map(len, queries)) <= INLINE_CHARS
+            _, tokens = _mask_counts(pretrained, queries) if small else await asyncio.to_thread(
+                _mask_counts, pretrained, queries)
+            limits.check("max_tokens", tokens, "the tokens of the queries", field="queries")
             hits = await batcher.run(index.search, queries, request.k)
             return JSONResponse({"model": model_name, "index": index_name, "results": [
                 [{"id": hit.id, "score": hit.score, "text": hit.text} for hit in row] for row in hits]})
@@ -267,19 +292,28 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     return app
 
 
-def _fill_masks(pretrained: Pretrained, texts: list[str], top_k: int) -> list[list[list[dict[str, Any]]]]:
-    out = []
-    for i, text in enumerate(texts):
-        try:
-            predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k)
-        except BertologyError as error:
-            raise ServiceError(422, f"texts[{i}]: {error}", field=f"texts[{i}]") from None
-        out.append([[{"token": p.token, "token_id": p.token_id, "probability": p.probability,
-                      "sequence": p.sequence} for p in mask] for mask in predictions])
-    return out
+def _mask_counts(pretrained: Pretrained, texts: list[str]) -> tuple[list[int], int]:
+    """The mask tokens of each text and the tokens of all of them (specials included), as fill-mask and search
+    read them."""
+    tokenizer = pretrained.tokenizer
+    masks, tokens = [], 0
+    for text in texts:
+        ids = tokenizer.encode(text).ids
+        masks.append(sum(1 for i in ids if i == tokenizer.mask_id))
+        tokens += len(ids)
+    return masks, tokens
 
 
-def _options(request: EmbedRequest, num_layers: int) -> EmbedOptions:
+def _fill_mask(pretrained: Pretrained, i: int, text: str, top_k: int) -> list[list[dict[str, Any]]]:
+    try:
+        predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k)
+    except BertologyError as error:
+        raise ServiceError(422, f"texts[{i}]: {error}", field=f"texts[{i}]") from None
+    return [[{"token": p.token, "token_id": p.token_id, "probability": p.probability, "sequence": p.sequence}
+             for p in mask] for mask in predictions]
+
+
+def _options(request: EmbedRequest, num_layers: int, hidden_size: int) -> tuple[EmbedOptions, int]:
     """The request's embed options, checked here so that a bad value is answered before any work is queued."""
     layers: Any = request.layers
     try:
@@ -289,10 +323,10 @@ def _options(request: EmbedRequest, num_layers: int) -> EmbedOptions:
     except BertologyError as error:
         field = "combine" if "combine" in str(error).split(":")[0] else "layers"
         raise ServiceError(422, str(error), field=field) from None
-    del selection  # validated; embed resolves the same spec again
+    width = selection.width(hidden_size)
     return EmbedOptions(level=request.level, layers=layers if isinstance(layers, str) else tuple(layers)
                         if isinstance(layers, list) else (layers,), combine=request.combine,
-                        pooling=request.pooling, sentence=request.sentence)
+                        pooling=request.pooling, sentence=request.sentence), width
 
 
 def _embed_body(result: Embeddings, model_name: str, level: str, normalize: bool, tokens: int) -> bytes:

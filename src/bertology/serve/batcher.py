@@ -28,6 +28,7 @@ from bertology.errors import ConfigError
 from bertology.model import Pretrained
 
 T = TypeVar("T")
+MAX_WAIT_MS = 10_000.0  # the longest a request may be held for others to join its batch
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class Cost:
     tokens: int
     windows: int
     longest: int
+    content: int = 0  # content tokens of the texts, each counted once (what token-level vectors there will be)
 
 
 @dataclass
@@ -74,8 +76,11 @@ class Batcher:
                  observe: Any = None, device: str | torch.device | None = None, dtype: str = "float32") -> None:
         if pretrained.tokenizer is None:
             raise ConfigError("the model has no tokenizer; the service needs one")
-        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not 0 <= max_wait_ms:
-            raise ConfigError(f"max_wait_ms must be a number >= 0, got {max_wait_ms!r}")
+        # A bound, not just a sign: an infinite or huge wait would hold every request (and a SIGTERM drain) forever.
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) \
+                or not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise ConfigError(f"max_wait_ms must be a finite number of milliseconds from 0 to {MAX_WAIT_MS}, got "
+                              f"{max_wait_ms!r}")
         self.pretrained = pretrained
         self.tokenizer = pretrained.tokenizer
         # The model is moved to `device` (None: it stays where it is); the forwards run in `dtype` there.
@@ -102,15 +107,16 @@ class Batcher:
     def cost(self, texts: Sequence[str]) -> Cost:
         """Real tokens, windows and longest window of `texts` under embed's windowing (tokenises them)."""
         capacity = self.window_length - self.specials
-        tokens = windows = longest = 0
+        tokens = windows = longest = content = 0
         for text in texts:
             n = len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            content += n
             for start, stop in plan_windows(n, capacity, self.stride):
                 length = stop - start + self.specials
                 tokens += length
                 windows += 1
                 longest = max(longest, length)
-        return Cost(tokens, windows, longest)
+        return Cost(tokens, windows, longest, content)
 
     async def start(self) -> None:
         self._arrived = asyncio.Event()

@@ -22,19 +22,40 @@ class ServiceError(HTTPException):
         self.field = field
 
 
+# The option that sets each limit, named in the 413 answers.
+OPTIONS = {"max_body_bytes": "--max-body-bytes", "max_texts": "--max-texts", "max_chars": "--max-chars",
+           "max_tokens": "--max-tokens", "max_values": "--max-values", "max_outputs": "--max-outputs"}
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Per-request bounds: over any of them the request is answered 413 with a message naming the limit."""
+    """Per-request bounds: over any of them the request is answered 413 with a message naming the limit.
+
+    The size of the body, of each text and of the list bound what is read; `max_tokens` bounds the work (real
+    tokens the texts cost the encoder, specials and window overlaps included); `max_values` bounds an embedding
+    response (numbers returned: vectors x their width; at word and token level the content tokens count, an upper
+    bound of the words); `max_outputs` bounds a fill-mask response (masks x top_k candidates, each repeating its
+    filled text) and a search response (queries x k passages)."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_texts: int = 256
     max_chars: int = 20_000
+    max_tokens: int = 16_384
+    max_values: int = 1_048_576
+    max_outputs: int = 2048
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_texts", "max_chars"):
+        for name in OPTIONS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    def check(self, name: str, value: int, what: str, field: str | None = None) -> None:
+        """A 413 naming the limit `name` (and its option) when `value` passes it."""
+        limit = getattr(self, name)
+        if value > limit:
+            raise ServiceError(413, f"{field + ': ' if field else ''}{what} is {value}; the limit is {limit} "
+                                    f"({OPTIONS[name]})", field=field)
 
     def check_texts(self, texts: list[str], field: str = "texts") -> list[str]:
         """`texts` if within the limits and valid Unicode, else a ServiceError naming the field."""

@@ -38,6 +38,7 @@ from typing import Any, Hashable
 import numpy as np
 
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import check_unicode
 from bertology.tasks.readers import GLUE_TASKS, GlueTask, read_glue, read_squad
 
 # --------------------------------------------------------------------------------------------------------------
@@ -506,9 +507,12 @@ def _text_lines(path: str | Path) -> list[tuple[int, str]]:
 def _read_json(path: str | Path) -> Any:
     text = "\n".join(line for _, line in _text_lines(path))
     try:
-        return json.loads(text)
+        document = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}:{error.lineno}:{error.colno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
+    return check_unicode(document, str(path))
 
 
 def _read_squad_predictions(path: str | Path) -> dict[str, str]:

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from bertology.config import from_mapping, validate
 from bertology.data.corpus import read_lines
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import check_unicode
 from bertology.tasks.examples import Answer, LabelSet, QAExample, TaggedSentence, TextExample
 
 __all__ = [
@@ -422,7 +423,10 @@ def read_squad(path: PathLike) -> list[QAExample]:
         document = json.loads(text)
     except json.JSONDecodeError as error:
         raise DataError(f"{path}: line {error.lineno} column {error.colno}: invalid JSON: {error.msg}") from None
+    except RecursionError:
+        raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     del text
+    check_unicode(document, str(path))
 
     def field(record: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
         if key not in record:
@@ -742,8 +746,11 @@ def _task_jsonl(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> 
             record = json.loads(line)
         except json.JSONDecodeError as error:
             raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
+        except RecursionError:
+            raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
         if not isinstance(record, dict):
             raise DataError(f"{path}: line {number}: expected a JSON object, got {_json_name(record)}")
+        check_unicode(record, f"{path}: line {number}")
         values: dict[str, Any] = {}
         for key in ("text", "text_pair", "label"):
             name = getattr(config, key)

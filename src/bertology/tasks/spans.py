@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import text_lines
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
@@ -307,23 +308,22 @@ def read_span_predictions(path: str | Path) -> list[tuple[str, int, int, str, st
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            fields = line.rstrip("\n").split("\t")
-            if number == 1:
-                if fields != HEADER:
-                    raise DataError(f"{path}: line 1: expected the header {chr(9).join(HEADER)!r}")
-                continue
-            if len(fields) != 5:
-                raise DataError(f"{path}: line {number}: expected 5 tab-separated columns, got {len(fields)}")
-            try:
-                start, end = int(fields[1]), int(fields[2])
-            except ValueError:
-                raise DataError(f"{path}: line {number}: start and end must be integers, got {fields[1]!r}, "
-                                f"{fields[2]!r}") from None
-            if not 0 <= start < end:
-                raise DataError(f"{path}: line {number}: span [{start}, {end}) is empty or negative")
-            rows.append((fields[0], start, end, fields[3], fields[4]))
+    for number, line in text_lines(path):
+        fields = line.split("\t")
+        if number == 1:
+            if fields != HEADER:
+                raise DataError(f"{path}: line 1: expected the header {chr(9).join(HEADER)!r}")
+            continue
+        if len(fields) != 5:
+            raise DataError(f"{path}: line {number}: expected 5 tab-separated columns, got {len(fields)}")
+        try:
+            start, end = int(fields[1]), int(fields[2])
+        except ValueError:
+            raise DataError(f"{path}: line {number}: start and end must be integers, got {fields[1]!r}, "
+                            f"{fields[2]!r}") from None
+        if not 0 <= start < end:
+            raise DataError(f"{path}: line {number}: span [{start}, {end}) is empty or negative")
+        rows.append((fields[0], start, end, fields[3], fields[4]))
     if not rows:
         raise DataError(f"{path}: no predictions")
     return rows

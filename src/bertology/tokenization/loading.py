@@ -107,6 +107,8 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise TokenizerError(f"{path}: not UTF-8 at byte offset {error.start}") from None
     except json.JSONDecodeError as error:
         raise TokenizerError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
+    except RecursionError:
+        raise TokenizerError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(value, dict):
         raise TokenizerError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value

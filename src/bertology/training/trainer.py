@@ -212,6 +212,10 @@ class Trainer:
         self.autocast_enabled = self._bf16(speed.bf16)
         self._stat_keys: list[str] | None = None
         self._resumed = False
+        # The training metrics summed since the last "train" row, and their tokens: part of every checkpoint, so
+        # the first row after a resume averages the same steps as an uninterrupted run's.
+        self._window_stats: Tensor | None = None
+        self._window_tokens: Tensor | int = 0
         self._stop_reason: str | None = None
         self.history: list[dict[str, Any]] = []
 
@@ -280,8 +284,6 @@ class Trainer:
         self.wrapped.train()
         progress = tqdm(total=total, initial=self.state.step, unit="step", desc="training",
                         disable=not (cfg.run.progress and self.env.is_main), dynamic_ncols=True)
-        window_stats: Tensor | None = None
-        window_tokens: Tensor | None = None
         window_start = time.perf_counter()
         last_metrics: dict[str, float] = {}
         try:
@@ -291,9 +293,9 @@ class Trainer:
                 # Counted on the batches as read (host memory), summed as a tensor: read once per log.
                 tokens = torch.stack([b.attention_mask.sum() for _, _, b in micro]).sum()
                 step_stats, grad_norm = self._step(batches)
-                window_stats = step_stats if window_stats is None else window_stats + step_stats
-                window_tokens = tokens if window_tokens is None else window_tokens + tokens
                 self._pending_tokens = tokens if self._pending_tokens is None else self._pending_tokens + tokens
+                self._window_stats = step_stats if self._window_stats is None else self._window_stats + step_stats
+                self._window_tokens = self._window_tokens + tokens  # a device tensor after the first step
                 epoch, index, _ = micro[-1]
                 self.state.step += 1
                 self.state.epoch, self.state.batch = epoch, index + 1
@@ -308,14 +310,13 @@ class Trainer:
                 for event in events:
                     if event == "log":
                         elapsed = time.perf_counter() - window_start
-                        metrics = self._reduce(window_stats)
-                        assert window_tokens is not None
+                        metrics = self._reduce(self._window_stats)
                         metrics.update(lr=self.scheduler.get_last_lr()[0], grad_norm=float(grad_norm),
-                                       tokens_per_s=int(window_tokens) * self.env.world_size / max(elapsed, 1e-9))
+                                       tokens_per_s=int(self._window_tokens) * self.env.world_size / max(elapsed, 1e-9))
                         self._log("train", metrics)
                         progress.set_postfix(loss=f"{metrics['loss']:.4f}", tok_s=f"{metrics['tokens_per_s']:.0f}")
                         report.metrics = last_metrics = metrics
-                        window_stats, window_tokens = None, None
+                        self._window_stats, self._window_tokens = None, 0
                     elif event == "eval":
                         last_metrics = self.evaluate()
                         self._log("eval", last_metrics)
@@ -528,6 +529,9 @@ class Trainer:
             "objective_modules": objective_state,
             "rng": rngs,
             "world_size": self.env.world_size,
+            "log_window": D.all_gather_objects(
+                {"stats": None if self._window_stats is None else self._window_stats.detach().cpu(),
+                 "tokens": int(self._window_tokens)}, self.env),
         }
 
     def gathered(self, what: str) -> tuple[Model | None, dict[str, Tensor] | None]:
@@ -619,6 +623,12 @@ class Trainer:
         D.load_optimizer_state(self.wrapped, self.optimizer, trainer_state["optimizer"], self.fsdp)
         self.scheduler.load_state_dict(trainer_state["scheduler"])
         restore_rng(trainer_state["rng"][self.env.rank])
+        windows = trainer_state.get("log_window")  # absent from checkpoints written before it was kept
+        if isinstance(windows, list) and len(windows) == self.env.world_size:
+            window = windows[self.env.rank]
+            stats = window.get("stats") if isinstance(window, dict) else None
+            self._window_stats = stats.to(self.device) if isinstance(stats, Tensor) else None
+            self._window_tokens = int(window.get("tokens", 0)) if isinstance(window, dict) else 0
         self.state = TrainingState(step=state.step, epoch=state.epoch, batch=state.batch, tokens=state.tokens,
                                    config=self.config.to_dict())
         if self.env.is_main:
@@ -665,7 +675,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     return records
 

@@ -13,7 +13,7 @@ from bertology.embeddings import embed
 from bertology.embeddings.backbone import Backbone
 from bertology.embeddings.layers import Combine, LayerSpec
 from bertology.embeddings.result import EmbeddingError, Pooling
-from bertology.model import EncoderModel, Pretrained
+from bertology.model import Model, Pretrained
 from bertology.tokenization import Tokenizer
 
 # word -> (sense, sentence) pairs; the word occurs once, in lower case, in each sentence.
@@ -119,7 +119,7 @@ def highlight(sentence: str, word: str) -> str:
 
 
 def sense_tables(
-    model: Backbone | Pretrained | EncoderModel,
+    model: Backbone | Pretrained | Model,
     examples: Mapping[str, Sequence[tuple[str, str]]] | None = None,
     *,
     tokenizer: Tokenizer | None = None,

@@ -413,3 +413,17 @@ def test_embed_reads_a_decoder_and_an_encoder_decoder_through_the_protocol():
             # a sentence vector is the mean of its tokens' vectors
             expected = torch.cat(states, -1)[0].mean(0)  # every hidden state side by side
             torch.testing.assert_close(torch.as_tensor(vectors.sentences[row]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_encoder_only_features_say_so_for_other_models():
+    from bertology.analysis.importance import existing_heads
+    from bertology.objectives.distill import init_student
+    from bertology.objectives.electra import Electra
+
+    decoder = DecoderModel(tiny_config(), [HeadSpec("lm", "tied_lm")])
+    with pytest.raises(ConfigError, match="head importance and pruning .* needs a bidirectional encoder .*DecoderModel"):
+        existing_heads(decoder)
+    with pytest.raises(ConfigError, match="ELECTRA .* needs a bidirectional encoder"):
+        Electra().attach(decoder)
+    with pytest.raises(ConfigError, match="distillation .* needs a bidirectional encoder"):
+        init_student(decoder, [])

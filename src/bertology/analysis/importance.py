@@ -31,6 +31,7 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import check_output_directory, files_into
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import require_encoder
 
 
 class ImportanceData(Protocol):
@@ -203,6 +204,7 @@ class MaskedLMData:
 
 def existing_heads(model: EncoderModel) -> Tensor:
     """A bool [layer calls, heads] mask: True where the model has the head (False where it was pruned)."""
+    require_encoder(model, "head importance and pruning (head masks, pruned heads)")
     config = model.config
     present = torch.zeros(len(model.encoder.plan), config.num_heads, dtype=torch.bool)
     for call, index in enumerate(model.encoder.plan):

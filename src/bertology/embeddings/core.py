@@ -27,7 +27,7 @@ from bertology.embeddings.result import (
 )
 from bertology.embeddings.windows import max_context_window, plan_windows
 from bertology.errors import ConfigError
-from bertology.model import EncoderModel, Pretrained
+from bertology.model import Model, Pretrained
 from bertology.model.encoder import Encoder
 from bertology.tokenization import Encoding, Tokenizer
 
@@ -36,7 +36,7 @@ CHUNK_WINDOWS = 4096
 
 
 def embed(
-    model: Backbone | Pretrained | EncoderModel | Encoder,
+    model: Backbone | Pretrained | Model | Encoder,
     texts: str | Sequence[str],
     *,
     tokenizer: Tokenizer | None = None,
@@ -54,7 +54,7 @@ def embed(
 ) -> Embeddings:
     """Contextual vectors of `texts` (one string counts as a list of one), as float32 numpy arrays.
 
-    `model` is a `Backbone` (see `bertology.embeddings.backbone`), or bertology's `Pretrained`, `EncoderModel` or
+    `model` is a `Backbone` (see `bertology.embeddings.backbone`), or bertology's `Pretrained`, a bertology model (`EncoderModel`, `DecoderModel`, ...) or
     `Encoder`, which are wrapped in an `EncoderBackbone` (the tokenizer's framing: BERT's [CLS] text [SEP], GPT-2's
     text alone, XLNet's text <sep> <cls>). `tokenizer` defaults to the model's (a `Pretrained`'s, or a backbone's
     `tokenizer` attribute); texts are tokenised without specials and each window is framed by the backbone.
@@ -133,7 +133,7 @@ def embed(
 
 
 def word_vector(
-    model: Backbone | Pretrained | EncoderModel | Encoder,
+    model: Backbone | Pretrained | Model | Encoder,
     text: str,
     target: str | tuple[int, int],
     *,

@@ -9,7 +9,7 @@ import torch
 
 from bertology.device import place, to_cpu
 from bertology.errors import BertologyError, CheckpointError
-from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class Prediction:
 
 
 @torch.no_grad()
-def fill_mask(model: EncoderModel, tokenizer: Any, text: str, top_k: int = 5, *,
+def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
               device: str | torch.device | None = None, dtype: str = "float32") -> list[list[Prediction]]:
     """Top-``top_k`` predictions for every mask token in ``text`` (the tokenizer's own mask token, e.g. ``[MASK]``
     or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are.

@@ -13,7 +13,8 @@ import torch
 
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
 from bertology.tasks import metrics
 from bertology.tasks.base import register_task
@@ -74,7 +75,7 @@ class GlueFinetuneTask:
         return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, self.labels(examples),
                                           max_length=max_length, shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: EncodedExamples, examples: Sequence[TextExample],
+    def predict(self, model: Model, encoded: EncodedExamples, examples: Sequence[TextExample],
                 batch_size: int) -> list[Any]:
         logits = predict_logits(model, encoded, batch_size=batch_size)
         if self.spec.labels is None:

@@ -38,7 +38,8 @@ import torch
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
 from bertology.tasks import metrics
 from bertology.tasks.examples import LabelSet, TaggedSentence, TextExample
@@ -209,7 +210,7 @@ class UserTask:
         return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, self._label_tensor(examples),
                                           max_length=max_length, shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: EncodedExamples, examples: Sequence[Any],
+    def predict(self, model: Model, encoded: EncodedExamples, examples: Sequence[Any],
                 batch_size: int) -> list[Any]:
         labels = self.label_set()
         if self.kind == "tagging":

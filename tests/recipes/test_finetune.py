@@ -201,6 +201,27 @@ def test_a_lora_run_resumes_from_its_native_checkpoint(glue, model_dir, tmp_path
         finetune(_config(glue, model_dir, out, **config), resume=True)
 
 
+def test_resuming_a_finished_run_with_broken_records_names_the_file(glue, model_dir, tmp_path):
+    from bertology.errors import DataError
+
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("")
+    (out / "dev_metrics.json").write_text('{"accuracy": 50.0}\n')
+    for text, where in (("{", "best.json"), ('{"step": 1}', "best.json"), ("[1]", "best.json")):
+        (out / "best.json").write_text(text)
+        with pytest.raises(DataError, match=f"{where}: not the file a finished run writes"):
+            finetune(_config(glue, model_dir, out), resume=True)
+    (out / "best.json").write_text('{"step": 3, "metric": "accuracy", "value": 50.0, "scores": {}, '
+                                   '"final_step": 3, "trainable": [5, 5]}')
+    (out / "run_config.json").write_text("\xff")
+    with pytest.raises(DataError, match="run_config.json: not the file a finished run writes"):
+        finetune(_config(glue, model_dir, out), resume=True)
+    (out / "run_config.json").unlink()
+    result = finetune(_config(glue, model_dir, out), resume=True)
+    assert (result.steps, result.trainable.total, result.dev_metrics) == (3, 5, {"accuracy": 50.0})
+
+
 def test_the_dev_set_is_predicted_once_per_evaluation_and_never_again_at_the_end(glue, model_dir, tmp_path,
                                                                                   monkeypatch, capsys):
     from bertology.tasks.base import get_task

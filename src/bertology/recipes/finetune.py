@@ -27,7 +27,7 @@ import contextlib
 import json
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -323,7 +323,7 @@ class DevSelection:
 
 
 @contextlib.contextmanager
-def progress_bar(source: BatchSource, batch_size: int, enabled: bool, description: str):
+def progress_bar(source: BatchSource, batch_size: int, enabled: bool, description: str) -> Iterator[None]:
     """While the block runs, a progress bar over the batches a task's ``predict`` draws from ``source`` (its
     ``batches`` method is wrapped on the instance and restored afterwards)."""
     if not enabled:
@@ -335,7 +335,7 @@ def progress_bar(source: BatchSource, batch_size: int, enabled: bool, descriptio
                leave=False, dynamic_ncols=True)
     draw = source.batches
 
-    def batches(*args: Any, **kwargs: Any):
+    def batches(*args: Any, **kwargs: Any) -> Iterator[Any]:
         for batch in draw(*args, **kwargs):
             yield batch
             bar.update(1)
@@ -474,21 +474,24 @@ def drop_working_copies(out: Path, keep_checkpoint: bool) -> None:
 def _finished(config: FinetuneConfig, out: Path, env: D.DistEnv) -> FinetuneResult:
     """``--resume`` on a finished run (its ``best.json`` written): nothing is trained or predicted again; the
     clean-up a kill may have interrupted is completed, and the run's result is read back from its files."""
-    run_config = out / RUN_CONFIG_FILE
-    if run_config.is_file():
-        check_same_run(run_config, json.loads(run_config.read_text(encoding="utf-8")), config.to_dict())
     model_dir = out / FINAL_MODEL_DIR
     missing = [name for name in (FINAL_MODEL_DIR, DEV_METRICS) if not (out / name).exists()]
     if missing:
         raise DataError(f"{out}: a finished run ({BEST_FILE}) without {' or '.join(missing)}; its result is gone: "
                         "run it again with --overwrite")
+    path = out / BEST_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        steps, trainable = record.pop("final_step"), Trainable(*record.pop("trainable"))
+        path = out / DEV_METRICS
+        dev_metrics = json.loads(path.read_text(encoding="utf-8"))
+        path = out / RUN_CONFIG_FILE
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as error:
+        raise DataError(f"{path}: not the file a finished run writes ({type(error).__name__}: {error})") from None
+    if saved is not None:
+        check_same_run(out / RUN_CONFIG_FILE, saved, config.to_dict())
     if env.is_main:
         drop_working_copies(out, config.run.keep_checkpoint)
     D.barrier(env)
-    try:
-        record = json.loads((out / BEST_FILE).read_text(encoding="utf-8"))
-        dev_metrics = json.loads((out / DEV_METRICS).read_text(encoding="utf-8"))
-        steps, trainable = record.pop("final_step"), Trainable(*record.pop("trainable"))
-    except (json.JSONDecodeError, KeyError, TypeError) as error:
-        raise DataError(f"{out / BEST_FILE}: not the record of a finished run ({error})") from None
     return FinetuneResult(out, model_dir, record, dev_metrics, steps, trainable)

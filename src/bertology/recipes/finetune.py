@@ -348,6 +348,27 @@ def progress_bar(source: BatchSource, batch_size: int, enabled: bool, descriptio
         bar.close()
 
 
+class WatchedSource:
+    """A ``BatchSource`` that shows a progress bar whenever its batches are read (the dev loss of an evaluation)."""
+
+    def __init__(self, source: BatchSource, description: str) -> None:
+        self.source, self.description = source, description
+
+    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    drop_last: bool = True) -> int:
+        return self.source.num_batches(epoch, batch_size, rank, world_size, drop_last)
+
+    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
+                drop_last: bool = True) -> Iterator[Any]:
+        from tqdm import tqdm
+
+        total = self.num_batches(epoch, batch_size, rank, world_size, drop_last) - start_batch
+        with tqdm(total=total, desc=self.description, unit="batch", leave=False, dynamic_ncols=True) as bar:
+            for batch in self.source.batches(epoch, batch_size, start_batch, rank, world_size, drop_last):
+                yield batch
+                bar.update(1)
+
+
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
                  max_length: int | None = None, batch_size: int = 64, dtype: str = "float32") -> int:
     """Predict every example of a task file (in the layout the task reads; for ``conll2003`` also a file of words
@@ -422,7 +443,8 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
                                           config.strategy.kind == "scalar-mix")
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
         selection = DevSelection(config, task, dev, dev_examples, tokenizer)
-        trainer = Trainer(config, model, task.objectives(model.head_specs), train, dev, tokenizer, env,
+        watched = WatchedSource(dev, "dev loss") if config.run.progress and env.is_main else dev
+        trainer = Trainer(config, model, task.objectives(model.head_specs), train, watched, tokenizer, env,
                           evaluators=[selection])
         if resume:
             trainer.resume()

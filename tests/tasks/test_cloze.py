@@ -159,7 +159,7 @@ def test_few_shot_finetuning_improves_accuracy(tokenizer, glue, tmp_path):
 def test_errors_name_the_word_and_the_template(tokenizer):
     sst2 = GlueFinetuneTask(GLUE_TASKS["sst2"])
     task = ClozeTask(sst2, "{text} It was [MASK] .", {"greatest": "1", "terrible": "0"})
-    with pytest.raises(ConfigError, match=r"'greatest' is not a single token.*\['great', '##es', '##t'\]"):
+    with pytest.raises(ConfigError, match=r"'greatest' is not a single token.*\['great', '##e', '##s', '##t'\]"):
         task.label_token_ids(tokenizer)
     with pytest.raises(ConfigError, match="mask slot"):
         ClozeTask(sst2, "{text} It was great .", {"great": "1", "terrible": "0"})

@@ -147,11 +147,11 @@ def _train_wordpiece(backend: tokenizers.Tokenizer, files_or_texts: TrainingInpu
     That trainer numbers the continuation pieces (``##a``) in the iteration order of a hash map seeded afresh in
     every process (and every call), and breaks ties between equally frequent merges by those numbers: two runs on
     the same text give different ids and sometimes different merges. So a first, cheap pass (no merges) finds the
-    alphabet and the continuation pieces; the second pass gets them fixed (the pieces as reserved tokens numbered
-    in code-point order, the alphabet as the initial one, cut to ``limit_alphabet`` by character count, ties by
-    code point), which leaves the trainer nothing to number in hash order. The result is then renumbered in the
-    usual layout: specials, alphabet, continuation pieces, merges in the order they were learnt. Path inputs are
-    read twice; the texts of an iterator are held in memory."""
+    alphabet (cut to ``limit_alphabet`` by character count, ties by code point) and the continuation pieces; the
+    second pass gets both fixed, as reserved tokens after the specials in the library's own layout (the alphabet,
+    then the pieces, each in code-point order), which leaves the trainer nothing to number in hash order and breaks
+    merge ties as the library does (lower ids first). The reserved tokens are then made ordinary vocabulary
+    again. Path inputs are read twice; the texts of an iterator are held in memory."""
     if not isinstance(files_or_texts, (str, os.PathLike, list, tuple)) and not _is_corpus_source(files_or_texts):
         held = list(texts)
         texts, again = iter(held), iter(held)
@@ -174,22 +174,13 @@ def _train_wordpiece(backend: tokenizers.Tokenizer, files_or_texts: TrainingInpu
     continuation = [f"##{char}" for char in alphabet if f"##{char}" in found]
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress,
-        special_tokens=special_list + continuation, initial_alphabet=alphabet, limit_alphabet=len(alphabet),
-        continuing_subword_prefix="##",
+        special_tokens=special_list + alphabet + continuation, initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet), continuing_subword_prefix="##",
     )
     backend.train_from_iterator(_batches(again, backend.normalizer, describe), trainer)
     state = json.loads(backend.to_str())
-    vocab: dict[str, int] = state["model"]["vocab"]
-    pieces, specials = set(continuation), set(special_list)
-
-    def place(token: str) -> tuple[int, int]:
-        group = 0 if token in specials else 1 if len(token) == 1 else 2 if token in pieces else 3
-        return group, vocab[token]
-
-    state["model"]["vocab"] = {token: index for index, token in enumerate(sorted(vocab, key=place))}
-    renumbered = state["model"]["vocab"]
-    state["added_tokens"] = [dict(entry, id=renumbered[entry["content"]]) for entry in state["added_tokens"]
-                             if entry["content"] not in pieces]
+    reserved = set(alphabet + continuation)  # plain vocabulary, not tokens matched in the raw text
+    state["added_tokens"] = [entry for entry in state["added_tokens"] if entry["content"] not in reserved]
     return tokenizers.Tokenizer.from_str(json.dumps(state))
 
 

@@ -4,6 +4,7 @@ loading the result with its label names, and the official metric of the dev pred
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -61,8 +62,13 @@ def test_sst2_learns_keeps_the_best_model_and_transformers_loads_it(glue, model_
     assert result.steps == 8 * (192 // 16)
     evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [12 * e for e in range(1, 9)]  # once an epoch
-    best = json.loads((out / "best" / "best.json").read_text())
+    best = json.loads((out / "best.json").read_text())
     assert best["value"] == max(r["dev_accuracy"] for r in evals) == result.best["value"]
+    assert best["final_step"] == result.steps and best["trainable"] == list(result.trainable)
+    # One copy of the final model; the working copy best/ and the checkpoints are gone once the run has finished.
+    assert sorted(p.name for p in out.iterdir()) == ["best.json", "dev_metrics.json",
+                                                     "dev_predictions.tsv", "metrics.jsonl", "model",
+                                                     "run_config.json"]
     assert best["value"] > 90  # the cue word decides the label
     # dev_metrics.json is what `bertology evaluate` computes from the written predictions.
     official = evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv")
@@ -96,9 +102,12 @@ def test_the_cli_runs_and_bad_settings_are_named(glue, model_dir, tmp_path, caps
     out = tmp_path / "cli"
     assert main(["finetune", "--task", "sst2", "--model", str(model_dir), "--out", str(out), "--data", str(glue),
                  "--max-steps", "3", "--limit-train", "64", "--set", "run.progress=false",
-                 "--set", "speed.threads=1"]) == 0
+                 "--set", "speed.threads=1", "--keep-checkpoint"]) == 0
     assert "fine-tuned 3 steps (trainable parameters: 21,730 of 21,730 (100.0000%)); best dev accuracy" in \
         capsys.readouterr().err
+    # --keep-checkpoint: the last checkpoint stays, with the optimizer state; best/ still goes.
+    assert (out / "checkpoints" / "step-0000003" / "trainer_state.safetensors").is_file()
+    assert (out / "model" / "model.safetensors").is_file() and not (out / "best").exists()
     assert main(["finetune", "--task", "sst2", "--model", str(model_dir), "--out", str(out), "--data",
                  str(glue)]) == 2
     assert "already holds a run" in capsys.readouterr().err
@@ -135,6 +144,18 @@ def test_predict_writes_what_evaluate_reads(glue, model_dir, tmp_path, capsys):
     assert f"--output {tmp_path}: is a directory" in err and err.count("\n") == 1
 
 
+def test_predict_help_says_each_tasks_output_format(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["predict", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for task, says in (("sst2", "index<TAB>prediction"), ("conll2003", "conlleval's input"),
+                       ("conll2003", "6 columns for CoNLL-2003's 4-column files"), ("conll2003", "'word tag' lines"),
+                       ("conll2003-spans", "sentence_id<TAB>start<TAB>end<TAB>predicted<TAB>gold"),
+                       ("squad", "the official SQuAD v1.1 predictions JSON")):
+        assert task in text and says in text, says
+
+
 @pytest.mark.parametrize("kind", ["lora", "adapters", "prefix", "frozen"])
 def test_parameter_efficient_strategies(glue, model_dir, tmp_path, kind):
     out = tmp_path / kind
@@ -153,21 +174,86 @@ def test_parameter_efficient_strategies(glue, model_dir, tmp_path, kind):
         assert config["r"] == 4 and config["peft_type"] == "LORA"
 
 
-def test_a_lora_run_resumes_from_its_native_checkpoint(glue, model_dir, tmp_path):
+def test_a_lora_run_resumes_from_its_native_checkpoint(glue, model_dir, tmp_path, monkeypatch):
     """LoRA models checkpoint in the native format; --resume reads them back, and a resume at the last step
-    writes the final model again."""
+    (a run killed before its clean-up) writes the final model again; a finished run is not run again."""
     import shutil
+
+    from bertology.errors import DataError
+    from bertology.recipes import finetune as recipe
 
     out = tmp_path / "run"
     config = dict(epochs=2, strategy={"kind": "lora", "rank": 2}, run={"checkpoint_every": 6})
-    first = finetune(_config(glue, model_dir, out, **config))
-    assert (out / "checkpoints" / "step-0000024" / "bertology.json").is_file()
+
+    def killed(*args):
+        raise KeyboardInterrupt  # stands for a kill after the final files, before the clean-up
+
+    with monkeypatch.context() as patch:
+        patch.setattr(recipe, "drop_working_copies", killed)
+        with pytest.raises(KeyboardInterrupt):
+            finetune(_config(glue, model_dir, out, **config))
+    assert (out / "checkpoints" / "step-0000024" / "bertology.json").is_file() and (out / "best").is_dir()
+    first = json.loads((out / "best.json").read_text())
     reference = load(out / "model").model.state_dict()
     shutil.rmtree(out / "model")
+    (out / "best.json").unlink()  # killed while writing the final model: the run has not finished
     again = finetune(_config(glue, model_dir, out, **config), resume=True)
-    assert again.steps == first.steps == 24 and again.best == first.best
+    assert again.steps == first["final_step"] == 24 and again.best["value"] == first["value"]
     restored = load(out / "model").model.state_dict()
     assert all(torch.equal(restored[k], reference[k]) for k in reference)
+    assert not (out / "best").exists() and not (out / "checkpoints").exists()
+    # --resume on the finished run: nothing is trained again, the result is read back.
+    metrics = (out / "metrics.jsonl").read_text()
+    done = finetune(_config(glue, model_dir, out, **config), resume=True)
+    assert (done.steps, done.best, done.dev_metrics, done.trainable) == \
+        (again.steps, again.best, again.dev_metrics, again.trainable)
+    assert (out / "metrics.jsonl").read_text() == metrics
+    shutil.rmtree(out / "model")
+    with pytest.raises(DataError, match=r"a finished run \(best.json\) without model; its result is gone"):
+        finetune(_config(glue, model_dir, out, **config), resume=True)
+
+
+def test_resuming_a_finished_run_with_broken_records_names_the_file(glue, model_dir, tmp_path):
+    from bertology.errors import DataError
+
+    out = tmp_path / "run"
+    (out / "model").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text("")
+    (out / "dev_metrics.json").write_text('{"accuracy": 50.0}\n')
+    for text, where in (("{", "best.json"), ('{"step": 1}', "best.json"), ("[1]", "best.json")):
+        (out / "best.json").write_text(text)
+        with pytest.raises(DataError, match=f"{where}: not the file a finished run writes"):
+            finetune(_config(glue, model_dir, out), resume=True)
+    (out / "best.json").write_text('{"step": 3, "metric": "accuracy", "value": 50.0, "scores": {}, '
+                                   '"final_step": 3, "trainable": [5, 5]}')
+    (out / "run_config.json").write_text("\xff")
+    with pytest.raises(DataError, match="run_config.json: not the file a finished run writes"):
+        finetune(_config(glue, model_dir, out), resume=True)
+    (out / "run_config.json").unlink()
+    result = finetune(_config(glue, model_dir, out), resume=True)
+    assert (result.steps, result.trainable.total, result.dev_metrics) == (3, 5, {"accuracy": 50.0})
+
+
+def test_the_dev_set_is_predicted_once_per_evaluation_and_never_again_at_the_end(glue, model_dir, tmp_path,
+                                                                                  monkeypatch, capsys):
+    from bertology.tasks.base import get_task
+
+    task = get_task("sst2")
+    calls = []
+    predict = task.predict
+
+    def counted(model, encoded, examples, batch_size):
+        calls.append(len(examples))
+        return predict(model, encoded, examples, batch_size)
+
+    monkeypatch.setattr(task, "predict", counted)
+    out = tmp_path / "run"
+    result = finetune(_config(glue, model_dir, out, epochs=3, run={"progress": True}))
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert len(evals) == 3 and calls == [48, 48, 48]  # the kept model's predictions are not computed again
+    assert {"dev loss", "dev predictions"} <= set(re.findall(r"dev \w+", capsys.readouterr().err))  # progress bars
+    official = evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv")
+    assert official == result.dev_metrics and official["accuracy"] == pytest.approx(result.best["value"])
 
 
 def test_fine_tuning_defaults_hold_when_a_section_is_partly_given(model_dir):

@@ -129,7 +129,9 @@ def test_scalar_mix_trains_only_the_mix_and_the_head(glue, model_dir, tmp_path):
     # among them) carries it linearly.
     result = finetune(_config(glue, model_dir, out, strategy={"kind": "scalar-mix"},
                               optim={"lr": 1e-2}, task={"epochs": 8, "pooling": "mean"}))
-    assert result.best["value"] > 75  # chance is 50; above 85 alone, 81 after the quickstart tests
+    # Chance is 50. 87.5 in every process and test order since WordPiece training (the base model's vocabulary)
+    # became deterministic; before, the base was numbered anew in each process and this moved from 75 to 92.
+    assert result.best["value"] > 80
     trained = load(out / "model").model
     assert trained.mix is not None and [s.kind for s in trained.head_specs] == ["mean_pooled"]
     for name, value in base.encoder.state_dict().items():  # the encoder is frozen

@@ -166,6 +166,33 @@ def test_written_predictions_are_conlleval_input(tmp_path):
     assert official["tokens"] == 5 + 2  # conlleval counts the -DOCSTART- lines as tokens
 
 
+def test_a_file_of_words_only_is_read_untagged_and_written_with_one_tag_per_word(tmp_path):
+    task = get_task("conll2003")
+    path = tmp_path / "words.txt"
+    path.write_text("-DOCSTART-\n\nParis\ncity\n\n\nAcme\n", encoding="utf-8")
+    sentences = task.read_input(path)
+    assert [s.words for s in sentences] == [["Paris", "city"], ["Acme"]] and all(s.tags is None for s in sentences)
+    task.write(tmp_path / "pred", [["B-LOC", "I-LOC"], ["B-ORG"]], sentences)
+    assert (tmp_path / "pred").read_text() == "-DOCSTART- O\n\nParis B-LOC\ncity I-LOC\n\nAcme B-ORG\n\n"
+    with pytest.raises(DataError, match=r"words.txt: no sentences"):
+        task.read_input(_write(tmp_path / "words.txt", "\n\n"))
+    with pytest.raises(DataError, match=r"words.txt: line 3: expected 1 columns .* got 2"):
+        task.read_input(_write(tmp_path / "words.txt", "Paris\n\nAcme I-ORG\n"))
+    # Two or more columns: a tagged file, read as training files are (the last column holds the tags).
+    sentences = task.read_input(_write(tmp_path / "tagged.txt", "Acme I-ORG\ncorp I-ORG\n"))
+    assert sentences[0].tags == ["B-ORG", "I-ORG"]
+    with pytest.raises(DataError, match=r"tagged.txt: line 1: invalid tag 'NNP'"):
+        task.read_input(_write(tmp_path / "tagged.txt", "Acme NNP\n"))
+    # Training still needs tags: read() refuses a file of words only.
+    with pytest.raises(DataError, match="has no tags"):
+        task.read(_write(tmp_path / "words.txt", "Paris\n"))
+
+
+def _write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
 def _config(conll, model_dir, out, epochs=4):
     return FinetuneConfig.from_dict({
         "model": str(model_dir), "task": {"name": "conll2003", "data": str(conll), "epochs": epochs},
@@ -197,6 +224,21 @@ def test_finetune_predict_evaluate_and_transformers(conll, model_dir, tmp_path, 
     capsys.readouterr()
     assert main(["evaluate", "--task", "conll", "--predictions", str(predictions)]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads((out / "dev_metrics.json").read_text())
+    # New text: the words alone (one a line, a blank line after each sentence), with and without the document
+    # lines; one predicted tag per word, the same tags as for the tagged file.
+    tagged = [line.split() for line in predictions.read_text().splitlines()]
+    expected = "".join(f"{row[0]} {row[-1]}\n" if row else "\n" for row in tagged)
+    lines = (conll / "eng.testa").read_text().splitlines()
+    bare = [line for line in lines if not line.startswith("-DOCSTART-")]
+    for name, keep, want in (("words.txt", lines, expected),
+                             ("bare.txt", bare, expected.replace("-DOCSTART- O\n\n", ""))):
+        words = tmp_path / name
+        words.write_text("".join(f"{line.split()[0]}\n" if line.strip() else "\n" for line in keep),
+                         encoding="utf-8")
+        assert main(["predict", "--model", str(out / "model"), "--task", "conll2003", "--input", str(words),
+                     "--output", str(tmp_path / f"{name}.tags")]) == 0
+        assert (tmp_path / f"{name}.tags").read_text() == want
+    assert "60 predictions written" in capsys.readouterr().err
 
 
 def test_label_all_subwords_trains_too(conll, model_dir, tmp_path):

@@ -29,6 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--limit-train", type=int, metavar="N", help="train on the first N examples only")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's outputs in --out")
+    parser.add_argument("--keep-checkpoint", action="store_true",
+                        help="keep the last checkpoint (with the optimizer state) when the run ends; by default a "
+                        "finished run keeps only OUT/model (run.keep_checkpoint)")
     parser.set_defaults(func=run)
 
 
@@ -44,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
         settings.append(f"task.max_steps={args.max_steps}")
     if args.limit_train is not None:
         settings.append(f"task.limit_train={args.limit_train}")
+    if args.keep_checkpoint:
+        settings.append("run.keep_checkpoint=true")
     config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))
     result = finetune(config, resume=args.resume, overwrite=args.overwrite)
     best = result.best

@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", default="runs/quickstart", metavar="DIR",
                         help="output directory (default: runs/quickstart; a previous quickstart there is replaced)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimizer steps of 64 x 32 tokens (default: 3000, about four minutes on two idle cores; "
+                        help="optimizer steps of 64 x 32 tokens (default: 3000, 4 to 7 minutes on two idle cores; "
                         "20 with --quick)")
     parser.add_argument("--preset", default="tiny", help="model size: tiny, mini, small, medium, base, large "
                         "(default: tiny, 2 layers of 128)")

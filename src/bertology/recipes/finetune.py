@@ -7,20 +7,27 @@ evaluation, the best model kept, predictions in the task's own format scored by 
                                                 "model": "path/to/model", "run": {"output_dir": "runs/sst2"}}))
 
 Outputs in ``run.output_dir``: ``metrics.jsonl`` (training loss, dev loss and the task's metrics, x100 as the
-papers report them), ``checkpoints/``, ``best/`` (the model with the best dev metric so far and ``best.json``),
-``model/`` (the best model at the end, in the transformers layout of the task's head class, e.g.
-``*ForSequenceClassification``, with the label names in config.json; bertology's native format when LoRA, adapters
-or prefixes are in it), the dev predictions in the task's format and ``dev_metrics.json`` (what ``bertology
-evaluate`` computes from them), and with ``strategy.kind: lora`` also ``peft_adapter/`` (the adapter in Hugging
-Face peft's files).
+papers report them), ``model/`` (the one copy of the final model: the best one on the dev set, in the transformers
+layout of the task's head class, e.g. ``*ForSequenceClassification``, with the label names in config.json;
+bertology's native format when LoRA, adapters or prefixes are in it), ``best.json`` (its step and dev scores), the
+dev predictions of that model in the task's format and ``dev_metrics.json`` (what ``bertology evaluate`` computes
+from them), ``run_config.json`` (and ``curves.png`` with ``run.plot``), and with ``strategy.kind: lora`` also
+``peft_adapter/`` (the adapter in Hugging Face peft's files).
+
+While it runs it also keeps ``best/`` (the best model so far, with its dev predictions: each evaluation predicts
+the dev set once, and the kept model's predictions are not computed again at the end) and ``checkpoints/`` (for
+``--resume``). A finished run removes ``best/`` and, unless ``run.keep_checkpoint`` (``--keep-checkpoint``), its
+checkpoints: the last one holds the optimizer state, twice the model's size again, and a finished fine-tuning
+run has nothing left to resume. ``--resume`` on a finished run only completes that clean-up.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +47,9 @@ from bertology.tasks.user import is_task_file
 from bertology.tokenization import Tokenizer
 from bertology.training import distributed as D
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
-from bertology.training.trainer import FINAL_MODEL_DIR, BatchSource, Trainer, check_output_dir
+from bertology.training.checkpoint import CHECKPOINTS_DIR
+from bertology.training.trainer import (FINAL_MODEL_DIR, RUN_CONFIG_FILE, BatchSource, Trainer, check_output_dir,
+                                        check_same_run)
 
 BEST_DIR = "best"
 BEST_FILE = "best.json"
@@ -156,10 +165,12 @@ class FinetuneOptimConfig(OptimConfig):
 
 @dataclass
 class FinetuneRunConfig(RunConfig):
-    """The run section with fine-tuning's defaults."""
+    """The run section with fine-tuning's defaults; ``keep_checkpoint``: keep the last checkpoint (the model with
+    the optimizer state) when the run ends, instead of dropping it (``model/`` is the run's result)."""
 
     output_dir: str = "runs/finetune"
     log_every: int = 20
+    keep_checkpoint: bool = False
 
 
 @dataclass
@@ -290,12 +301,15 @@ class DevSelection:
         except RecursionError:
             raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
 
-    def scores(self, model: EncoderModel) -> dict[str, float]:
-        predictions = self.task.predict(model, self.dev, self.dev_examples, max(32, self.config.optim.batch_size))
-        return self.task.scores(predictions, self.dev_examples)
+    def predict(self, model: EncoderModel, progress: bool = False) -> list[Any]:
+        """The model's predictions of the dev set (with a progress bar when ``progress``)."""
+        batch_size = max(32, self.config.optim.batch_size)
+        with progress_bar(self.dev, batch_size, progress, "dev predictions"):
+            return self.task.predict(model, self.dev, self.dev_examples, batch_size)
 
     def __call__(self, trainer: Trainer) -> dict[str, float]:
-        scores = self.scores(trainer.model)
+        predictions = self.predict(trainer.model, self.config.run.progress and trainer.env.is_main)
+        scores = self.task.scores(predictions, self.dev_examples)
         value = scores[self.config.metric]
         improved = self.best is None or (math.isfinite(value) and value > self.best["value"])
         if improved:
@@ -305,6 +319,7 @@ class DevSelection:
                 with atomic_directory(self.directory) as tmp:
                     write_model_files(trainer.model, tmp)
                     self.tokenizer.save(tmp)
+                    self.task.write(tmp / self.task.predictions_file, predictions, self.dev_examples)
                     (tmp / BEST_FILE).write_text(json.dumps(self.best, indent=2) + "\n", encoding="utf-8")
         else:
             self.since_best += 1
@@ -315,14 +330,62 @@ class DevSelection:
         return {f"dev_{name}": score for name, score in scores.items()}
 
 
+@contextlib.contextmanager
+def progress_bar(source: BatchSource, batch_size: int, enabled: bool, description: str) -> Iterator[None]:
+    """While the block runs, a progress bar over the batches a task's ``predict`` draws from ``source`` (its
+    ``batches`` method is wrapped on the instance and restored afterwards)."""
+    if not enabled:
+        yield
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(total=source.num_batches(0, batch_size, drop_last=False), desc=description, unit="batch",
+               leave=False, dynamic_ncols=True)
+    draw = source.batches
+
+    def batches(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        for batch in draw(*args, **kwargs):
+            yield batch
+            bar.update(1)
+
+    source.batches = batches  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del source.batches
+        bar.close()
+
+
+class WatchedSource:
+    """A ``BatchSource`` that shows a progress bar whenever its batches are read (the dev loss of an evaluation)."""
+
+    def __init__(self, source: BatchSource, description: str) -> None:
+        self.source, self.description = source, description
+
+    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    drop_last: bool = True) -> int:
+        return self.source.num_batches(epoch, batch_size, rank, world_size, drop_last)
+
+    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
+                drop_last: bool = True) -> Iterator[Any]:
+        from tqdm import tqdm
+
+        total = self.num_batches(epoch, batch_size, rank, world_size, drop_last) - start_batch
+        with tqdm(total=total, desc=self.description, unit="batch", leave=False, dynamic_ncols=True) as bar:
+            for batch in self.source.batches(epoch, batch_size, start_batch, rank, world_size, drop_last):
+                yield batch
+                bar.update(1)
+
+
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
                  max_length: int | None = None, batch_size: int = 64, dtype: str = "float32",
                  device: str | torch.device | None = None) -> int:
-    """Predict every example of a task file (in the layout the task reads) with a fine-tuned model; writes the
-    predictions in the task's own format (what ``bertology evaluate`` reads) and returns their number.
-    ``dtype="int8"`` runs the encoder layers in int8 (``bertology.model.quantize``, CPU only), "float16" and
-    "bfloat16" under autocast on a GPU; ``device`` (None: the CPU; "auto", "cuda", ...) is where the model runs
-    (``bertology.device``)."""
+    """Predict every example of a task file (in the layout the task reads; for ``conll2003`` also a file of words
+    only, one a line, a blank line after each sentence) with a fine-tuned model; writes the predictions in the
+    task's own format (what ``bertology evaluate`` reads; ``bertology predict --help`` lists them) and returns
+    their number. ``dtype="int8"`` runs the encoder layers in int8 (``bertology.model.quantize``, CPU only),
+    "float16" and "bfloat16" under autocast on a GPU; ``device`` (None: the CPU; "auto", "cuda", ...) is where the
+    model runs (``bertology.device``)."""
     from bertology.device import placement
     from bertology.model.quantize import with_dtype
 
@@ -341,7 +404,8 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
         if have[spec.name].num_labels != spec.num_labels:
             raise ConfigError(f"{model_dir}: its {spec.name} has {have[spec.name].num_labels} outputs; "
                               f"{task.name} needs {spec.num_labels}")
-    examples = task.read(Path(input_path))
+    read_input = getattr(task, "read_input", None)  # a tagger also reads words without tags
+    examples = read_input(Path(input_path)) if read_input is not None else task.read(Path(input_path))
     length = max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
     encoded = task.encode(pretrained.tokenizer, examples, min(length, pretrained.model.config.max_length),
                           train=False)
@@ -360,9 +424,12 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             if env.is_main:
                 check_output_dir(out, resume=False, overwrite=True)
                 shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+                (out / BEST_FILE).unlink(missing_ok=True)
             D.barrier(env)
         else:
             check_output_dir(out, resume=resume, overwrite=False)
+        if resume and (out / BEST_FILE).is_file():
+            return _finished(config, out, env)
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
         task = get_task(config.task.name)
@@ -390,13 +457,15 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
                                           config.strategy.kind == "scalar-mix")
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
         selection = DevSelection(config, task, dev, dev_examples, tokenizer)
-        trainer = Trainer(config, model, task.objectives(model.head_specs), train, dev, tokenizer, env,
+        watched = WatchedSource(dev, "dev loss") if config.run.progress and env.is_main else dev
+        trainer = Trainer(config, model, task.objectives(model.head_specs), train, watched, tokenizer, env,
                           evaluators=[selection])
         if resume:
             trainer.resume()
         trainer.train()
-        if selection.best is None:  # the run was already complete: score the final model once
+        if selection.best is None:  # best/ is gone (removed by hand): score the final model once
             selection(trainer)
+        assert selection.best is not None
         model_dir = out / FINAL_MODEL_DIR
         if env.is_main:
             best = load(out / BEST_DIR)  # the final model is the best one
@@ -406,17 +475,59 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
                 from bertology.peft import save_lora_peft
 
                 save_lora_peft(model, out / PEFT_ADAPTER_DIR, base_model_name_or_path=config.model)
-            batch_size = max(32, config.optim.batch_size)
-            task.write(out / task.predictions_file, task.predict(model, dev, dev_examples, batch_size), dev_examples)
+            kept = out / BEST_DIR / task.predictions_file
+            if kept.is_file():  # predicted when the best model was evaluated
+                with atomic_write(out / task.predictions_file, "wb") as handle:
+                    handle.write(kept.read_bytes())
+            else:  # a best/ written by an earlier version, without its predictions
+                task.write(out / task.predictions_file, selection.predict(model, config.run.progress), dev_examples)
             # The official scoring of the written file; on a dev subset, the same metrics computed in memory.
             dev_metrics = task.evaluate(out / task.predictions_file, dev_path) if config.task.limit_dev is None \
-                else selection.scores(model)
+                else selection.best["scores"]
             with atomic_write(out / DEV_METRICS, "w", encoding="utf-8") as handle:
                 json.dump(dev_metrics, handle, indent=2)
                 handle.write("\n")
+            record = {**selection.best, "final_step": trainer.state.step, "trainable": list(trainable)}
+            with atomic_write(out / BEST_FILE, "w", encoding="utf-8") as handle:  # from here on the run is finished
+                json.dump(record, handle, indent=2)
+                handle.write("\n")
+            drop_working_copies(out, config.run.keep_checkpoint)
         D.barrier(env)
         dev_metrics = json.loads((out / DEV_METRICS).read_text(encoding="utf-8"))
-        assert selection.best is not None
         return FinetuneResult(out, model_dir, selection.best, dev_metrics, trainer.state.step, trainable)
     finally:
         D.shutdown()
+
+
+def drop_working_copies(out: Path, keep_checkpoint: bool) -> None:
+    """A finished run's clean-up: ``best/`` (``model/`` is its copy now) and, unless ``keep_checkpoint``, the
+    checkpoints."""
+    shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+    if not keep_checkpoint:
+        shutil.rmtree(out / CHECKPOINTS_DIR, ignore_errors=True)
+
+
+def _finished(config: FinetuneConfig, out: Path, env: D.DistEnv) -> FinetuneResult:
+    """``--resume`` on a finished run (its ``best.json`` written): nothing is trained or predicted again; the
+    clean-up a kill may have interrupted is completed, and the run's result is read back from its files."""
+    model_dir = out / FINAL_MODEL_DIR
+    missing = [name for name in (FINAL_MODEL_DIR, DEV_METRICS) if not (out / name).exists()]
+    if missing:
+        raise DataError(f"{out}: a finished run ({BEST_FILE}) without {' or '.join(missing)}; its result is gone: "
+                        "run it again with --overwrite")
+    path = out / BEST_FILE
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        steps, trainable = record.pop("final_step"), Trainable(*record.pop("trainable"))
+        path = out / DEV_METRICS
+        dev_metrics = json.loads(path.read_text(encoding="utf-8"))
+        path = out / RUN_CONFIG_FILE
+        saved = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError, KeyError, TypeError) as error:
+        raise DataError(f"{path}: not the file a finished run writes ({type(error).__name__}: {error})") from None
+    if saved is not None:
+        check_same_run(out / RUN_CONFIG_FILE, saved, config.to_dict())
+    if env.is_main:
+        drop_working_copies(out, config.run.keep_checkpoint)
+    D.barrier(env)
+    return FinetuneResult(out, model_dir, record, dev_metrics, steps, trainable)

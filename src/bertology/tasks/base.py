@@ -75,6 +75,8 @@ class FinetuneTask(Protocol):
 
     # Optional: ``extend_model(model)`` adds modules a task's predictions need beyond heads (through
     # ``EncoderModel.add_extension``, so the native format saves and rebuilds them), before the weights are set.
+    # Optional: ``read_input(path)`` reads what ``bertology predict`` is given when that may be more than ``read``
+    # takes (CoNLL tagging: a file of words only, without tags); without it ``predict`` reads with ``read``.
 
 
 TASKS: dict[str, FinetuneTask] = {}

@@ -18,8 +18,11 @@ as IOB1 and converted to BIO (``read_conll``); every tag must be one of the task
 of LOC, MISC, ORG, PER), else a DataError names the file, the sentence and the word.
 
 Predictions are written in conlleval's input format: each token's original columns, the gold tag (BIO) and the
-predicted tag, a blank line after each sentence, and the ``-DOCSTART-`` lines of the input file (as lines of
-``O O`` tags) where its documents begin; ``bertology evaluate --task conll`` scores that file.
+predicted tag (6 columns for CoNLL-2003's 4-column files), a blank line after each sentence, and the ``-DOCSTART-``
+lines of the input file (as lines of ``O O`` tags) where its documents begin; ``bertology evaluate --task conll``
+scores that file. New text to tag (``read_input``, what ``bertology predict`` reads) may also be a file of words
+only: one word a line, a blank line after each sentence (the 1-column CoNLL form, ``-DOCSTART-`` lines allowed);
+its predictions are ``word tag`` lines in the same layout, one predicted tag per word.
 """
 
 from __future__ import annotations
@@ -101,6 +104,18 @@ def read_tagged(path: Path, labels: LabelSet, limit: int | None = None) -> Tagge
                                 f"({sentence.words[position]!r}): tag {tag!r} is not one of "
                                 f"{', '.join(labels.names)}")
         sentences.append(sentence)
+    sentences.docstart = _docstart_columns(Path(path))
+    return sentences
+
+
+def read_words_or_tagged(path: Path, labels: LabelSet) -> TaggedSentences:
+    """A file to predict: a file of words only (every token line holds one column) gives sentences without tags;
+    any other file is read as :func:`read_tagged` reads it (the tags in the last column)."""
+    untagged = read_conll(path, tag_column=None, scheme_out=None)
+    first = next(untagged)  # a file with no sentence is a DataError here
+    if len(first.columns[0]) != 1:
+        return read_tagged(path, labels)
+    sentences = TaggedSentences([first, *untagged])
     sentences.docstart = _docstart_columns(Path(path))
     return sentences
 
@@ -329,6 +344,24 @@ def conlleval_lines(predictions: Sequence[Sequence[str]], sentences: Sequence[Ta
         yield ""
 
 
+def predicted_lines(predictions: Sequence[Sequence[str]], sentences: Sequence[TaggedSentence],
+                    docstart: Sequence[str] | None = None) -> Iterator[str]:
+    """Untagged sentences with their predictions, line by line: each token's columns and its predicted tag, a blank
+    line after each sentence; with ``docstart`` that line, tagged ``O``, before the first sentence of each
+    document."""
+    previous: int | None = None
+    for tags, sentence in zip(predictions, sentences, strict=True):
+        if len(tags) != len(sentence):
+            raise DataError(f"sentence {sentence.id}: {len(tags)} predicted tags for {len(sentence)} words")
+        if docstart is not None and sentence.document != previous:
+            yield " ".join([*docstart[:len(sentence.columns[0])], "O"])
+            yield ""
+        previous = sentence.document
+        for columns, guess in zip(sentence.columns, tags):
+            yield " ".join([*columns, guess])
+        yield ""
+
+
 class TaggingTask:
     """A BIO tagging task over CoNLL files (see the module docstring); ``conll2003`` is registered."""
 
@@ -349,6 +382,10 @@ class TaggingTask:
 
     def read(self, path: Path, limit: int | None = None) -> TaggedSentences:
         return read_tagged(path, self.labels, limit)
+
+    def read_input(self, path: Path) -> TaggedSentences:
+        """What ``bertology predict`` reads: a file of words only (untagged) or a tagged file (``read``)."""
+        return read_words_or_tagged(path, self.labels)
 
     def label_names(self) -> tuple[str, ...]:
         return self.labels.names
@@ -378,8 +415,10 @@ class TaggingTask:
 
     def write(self, path: Path, predictions: Sequence[Sequence[str]], examples: Sequence[TaggedSentence]) -> None:
         docstart = getattr(examples, "docstart", None)
+        untagged = bool(examples) and all(s.tags is None for s in examples)
+        lines = (predicted_lines if untagged else conlleval_lines)(predictions, examples, docstart)
         with atomic_write(path, "w", encoding="utf-8") as handle:
-            for line in conlleval_lines(predictions, examples, docstart):
+            for line in lines:
                 handle.write(line + "\n")
 
     def evaluate(self, predictions_path: Path, gold_path: Path) -> dict[str, Any]:

@@ -3,8 +3,10 @@ or an iterator of strings."""
 
 from __future__ import annotations
 
+import json
 import os
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Union
@@ -63,8 +65,10 @@ def train_tokenizer(
     of texts. ``style``: "bert" or "roberta"; WordPiece is always BERT-style and byte-level BPE RoBERTa-style,
     Unigram is XLM-R-style by default and ALBERT-style with "bert". ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
-    to Unigram. BPE training is deterministic; WordPiece and Unigram ids can differ between runs on the same
-    text, because the tokenizers library breaks count ties in hash-map order: save the result, do not retrain.
+    to Unigram. BPE and WordPiece training are deterministic: the same text gives the same tokenizer in every run
+    and process (WordPiece reads the text twice for that: ``_train_wordpiece``); Unigram ids can differ between
+    runs on the same text, because the tokenizers library breaks count ties in hash-map order: save it, do not
+    retrain.
 
     A corpus without usable text (nothing but whitespace, control or format characters once normalised, e.g. a
     file of NUL bytes) is a DataError naming its files. A small corpus legitimately gives a vocabulary smaller
@@ -92,40 +96,99 @@ def train_tokenizer(
     backend, trainer = _pipeline(kind, style, lowercase, vocab_size, min_frequency, show_progress, special_list,
                                  limit_alphabet)
     texts, describe = _corpus(files_or_texts)
-    normalizer = backend.normalizer
-
-    def batches() -> Iterator[list[str]]:
-        lines = characters = 0
-        usable = False
-        batch: list[str] = []
-        for text in texts:
-            if not isinstance(text, str):
-                raise TokenizerError(f"training texts must be strings, got {type(text).__name__}")
-            lines += 1
-            characters += len(text)
-            if not text.strip():
-                continue
-            # Checked until the first usable text, which for real corpora is the first line.
-            usable = usable or _has_usable_character(normalizer.normalize_str(text) if normalizer else text)
-            batch.append(text)
-            if len(batch) == _BATCH_LINES:
-                yield batch
-                batch = []
-        if not usable:  # raised from inside the iterator, so the trainer stops before computing a vocabulary
-            raise DataError(
-                f"no usable text in {describe(lines, characters)}: only whitespace, control or format characters "
-                "(e.g. NUL bytes) after normalisation, no words to learn from"
-            )
-        if batch:
-            yield batch
-
-    backend.train_from_iterator(batches(), trainer)
+    if kind == "wordpiece":
+        backend = _train_wordpiece(backend, files_or_texts, texts, describe, vocab_size, min_frequency,
+                                   show_progress, special_list, limit_alphabet)
+    else:
+        backend.train_from_iterator(_batches(texts, backend.normalizer, describe), trainer)
     specials: SpecialTokenTexts = default_specials(style, kind)
     return Tokenizer(backend, style=style, specials=specials, model_max_length=model_max_length)
 
 
 def _has_usable_character(text: str) -> bool:
     return any(unicodedata.category(char)[0] in _USABLE_CATEGORIES for char in text)
+
+
+def _batches(texts: Iterable[str], normalizer: normalizers.Normalizer | None, describe: Callable[[int, int], str],
+             counts: Counter[str] | None = None) -> Iterator[list[str]]:
+    """The non-blank texts in batches for the trainer (``counts``, when given, counts their characters); a corpus
+    without usable text is a DataError raised from inside, so the trainer stops before computing a vocabulary."""
+    lines = characters = 0
+    usable = False
+    batch: list[str] = []
+    for text in texts:
+        if not isinstance(text, str):
+            raise TokenizerError(f"training texts must be strings, got {type(text).__name__}")
+        lines += 1
+        characters += len(text)
+        if not text.strip():
+            continue
+        # Checked until the first usable text, which for real corpora is the first line.
+        usable = usable or _has_usable_character(normalizer.normalize_str(text) if normalizer else text)
+        if counts is not None:
+            counts.update(text)
+        batch.append(text)
+        if len(batch) == _BATCH_LINES:
+            yield batch
+            batch = []
+    if not usable:
+        raise DataError(
+            f"no usable text in {describe(lines, characters)}: only whitespace, control or format characters "
+            "(e.g. NUL bytes) after normalisation, no words to learn from"
+        )
+    if batch:
+        yield batch
+
+
+def _train_wordpiece(backend: tokenizers.Tokenizer, files_or_texts: TrainingInput, texts: Iterator[str],
+                     describe: Callable[[int, int], str], vocab_size: int, min_frequency: int, show_progress: bool,
+                     special_list: list[str], limit_alphabet: int | None) -> tokenizers.Tokenizer:
+    """``backend`` trained as the tokenizers library's WordPiece trainer trains it, but the same on every run.
+
+    That trainer numbers the continuation pieces (``##a``) in the iteration order of a hash map seeded afresh in
+    every process (and every call), and breaks ties between equally frequent merges by those numbers: two runs on
+    the same text give different ids and sometimes different merges. So a first, cheap pass (no merges) finds the
+    alphabet (cut to ``limit_alphabet`` by character count, ties by code point) and the continuation pieces; the
+    second pass gets both fixed, as reserved tokens after the specials in the library's own layout (the alphabet,
+    then the pieces, each in code-point order), which leaves the trainer nothing to number in hash order and breaks
+    merge ties as the library does (lower ids first). The reserved tokens are then made ordinary vocabulary
+    again. Path inputs are read twice; the texts of an iterator are held in memory."""
+    if not isinstance(files_or_texts, (str, os.PathLike, list, tuple)) and not _is_corpus_source(files_or_texts):
+        held = list(texts)
+        texts, again = iter(held), iter(held)
+    else:
+        again = _corpus(files_or_texts)[0]
+    survey = tokenizers.Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    survey.normalizer, survey.pre_tokenizer = backend.normalizer, backend.pre_tokenizer
+    counts: Counter[str] = Counter()
+    survey.train_from_iterator(_batches(texts, backend.normalizer, describe, counts), trainers.WordPieceTrainer(
+        vocab_size=1, min_frequency=0, show_progress=False, special_tokens=[],
+        continuing_subword_prefix="##"))
+    found = survey.get_vocab()
+    alphabet = sorted(token for token in found if len(token) == 1)
+    if limit_alphabet is not None and len(alphabet) > limit_alphabet:
+        normalised: Counter[str] = Counter()  # the raw characters' counts, carried through the normaliser
+        for char, count in counts.items():
+            for piece in backend.normalizer.normalize_str(char) if backend.normalizer else char:
+                normalised[piece] += count
+        alphabet = sorted(sorted(alphabet, key=lambda c: (-normalised[c], c))[:limit_alphabet])
+    continuation = [f"##{char}" for char in alphabet if f"##{char}" in found]
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress,
+        special_tokens=special_list + alphabet + continuation, initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet), continuing_subword_prefix="##",
+    )
+    backend.train_from_iterator(_batches(again, backend.normalizer, describe), trainer)
+    state = json.loads(backend.to_str())
+    reserved = set(alphabet + continuation)  # plain vocabulary, not tokens matched in the raw text
+    state["added_tokens"] = [entry for entry in state["added_tokens"] if entry["content"] not in reserved]
+    return tokenizers.Tokenizer.from_str(json.dumps(state))
+
+
+def _is_corpus_source(item: object) -> bool:
+    from bertology.data.corpus import CorpusSource  # imported here: the data package imports this one
+
+    return isinstance(item, CorpusSource)
 
 
 def _pipeline(

@@ -75,6 +75,7 @@ MAY_CHANGE_ON_RESUME = (
     "run.eval_batches",
     "run.checkpoint_every",
     "run.keep_last",
+    "run.keep_checkpoint",  # fine-tuning: whether a finished run keeps its last checkpoint
     "run.plot",
     "run.progress",
     "optim.total_steps",

@@ -286,3 +286,23 @@ def compile_blocks(blocks: Sequence[nn.Module], **options: Any) -> None:
     for block in blocks:
         for name in COMPILED_METHODS:
             setattr(block, name, torch.compile(getattr(block, name), dynamic=True, **options))
+
+
+@torch.no_grad()
+def init_parameters(model: nn.Module, std: float, generator: torch.Generator | None = None) -> None:
+    """BERT's initialisation, which every model here uses: N(0, std) linear weights and embeddings (the padding row
+    of an embedding that has one zeroed), zero linear biases, unit norms with zero biases. Modules are visited in
+    registration order, so the same seed gives the same weights however the model was built (on the meta device or
+    not). Parameters of other kinds (a head's vocabulary bias) are their owner's to set."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            module.weight.normal_(0.0, std, generator=generator)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.bias.zero_()
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            module.weight[module.padding_idx].zero_()
+        if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                module.weight.fill_(1.0)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()

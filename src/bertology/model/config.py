@@ -137,17 +137,28 @@ class EncoderConfig:
         return plan
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data.pop("extra")
-        return data
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown encoder config key(s): {', '.join(unknown)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "encoder")
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """A model config dataclass as the native format stores it: every field but `extra` (the unused keys of a
+    published config.json, which only its own format keeps)."""
+    data = dataclasses.asdict(config)
+    data.pop("extra", None)
+    return data
+
+
+def config_from_dict(cls: type, data: dict[str, Any], what: str) -> Any:
+    """`cls(**data)`, with keys the dataclass lacks named in one ConfigError."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} config key(s): {', '.join(unknown)}")
+    return cls(**data)
 
 
 # The model sizes of the BERT paper and of Turc et al. (2019) "Well-Read Students Learn Better": (layers, hidden).

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import attend, scatter_attention
-from bertology.model.blocks import Block, BlockSpec, plain_linear
+from bertology.model.blocks import Block, BlockSpec, init_parameters, plain_linear
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import BUILTIN_EXTENSIONS, EXTENSIONS, add_extension, register_extension
@@ -267,8 +267,10 @@ class EncoderModel(nn.Module):
         packed: bool = True,
         last_layer_at: Tensor | None = None,
         head_mask: Tensor | None = None,
+        layout: Layout | None = None,
     ) -> EncoderOutput:
         """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
+        `layout`: the packing of `attention_mask`, built already by the caller (see Encoder.forward).
         `head_mask` [layers, heads]: multiplies each head's output (see Encoder.forward).
 
         `last_layer_at` [N, 2] (row, column), possibly empty: the positions where the caller will read
@@ -289,6 +291,7 @@ class EncoderModel(nn.Module):
             packed=packed,
             last_layer_at=flat_at,
             head_mask=head_mask,
+            layout=layout,
         )
         h = out.last_hidden_state if self.mix is None else self.mix(out.hidden_states)
         if self.mix is not None and not output_hidden_states:
@@ -309,11 +312,12 @@ class EncoderModel(nn.Module):
         return add_extension(self, where, factory, **options)
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
-        """The forward's arguments for a training batch: ids, mask, and the segment ids and masked positions when
-        the batch has them."""
+        """The forward's arguments for a training batch: ids, mask, and the segment ids, masked positions and
+        packing (`layout`, set by the trainer on a GPU) when the batch has them."""
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                 "token_type_ids": getattr(batch, "token_type_ids", None),
-                "masked_positions": getattr(batch, "masked_positions", None)}
+                "masked_positions": getattr(batch, "masked_positions", None),
+                "layout": getattr(batch, "layout", None)}
 
     def blocks(self) -> list[nn.Module]:
         return list(self.encoder.layers)
@@ -385,18 +389,8 @@ class EncoderModel(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """BERT's initialisation: N(0, initializer_range) weights, zero biases, unit LayerNorms, zero padding row."""
-        std = self.config.initializer_range
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.zero_()
-            if isinstance(module, nn.Embedding) and module.padding_idx is not None:
-                module.weight[module.padding_idx].zero_()
-            if isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+        """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
+        init_parameters(self, self.config.initializer_range, generator)
         for head in self.heads.values():
             if isinstance(head, MaskedLMHead):
                 head.bias.zero_()

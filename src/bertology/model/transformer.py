@@ -11,7 +11,6 @@ decoder_attention_mask, labels, past_key_values, use_cache) and return logits an
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -22,7 +21,8 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL
-from bertology.model.blocks import Block, BlockSpec, KVCache, norm_layer
+from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, norm_layer
+from bertology.model.config import config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
@@ -106,17 +106,11 @@ class TransformerConfig:
                          attention_dropout=self.attention_dropout, attention_scale=self.attention_scale)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data.pop("extra")
-        return data
+        return config_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown transformer config key(s): {', '.join(unknown)}")
-        return cls(**data)
+        return config_from_dict(cls, data, "transformer")
 
 
 @dataclass
@@ -253,19 +247,11 @@ class TransformerModel(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """N(0, initializer_range) weights and embeddings, zero biases, unit norms."""
-        std = self.config.initializer_range
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-            if isinstance(module, nn.Linear) and module.bias is not None:
-                module.bias.zero_()
-            if isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
-                nn.init.ones_(module.weight)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            if isinstance(module, MaskedLMHead):
-                module.bias.zero_()
+        """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
+        init_parameters(self, self.config.initializer_range, generator)
+        for head in self.heads.values():
+            if isinstance(head, MaskedLMHead):
+                head.bias.zero_()
 
 
 class DecoderModel(TransformerModel):

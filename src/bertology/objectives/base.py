@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from bertology.model.encoder import EncoderOutput
 from bertology.model.heads import HeadSpec
 
 if TYPE_CHECKING:

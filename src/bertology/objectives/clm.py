@@ -14,15 +14,8 @@ import torch
 from torch import Tensor
 
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import (
-    ObjectiveOutput,
-    Passes,
-    check_objective,
-    classification_output,
-    classification_summary,
-    safe_exp,
-)
-from bertology.objectives.mlm import mlm_loss
+from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.mlm import token_prediction, token_prediction_summary
 
 
 class CausalBatch(Protocol):
@@ -78,11 +71,7 @@ class CausalLM:
         return torch.tensor(batch.lm_labels.shape[0], dtype=torch.int64)
 
     def __call__(self, passes: Passes, batch: CausalBatch) -> ObjectiveOutput:
-        logits = passes.shared.head_logits[self.name]
-        return classification_output(self.name, logits, batch.lm_labels,
-                                     mlm_loss(logits, batch.lm_labels, reduction="sum"))
+        return token_prediction(self.name, passes.shared.head_logits[self.name], batch.lm_labels)
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
-        metrics = classification_summary(self.name, totals)
-        metrics["perplexity"] = safe_exp(metrics[f"{self.name}_loss"])
-        return metrics
+        return token_prediction_summary(self.name, totals)

@@ -86,11 +86,19 @@ class MaskedLM:
         return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
 
     def __call__(self, passes: Passes, batch: MaskedBatch) -> ObjectiveOutput:
-        logits = passes.shared.head_logits[self.name]
-        return classification_output(self.name, logits, batch.mlm_labels,
-                                     mlm_loss(logits, batch.mlm_labels, reduction="sum"))
+        return token_prediction(self.name, passes.shared.head_logits[self.name], batch.mlm_labels)
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
-        metrics = classification_summary(self.name, totals)
-        metrics["perplexity"] = safe_exp(metrics[f"{self.name}_loss"])
-        return metrics
+        return token_prediction_summary(self.name, totals)
+
+
+def token_prediction(name: str, logits: Tensor, labels: Tensor) -> ObjectiveOutput:
+    """Loss sum and stats of predicting tokens: `logits [N, V]` at the N predicted positions, `labels [N]`."""
+    return classification_output(name, logits, labels, mlm_loss(logits, labels, reduction="sum"))
+
+
+def token_prediction_summary(name: str, totals: Mapping[str, float]) -> dict[str, float]:
+    """Mean loss, accuracy and perplexity of `token_prediction`'s summed stats."""
+    metrics = classification_summary(name, totals)
+    metrics["perplexity"] = safe_exp(metrics[f"{name}_loss"])
+    return metrics

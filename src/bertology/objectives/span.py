@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.model.config import EncoderConfig
+from bertology.model.blocks import init_parameters
 from bertology.model.encoder import EncoderModel, HeadSpec, activation
 from bertology.objectives.base import (
     ObjectiveOutput,
@@ -78,15 +79,8 @@ class SpanBoundaryHead(nn.Module):
 
     @torch.no_grad()
     def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:
-        """BERT's initialisation: N(0, std) weights and embeddings, zero biases, unit LayerNorms."""
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight.normal_(0.0, std, generator=generator)
-            if isinstance(module, nn.Linear):
-                module.bias.zero_()
-            if isinstance(module, nn.LayerNorm):
-                module.weight.fill_(1.0)
-                module.bias.zero_()
+        """BERT's initialisation (bertology.model.blocks.init_parameters) and a zero vocabulary bias."""
+        init_parameters(self, std, generator)
         self.bias.zero_()
 
 

@@ -32,6 +32,7 @@ from bertology import faults
 from bertology.errors import CheckpointError, ConfigError, TrainingError
 from bertology.io import atomic_write
 from bertology.model.blocks import compile_blocks
+from bertology.model.packing import Layout
 from bertology.model.protocol import Model
 from bertology.objectives.base import Batch, Objective
 from bertology.objectives.compose import TrainingLoss, stats_to_vector
@@ -259,7 +260,14 @@ class Trainer:
     def _device_batch(self, batch: Batch) -> Batch:
         if self.device.type == "cpu":
             return batch
-        return batch.to(self.device, non_blocking=True)
+        moved = batch.to(self.device, non_blocking=True)
+        mask = getattr(batch, "attention_mask", None)
+        if isinstance(mask, Tensor) and mask.device.type == "cpu":
+            # The batch's packing, worked out here on the host from the CPU mask (in the prefetch thread when there
+            # is one): the model's forward then never waits for the device to learn where the real tokens are.
+            with contextlib.suppress(AttributeError):  # a batch type that takes no new attributes goes without
+                moved.layout = Layout(mask).to(self.device)
+        return moved
 
     # ------------------------------------------------------------------------------------------------ training
     def train(self) -> dict[str, float]:

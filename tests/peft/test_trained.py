@@ -104,3 +104,39 @@ def test_given_model_is_not_changed(base_dir, tmp_path):
     state = copy.deepcopy(base.state_dict())
     load_trained(base, tmp_path / "t")
     assert not base.extensions and all(torch.equal(v, state[k]) for k, v in base.state_dict().items())
+
+
+def test_version_1_recipes_load_and_a_decoder_round_trips(base_dir, tmp_path):
+    model = bertology.load(base_dir).model
+    apply_lora(model, rank=2, alpha=4)
+    save_trained(model, tmp_path / "v1", base=str(base_dir))
+    recipe = json.loads((tmp_path / "v1" / "trained.json").read_text())
+    assert recipe["version"] == 2 and recipe["model"] == "encoder"
+    recipe["encoder"] = recipe.pop("config")  # the layout version 1 wrote: an EncoderModel's config, no model name
+    del recipe["model"]
+    (tmp_path / "v1" / "trained.json").write_text(json.dumps({**recipe, "version": 1}))
+    again = load_trained(base_dir, tmp_path / "v1")
+    batch = torch.randint(1, 50, (2, 5))
+    with torch.no_grad():
+        assert torch.equal(again(batch).logits, model.eval()(batch).logits)
+
+    from bertology.model import DecoderModel, TransformerConfig
+
+    torch.manual_seed(0)
+    decoder = DecoderModel(TransformerConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+                                             intermediate_size=32, max_position_embeddings=16),
+                           [HeadSpec("lm", "tied_lm")])
+    decoder.init_weights(torch.Generator().manual_seed(1))
+    save_model(decoder, tmp_path / "decoder")
+    tuned = bertology.load(tmp_path / "decoder").model
+    apply_lora(tuned, rank=2, alpha=4, targets=("query", "ffn_in"))
+    with torch.no_grad():
+        for name, parameter in tuned.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()  # as if trained
+    save_trained(tuned, tmp_path / "decoder-lora")
+    loaded = load_trained(tmp_path / "decoder", tmp_path / "decoder-lora")
+    assert type(loaded) is DecoderModel
+    ids = torch.randint(0, 40, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, tuned.eval()(ids).logits)

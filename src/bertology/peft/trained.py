@@ -13,28 +13,31 @@ import json
 import os
 from pathlib import Path
 from safetensors.torch import save_file
+from torch import nn
 
 from bertology.errors import BertologyError, CheckpointError
 from bertology.io import atomic_directory
 from bertology.model.checkpoint import Pretrained, load, read_json_object, read_safetensors
-from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
+from bertology.model.registry import model_name, registered
 from bertology.model.identity import EVAL_IRRELEVANT, state_fingerprint
 
 RECIPE_FILE = "trained.json"
 WEIGHTS_FILE = "trained.safetensors"
 FORMAT = "bertology-trained"
-VERSION = 1
+VERSION = 2  # 2: "model" names the registered model class, "config" its config; 1: an EncoderModel under "encoder"
+VERSIONS = (1, 2)
 
 
-def saved_names(model: EncoderModel) -> list[str]:
+def saved_names(model: Model) -> list[str]:
     """The state-dict names save_trained writes: the trainable parameters and every head's."""
     trainable = {id(p) for p in model.parameters() if p.requires_grad}
     names = [name for name, p in model.named_parameters() if id(p) in trainable or name.startswith("heads.")]
     return sorted(set(names))
 
 
-def save_trained(model: EncoderModel, directory: str | os.PathLike, base: str | None = None) -> list[str]:
+def save_trained(model: Model, directory: str | os.PathLike, base: str | None = None) -> list[str]:
     """Write the trainable parameters and the heads of `model` with the recipe to rebuild it on its base (atomically).
     `base` (optional) records where the base checkpoint is. Returns the names written."""
     names = saved_names(model)
@@ -44,7 +47,8 @@ def save_trained(model: EncoderModel, directory: str | os.PathLike, base: str | 
         "format": FORMAT,
         "version": VERSION,
         "base": base,
-        "encoder": model.config.to_dict(),
+        "model": model_name(model),
+        "config": model.config.to_dict(),
         "heads": [dataclasses.asdict(spec) for spec in model.head_specs],
         "extensions": {where: {"factory": factory, "options": options}
                        for where, (factory, options) in model.extensions.items()},
@@ -58,9 +62,9 @@ def save_trained(model: EncoderModel, directory: str | os.PathLike, base: str | 
     return names
 
 
-def load_trained(base: str | os.PathLike | EncoderModel | Pretrained, directory: str | os.PathLike, *,
-                 check_base: bool = True) -> EncoderModel:
-    """The model save_trained wrote: the base (a model directory for bertology.load, a Pretrained, or an EncoderModel,
+def load_trained(base: str | os.PathLike | Model | Pretrained, directory: str | os.PathLike, *,
+                 check_base: bool = True) -> Model:
+    """The model save_trained wrote: the base (a model directory for bertology.load, a Pretrained, or a model,
     whose encoder weights are used and which is not changed) with the recorded heads and extensions and the saved
     tensors; the recorded parameters train, the rest is frozen. `check_base`: refuse a base whose frozen weights
     differ from the ones the model was trained on. Returns the model in eval mode."""
@@ -70,18 +74,19 @@ def load_trained(base: str | os.PathLike | EncoderModel | Pretrained, directory:
         if not path.is_file():
             raise CheckpointError(f"{path}: missing (save_trained writes {RECIPE_FILE} and {WEIGHTS_FILE})")
     recipe = read_json_object(recipe_path)
-    if recipe.get("format") != FORMAT or recipe.get("version") != VERSION:
-        raise CheckpointError(f"{recipe_path}: expected format {FORMAT!r} version {VERSION}, got "
+    if recipe.get("format") != FORMAT or recipe.get("version") not in VERSIONS:
+        raise CheckpointError(f"{recipe_path}: expected format {FORMAT!r} version {' or '.join(map(str, VERSIONS))}, got "
                               f"{recipe.get('format')!r} version {recipe.get('version')!r}")
     trained = read_safetensors(weights_path)
     if isinstance(base, Pretrained):
         base_model = base.model
-    elif isinstance(base, EncoderModel):
+    elif isinstance(base, nn.Module):
         base_model = base
     else:
         base_model = load(base).model
     try:
-        config = EncoderConfig.from_dict(recipe["encoder"])
+        entry = registered("encoder" if recipe["version"] == 1 else recipe["model"])
+        config = entry.config_class.from_dict(recipe["encoder" if recipe["version"] == 1 else "config"])
         specs = [HeadSpec(**spec) for spec in recipe["heads"]]
         extensions = dict(recipe["extensions"])
         trainable = set(recipe["trainable"])
@@ -92,13 +97,13 @@ def load_trained(base: str | os.PathLike | EncoderModel | Pretrained, directory:
     differ = [key for key, value in config.to_dict().items()
               if key not in EVAL_IRRELEVANT and getattr(base_model.config, key) != value]
     if differ:
-        raise CheckpointError(f"{recipe_path}: the base model's encoder differs from the one trained in "
+        raise CheckpointError(f"{recipe_path}: the base model differs from the one trained in "
                               f"{', '.join(f'{k} ({getattr(base_model.config, k)!r} vs {getattr(config, k)!r})' for k in differ)}")
     config.extra = dict(base_model.config.extra)
-    model = EncoderModel(config, specs)
-    for where, entry in extensions.items():
+    model = entry.cls(config, specs)
+    for where, extension in extensions.items():
         try:
-            model.add_extension(where, entry["factory"], **entry["options"])
+            model.add_extension(where, extension["factory"], **extension["options"])
         except (BertologyError, KeyError, TypeError) as error:
             raise CheckpointError(f"{recipe_path}: cannot rebuild extension {where!r}: {error}") from None
     expected = model.state_dict()

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 
 from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer
 from bertology.training.trainer import BatchSource
@@ -56,7 +57,7 @@ class FinetuneTask(Protocol):
         run otherwise (labels kept when the examples have them, for the held-out loss)."""
         ...
 
-    def predict(self, model: EncoderModel, encoded: BatchSource, examples: Sequence[Any],
+    def predict(self, model: Model, encoded: BatchSource, examples: Sequence[Any],
                 batch_size: int) -> list[Any]:
         """One prediction per example, in the examples' order."""
         ...
@@ -74,7 +75,7 @@ class FinetuneTask(Protocol):
         ...
 
     # Optional: ``extend_model(model)`` adds modules a task's predictions need beyond heads (through
-    # ``EncoderModel.add_extension``, so the native format saves and rebuilds them), before the weights are set.
+    # ``model.add_extension``, so the native format saves and rebuilds them), before the weights are set.
     # Optional: ``read_input(path)`` reads what ``bertology predict`` is given when that may be more than ``read``
     # takes (CoNLL tagging: a file of words only, without tags); without it ``predict`` reads with ``read``.
 

@@ -41,7 +41,8 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
@@ -299,7 +300,7 @@ class TokenClassification:
 
 
 @torch.no_grad()
-def predict_word_labels(model: EncoderModel, examples: TokenExamples, batch_size: int = 64,
+def predict_word_labels(model: Model, examples: TokenExamples, batch_size: int = 64,
                         head: str = TOKEN_CLASSIFIER) -> list[np.ndarray]:
     """Per sentence, the argmax label id of each word at its first subword (padding-free forward in eval mode,
     batches in order of length), the chunks of a long sentence put back together."""
@@ -310,7 +311,7 @@ def predict_word_labels(model: EncoderModel, examples: TokenExamples, batch_size
     try:
         for batch in examples.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
-            logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids).head_logits[head]
+            logits = model(**model.forward_inputs(batch)).head_logits[head]
             best = logits.argmax(-1).cpu().numpy()
             for row, index in enumerate(batch.example_ids.cpu().tolist()):
                 chunk = examples.chunks[index]
@@ -401,7 +402,7 @@ class TaggingTask:
         return encode_tagged(tokenizer, examples, self.labels, max_length, label_all_subwords=self.label_all_subwords,
                              shuffle=train, seed=seed)
 
-    def predict(self, model: EncoderModel, encoded: TokenExamples, examples: Sequence[TaggedSentence],
+    def predict(self, model: Model, encoded: TokenExamples, examples: Sequence[TaggedSentence],
                 batch_size: int) -> list[list[str]]:
         if encoded.words != [len(s) for s in examples]:
             raise DataError(f"{self.name}: the encoded examples are not these sentences")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from transformer_helpers import gpt2_pair, t5_pair, tiny_config
 
 from bertology.errors import ConfigError, InputError
 from bertology.model import (
@@ -20,7 +21,7 @@ from bertology.model import (
 from bertology.model.attention import attention, choose_kernel, combined_mask, packed_attention
 from bertology.model.blocks import Block, BlockSpec
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, relative_buckets
-from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
 
 @pytest.fixture(autouse=True)
@@ -202,13 +203,6 @@ def test_block_packed_equals_padded(pre_norm, norm, gated, bias):
         block(x, None, mask)
 
 
-def tiny_config(**overrides):
-    values = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
-                  max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, decoder_start_token_id=0)
-    values.update(overrides)
-    return TransformerConfig(**values)
-
-
 @pytest.mark.parametrize("overrides", [{}, dict(positions="relative", norm="rmsnorm", gated_ffn=True, bias=False,
                                                  attention_scale=1.0, final_norm=True, logit_scale=0.25)])
 def test_decoder_cache_and_packing_give_the_full_forward(overrides):
@@ -269,28 +263,7 @@ def test_seq2seq_cache_equals_full_forward_and_labels_shift():
 
 
 def test_gpt2_assembled_from_the_parts_equals_transformers():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    hf = GPT2LMHeadModel(GPT2Config(vocab_size=60, n_positions=32, n_embd=16, n_layer=2, n_head=2,
-                                    resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)).eval()
-    ours = DecoderModel(tiny_config(vocab_size=60, hidden_size=16, intermediate_size=64, hidden_act="gelu_new"),
-                        [HeadSpec("lm", "tied_lm")]).eval()
-    sd, state = hf.state_dict(), {}
-    state["embeddings.weight"], state["decoder.positions.weight"] = sd["transformer.wte.weight"], sd["transformer.wpe.weight"]
-    for i in range(2):
-        hf_layer, layer = f"transformer.h.{i}.", f"decoder.layers.{i}."
-        for part, name in (("query", 0), ("key", 1), ("value", 2)):
-            state[f"{layer}{part}.weight"] = sd[hf_layer + "attn.c_attn.weight"].chunk(3, 1)[name].T
-            state[f"{layer}{part}.bias"] = sd[hf_layer + "attn.c_attn.bias"].chunk(3)[name]
-        for ours_name, theirs in (("attn_out", "attn.c_proj"), ("ffn_in", "mlp.c_fc"), ("ffn_out", "mlp.c_proj")):
-            state[f"{layer}{ours_name}.weight"], state[f"{layer}{ours_name}.bias"] = (
-                sd[hf_layer + theirs + ".weight"].T, sd[hf_layer + theirs + ".bias"])
-        for ours_name, theirs in (("attn_norm", "ln_1"), ("ffn_norm", "ln_2")):
-            for p in ("weight", "bias"):
-                state[f"{layer}{ours_name}.{p}"] = sd[f"{hf_layer}{theirs}.{p}"]
-    for p in ("weight", "bias"):
-        state[f"decoder.final_norm.{p}"] = sd[f"transformer.ln_f.{p}"]
-    ours.load_state_dict(state)
+    hf, ours = gpt2_pair()
     ids = torch.randint(0, 60, (3, 9))
     mask = torch.ones_like(ids)
     mask[0, 6:] = 0
@@ -302,41 +275,7 @@ def test_gpt2_assembled_from_the_parts_equals_transformers():
 
 @pytest.mark.parametrize("gated", [False, True])
 def test_t5_assembled_from_the_parts_equals_transformers(gated):
-    from transformers import T5Config, T5ForConditionalGeneration
-
-    hf = T5ForConditionalGeneration(T5Config(
-        vocab_size=40, d_model=16, d_kv=4, d_ff=24, num_layers=2, num_decoder_layers=2, num_heads=3,
-        relative_attention_num_buckets=8, relative_attention_max_distance=20, dropout_rate=0.0,
-        feed_forward_proj="gated-gelu" if gated else "relu", tie_word_embeddings=True, decoder_start_token_id=0,
-    )).eval()
-    config = tiny_config(vocab_size=40, hidden_size=16, num_heads=3, attention_head_size=4, intermediate_size=24,
-                         positions="relative", relative_attention_num_buckets=8, relative_attention_max_distance=20,
-                         norm="rmsnorm", layer_norm_eps=1e-6, pre_norm=True, gated_ffn=gated, bias=False,
-                         attention_scale=1.0, hidden_act="gelu_new" if gated else "relu", logit_scale=16 ** -0.5)
-    ours = Seq2SeqModel(config, [HeadSpec("lm", "tied_lm")]).eval()
-    sd, state = hf.state_dict(), {"embeddings.weight": hf.state_dict()["shared.weight"]}
-    for side in ("encoder", "decoder"):
-        state[f"{side}.relative.embedding.weight"] = sd[f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
-        state[f"{side}.final_norm.weight"] = sd[f"{side}.final_layer_norm.weight"]
-        for i in range(2):
-            block, layer = f"{side}.block.{i}.layer.", f"{side}.layers.{i}."
-            parts = [("", 0, "SelfAttention", "attn")]
-            if side == "decoder":
-                parts.append(("cross_", 1, "EncDecAttention", "cross"))
-            for prefix, index, name, norm in parts:
-                for ours_name, theirs in (("query", "q"), ("key", "k"), ("value", "v")):
-                    state[f"{layer}{prefix}{ours_name}.weight"] = sd[f"{block}{index}.{name}.{theirs}.weight"]
-                state[f"{layer}{'cross_out' if prefix else 'attn_out'}.weight"] = sd[f"{block}{index}.{name}.o.weight"]
-                state[f"{layer}{norm}_norm.weight"] = sd[f"{block}{index}.layer_norm.weight"]
-            ffn = len(parts)
-            if gated:
-                state[f"{layer}ffn_gate.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi_0.weight"]
-                state[f"{layer}ffn_in.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi_1.weight"]
-            else:
-                state[f"{layer}ffn_in.weight"] = sd[f"{block}{ffn}.DenseReluDense.wi.weight"]
-            state[f"{layer}ffn_out.weight"] = sd[f"{block}{ffn}.DenseReluDense.wo.weight"]
-            state[f"{layer}ffn_norm.weight"] = sd[f"{block}{ffn}.layer_norm.weight"]
-    ours.load_state_dict(state)
+    hf, ours = t5_pair(gated)
     src = torch.randint(1, 40, (2, 7))
     src_mask = torch.tensor([[1] * 5 + [0, 0], [1] * 7])
     labels = torch.randint(1, 40, (2, 5))

@@ -17,11 +17,13 @@ _EXPORTS = {
     "load": "bertology.model",
     "preset": "bertology.model",
     "embed": "bertology.embeddings",
+    "generate": "bertology.generation",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from bertology.embeddings import embed
+    from bertology.generation import generate
     from bertology.model import EncoderConfig, EncoderModel, Pretrained, load, preset
 
 

@@ -1,0 +1,346 @@
+"""Text generation from a decoder (`DecoderModel`) or an encoder-decoder (`Seq2SeqModel`): greedy search, beam search
+(length penalty, early stopping) and sampling (temperature, top-k, top-p, a seed), one position at a time through the
+model's key/value cache, with the vocabulary logits computed at the last position only.
+
+    sequences = prompt          a decoder: the left-padded prompt; an encoder-decoder: decoder_start_token_id
+                                (its encoder runs once; every block caches the memory's keys and values)
+    logits    = model(sequences)[last position]
+    repeat up to max_new_tokens times:
+        token     = argmax(logits)  |  a sample of softmax(filter(logits / temperature))  |  the beams' best
+        sequences = sequences + token        (a row that has said EOS gets pad_token_id from then on)
+        stop when every row has said EOS
+        logits    = model(token, cache)[last position]
+
+Greedy and beam search give transformers' `generate` tokens (tests/test_generation.py); so do its conventions: a
+decoder returns prompt + new tokens, an encoder-decoder the decoder sequence starting with its start token, the
+length penalty divides a finished beam's log-probability by (new tokens) ** length_penalty, and beam search stops
+early by transformers' heuristic (`early_stopping` False, True or "never")."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bertology.errors import ConfigError, InputError
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
+
+LANGUAGE_MODEL_HEADS = ("tied_lm", "masked_lm")  # head kinds whose logits are over the vocabulary
+NEVER = -1.0e9  # transformers' score of a hypothesis that must not be chosen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The settings, checked before anything runs
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What `generate` was asked for, checked: each bad value is a ConfigError naming its option."""
+
+    max_new_tokens: int
+    num_beams: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    length_penalty: float
+    early_stopping: bool | str
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    seed: int | None
+
+    def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "num_beams"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or isinstance(self.top_k, bool)
+                                       or self.top_k < 1):
+            raise ConfigError(f"top_k must be an integer of at least 1 (or None for no top-k), got {self.top_k!r}")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise ConfigError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if not math.isfinite(self.temperature) or (self.do_sample and self.temperature <= 0):
+            raise ConfigError(f"temperature must be a positive number when sampling (do_sample=True), got "
+                              f"{self.temperature!r}; for the most probable tokens use do_sample=False")
+        if not self.do_sample:
+            for name, value, default in (("temperature", self.temperature, 1.0), ("top_k", self.top_k, None),
+                                         ("top_p", self.top_p, None)):
+                if value != default:
+                    raise ConfigError(f"{name}={value!r} applies to sampling only: add do_sample=True")
+        if self.do_sample and self.num_beams > 1:
+            raise ConfigError(f"do_sample with num_beams={self.num_beams}: sampling draws one hypothesis per prompt; "
+                              "use num_beams=1 to sample or do_sample=False for beam search")
+        if self.early_stopping not in (False, True, "never"):
+            raise ConfigError(f"early_stopping must be False, True or 'never', got {self.early_stopping!r}")
+        if self.num_beams == 1:
+            for name, value, default in (("length_penalty", self.length_penalty, 1.0),
+                                         ("early_stopping", self.early_stopping, False)):
+                if value != default:
+                    raise ConfigError(f"{name}={value!r} applies to beam search only: set num_beams above 1")
+        if not math.isfinite(self.length_penalty):
+            raise ConfigError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
+            raise ConfigError(f"pad_token_id must be a token id, got {self.pad_token_id!r}")
+        for name, ids in (("eos_token_id", self.eos_token_ids), ("pad_token_id", (self.pad_token_id,))):
+            for token in ids:
+                if not 0 <= token < vocab_size:
+                    raise ConfigError(f"{name} {token} is outside the model's vocabulary [0, {vocab_size})")
+
+
+def token_ids(value: int | Sequence[int] | None, option: str) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    values = (value,) if isinstance(value, int) else tuple(value)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"{option} must be a token id or a list of token ids, got {value!r}")
+    return values
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model, one position at a time
+
+
+class Stepper:
+    """Runs the model through its key/value cache and returns the logits [rows, vocab] of each row's last position.
+    The first call reads the whole prefix (a decoder's prompt, an encoder-decoder's start token); each later call
+    one new token per row. `reorder(rows)` keeps the cache rows `rows` (beam search's surviving hypotheses)."""
+
+    def __init__(self, model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attention_mask: Tensor) -> None:
+        self.model = model
+        self.caches: list[Any] | None = None
+        self.memory: Tensor | None = None
+        self.memory_mask: Tensor | None = None
+        if isinstance(model, Seq2SeqModel):
+            start = model.config.decoder_start_token_id
+            if start is None:
+                raise ConfigError("decoder_start_token_id is not set in the model's config: an encoder-decoder "
+                                  "needs it to start the decoder")
+            self.memory, self.memory_mask = model.encode(input_ids, attention_mask), attention_mask
+            self.prefix = input_ids.new_full((input_ids.shape[0], 1), start)
+            self.mask = torch.ones_like(self.prefix)
+        else:
+            self.prefix, self.mask = input_ids, attention_mask
+
+    def logits(self, ids: Tensor) -> Tensor:
+        rows, length = ids.shape
+        if self.caches is not None:  # one more real position for every row
+            self.mask = torch.cat([self.mask, self.mask.new_ones(rows, 1)], 1)
+        last = torch.stack([torch.arange(rows, device=ids.device), ids.new_full((rows,), length - 1)], 1)
+        if self.memory is None:
+            out = self.model(ids, self.mask, past_key_values=self.caches, use_cache=True, masked_positions=last)
+        else:
+            out = self.model(attention_mask=self.memory_mask, decoder_input_ids=ids, decoder_attention_mask=self.mask,
+                             encoder_outputs=self.memory, past_key_values=self.caches, use_cache=True,
+                             masked_positions=last)
+        self.caches = out.past_key_values
+        return out.logits.float()
+
+    def reorder(self, rows: Tensor) -> None:
+        for cache in self.caches or ():
+            cache.reorder(rows)
+        self.mask = self.mask[rows]
+        if self.memory is not None and self.memory_mask is not None:
+            self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Choosing tokens
+
+
+def filtered(scores: Tensor, s: Settings) -> Tensor:
+    """Temperature, then top-k, then top-p (transformers' order) on logits or log-probabilities [rows, vocab]: the
+    tokens left out get -inf. Top-p keeps the most probable tokens until their probability reaches top_p: it drops,
+    from the least probable up, the tokens whose cumulative probability stays within 1 - top_p (the best stays)."""
+    if s.temperature != 1.0:
+        scores = scores / s.temperature
+    if s.top_k is not None and s.top_k < scores.shape[-1]:
+        kth_best = scores.topk(s.top_k, dim=-1).values[:, -1:]
+        scores = scores.masked_fill(scores < kth_best, -math.inf)
+    if s.top_p is not None and s.top_p < 1.0:
+        ascending, order = scores.sort(dim=-1)
+        dropped = ascending.softmax(-1).cumsum(-1) <= 1 - s.top_p
+        dropped[:, -1] = False
+        scores = scores.masked_fill(torch.zeros_like(dropped).scatter(1, order, dropped), -math.inf)
+    return scores
+
+
+def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | None) -> Tensor:
+    """One hypothesis per row: the most probable token, or a sample, at every step."""
+    sequences = step.prefix
+    eos = torch.tensor(s.eos_token_ids, dtype=torch.long, device=sequences.device)
+    unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
+    logits = step.logits(sequences)
+    for new in range(1, s.max_new_tokens + 1):
+        if s.do_sample:
+            token = torch.multinomial(filtered(logits, s).softmax(-1), 1, generator=generator).squeeze(1)
+        else:
+            token = logits.argmax(-1)
+        token = torch.where(unfinished, token, s.pad_token_id)
+        sequences = torch.cat([sequences, token[:, None]], 1)
+        unfinished &= ~torch.isin(token, eos)
+        if new == s.max_new_tokens or not unfinished.any():
+            break
+        logits = step.logits(token[:, None])
+    return sequences
+
+
+def beam_search(step: Stepper, s: Settings) -> Tensor:
+    """`num_beams` hypotheses per row, the best finished one returned (transformers' algorithm: at each step the
+    2 * num_beams best continuations of all beams (more with several EOS ids); those that end join the finished
+    hypotheses when among the num_beams best and better than the worst kept; the num_beams best others go on)."""
+    prefix, n = step.prefix, s.num_beams
+    batch, device = prefix.shape[0], prefix.device
+    eos = torch.tensor(s.eos_token_ids, dtype=torch.long, device=device)
+    k = max(2, 1 + len(s.eos_token_ids)) * n  # enough candidates that n go on even when n of them end
+    rows = torch.arange(batch, device=device)[:, None]
+    copies = torch.arange(batch, device=device).repeat_interleave(n)
+    logits = step.logits(prefix)[copies]  # the prefix runs once per row; its cache is copied to the row's beams
+    step.reorder(copies)
+    vocab = logits.shape[-1]
+
+    # the running hypotheses: new tokens [B, n, t] and total log-probabilities; beam 0 alone at first (all equal)
+    running = prefix.new_empty(batch, n, 0)
+    running_scores = torch.zeros(batch, n, device=device)
+    running_scores[:, 1:] = NEVER
+    # the finished hypotheses: tokens (padded), length-penalised scores, which slots hold one, their lengths
+    finished = prefix.new_full((batch, n, s.max_new_tokens), s.pad_token_id)
+    finished_scores = torch.full((batch, n), NEVER, device=device)
+    is_finished = torch.zeros(batch, n, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, n, dtype=torch.long, device=device)
+    hopeful = torch.ones(batch, 1, dtype=torch.bool, device=device)  # may a running beam still beat a finished one?
+    among_best = torch.arange(k, device=device) < n
+
+    for new in range(1, s.max_new_tokens + 1):
+        scores = (logits.log_softmax(-1).view(batch, n, vocab) + running_scores[..., None]).view(batch, n * vocab)
+        top, picked = scores.topk(k)
+        beam, token = picked // vocab, picked % vocab
+        candidates = torch.cat([running[rows, beam], token[..., None]], 2)  # [B, k, new]
+        ends = torch.isin(token, eos) | (new == s.max_new_tokens)
+
+        # the n best candidates that do not end go on, and the cache follows them
+        going_on = top + ends.float() * NEVER
+        keep = going_on.topk(n).indices
+        running, running_scores = candidates[rows, keep], going_on[rows, keep]
+        step.reorder((beam[rows, keep] + rows * n).flatten())
+
+        # those among the n best that end replace worse finished hypotheses (unless the row is closed)
+        ending = ends & among_best
+        penalised = top / new ** s.length_penalty
+        penalised = penalised + (is_finished.all(-1, keepdim=True) & (s.early_stopping is True)).float() * NEVER
+        penalised = penalised + (~hopeful).float() * NEVER
+        penalised = penalised + (~ending).float() * NEVER
+        pool = torch.cat([finished, F.pad(candidates, (0, s.max_new_tokens - new), value=s.pad_token_id)], 1)
+        pool_scores = torch.cat([finished_scores, penalised], 1)
+        best = pool_scores.topk(n).indices
+        finished, finished_scores = pool[rows, best], pool_scores[rows, best]
+        is_finished = torch.cat([is_finished, ending], 1)[rows, best]
+        lengths = torch.cat([lengths, torch.full_like(ending, new, dtype=torch.long)], 1)[rows, best]
+
+        # transformers' heuristic: the best running beam, penalised at this length (at the longest with "never" and
+        # a positive penalty), against the worst finished hypothesis once every slot holds one
+        horizon = s.max_new_tokens if s.early_stopping == "never" and s.length_penalty > 0 else new
+        best_running = running_scores[:, :1] / horizon ** s.length_penalty
+        worst = torch.where(is_finished, finished_scores.min(-1, keepdim=True).values, NEVER)
+        hopeful = hopeful & (best_running > worst).any(-1, keepdim=True)
+        if not hopeful.any() or (s.early_stopping is True and is_finished.all()) or ends.all():
+            break
+        logits = step.logits(running[:, :, -1].reshape(-1, 1))
+
+    width = int(lengths[:, 0].max())
+    return torch.cat([prefix, finished[:, 0, :width]], 1)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The entry point
+
+
+def generation_model(model_or_pretrained: Any) -> DecoderModel | Seq2SeqModel:
+    model = getattr(model_or_pretrained, "model", model_or_pretrained)
+    if not isinstance(model, (DecoderModel, Seq2SeqModel)):
+        raise ConfigError(f"generation needs a DecoderModel or a Seq2SeqModel, got {type(model).__name__}")
+    if not model.head_specs or model.head_specs[0].kind not in LANGUAGE_MODEL_HEADS:
+        first = f"{model.head_specs[0].name!r} of kind {model.head_specs[0].kind!r}" if model.head_specs else "none"
+        raise ConfigError(f"generation needs a language-model head (kind {' or '.join(LANGUAGE_MODEL_HEADS)}) first "
+                          f"among the model's heads; its first head: {first}")
+    return model
+
+
+def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attention_mask: Tensor,
+                  max_new_tokens: int) -> None:
+    if input_ids.dim() != 2 or not input_ids.numel():
+        raise InputError(f"input_ids must be a non-empty [batch, length] tensor, got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise InputError(f"attention_mask has shape {tuple(attention_mask.shape)}; input_ids {tuple(input_ids.shape)}")
+    width, positions = input_ids.shape[1], model.config.max_length
+    if width > positions:
+        raise ConfigError(f"input_ids: a prompt of {width} tokens is longer than the model's {positions} positions")
+    decoded = width if isinstance(model, DecoderModel) else 1  # an encoder-decoder's decoder starts from one token
+    if decoded + max_new_tokens > positions:
+        what = "prompt" if isinstance(model, DecoderModel) else "start"
+        raise ConfigError(f"max_new_tokens: {decoded} {what} token(s) + "
+                          f"{max_new_tokens} new tokens exceed the model's {positions} positions")
+    if isinstance(model, DecoderModel):
+        ending_in_padding = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+        if ending_in_padding:
+            raise InputError(f"attention_mask: prompt row {ending_in_padding[0]} ends with padding; pad a decoder's "
+                             "prompts on the left (the new tokens follow the last column)")
+
+
+@torch.no_grad()
+def generate(
+    model_or_pretrained: Any,
+    input_ids: Tensor,
+    attention_mask: Tensor | None = None,
+    max_new_tokens: int = 20,
+    num_beams: int = 1,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+    seed: int | None = None,
+) -> Tensor:
+    """Generate up to `max_new_tokens` tokens after each prompt of `input_ids` [B, L] (`attention_mask` [B, L], 1 =
+    real token; a decoder's prompts padded on the left). Returns [B, L'] token ids on the model's device: prompt +
+    new tokens for a `DecoderModel`, the decoder's sequence from `decoder_start_token_id` for a `Seq2SeqModel`;
+    rows that said EOS (`eos_token_id`: an id, a list, [] for none; None: the model config's) are padded with
+    `pad_token_id` (default the config's). `num_beams` > 1: beam search; `do_sample`: sampling with `temperature`,
+    `top_k`, `top_p`, from a torch.Generator seeded with `seed` (None: torch's global generator). The model runs in
+    eval mode (restored afterwards)."""
+    model = generation_model(model_or_pretrained)
+    config = model.config
+    settings = Settings(
+        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=bool(do_sample), temperature=float(temperature),
+        top_k=top_k, top_p=None if top_p is None else float(top_p), length_penalty=float(length_penalty),
+        early_stopping=early_stopping,
+        eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
+        pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
+        seed=seed)
+    settings.check_vocabulary(config.vocab_size)
+    device = model.embeddings.weight.device
+    input_ids = torch.as_tensor(input_ids).to(device=device, dtype=torch.long)
+    attention_mask = (torch.ones_like(input_ids) if attention_mask is None
+                      else torch.as_tensor(attention_mask).to(device=device, dtype=torch.long))
+    check_prompts(model, input_ids, attention_mask, max_new_tokens)
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    training = model.training
+    model.eval()
+    try:
+        step = Stepper(model, input_ids, attention_mask)
+        if settings.num_beams > 1:
+            return beam_search(step, settings)
+        return greedy_or_sample(step, settings, generator)
+    finally:
+        model.train(training)

@@ -20,7 +20,7 @@ from bertology.errors import BertologyError  # noqa: E402
 # `register(subparsers) -> None` follows in alphabetical order, so a new command is one new file.
 FIRST_COMMANDS: tuple[str, ...] = (
     "quickstart", "tokenizer", "data", "pretrain", "finetune", "predict", "evaluate", "fill_mask", "embed", "info",
-    "demo",
+    "demo", "generate",
 )
 
 

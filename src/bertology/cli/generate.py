@@ -1,0 +1,79 @@
+"""`bertology generate`: continue texts with a decoder, or transform them with an encoder-decoder
+(bertology.generate)."""
+
+from __future__ import annotations
+
+import argparse
+
+from bertology.device import add_device_arguments, placement_from_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate",
+        help="generate text from a decoder (GPT-style) or an encoder-decoder (T5/BART-style)",
+        description="Print one generated text per TEXT, on one line each (line breaks written as \\n and \\r): "
+        "a decoder's prompt and its continuation, an encoder-decoder's output. Greedy by default; --num-beams for "
+        "beam search, --do-sample for sampling. Stops at the model's EOS token or after --max-new-tokens.",
+    )
+    parser.add_argument("texts", nargs="+", metavar="TEXT")
+    parser.add_argument("--model", required=True, metavar="DIR", help="model directory with its tokenizer")
+    parser.add_argument("--max-new-tokens", type=int, default=20, metavar="N",
+                        help="at most N new tokens (default: 20)")
+    parser.add_argument("--num-beams", type=int, default=1, metavar="N", help="beam search with N beams (default: 1)")
+    parser.add_argument("--length-penalty", type=float, default=1.0,
+                        help="beam search: a finished beam's log-probability / length ** this (default: 1.0)")
+    parser.add_argument("--early-stopping", action="store_true",
+                        help="beam search: stop a text once it has --num-beams finished hypotheses")
+    parser.add_argument("--do-sample", action="store_true", help="sample the tokens instead of choosing the best")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling: divide the logits by this")
+    parser.add_argument("--top-k", type=int, default=None, help="sampling: only from the K most probable tokens")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="sampling: only from the most probable tokens holding probability P (0 < P <= 1)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling: the random seed (default: unseeded)")
+    add_device_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from bertology.errors import CheckpointError, InputError
+    from bertology.generation import generate
+    from bertology.model import load_model
+    from bertology.model.checkpoint import TOKENIZER_FILES
+    from bertology.model.transformer import DecoderModel
+    from bertology.tokenization import load_tokenizer
+
+    where = placement_from_args(args)
+    model = load_model(args.model)
+    if not any((Path(args.model) / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
+    tokenizer = load_tokenizer(args.model)
+    decoder = isinstance(model, DecoderModel)
+    prompts = [tokenizer.encode(text).ids for text in args.texts]
+    for number, ids in enumerate(prompts, start=1):
+        if not ids:
+            raise InputError(f"TEXT {number} ({args.texts[number - 1]!r}) has no tokens")
+    width, pad = max(map(len, prompts)), model.config.pad_token_id
+    # a decoder's prompts are padded on the left (its new tokens follow the last column), an encoder's on the right
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p if decoder else p + [pad] * (width - len(p))
+                              for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if decoder else
+                                   [1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    where.move(model)
+    with where.autocast():
+        sequences = generate(model, input_ids=input_ids, attention_mask=attention_mask,
+                             max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, do_sample=args.do_sample,
+                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                             length_penalty=args.length_penalty, early_stopping=args.early_stopping, seed=args.seed)
+    eos = model.config.eos_token_id
+    for prompt, row in zip(prompts, sequences.cpu().tolist()):
+        new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token
+        if eos is not None and eos in new:
+            new = new[:new.index(eos)]
+        text = tokenizer.decode((prompt if decoder else []) + new)
+        print(text.replace("\r", "\\r").replace("\n", "\\n"))
+    return 0

@@ -16,7 +16,7 @@ from bertology.generation import Settings, filtered
 from bertology.model import HeadSpec, Pretrained
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
-PAD = 3  # not 0: transformers' beam search fills short rows with EOS when the pad id is 0 (see the module's doc)
+PAD = 3  # not 0, which transformers' beam search replaces by the EOS id (tested on its own below)
 NEW = 12
 
 
@@ -99,6 +99,20 @@ def test_an_encoder_decoder_generates_transformers_tokens(t5, options):
         assert (got[:, 0] == 0).all()  # the decoder's sequence, from decoder_start_token_id
         stopped += int((got == PAD).any()) + int(got.shape[1] < 1 + NEW)
     assert stopped or options.get("length_penalty", 1.0) > 1
+
+
+def test_beams_of_a_model_whose_pad_id_is_0_are_padded_as_transformers_pads_them():
+    torch.manual_seed(1)
+    hf, ours = t5_pair(vocab_size=40, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, initializer_factor=3.0)
+    src = torch.randint(4, 40, (3, 7))
+    free = hf.generate(src, max_new_tokens=NEW, do_sample=False)
+    padded = 0
+    for eos in sorted(set(free[:, 1:].flatten().tolist())):
+        expected = hf.generate(src, max_new_tokens=NEW, num_beams=3, eos_token_id=eos)
+        assert torch.equal(generate(ours, input_ids=src, max_new_tokens=NEW, num_beams=3, eos_token_id=eos), expected)
+        for row in expected[:, 1:].tolist():
+            padded += eos in row[:-1] and all(token == eos for token in row[row.index(eos):])
+    assert padded  # some row ended before others and was padded with the EOS id
 
 
 def test_the_configs_eos_and_pad_are_the_defaults(t5):
@@ -277,6 +291,7 @@ def test_the_model_runs_in_eval_mode_and_keeps_its_mode():
     (dict(length_penalty=2.0), "length_penalty=2.0 applies to beam search only: set num_beams above 1"),
     (dict(early_stopping=True), "early_stopping=True applies to beam search only"),
     (dict(num_beams=2, early_stopping="sometimes"), "early_stopping must be False, True or 'never'"),
+    (dict(num_beams=2, early_stopping=1), "early_stopping must be False, True or 'never', got 1"),
     (dict(num_beams=2, do_sample=True), "do_sample with num_beams=2"),
     (dict(eos_token_id=50), r"eos_token_id 50 is outside the model's vocabulary \[0, 50\)"),
     (dict(eos_token_id=[2, -1]), "eos_token_id -1 is outside"),

@@ -14,7 +14,8 @@ model's key/value cache, with the vocabulary logits computed at the last positio
 Greedy and beam search give transformers' `generate` tokens (tests/test_generation.py); so do its conventions: a
 decoder returns prompt + new tokens, an encoder-decoder the decoder sequence starting with its start token, the
 length penalty divides a finished beam's log-probability by (new tokens) ** length_penalty, and beam search stops
-early by transformers' heuristic (`early_stopping` False, True or "never")."""
+early by transformers' heuristic (`early_stopping` False, True or "never"), and the padding of beam search's
+shorter results: pad_token_id, or the (first) EOS id where the pad id is 0 (T5's)."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ class Settings:
         if self.do_sample and self.num_beams > 1:
             raise ConfigError(f"do_sample with num_beams={self.num_beams}: sampling draws one hypothesis per prompt; "
                               "use num_beams=1 to sample or do_sample=False for beam search")
-        if self.early_stopping not in (False, True, "never"):
+        if not (self.early_stopping is False or self.early_stopping is True or self.early_stopping == "never"):
             raise ConfigError(f"early_stopping must be False, True or 'never', got {self.early_stopping!r}")
         if self.num_beams == 1:
             for name, value, default in (("length_penalty", self.length_penalty, 1.0),
@@ -212,7 +213,8 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
     running_scores = torch.zeros(batch, n, device=device)
     running_scores[:, 1:] = NEVER
     # the finished hypotheses: tokens (padded), length-penalised scores, which slots hold one, their lengths
-    finished = prefix.new_full((batch, n, s.max_new_tokens), s.pad_token_id)
+    fill = s.pad_token_id or (s.eos_token_ids[0] if s.eos_token_ids else 0)  # transformers' padding of beams
+    finished = prefix.new_full((batch, n, s.max_new_tokens), fill)
     finished_scores = torch.full((batch, n), NEVER, device=device)
     is_finished = torch.zeros(batch, n, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, n, dtype=torch.long, device=device)
@@ -238,7 +240,7 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
         penalised = penalised + (is_finished.all(-1, keepdim=True) & (s.early_stopping is True)).float() * NEVER
         penalised = penalised + (~hopeful).float() * NEVER
         penalised = penalised + (~ending).float() * NEVER
-        pool = torch.cat([finished, F.pad(candidates, (0, s.max_new_tokens - new), value=s.pad_token_id)], 1)
+        pool = torch.cat([finished, F.pad(candidates, (0, s.max_new_tokens - new), value=fill)], 1)
         pool_scores = torch.cat([finished_scores, penalised], 1)
         best = pool_scores.topk(n).indices
         finished, finished_scores = pool[rows, best], pool_scores[rows, best]

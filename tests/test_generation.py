@@ -320,6 +320,8 @@ def test_prompts_and_positions():
         generate(decoder, input_ids=torch.ones(1, 3, dtype=torch.long), attention_mask=torch.ones(1, 2))
     with pytest.raises(InputError, match="input_ids must be a non-empty"):
         generate(decoder, input_ids=torch.ones(3, dtype=torch.long))
+    with pytest.raises(InputError, match=r"input_ids must lie in \[0, 50\)"):
+        generate(decoder, input_ids=torch.tensor([[4, 50]]), max_new_tokens=2)
     # an encoder-decoder with learned positions (BART-like): the encoder's input and the decoder's length
     seq2seq = Seq2SeqModel(tiny_config(max_position_embeddings=8), [HeadSpec("lm", "tied_lm")])
     with pytest.raises(ConfigError, match="input_ids: a prompt of 9 tokens is longer"):

@@ -13,7 +13,7 @@ from transformer_helpers import gpt2_pair, t5_pair, tiny_config
 from bertology import generate
 from bertology.errors import ConfigError, InputError
 from bertology.generation import Settings, filtered
-from bertology.model import HeadSpec, Pretrained
+from bertology.model import HeadSpec, Pretrained, register_head
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
 PAD = 3  # not 0, which transformers' beam search replaces by the EOS id (tested on its own below)
@@ -341,6 +341,20 @@ def test_models_that_cannot_generate_say_why():
         generate(classifier, input_ids=torch.ones(1, 3, dtype=torch.long))
     with pytest.raises(ConfigError, match="its first head: none"):
         generate(DecoderModel(tiny_config()), input_ids=torch.ones(1, 3, dtype=torch.long))
+
+    class PositionScores(torch.nn.Module):  # reads where it is told, but three scores, not the vocabulary
+        def __init__(self, config, spec):
+            super().__init__()
+            self.out = torch.nn.Linear(config.hidden_size, 3)
+
+        def forward(self, inputs):
+            at = inputs.masked_positions
+            return self.out(inputs.hidden[at[:, 0], at[:, 1]])
+
+    register_head("test_position_scores", PositionScores, reads="masked_positions")
+    scorer = DecoderModel(tiny_config(), [HeadSpec("scores", "test_position_scores")])
+    with pytest.raises(ConfigError, match=r"logits over the vocabulary .* 'scores' gave shape \(1, 3\)"):
+        generate(scorer, input_ids=torch.ones(1, 3, dtype=torch.long))
     no_start = Seq2SeqModel(tiny_config(decoder_start_token_id=None, positions="relative"), [HeadSpec("lm", "tied_lm")])
     with pytest.raises(ConfigError, match="decoder_start_token_id is not set"):
         generate(no_start, input_ids=torch.ones(1, 3, dtype=torch.long))

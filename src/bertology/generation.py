@@ -11,11 +11,11 @@ model's key/value cache, with the vocabulary logits computed at the last positio
         stop when every row has said EOS
         logits    = model(token, cache)[last position]
 
-Greedy and beam search give transformers' `generate` tokens (tests/test_generation.py); so do its conventions: a
-decoder returns prompt + new tokens, an encoder-decoder the decoder sequence starting with its start token, the
-length penalty divides a finished beam's log-probability by (new tokens) ** length_penalty, and beam search stops
-early by transformers' heuristic (`early_stopping` False, True or "never"), and the padding of beam search's
-shorter results: pad_token_id, or the (first) EOS id where the pad id is 0 (T5's)."""
+Greedy and beam search give transformers' `generate` tokens (tests/test_generation.py), with its conventions: a
+decoder returns prompt + new tokens, an encoder-decoder the decoder sequence from its start token; the length penalty
+divides a finished beam's log-probability by (new tokens) ** length_penalty; beam search stops early by transformers'
+heuristic (`early_stopping` False, True or "never") and pads its shorter results with pad_token_id, or with the
+(first) EOS id where the pad id is 0 (T5's)."""
 
 from __future__ import annotations
 
@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
+from bertology.model.heads import head_reads
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
-LANGUAGE_MODEL_HEADS = ("tied_lm", "masked_lm")  # head kinds whose logits are over the vocabulary
 NEVER = -1.0e9  # transformers' score of a hypothesis that must not be chosen
 
 
@@ -143,6 +143,9 @@ class Stepper:
                              encoder_outputs=self.memory, past_key_values=self.caches, use_cache=True,
                              masked_positions=last)
         self.caches = out.past_key_values
+        if out.logits.shape != (rows, self.model.config.vocab_size):
+            raise ConfigError(f"generation needs logits over the vocabulary from the model's first head; "
+                              f"{self.model.head_specs[0].name!r} gave shape {tuple(out.logits.shape)}")
         return out.logits.float()
 
     def reorder(self, rows: Tensor) -> None:
@@ -269,10 +272,11 @@ def generation_model(model_or_pretrained: Any) -> DecoderModel | Seq2SeqModel:
     model = getattr(model_or_pretrained, "model", model_or_pretrained)
     if not isinstance(model, (DecoderModel, Seq2SeqModel)):
         raise ConfigError(f"generation needs a DecoderModel or a Seq2SeqModel, got {type(model).__name__}")
-    if not model.head_specs or model.head_specs[0].kind not in LANGUAGE_MODEL_HEADS:
+    # a language-model head predicts tokens where it is told (tied_lm, masked_lm): the last position here
+    if not model.head_specs or head_reads(model.head_specs[0].kind) != "masked_positions":
         first = f"{model.head_specs[0].name!r} of kind {model.head_specs[0].kind!r}" if model.head_specs else "none"
-        raise ConfigError(f"generation needs a language-model head (kind {' or '.join(LANGUAGE_MODEL_HEADS)}) first "
-                          f"among the model's heads; its first head: {first}")
+        raise ConfigError(f"generation needs a language-model head (such as tied_lm) first among the model's heads; "
+                          f"its first head: {first}")
     return model
 
 

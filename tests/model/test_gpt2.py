@@ -266,3 +266,25 @@ def test_a_decoder_built_by_bertology_saves_in_transformers_layout(tmp_path):
     ids, mask = padded_batch("right")
     with torch.no_grad():
         assert_real_close(model(ids, mask).logits, hf(input_ids=ids, attention_mask=mask).logits, mask)
+
+
+def test_load_reads_a_gpt2_directory_with_its_byte_level_tokenizer(tmp_path):
+    """bertology.load of a GPT-2 directory (model + transformers' tokenizer files) gives transformers' ids, and the
+    model reads them as transformers' model does."""
+    from framing_helpers import TEXTS, backend
+
+    import bertology
+
+    fast = transformers.GPT2TokenizerFast(tokenizer_object=backend("gpt2"), bos_token="<|endoftext|>",
+                                          eos_token="<|endoftext|>", unk_token="<|endoftext|>")
+    fast.save_pretrained(tmp_path / "hf")
+    hf, directory = saved(tmp_path, "LMHeadModel", vocab_size=len(fast), bos_token_id=fast.eos_token_id,
+                          eos_token_id=fast.eos_token_id, pad_token_id=None)
+    pretrained = bertology.load(directory)
+    assert pretrained.tokenizer is not None and pretrained.tokenizer.kind == "bpe"
+    texts = [*TEXTS[:5], "  Unseen wörds, émoji 🙂 and tabs\tstay byte-level!", "<|endoftext|>the cat"]
+    for text in texts:
+        assert pretrained.tokenizer.encode(text).ids == fast(text)["input_ids"], text
+    ids = torch.tensor([fast(TEXTS[1])["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(pretrained.model(ids).logits, hf(input_ids=ids).logits, atol=TOL, rtol=TOL)

@@ -313,7 +313,8 @@ class CheckpointFamily:
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2")  # modules of bertology.model.families
+# Modules of bertology.model.families, registered in this order.
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 

@@ -288,3 +288,37 @@ def test_load_reads_a_gpt2_directory_with_its_byte_level_tokenizer(tmp_path):
     ids = torch.tensor([fast(TEXTS[1])["input_ids"]])
     with torch.no_grad():
         torch.testing.assert_close(pretrained.model(ids).logits, hf(input_ids=ids).logits, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("change", [dict(pre_norm=False), dict(embedding_scale=2.0), dict(position_offset=2),
+                                    dict(attention_scale=1.0), dict(norm="rmsnorm"), dict(gated_ffn=True)])
+def test_a_decoder_gpt2_cannot_express_is_saved_natively(tmp_path, change):
+    """A gpt2-family config that differs from GPT-2's fixed facts is not written as a GPT-2 checkpoint (transformers
+    would build another model from it): the native format keeps it, and format="hf" says why not."""
+    config = TransformerConfig(family="gpt2", vocab_size=VOCAB, hidden_size=24, num_layers=1, num_heads=3,
+                               intermediate_size=48, max_position_embeddings=32, **change)
+    model = DecoderModel(config, [HeadSpec("lm", "tied_lm")]).eval()
+    save_model(model, tmp_path / "auto")
+    assert (tmp_path / "auto" / "bertology.json").is_file() and not (tmp_path / "auto" / "config.json").exists()
+    back = load_model(tmp_path / "auto")
+    ids, mask = padded_batch("right")
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, mask).logits, model(ids, mask).logits, atol=0, rtol=0)
+    name = next(iter(change))
+    with pytest.raises(CheckpointError, match=rf"cannot be saved in transformers' layout: its {name} is "):
+        save_model(model, tmp_path / "hf", format="hf")
+
+
+def test_decoding_a_loaded_gpt2_with_the_cache_gives_transformers_logits(tmp_path):
+    hf, directory = saved(tmp_path, "LMHeadModel")
+    model = load_model(directory)
+    ids = torch.randint(2, VOCAB, (2, 10))
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        step = model(ids[:, :4], use_cache=True)
+        logits = [step.logits]
+        for t in range(4, 10):
+            step = model(ids[:, t:t + 1], torch.ones(2, t + 1, dtype=torch.long), past_key_values=step.past_key_values,
+                         use_cache=True)
+            logits.append(step.logits)
+    torch.testing.assert_close(torch.cat(logits, 1), expected, atol=TOL, rtol=TOL)

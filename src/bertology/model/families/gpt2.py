@@ -71,6 +71,24 @@ def dropout_rate(key: str) -> Callable[[Any, Mapping[str, Any]], Any]:
     return read
 
 
+def positive_number(key: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+    def read(value: Any, config_json: Mapping[str, Any]) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"{key}: expected a positive number, got {value!r}")
+        return float(value)
+
+    return read
+
+
+def token_id(key: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+    def read(value: Any, config_json: Mapping[str, Any]) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{key}: expected a token id (an integer >= 0) or null, got {value!r}")
+        return value
+
+    return read
+
+
 def hidden_dropout_when_none(value: Any, config: TransformerConfig) -> Any:
     """embd_pdrop is a number in transformers' config; bertology's None means the hidden dropout."""
     return config.hidden_dropout if value is None else value
@@ -84,17 +102,17 @@ CONFIG_KEYS = (
     ConfigKey("intermediate_size", "n_inner", positive_int("n_inner"), none_when_four_times, four_times_width),
     ConfigKey("max_position_embeddings", "n_positions", positive_int("n_positions")),
     ConfigKey("hidden_act", "activation_function", known_activation),
-    ConfigKey("layer_norm_eps", "layer_norm_epsilon"),
+    ConfigKey("layer_norm_eps", "layer_norm_epsilon", positive_number("layer_norm_epsilon")),
     ConfigKey("hidden_dropout", "resid_pdrop", dropout_rate("resid_pdrop")),
     ConfigKey("embedding_dropout", "embd_pdrop", dropout_rate("embd_pdrop"), hidden_dropout_when_none),
     ConfigKey("attention_dropout", "attn_pdrop", dropout_rate("attn_pdrop")),
     # GPT2ForTokenClassification's dropout: classifier_dropout when given, else 0.1 (GPT2Config has no other).
     ConfigKey("classifier_dropout", "classifier_dropout", dropout_rate("classifier_dropout"),
               default=lambda config_json: 0.1),
-    ConfigKey("initializer_range", "initializer_range"),
-    ConfigKey("bos_token_id", "bos_token_id"),
-    ConfigKey("eos_token_id", "eos_token_id"),
-    ConfigKey("pad_token_id", "pad_token_id", write=no_pad_when_read_without),
+    ConfigKey("initializer_range", "initializer_range", positive_number("initializer_range")),
+    ConfigKey("bos_token_id", "bos_token_id", token_id("bos_token_id")),
+    ConfigKey("eos_token_id", "eos_token_id", token_id("eos_token_id")),
+    ConfigKey("pad_token_id", "pad_token_id", token_id("pad_token_id"), no_pad_when_read_without),
 )
 
 LAYER = "h.{i}"

@@ -327,3 +327,18 @@ def test_decoding_a_loaded_gpt2_with_the_cache_gives_transformers_logits(tmp_pat
                          use_cache=True)
             logits.append(step.logits)
     torch.testing.assert_close(torch.cat(logits, 1), expected, atol=TOL, rtol=TOL)
+
+
+def test_a_legacy_pytorch_model_bin_with_mask_buffers_loads(tmp_path):
+    """Older GPT-2 checkpoints are pytorch_model.bin files of the base model's keys, buffers included."""
+    hf, directory = saved(tmp_path, "Model")
+    weights = load_file(directory / "model.safetensors")
+    weights.update({f"h.{layer}.attn.bias": torch.tril(torch.ones(1, 1, 32, 32)) for layer in range(2)})
+    weights.update({f"h.{layer}.attn.masked_bias": torch.tensor(-1e4) for layer in range(2)})
+    (directory / "model.safetensors").unlink()
+    torch.save(weights, directory / "pytorch_model.bin")
+    model = load_model(directory)
+    ids, mask = padded_batch("left")
+    with torch.no_grad():
+        got = model(ids, mask).last_hidden_state
+    assert_real_close(got, hf_outputs(hf, ids, mask).last_hidden_state, mask)

@@ -32,8 +32,8 @@ def edit_config(directory, **changes):
 
 def test_unregistered_model_type_names_the_file_key_and_the_registered_ones(tmp_path):
     directory = saved(tmp_path)
-    edit_config(directory, model_type="gpt2")
-    with pytest.raises(CheckpointError, match=r"config\.json: model_type: unknown model_type 'gpt2'; registered: "
+    edit_config(directory, model_type="mamba")
+    with pytest.raises(CheckpointError, match=r"config\.json: model_type: unknown model_type 'mamba'; registered: "
                                               r"bert, roberta, xlm-roberta, electra, albert, distilbert"):
         load_model(directory)
     edit_config(directory, model_type=...)

@@ -32,8 +32,8 @@ def test_missing_config(tmp_path):
 
 
 def test_unknown_model_type(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
-    with pytest.raises(CheckpointError, match="unknown model_type 'gpt2'"):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}))
+    with pytest.raises(CheckpointError, match="unknown model_type 'mamba'"):
         load_model(tmp_path)
 
 

@@ -37,6 +37,9 @@ class ConfigKey:
     key: str
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
     write: Callable[[Any, EncoderConfig], Any] | None = None
+    # The value when config.json lacks the key or holds null (GPT-2's n_inner: None means 4 x n_embd); None: the
+    # config class's default.
+    default: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 def renamed_keys(mapping: Mapping[str, str]) -> tuple[ConfigKey, ...]:
@@ -203,26 +206,30 @@ def layer_linears(layer: str, parts: Mapping[str, str]) -> tuple[WeightEntry, ..
 class Head:
     """A head as the family's transformers classes store it: its kind, its activation (None: the config's
     hidden_act) and its parts: our module part (`dense`, `norm`, `out`) -> the checkpoint's module name, `bias` -> a
-    bare bias parameter, `tied` -> the decoder module tied to the word embeddings and to `bias`."""
+    bare bias parameter, `tied` -> the decoder module tied to the word embeddings and to `bias`; `bias` False: its
+    linear parts have no bias."""
 
     kind: str
     activation: str | None = None
     parts: Mapping[str, str] = field(default_factory=dict)
+    bias: bool = True  # False: its linear parts have a weight only (GPT-2's `score`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
 
-    def entries(self, name: str) -> tuple[WeightEntry, ...]:
+    def entries(self, name: str, word_embeddings: str = "encoder.embeddings.word.weight") -> tuple[WeightEntry, ...]:
+        """The head's weight entries; `word_embeddings` is the parameter a `tied` part is tied to."""
         out: list[WeightEntry] = []
+        params = ("weight", "bias") if self.bias else ("weight",)
         for part, theirs in self.parts.items():
             if part == "bias":
                 out.append(WeightEntry((f"heads.{name}.bias",), (theirs,)))
             elif part == "tied":
-                out.append(WeightEntry(("encoder.embeddings.word.weight",), (f"{theirs}.weight",), Tie(check=True)))
+                out.append(WeightEntry((word_embeddings,), (f"{theirs}.weight",), Tie(check=True)))
                 if "bias" in self.parts:  # transformers ties the decoder's bias to the head's
                     out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
             else:
-                out.extend(linear(f"heads.{name}.{part}", theirs))
+                out.extend(linear(f"heads.{name}.{part}", theirs, params))
         return tuple(out)
 
     def as_tuple(self) -> tuple[str, str | None, dict[str, str]]:
@@ -249,9 +256,16 @@ class CheckpointFamily:
     # The registered model class its checkpoints build (bertology.model.registry) and that class's config.
     model: str = "encoder"
     config_class: type = EncoderConfig
+    # That model's word-embedding parameter (what a `tied` head part is tied to).
+    word_embeddings: str = "encoder.embeddings.word.weight"
+    # config.json keys whose value, when present and not null, must be this one (a variant bertology does not build,
+    # e.g. GPT-2's scale_attn_by_inverse_layer_idx); a CheckpointError names the file and the key otherwise.
+    required: Mapping[str, Any] = field(default_factory=dict)
+    # Suffixes of checkpoint keys that are buffers, not weights (GPT-2's attn.bias causal mask): dropped on reading.
+    ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("heads", "architectures", "fixed"):
+        for name in ("heads", "architectures", "fixed", "required"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if not self.family:
             object.__setattr__(self, "family", self.model_type)
@@ -299,7 +313,8 @@ class CheckpointFamily:
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert")  # modules of bertology.model.families
+# Modules of bertology.model.families, registered in this order.
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -354,9 +369,15 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
 # --- config.json ------------------------------------------------------------------------------------------------
 
 
+# Keys of every transformers config (PretrainedConfig's own): a family's table may read them, but their presence
+# says nothing about which family a file belongs to.
+GENERIC_KEYS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                          "tie_word_embeddings", "is_encoder_decoder"})
+
+
 def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:
     """A config key that only another registered family's table uses means the file mixes two families."""
-    own = family.key_names | family.tolerated
+    own = family.key_names | family.tolerated | GENERIC_KEYS
     for other in registry().values():
         if other.model_type == family.model_type:
             continue
@@ -374,12 +395,21 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         raise CheckpointError(
             f"{source}: position_embedding_type {hf['position_embedding_type']!r} is not supported (only 'absolute')"
         )
+    for key, value in family.required.items():
+        if hf.get(key) is not None and hf[key] != value:
+            raise CheckpointError(f"{source}: {key} {hf[key]!r} is not supported: bertology builds "
+                                  f"{family.model_type} models with {key} {value!r}")
     values: dict[str, Any] = dict(family.fixed)
     used = set()
-    for key in family.config_keys:
-        if hf.get(key.key) is not None:
-            values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
-            used.add(key.key)
+    try:
+        for key in family.config_keys:
+            if hf.get(key.key) is not None:
+                values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
+                used.add(key.key)
+            elif key.default is not None:
+                values[key.field] = key.default(hf)
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
     if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
         values["pruned_heads"] = hf["pruned_heads"] or {}
         used.add("pruned_heads")
@@ -400,7 +430,7 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
         if value is not None or key.key not in hf:
             hf[key.key] = value
     hf.pop("pruned_heads", None)
-    if config.pruned_heads:
+    if getattr(config, "pruned_heads", None):
         hf["pruned_heads"] = {str(layer): list(h) for layer, h in config.pruned_heads.items()}
     hf["model_type"] = family.model_type
     hf["architectures"] = [family.architecture_name(tuple(h.name for h in heads))]
@@ -437,10 +467,12 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
         if entry.when is not None and not getattr(config, entry.when):
             continue
         per_layer = any("{i}" in name for name in entry.ours + entry.theirs)
-        for i in range(config.num_unique_layers) if per_layer else [None]:
+        layers = getattr(config, "num_unique_layers", config.num_layers)  # ALBERT shares layers; others do not
+        inner = getattr(config, "inner_group_size", 1)
+        for i in range(layers) if per_layer else [None]:
             names: dict[str, Any] = {}
             if i is not None:
-                names = dict(i=i, group=i // config.inner_group_size, inner=i % config.inner_group_size)
+                names = dict(i=i, group=i // inner, inner=i % inner)
             out.append(Bound(tuple(n.format(**names) for n in entry.ours),
                              tuple(base + n.format(**names) for n in entry.theirs), entry.transform))
     for spec in heads:
@@ -448,7 +480,7 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
         if head is None:
             raise CheckpointError(f"family {family.model_type!r} has no head named {spec.name!r} in transformers' "
                                   "format")
-        out.extend(Bound(e.ours, e.theirs, e.transform) for e in head.entries(spec.name))
+        out.extend(Bound(e.ours, e.theirs, e.transform) for e in head.entries(spec.name, family.word_embeddings))
     return out
 
 
@@ -518,7 +550,8 @@ def to_state_dict(model: Any, weights: Mapping[str, Tensor], prefixed: bool, sou
             if entry.transform.check and ours in state and not torch.equal(weights[theirs], state[ours]):
                 mismatched.append(f"{theirs}: differs from {ours}, which transformers ties it to; untied weights are "
                                   "not supported")
-    check_keys(source, family.model_type, missing, sorted(set(weights) - used), mismatched)
+    unexpected = sorted(k for k in set(weights) - used if not (family.ignored and k.endswith(family.ignored)))
+    check_keys(source, family.model_type, missing, unexpected, mismatched)
     return state
 
 

@@ -198,3 +198,22 @@ register_head("mean_pooled", MeanPooledHead)
 register_head("token", TokenLinearHead)
 register_head("token_mlp", TokenMLPHead)
 register_head("tied_lm", TiedLMHead, reads="masked_positions")
+
+
+class LastTokenHead(nn.Module):
+    """A linear layer without bias on each row's last real token, the last position whose attention mask is 1 (so
+    left and right padding read the same token): GPT-2's sequence classification (kind "last_token"), where only
+    the last position has seen the whole text."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.out = nn.Linear(config.hidden_size, spec.num_labels, bias=False)
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h, mask = inputs.hidden, inputs.attention_mask
+        columns = torch.arange(mask.shape[1], device=mask.device)
+        last = (columns * mask.ne(0)).argmax(1)  # a row without real tokens reads position 0
+        return self.out(h[torch.arange(h.shape[0], device=h.device), last])
+
+
+register_head("last_token", LastTokenHead)

@@ -63,6 +63,7 @@ class TransformerConfig:
     logit_scale: float = 1.0  # tied LM logits multiplied by this (T5 v1.0: hidden ** -0.5)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    embedding_dropout: float | None = None  # None: hidden_dropout (GPT-2's embd_pdrop)
     classifier_dropout: float | None = None
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -170,7 +171,8 @@ class Stack(nn.Module):
             x = x + self.positions(position_ids_from_mask(attention_mask, length))
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
-        x = fast_dropout(x, self.config.hidden_dropout, self.training)
+        dropout = self.config.embedding_dropout
+        x = fast_dropout(x, self.config.hidden_dropout if dropout is None else dropout, self.training)
         layout = Layout(attention_mask) if packed and caches is None else None
         if layout is not None:
             x = layout.pack(x)

@@ -25,6 +25,7 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "albert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
+    "gpt2": "gpt2",
 }
 
 # tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.

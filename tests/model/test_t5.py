@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model import Seq2SeqModel, load_model, save_model
+from bertology.model import HeadSpec, Model, Seq2SeqModel, load_model, save_model
+from bertology.model.heads import HeadInputs
 from bertology.model.transformer import EncoderStackModel
 
 transformers = pytest.importorskip("transformers")
@@ -57,11 +58,16 @@ def check_generation_model(hf, ours) -> None:
                                atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize(("projection", "untied"), [("relu", False), ("gated-gelu", False), ("relu", True),
-                                                    ("gated-gelu", True)])
-def test_conditional_generation_loads_and_saves_both_ways(tmp_path, projection, untied):
-    # v1.1 (gated-gelu) checkpoints say tie_word_embeddings false: no scaling of the decoder output.
-    hf = transformers.T5ForConditionalGeneration(t5_config(projection, tie_word_embeddings=not untied)).eval()
+@pytest.mark.parametrize(("projection", "untied", "scaled"), [
+    ("relu", False, True),  # v1.0
+    ("gated-gelu", False, True),
+    ("relu", True, False),
+    ("gated-gelu", True, False),  # v1.1: tie_word_embeddings false, no scaling of the decoder output
+    ("gated-gelu", True, True),  # an own lm_head and the scaling
+    ("relu", False, False),  # tied without scaling (transformers' T5 with tie_word_embeddings false now)
+])
+def test_conditional_generation_loads_and_saves_both_ways(tmp_path, projection, untied, scaled):
+    hf = transformers.T5ForConditionalGeneration(t5_config(projection, tie_word_embeddings=scaled)).eval()
     if untied:
         untie(hf)
     hf.save_pretrained(tmp_path / "hf")
@@ -70,6 +76,8 @@ def test_conditional_generation_loads_and_saves_both_ways(tmp_path, projection, 
     assert ours.head_specs[0].kind == ("lm" if untied else "tied_lm")
     assert ours.config.gated_ffn is (projection == "gated-gelu")
     assert ours.config.decoder_depth == 3 and len(ours.decoder.layers) == 3 and len(ours.encoder.layers) == 2
+    assert ours.config.logit_scale == (16 ** -0.5 if scaled else 1.0)
+    assert isinstance(ours, Model)
     check_generation_model(hf, ours)
 
     save_model(ours, tmp_path / "ours")
@@ -80,6 +88,7 @@ def test_conditional_generation_loads_and_saves_both_ways(tmp_path, projection, 
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert config["architectures"] == ["T5ForConditionalGeneration"]
     assert config["feed_forward_proj"] == projection
+    assert config["scale_decoder_outputs"] is scaled and config["tie_word_embeddings"] is scaled
     back = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "ours").eval()
     check_generation_model(back, ours)
     assert set(back.state_dict()) == set(hf.state_dict())
@@ -203,3 +212,80 @@ def test_config_keys_and_scaling_are_read_as_transformers_reads_them(tmp_path):
         ("gelu", False, 0.2, 0.2)
     with pytest.raises(ConfigError, match=r"cfg\.json: num_heads must be positive"):
         config_from_hf({**base, "num_heads": 0}, "cfg.json")
+
+
+def test_an_encoder_checkpoint_is_not_a_seq2seq_one_and_back(tmp_path):
+    transformers.T5EncoderModel(t5_config()).save_pretrained(tmp_path / "encoder")
+    path = tmp_path / "encoder" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "architectures": ["T5Model"]}))
+    with pytest.raises(CheckpointError, match=r"missing keys: decoder\.block\.0\.layer\.0\.SelfAttention\.q\.weight"):
+        load_model(tmp_path / "encoder")
+    transformers.T5Model(t5_config()).save_pretrained(tmp_path / "full")
+    path = tmp_path / "full" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "architectures": ["T5EncoderModel"]}))
+    with pytest.raises(CheckpointError, match=r"unexpected keys: decoder\."):
+        load_model(tmp_path / "full")
+
+
+def test_an_unsupported_architecture_is_named(tmp_path):
+    transformers.T5Model(t5_config()).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "architectures": ["T5ForQuestionAnswering"]}))
+    with pytest.raises(CheckpointError, match=r"config\.json: architectures: unsupported architecture "
+                                              r"'T5ForQuestionAnswering'; supported: T5Model, "
+                                              r"T5ForConditionalGeneration, T5EncoderModel"):
+        load_model(tmp_path / "hf")
+
+
+def test_an_encoder_stack_with_a_head_transformers_lacks_is_saved_natively(tmp_path):
+    transformers.T5EncoderModel(t5_config()).save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    with_head = EncoderStackModel(ours.config, [HeadSpec("lm", "tied_lm")])
+    with_head.load_state_dict(ours.state_dict())
+    with pytest.raises(CheckpointError, match=r"no transformers architecture of 't5' has exactly the heads "
+                                              r"\('lm',\) on a 'encoder-stack' model"):
+        save_model(with_head, tmp_path / "hf-only", format="hf")
+    save_model(with_head, tmp_path / "auto")
+    assert (tmp_path / "auto" / "bertology.json").is_file()
+    assert load_model(tmp_path / "auto").head_specs == with_head.head_specs
+
+
+def test_a_t5_config_carrying_another_familys_key_is_refused(tmp_path):
+    transformers.T5Model(t5_config()).save_pretrained(tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "num_hidden_layers": 2}))
+    with pytest.raises(ConfigError, match=r"config\.json: key 'num_hidden_layers' is a bert config key, not a t5 one"):
+        load_model(tmp_path / "hf")
+
+
+def test_generic_transformers_keys_are_no_family_s_own(tmp_path):
+    # A BERT config.json carrying PretrainedConfig's generic keys, which the t5 table maps, is no mix of families.
+    hf = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                 intermediate_size=24, eos_token_id=2, decoder_start_token_id=1)
+    transformers.BertModel(hf).save_pretrained(tmp_path / "bert")
+    path = tmp_path / "bert" / "config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({**config, "eos_token_id": 2, "decoder_start_token_id": 1,
+                                "tie_word_embeddings": True}))
+    assert load_model(tmp_path / "bert").config.family == "bert"
+
+
+def test_the_lm_head_kind_has_its_own_weight_and_scales_like_a_tied_one():
+    config = load_config()
+    config.logit_scale = 0.5
+    model = Seq2SeqModel(config, [HeadSpec("lm", "lm")])
+    head = model.heads["lm"]
+    assert [name for name, _ in head.named_parameters()] == ["weight"] and head.bias is None
+    hidden = torch.randn(2, 3, 16)
+    inputs = HeadInputs(hidden=hidden, attention_mask=torch.ones(2, 3), word_embeddings=model.embeddings.weight,
+                        masked_positions=torch.tensor([[0, 1], [1, 2]]))
+    expected = torch.stack([hidden[0, 1], hidden[1, 2]]) @ head.weight.T * 0.5
+    torch.testing.assert_close(head(inputs), expected)
+
+
+def load_config():
+    from bertology.model.convert import config_from_hf
+
+    return config_from_hf({"model_type": "t5", "vocab_size": VOCAB, "d_model": 16, "d_kv": 4, "num_heads": 4,
+                           "d_ff": 24, "num_layers": 1})

@@ -134,6 +134,7 @@ def test_encoder_model_is_an_encoder_stack(tmp_path, projection):
     torch.testing.assert_close(got * real, expected * real, atol=1e-5, rtol=1e-5)
     assert len(states) == 3
     torch.testing.assert_close(states[-1], got)
+    assert isinstance(load_model(tmp_path / "hf", heads=()), EncoderStackModel)  # heads chosen: the class stays
     save_model(ours, tmp_path / "ours")
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert config["architectures"] == ["T5EncoderModel"]

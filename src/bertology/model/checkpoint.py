@@ -209,14 +209,14 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     family = checkpoint_family(hf["model_type"], str(config_path))
     weights = read_weights(directory)
     prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
-    built = family.model
+    architectures = hf.get("architectures") or [family.class_stem + "Model"]
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got {architectures!r}")
     if heads is None:
-        architectures = hf.get("architectures") or [family.class_stem + "Model"]
-        if not isinstance(architectures, list):
-            raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got "
-                                  f"{architectures!r}")
         heads = family.architecture_heads(architectures[0], str(config_path))
-        built = family.model_for(architectures[0][len(family.class_stem):])
+    # The registered class the architecture builds (T5EncoderModel: an encoder stack), chosen heads or not.
+    built = family.model_for(architectures[0][len(family.class_stem):]) if isinstance(architectures[0], str) \
+        else family.model
     if getattr(config, "pooler", False):  # a BERT-style checkpoint without pooler weights (a masked-LM one) has none
         base = family.prefix + "." if prefixed else ""
         config.pooler = any(base + key in weights for entry in family.weights if entry.when == "pooler"

@@ -290,3 +290,14 @@ def load_config():
 
     return config_from_hf({"model_type": "t5", "vocab_size": VOCAB, "d_model": 16, "d_kv": 4, "num_heads": 4,
                            "d_ff": 24, "num_layers": 1})
+
+
+def test_a_table_whose_models_name_an_unknown_architecture_is_refused():
+    import dataclasses
+
+    from bertology.model.families.t5 import FAMILY
+
+    with pytest.raises(ConfigError, match=r"checkpoint family 't5': models names architecture suffix "
+                                          r"'ForEncoding', which architectures lacks"):
+        dataclasses.replace(FAMILY, models={"ForEncoding": "encoder-stack"})
+    assert FAMILY.model_for("EncoderModel") == "encoder-stack" and FAMILY.model_for("Model") == "seq2seq"

@@ -24,6 +24,7 @@ from torch import Tensor
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import HeadSpec
+from bertology.model.registry import model_name
 
 # --- config keys --------------------------------------------------------------------------------------------------
 
@@ -167,9 +168,8 @@ class WeightEntry:
     """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
     Names may hold `{i}` (the layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
     Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
-    `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler"; "not gated_ffn": falsy);
-    `layers` the one
-    counting the layers (an encoder-decoder's two stacks may differ in depth)."""
+    `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler"; after "not ", falsy);
+    `layers` the one counting the layers (an encoder-decoder's two stacks may differ in depth)."""
 
     ours: tuple[str, ...]
     theirs: tuple[str, ...]
@@ -501,11 +501,13 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
 
 
 def model_entries(model: Any, prefixed: bool, family: CheckpointFamily) -> list[Bound]:
-    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error, but entries
-    under a top-level module the model does not have (an encoder-only model's decoder) do not apply."""
-    children = {name for name, _ in model.named_children()}
-    entries = [entry for entry in bound_entries(model.config, model.head_specs, prefixed, family)
-               if any(name.split(".")[0] in children for name in entry.ours)]
+    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error, except in a
+    model of a class only some architectures build (`family.models`: T5's encoder stack), where the entries under
+    a top-level module it does not have (the decoder) do not apply."""
+    entries = bound_entries(model.config, model.head_specs, prefixed, family)
+    if family.models and model_name(model) != family.model:
+        children = {name for name, _ in model.named_children()}
+        entries = [entry for entry in entries if any(name.split(".")[0] in children for name in entry.ours)]
     params = set(model.state_dict())
     absent = sorted({o for entry in entries for o in entry.ours if o not in params})
     if absent:

@@ -301,3 +301,22 @@ def test_a_table_whose_models_name_an_unknown_architecture_is_refused():
                                           r"'ForEncoding', which architectures lacks"):
         dataclasses.replace(FAMILY, models={"ForEncoding": "encoder-stack"})
     assert FAMILY.model_for("EncoderModel") == "encoder-stack" and FAMILY.model_for("Model") == "seq2seq"
+
+
+def test_decoding_step_by_step_with_the_cache_gives_transformers_logits(tmp_path):
+    hf = transformers.T5ForConditionalGeneration(t5_config("gated-gelu", tie_word_embeddings=False)).eval()
+    untie(hf)
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    src, src_mask, labels = batch()
+    decoder_ids = torch.cat([torch.zeros(3, 1, dtype=torch.long), labels[:, :-1].clamp(min=0)], 1)
+    with torch.no_grad():
+        expected = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=decoder_ids).logits
+        memory = ours.encode(src, src_mask)
+        cache, steps = None, []
+        for t in range(decoder_ids.shape[1]):
+            step = ours(attention_mask=src_mask, decoder_input_ids=decoder_ids[:, t:t + 1], encoder_outputs=memory,
+                        past_key_values=cache, use_cache=True)
+            cache = step.past_key_values
+            steps.append(step.logits)
+    torch.testing.assert_close(torch.cat(steps, 1), expected, atol=1e-5, rtol=1e-5)

@@ -100,13 +100,14 @@ def hf_layout_problem(model: Model) -> str | None:
         head = family.heads.get(spec.name)
         if head is None:
             return f"transformers' {name} models have no head named {spec.name!r}"
+        head = head.variant(spec.kind) or head
         act = head.activation or config.hidden_act
         if spec.kind != head.kind:
             return f"head {spec.name!r} is of kind {spec.kind!r}; transformers' {name} {spec.name!r} is {head.kind!r}"
         if spec.kind in ("masked_lm", "first_token", "token_mlp") and spec.activation != act:
             return f"head {spec.name!r} uses {spec.activation!r}; transformers' {name} {spec.name!r} uses {act!r}"
     try:
-        family.architecture_name(tuple(spec.name for spec in model.head_specs))
+        family.architecture_name(tuple(spec.name for spec in model.head_specs), model_name(model))
     except CheckpointError as error:
         return str(error)
     # Parameters the table does not name: modules set by hand into a layer (adapters, wrapped projections).
@@ -210,19 +211,21 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     config = config_from_hf(hf, str(config_path))
     family = checkpoint_family(hf["model_type"], str(config_path))
     weights = read_weights(directory)
-    prefixed = any(k.startswith(family.prefix + ".") for k in weights)
+    prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
+    architectures = hf.get("architectures") or [family.class_stem + "Model"]
+    if not isinstance(architectures, list):
+        raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got {architectures!r}")
     if heads is None:
-        architectures = hf.get("architectures") or [family.class_stem + "Model"]
-        if not isinstance(architectures, list):
-            raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got "
-                                  f"{architectures!r}")
         heads = family.architecture_heads(architectures[0], str(config_path))
+    # The registered class the architecture builds (T5EncoderModel: an encoder stack), chosen heads or not.
+    built = family.model_for(architectures[0][len(family.class_stem):]) if isinstance(architectures[0], str) \
+        else family.model
     if getattr(config, "pooler", False):  # a BERT-style checkpoint without pooler weights (a masked-LM one) has none
         base = family.prefix + "." if prefixed else ""
         config.pooler = any(base + key in weights for entry in family.weights if entry.when == "pooler"
                             for key in entry.theirs)
     specs = head_specs(family, config, tuple(heads), weights, str(config_path))
-    model = model_class(family.model)(config, specs)
+    model = model_class(built)(config, specs)
     model.load_state_dict(to_state_dict(model, weights, prefixed, str(directory), family))
     return model.eval()
 
@@ -290,7 +293,7 @@ def read_state_dict(directory: str | os.PathLike, model: Model) -> dict[str, Ten
     if not (directory / NATIVE_FILE).is_file():
         weights = read_weights(directory)
         family = family_for_config(model.config)
-        prefixed = any(k.startswith(family.prefix + ".") for k in weights)
+        prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
         return to_state_dict(model, weights, prefixed, str(directory), family)
     weights = read_weights(directory, renamed=False)
     check_native_keys(str(directory), model, weights)
@@ -356,7 +359,7 @@ def write_model_files(model: Model, directory: Path, format: Format = "auto") ->
     if format == "native" or problem is not None:
         write_native(model, directory)
         return
-    config = config_to_hf(model.config, model.head_specs)
+    config = config_to_hf(model.config, model.head_specs, model_name(model))
     (directory / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
     save_file(from_state_dict(model), directory / "model.safetensors", metadata={"format": "pt"})
 

@@ -24,6 +24,7 @@ from torch import Tensor
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import HeadSpec
+from bertology.model.registry import model_name
 
 # --- config keys --------------------------------------------------------------------------------------------------
 
@@ -170,12 +171,14 @@ class WeightEntry:
     """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
     Names may hold `{i}` (the layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
     Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
-    `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler")."""
+    `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler"; after "not ", falsy);
+    `layers` the one counting the layers (an encoder-decoder's two stacks may differ in depth)."""
 
     ours: tuple[str, ...]
     theirs: tuple[str, ...]
     transform: Transform = RENAME
     when: str | None = None
+    layers: str = "num_unique_layers"  # the config attribute counting the layers `{i}` runs over
 
     def __post_init__(self) -> None:
         problem = self.transform.arity_problem(len(self.ours), len(self.theirs))
@@ -205,27 +208,34 @@ def layer_linears(layer: str, parts: Mapping[str, str]) -> tuple[WeightEntry, ..
 @dataclass(frozen=True)
 class Head:
     """A head as the family's transformers classes store it: its kind, its activation (None: the config's
-    hidden_act) and its parts: our module part (`dense`, `norm`, `out`) -> the checkpoint's module name, `bias` -> a
-    bare bias parameter, `tied` -> the decoder module tied to the word embeddings and to `bias`; `bias` False: its
-    linear parts have no bias."""
+    hidden_act) and its parts: our module part (`dense`, `norm`, `out`) -> the checkpoint's module name, `bias` /
+    `weight` -> a bare bias / weight parameter, `tied` -> the decoder module tied to the word embeddings and to
+    `bias`; `bias` False: its linear parts have no bias. `untied`: the same head with an output weight of its own,
+    which a checkpoint holding the tied module's weight, different from the word embeddings, builds (as transformers
+    unties them then: T5 v1.1's lm_head)."""
 
     kind: str
     activation: str | None = None
     parts: Mapping[str, str] = field(default_factory=dict)
     bias: bool = True  # False: its linear parts have a weight only (GPT-2's `score`)
+    untied: Head | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
 
-    def entries(self, name: str, word_embeddings: str = "encoder.embeddings.word.weight") -> tuple[WeightEntry, ...]:
-        """The head's weight entries; `word_embeddings` is the parameter a `tied` part is tied to."""
+    def variant(self, kind: str) -> Head | None:
+        """This head, or its untied variant, when it is of `kind`."""
+        return self if kind == self.kind else self.untied if self.untied and self.untied.kind == kind else None
+
+    def entries(self, name: str, word: str = "encoder.embeddings.word.weight") -> tuple[WeightEntry, ...]:
+        """The head's weight entries; `word` is our word-embedding parameter a `tied` part is tied to."""
         out: list[WeightEntry] = []
         params = ("weight", "bias") if self.bias else ("weight",)
         for part, theirs in self.parts.items():
-            if part == "bias":
-                out.append(WeightEntry((f"heads.{name}.bias",), (theirs,)))
+            if part in ("bias", "weight"):
+                out.append(WeightEntry((f"heads.{name}.{part}",), (theirs,)))
             elif part == "tied":
-                out.append(WeightEntry((word_embeddings,), (f"{theirs}.weight",), Tie(check=True)))
+                out.append(WeightEntry((word,), (f"{theirs}.weight",), Tie(check=True)))
                 if "bias" in self.parts:  # transformers ties the decoder's bias to the head's
                     out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
             else:
@@ -256,6 +266,8 @@ class CheckpointFamily:
     # The registered model class its checkpoints build (bertology.model.registry) and that class's config.
     model: str = "encoder"
     config_class: type = EncoderConfig
+    # Architecture suffixes that build another registered model class (T5's EncoderModel: an encoder stack alone).
+    models: Mapping[str, str] = field(default_factory=dict)
     # That model's word-embedding parameter (what a `tied` head part is tied to).
     word_embeddings: str = "encoder.embeddings.word.weight"
     # config.json keys whose value, when present and not null, must be this one (a variant bertology does not build,
@@ -265,7 +277,7 @@ class CheckpointFamily:
     ignored: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("heads", "architectures", "fixed", "required"):
+        for name in ("heads", "architectures", "fixed", "required", "models"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if not self.family:
             object.__setattr__(self, "family", self.model_type)
@@ -286,6 +298,9 @@ class CheckpointFamily:
                 if head not in self.heads:
                     raise ConfigError(f"{where}: architectures[{suffix!r}] names head {head!r}, which the family does "
                                       f"not declare (heads: {', '.join(self.heads) or 'none'})")
+        for suffix in self.models:
+            if suffix not in self.architectures:
+                raise ConfigError(f"{where}: models names architecture suffix {suffix!r}, which architectures lacks")
         if "Model" not in self.architectures:
             raise ConfigError(f"{where}: architectures has no 'Model' entry (the base model without heads)")
 
@@ -304,17 +319,25 @@ class CheckpointFamily:
                                   f"{known}")
         return self.architectures[suffix]
 
-    def architecture_name(self, heads: tuple[str, ...]) -> str:
+    def model_for(self, suffix: str) -> str:
+        """The registered model class an architecture suffix builds."""
+        return self.models.get(suffix, self.model)
+
+    def architecture_name(self, heads: tuple[str, ...], model: str | None = None) -> str:
+        """transformers' class with exactly these heads (and, when `model` names our registered class, built as
+        that class)."""
         for suffix, names in self.architectures.items():
-            if tuple(names) == tuple(heads):
+            if tuple(names) == tuple(heads) and (model is None or self.model_for(suffix) == model):
                 return self.class_stem + suffix
-        raise CheckpointError(f"no transformers architecture of {self.model_type!r} has exactly the heads {heads}")
+        what = f" on a {model!r} model" if model is not None else ""
+        raise CheckpointError(f"no transformers architecture of {self.model_type!r} has exactly the heads "
+                              f"{heads}{what}")
 
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
 # Modules of bertology.model.families, registered in this order.
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2")
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -369,15 +392,15 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
 # --- config.json ------------------------------------------------------------------------------------------------
 
 
-# Keys of every transformers config (PretrainedConfig's own): a family's table may read them, but their presence
-# says nothing about which family a file belongs to.
-GENERIC_KEYS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
-                          "tie_word_embeddings", "is_encoder_decoder"})
+# Keys every transformers config may carry (PretrainedConfig's own): a family's table may read them, but their
+# presence says nothing about which family a file belongs to.
+COMMON_KEYS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
+                         "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "use_cache"})
 
 
 def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:
     """A config key that only another registered family's table uses means the file mixes two families."""
-    own = family.key_names | family.tolerated | GENERIC_KEYS
+    own = family.key_names | family.tolerated | COMMON_KEYS
     for other in registry().values():
         if other.model_type == family.model_type:
             continue
@@ -401,15 +424,15 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
                                   f"{family.model_type} models with {key} {value!r}")
     values: dict[str, Any] = dict(family.fixed)
     used = set()
-    try:
-        for key in family.config_keys:
+    for key in family.config_keys:
+        try:
             if hf.get(key.key) is not None:
                 values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
                 used.add(key.key)
             elif key.default is not None:
                 values[key.field] = key.default(hf)
-    except ConfigError as error:
-        raise ConfigError(f"{source}: {error}") from None
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {key.key}: {error}") from None
     if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
         values["pruned_heads"] = hf["pruned_heads"] or {}
         used.add("pruned_heads")
@@ -420,7 +443,9 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         raise ConfigError(f"{source}: {error}") from None
 
 
-def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str, Any]:
+def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...], model: str | None = None) -> dict[str, Any]:
+    """config.json for a model with these heads (`model`: its registered class, which picks among architectures
+    with the same heads)."""
     family = family_for_config(config)
     hf: dict[str, Any] = dict(config.extra)
     for key in family.config_keys:
@@ -433,7 +458,7 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
     if getattr(config, "pruned_heads", None):
         hf["pruned_heads"] = {str(layer): list(h) for layer, h in config.pruned_heads.items()}
     hf["model_type"] = family.model_type
-    hf["architectures"] = [family.architecture_name(tuple(h.name for h in heads))]
+    hf["architectures"] = [family.architecture_name(tuple(h.name for h in heads), model)]
     labelled = [h for h in heads if h.name in ("classifier", "token_classifier")]
     if labelled:
         n = labelled[0].num_labels
@@ -457,18 +482,29 @@ class Bound:
     transform: Transform
 
 
+def applies(when: str | None, config: Any) -> bool:
+    """Whether an entry's condition holds: the named config attribute is truthy (falsy after "not ")."""
+    if when is None:
+        return True
+    if when.startswith("not "):
+        return not getattr(config, when[4:])
+    return bool(getattr(config, when))
+
+
 def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool,
                   family: CheckpointFamily | None = None) -> list[Bound]:
     """Every entry of the family for this config and these heads, names filled in."""
     family = family or family_for_config(config)
-    base = f"{family.prefix}." if prefixed else ""
+    base = f"{family.prefix}." if prefixed and family.prefix else ""
     out: list[Bound] = []
+    inner = getattr(config, "inner_group_size", 1)
     for entry in family.weights:
-        if entry.when is not None and not getattr(config, entry.when):
+        if not applies(entry.when, config):
             continue
         per_layer = any("{i}" in name for name in entry.ours + entry.theirs)
-        layers = getattr(config, "num_unique_layers", config.num_layers)  # ALBERT shares layers; others do not
-        inner = getattr(config, "inner_group_size", 1)
+        layers = getattr(config, entry.layers, None)
+        if layers is None:  # a config without ALBERT's sharing (num_unique_layers): its depth
+            layers = config.num_layers
         for i in range(layers) if per_layer else [None]:
             names: dict[str, Any] = {}
             if i is not None:
@@ -480,13 +516,19 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
         if head is None:
             raise CheckpointError(f"family {family.model_type!r} has no head named {spec.name!r} in transformers' "
                                   "format")
+        head = head.variant(spec.kind) or head
         out.extend(Bound(e.ours, e.theirs, e.transform) for e in head.entries(spec.name, family.word_embeddings))
     return out
 
 
 def model_entries(model: Any, prefixed: bool, family: CheckpointFamily) -> list[Bound]:
-    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error."""
+    """The bound entries for `model`; an entry naming a parameter the model lacks is a table error, except in a
+    model of a class only some architectures build (`family.models`: T5's encoder stack), where the entries under
+    a top-level module it does not have (the decoder) do not apply."""
     entries = bound_entries(model.config, model.head_specs, prefixed, family)
+    if family.models and model_name(model) != family.model:
+        children = {name for name, _ in model.named_children()}
+        entries = [entry for entry in entries if any(name.split(".")[0] in children for name in entry.ours)]
     params = set(model.state_dict())
     absent = sorted({o for entry in entries for o in entry.ours if o not in params})
     if absent:
@@ -596,6 +638,8 @@ def head_specs(family: CheckpointFamily, config: EncoderConfig, names: tuple[str
         if head is None:
             raise CheckpointError(f"{source}: {family.model_type} checkpoints have no head {name!r} (heads: "
                                   f"{', '.join(family.heads)})")
+        if head.untied is not None and unties(family, head, weights):
+            head = head.untied
         num_labels = 2
         out = head.parts.get("out")
         if out is not None and f"{out}.weight" in weights:
@@ -603,3 +647,16 @@ def head_specs(family: CheckpointFamily, config: EncoderConfig, names: tuple[str
         specs.append(HeadSpec(name=name, kind=head.kind, num_labels=num_labels,  # type: ignore[arg-type]
                               activation=head.activation or config.hidden_act))
     return tuple(specs)
+
+
+def unties(family: CheckpointFamily, head: Head, weights: Mapping[str, Tensor]) -> bool:
+    """Whether the checkpoint holds `head`'s tied output weight with values of its own (not the word embeddings')."""
+    tied = head.parts.get("tied")
+    if tied is None or f"{tied}.weight" not in weights:
+        return False
+    stored = [e.theirs[0] for e in family.weights
+              if e.ours == (family.word_embeddings,) and isinstance(e.transform, Rename)]
+    for key in stored + [f"{family.prefix}.{k}" for k in stored]:
+        if key in weights:
+            return not torch.equal(weights[key], weights[f"{tied}.weight"])
+    return True

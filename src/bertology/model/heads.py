@@ -217,3 +217,22 @@ class LastTokenHead(nn.Module):
 
 
 register_head("last_token", LastTokenHead)
+
+
+class LMHead(nn.Linear):
+    """Vocabulary logits through an output matrix of its own, without bias (kind "lm": T5 v1.1's untied lm_head),
+    the hidden states scaled first by the config's `logit_scale` (as a tied head's embeddings are); only at
+    `masked_positions` when given. Its weight is the module's own (`heads.<name>.weight`)."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__(config.hidden_size, config.vocab_size, bias=False)
+        self.scale = float(getattr(config, "logit_scale", 1.0))
+
+    def forward(self, inputs: HeadInputs) -> Tensor:  # type: ignore[override]
+        h, at = inputs.hidden, inputs.masked_positions
+        if at is not None:
+            h = h[at[:, 0], at[:, 1]]
+        return F.linear(h * self.scale if self.scale != 1.0 else h, self.weight)
+
+
+register_head("lm", LMHead, reads="masked_positions")

@@ -88,6 +88,11 @@ class TransformerConfig:
         return self.attention_head_size or self.hidden_size // self.num_heads
 
     @property
+    def decoder_depth(self) -> int:
+        """Seq2SeqModel's decoder depth."""
+        return self.num_decoder_layers or self.num_layers
+
+    @property
     def token_embedding_size(self) -> int:
         return self.hidden_size
 
@@ -386,5 +391,39 @@ class Seq2SeqModel(TransformerModel):
         return out
 
 
+class EncoderStackModel(TransformerModel):
+    """An encoder-decoder's encoder side alone (T5EncoderModel): the token embeddings and a bidirectional `Stack`,
+    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it."""
+
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
+        super().__init__(config, heads)
+        self.encoder = Stack(config, config.num_layers, causal=False, cross_attention=False)
+
+    def blocks(self) -> list[nn.Module]:
+        return list(self.encoder.layers)
+
+    def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                "masked_positions": getattr(batch, "masked_positions", None)}
+
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The embedding output, then every block's (the last after the final norm), [B, L, H] each."""
+        return self(input_ids, attention_mask, output_hidden_states=True).hidden_states  # type: ignore[return-value]
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
+                packed: bool = True) -> ModelOutput:
+        check_ids(input_ids, self.config.vocab_size)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        hidden, states = self.encoder(self.embed(input_ids), attention_mask, packed=packed,
+                                      output_hidden_states=output_hidden_states)
+        out = ModelOutput(last_hidden_state=hidden, hidden_states=states)
+        self.run_heads(out, attention_mask, masked_positions)
+        return out
+
+
 register_model("decoder", DecoderModel)
 register_model("seq2seq", Seq2SeqModel)
+register_model("encoder-stack", EncoderStackModel)

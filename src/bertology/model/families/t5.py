@@ -1,0 +1,146 @@
+"""T5: transformers' T5Model, T5ForConditionalGeneration (a Seq2SeqModel) and T5EncoderModel (an EncoderStackModel).
+
+v1.0 has a ReLU feed-forward (`DenseReluDense.wi`), v1.1 a gated-GELU one (`wi_0` the gated branch, our `ffn_gate`;
+`wi_1` our `ffn_in`). The language-model head is tied to `shared` and reads the decoder output scaled by
+d_model ** -0.5 unless config.json says otherwise (`scale_decoder_outputs`, or before it `tie_word_embeddings`
+false, as v1.1 checkpoints say); a checkpoint whose `lm_head.weight` differs from `shared.weight` builds an untied
+head of kind "lm" (transformers unties them then too). Every block stores the relative-position table in block 0
+only (one table per stack, shared by its layers); `encoder.embed_tokens` and `decoder.embed_tokens` are copies of
+`shared`, accepted on reading and not written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bertology.errors import ConfigError
+from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Tie, WeightEntry, linear, renamed_keys
+from bertology.model.transformer import TransformerConfig
+
+# Activations a feed_forward_proj may name ("ACT" or "gated-ACT"), as transformers' T5 reads them.
+ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
+
+
+def parse_projection(value: Any) -> tuple[str, bool]:
+    """feed_forward_proj -> (activation, gated); "gated-gelu" is the tanh-approximated GELU, as in transformers."""
+    parts = value.split("-") if isinstance(value, str) else []
+    if not parts or len(parts) > 2 or (len(parts) == 2 and parts[0] != "gated") or parts[-1] not in ACTIVATIONS:
+        raise ConfigError(f"unsupported feed-forward projection {value!r}; expected ACT or gated-ACT with ACT one of "
+                          f"{', '.join(ACTIVATIONS)} (e.g. 'relu' for T5 v1.0, 'gated-gelu' for v1.1)")
+    return ("gelu_new" if value == "gated-gelu" else parts[-1]), len(parts) == 2
+
+
+def projection(config: TransformerConfig) -> str:
+    act = config.hidden_act
+    if config.gated_ffn:
+        return "gated-gelu" if act in ("gelu_new", "gelu_pytorch_tanh") else f"gated-{act}"
+    return act
+
+
+def logit_scale(hf: Mapping[str, Any]) -> float:
+    """d_model ** -0.5 when the decoder output is scaled before the vocabulary projection, else 1."""
+    scaled = hf.get("scale_decoder_outputs")
+    if scaled is None:
+        scaled = hf.get("tie_word_embeddings") is not False
+    return float(hf.get("d_model", DEFAULTS["hidden_size"])) ** -0.5 if scaled else 1.0
+
+
+def keep(value: Any, config: Any) -> None:
+    """A second field read from one key: written by the first."""
+    return None
+
+
+# Our TransformerConfig field -> T5's config.json key.
+KEYS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "d_model",
+    "attention_head_size": "d_kv",
+    "intermediate_size": "d_ff",
+    "num_layers": "num_layers",
+    "num_decoder_layers": "num_decoder_layers",
+    "num_heads": "num_heads",
+    "relative_attention_num_buckets": "relative_attention_num_buckets",
+    "relative_attention_max_distance": "relative_attention_max_distance",
+    "hidden_dropout": "dropout_rate",
+    "layer_norm_eps": "layer_norm_epsilon",
+    "classifier_dropout": "classifier_dropout",
+    "pad_token_id": "pad_token_id",
+    "eos_token_id": "eos_token_id",
+    "decoder_start_token_id": "decoder_start_token_id",
+}
+CONFIG_KEYS = (
+    *renamed_keys(KEYS),
+    ConfigKey("attention_dropout", "dropout_rate", write=keep),
+    ConfigKey("hidden_act", "feed_forward_proj", read=lambda v, hf: parse_projection(v)[0],
+              write=lambda v, config: projection(config)),
+    ConfigKey("gated_ffn", "feed_forward_proj", read=lambda v, hf: parse_projection(v)[1], write=keep),
+    ConfigKey("logit_scale", "d_model", read=lambda v, hf: logit_scale(hf), write=keep),
+    ConfigKey("logit_scale", "scale_decoder_outputs", read=lambda v, hf: logit_scale(hf),
+              write=lambda v, config: v != 1.0),
+    # Read as transformers before scale_decoder_outputs did; written so that those versions scale alike.
+    ConfigKey("logit_scale", "tie_word_embeddings", read=lambda v, hf: logit_scale(hf),
+              write=lambda v, config: v != 1.0),
+)
+# T5Config's defaults, for keys a config.json leaves out.
+DEFAULTS = {
+    "vocab_size": 32128, "hidden_size": 512, "attention_head_size": 64, "intermediate_size": 2048, "num_layers": 6,
+    "num_heads": 8, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
+    "hidden_dropout": 0.1, "attention_dropout": 0.1, "layer_norm_eps": 1e-6, "hidden_act": "relu",
+    "gated_ffn": False, "logit_scale": 512 ** -0.5, "pad_token_id": 0, "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+}
+# What every T5 is and config.json does not say.
+FIXED = {"positions": "relative", "norm": "rmsnorm", "pre_norm": True, "bias": False, "attention_scale": 1.0,
+         "final_norm": True, "embedding_norm": False, "embedding_scale": 1.0}
+
+
+def stack(side: str, layers: str, cross: bool) -> tuple[WeightEntry, ...]:
+    """One stack's weights: every block's sublayers (self-attention, cross-attention in the decoder, feed-forward),
+    block 0's relative-position table and the final norm."""
+    block, ours = f"{side}.block.{{i}}.layer", f"{side}.layers.{{i}}"
+    ffn = 2 if cross else 1
+
+    def weight(our: str, theirs: str, when: str | None = None) -> WeightEntry:
+        return WeightEntry((f"{ours}.{our}.weight",), (f"{block}.{theirs}.weight",), when=when, layers=layers)
+
+    attention = [("", 0, "SelfAttention", "attn")] + ([("cross_", 1, "EncDecAttention", "cross")] if cross else [])
+    entries = []
+    for prefix, index, name, norm in attention:
+        entries += [weight(f"{prefix}{our}", f"{index}.{name}.{theirs}")
+                    for our, theirs in (("query", "q"), ("key", "k"), ("value", "v"))]
+        entries += [weight(f"{'cross_out' if prefix else 'attn_out'}", f"{index}.{name}.o"),
+                    weight(f"{norm}_norm", f"{index}.layer_norm")]
+    entries += [
+        weight("ffn_in", f"{ffn}.DenseReluDense.wi", when="not gated_ffn"),
+        weight("ffn_gate", f"{ffn}.DenseReluDense.wi_0", when="gated_ffn"),
+        weight("ffn_in", f"{ffn}.DenseReluDense.wi_1", when="gated_ffn"),
+        weight("ffn_out", f"{ffn}.DenseReluDense.wo"),
+        weight("ffn_norm", f"{ffn}.layer_norm"),
+        *linear(f"{side}.relative.embedding", f"{side}.block.0.layer.0.SelfAttention.relative_attention_bias",
+                ("weight",)),
+        *linear(f"{side}.final_norm", f"{side}.final_layer_norm", ("weight",)),
+        WeightEntry(("embeddings.weight",), (f"{side}.embed_tokens.weight",), Tie(check=True)),
+    ]
+    return tuple(entries)
+
+
+WEIGHTS = (
+    *linear("embeddings", "shared", ("weight",)),
+    *stack("encoder", "num_layers", cross=False),
+    *stack("decoder", "decoder_depth", cross=True),
+)
+
+FAMILY = CheckpointFamily(
+    model_type="t5",
+    class_stem="T5",
+    prefix="",
+    config_keys=CONFIG_KEYS,
+    weights=WEIGHTS,
+    heads={"lm": Head("tied_lm", parts={"tied": "lm_head"}, untied=Head("lm", parts={"weight": "lm_head.weight"}))},
+    architectures={"Model": (), "ForConditionalGeneration": ("lm",), "EncoderModel": ()},
+    fixed={**DEFAULTS, **FIXED},
+    model="seq2seq",
+    config_class=TransformerConfig,
+    models={"EncoderModel": "encoder-stack"},
+    word_embeddings="embeddings.weight",
+)

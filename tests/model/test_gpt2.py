@@ -223,7 +223,7 @@ def test_missing_and_misshaped_weights_are_named(tmp_path):
 
 
 @pytest.mark.parametrize("changes, error, message", [
-    ({"n_embd": 25}, ConfigError, r"config.json: n_embd 25 is not divisible by n_head 3"),
+    ({"n_embd": 25}, ConfigError, r"config.json: n_head: n_embd 25 is not divisible by n_head 3"),
     ({"n_layer": "two"}, ConfigError, r"config.json: n_layer: expected a positive integer, got 'two'"),
     ({"n_head": 0}, ConfigError, r"config.json: n_head: expected a positive integer, got 0"),
     ({"n_inner": -4}, ConfigError, r"config.json: n_inner: expected a positive integer, got -4"),

@@ -90,8 +90,9 @@ def hf_layout_problem(model: Model) -> str | None:
     name = family.model_type
     if model.extensions:
         return f"it has extensions ({', '.join(model.extensions)})"
+    stated = {key.field for key in family.config_keys}  # config.json carries these, whatever their value
     for fact, value in family.fixed.items():  # what transformers' classes of the family always are
-        if getattr(config, fact) != value:
+        if fact not in stated and getattr(config, fact) != value:
             return f"its {fact} is {getattr(config, fact)!r}; transformers' {name} models have {value!r}"
     projects = any(o.startswith("encoder.embeddings.project.") for e in family.weights for o in e.ours)
     if getattr(config, "embedding_size", None) is not None and not projects:

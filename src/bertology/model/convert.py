@@ -432,7 +432,9 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
             elif key.default is not None:
                 values[key.field] = key.default(hf)
         except ConfigError as error:
-            raise ConfigError(f"{source}: {key.key}: {error}") from None
+            message = str(error)  # named by the key, unless the reader named it already
+            raise ConfigError(f"{source}: {message if message.startswith(key.key + ':') else f'{key.key}: {message}'}"
+                              ) from None
     if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
         values["pruned_heads"] = hf["pruned_heads"] or {}
         used.add("pruned_heads")

@@ -165,7 +165,7 @@ RENAME = Rename()
 @dataclass(frozen=True)
 class WeightEntry:
     """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
-    Names may hold `{i}` (the layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
+    Names may hold `{i}` (the layer) or `{d}` (an encoder-decoder's decoder layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
     Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
     `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler")."""
 
@@ -208,6 +208,9 @@ class Head:
     kind: str
     activation: str | None = None
     parts: Mapping[str, str] = field(default_factory=dict)
+    # Entries beyond the parts, our names spelled in full with `{name}` for the head's (BART's final_logits_bias,
+    # an LM head tied to a model whose word embeddings are not the encoder's).
+    weights: tuple[WeightEntry, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
@@ -223,6 +226,8 @@ class Head:
                     out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
             else:
                 out.extend(linear(f"heads.{name}.{part}", theirs))
+        out.extend(WeightEntry(tuple(o.replace("{name}", name) for o in e.ours), e.theirs, e.transform, e.when)
+                   for e in self.weights)
         return tuple(out)
 
     def as_tuple(self) -> tuple[str, str | None, dict[str, str]]:
@@ -299,7 +304,7 @@ class CheckpointFamily:
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert")  # modules of bertology.model.families
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "bart")  # modules of bertology.model.families
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -354,9 +359,14 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
 # --- config.json ------------------------------------------------------------------------------------------------
 
 
+# Keys of transformers' PretrainedConfig that any family's config.json may carry (RoBERTa's holds bos_token_id even
+# though its table does not read it): a table reading one says nothing about which family a file belongs to.
+COMMON_KEYS = frozenset({"bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id"})
+
+
 def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:
     """A config key that only another registered family's table uses means the file mixes two families."""
-    own = family.key_names | family.tolerated
+    own = family.key_names | family.tolerated | COMMON_KEYS
     for other in registry().values():
         if other.model_type == family.model_type:
             continue
@@ -376,15 +386,18 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         )
     values: dict[str, Any] = dict(family.fixed)
     used = set()
-    for key in family.config_keys:
-        if hf.get(key.key) is not None:
-            values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
-            used.add(key.key)
-    if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
-        values["pruned_heads"] = hf["pruned_heads"] or {}
-        used.add("pruned_heads")
-    extra = {k: v for k, v in hf.items() if k not in used}
+    prunable = "pruned_heads" in {f.name for f in dataclasses.fields(family.config_class)}
     try:
+        for key in family.config_keys:
+            if hf.get(key.key) is not None:  # a read may refuse a value (ConfigError), named with the file below
+                values[key.field] = key.read(hf[key.key], hf) if key.read else hf[key.key]
+                used.add(key.key)
+        if "pruned_heads" in hf and (prunable or hf["pruned_heads"]):  # every family's key: {"layer": [heads]}
+            if not prunable:
+                raise ConfigError(f"pruned_heads: {family.model_type} models cannot have pruned heads")
+            values["pruned_heads"] = hf["pruned_heads"] or {}
+            used.add("pruned_heads")
+        extra = {k: v for k, v in hf.items() if k not in used}
         return family.config_class(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
     except (ConfigError, TypeError) as error:
         raise ConfigError(f"{source}: {error}") from None
@@ -400,7 +413,7 @@ def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> dict[str
         if value is not None or key.key not in hf:
             hf[key.key] = value
     hf.pop("pruned_heads", None)
-    if config.pruned_heads:
+    if getattr(config, "pruned_heads", None):
         hf["pruned_heads"] = {str(layer): list(h) for layer, h in config.pruned_heads.items()}
     hf["model_type"] = family.model_type
     hf["architectures"] = [family.architecture_name(tuple(h.name for h in heads))]
@@ -433,14 +446,20 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
     family = family or family_for_config(config)
     base = f"{family.prefix}." if prefixed else ""
     out: list[Bound] = []
+    layers = getattr(config, "num_unique_layers", config.num_layers)
+    group = getattr(config, "inner_group_size", 1)
+    decoder_layers = getattr(config, "num_decoder_layers", None) or config.num_layers
     for entry in family.weights:
         if entry.when is not None and not getattr(config, entry.when):
             continue
-        per_layer = any("{i}" in name for name in entry.ours + entry.theirs)
-        for i in range(config.num_unique_layers) if per_layer else [None]:
-            names: dict[str, Any] = {}
-            if i is not None:
-                names = dict(i=i, group=i // config.inner_group_size, inner=i % config.inner_group_size)
+        spelled = entry.ours + entry.theirs
+        if any("{d}" in name for name in spelled):  # an encoder-decoder's decoder layers
+            indices = [dict(d=d) for d in range(decoder_layers)]
+        elif any("{i}" in name for name in spelled):
+            indices = [dict(i=i, group=i // group, inner=i % group) for i in range(layers)]
+        else:
+            indices = [{}]
+        for names in indices:
             out.append(Bound(tuple(n.format(**names) for n in entry.ours),
                              tuple(base + n.format(**names) for n in entry.theirs), entry.transform))
     for spec in heads:

@@ -25,7 +25,7 @@ from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, n
 from bertology.model.config import config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
+from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
 from bertology.model.registry import register_model
@@ -63,6 +63,7 @@ class TransformerConfig:
     logit_scale: float = 1.0  # tied LM logits multiplied by this (T5 v1.0: hidden ** -0.5)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    activation_dropout: float = 0.0  # after the feed-forward's activation (BART)
     classifier_dropout: float | None = None
     pad_token_id: int = 0
     bos_token_id: int | None = None
@@ -103,7 +104,8 @@ class TransformerConfig:
                          intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
                          norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
                          cross_attention=cross_attention, dropout=self.hidden_dropout,
-                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale)
+                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale,
+                         activation_dropout=self.activation_dropout)
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
@@ -231,13 +233,14 @@ class TransformerModel(nn.Module):
         x = self.embeddings(input_ids)
         return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
-    def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None) -> None:
+    def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None,
+                  input_ids: Tensor | None = None) -> None:
         if not self.head_specs:
             return
         word = self.embeddings.weight * self.config.logit_scale if self.config.logit_scale != 1.0 \
             else self.embeddings.weight
         inputs = HeadInputs(hidden=out.last_hidden_state, attention_mask=attention_mask, word_embeddings=word,
-                            masked_positions=masked_positions)
+                            masked_positions=masked_positions, input_ids=input_ids)
         for spec in self.head_specs:
             out.head_logits[spec.name] = self.heads[spec.name](inputs)
         out.logits = out.head_logits[self.head_specs[0].name]
@@ -250,7 +253,7 @@ class TransformerModel(nn.Module):
         """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
         init_parameters(self, self.config.initializer_range, generator)
         for head in self.heads.values():
-            if isinstance(head, MaskedLMHead):
+            if isinstance(head, (MaskedLMHead, TiedLMBiasHead)):
                 head.bias.zero_()
 
 
@@ -378,7 +381,8 @@ class Seq2SeqModel(TransformerModel):
                                  memory_mask=attention_mask, caches=caches, packed=packed)
         out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,
                           past_key_values=caches if use_cache else None)
-        self.run_heads(out, decoder_attention_mask[:, -decoder_input_ids.shape[1]:], masked_positions)
+        # Heads that pick tokens by id (BART's classifier: the last EOS) read the encoder's input_ids.
+        self.run_heads(out, decoder_attention_mask[:, -decoder_input_ids.shape[1]:], masked_positions, input_ids)
         if labels is not None and out.logits is not None and masked_positions is None:
             out.loss = lm_loss(out.logits, labels)
         return out

@@ -113,3 +113,125 @@ def test_transformers_bart_loads_and_saves_back_exactly(tmp_path, suffix):
     again = reference_outputs(back, suffix, batch)
     for name in expected:
         assert torch.equal(again[name], expected[name]), name
+
+
+def test_unscaled_embeddings_and_final_logits_bias(tmp_path):
+    theirs = reference("ForConditionalGeneration", scale_embedding=False)
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    assert ours.config.embedding_scale == 1.0
+    assert torch.equal(ours.heads["lm"].bias, theirs.final_logits_bias[0])
+    assert ours.heads["lm"].bias.abs().max() > 0
+    batch = padded_batch()
+    assert_close_on_real_tokens(our_outputs(ours, "ForConditionalGeneration", batch),
+                                reference_outputs(theirs, "ForConditionalGeneration", batch), batch[3])
+    save_model(ours, tmp_path / "ours", format="hf")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["scale_embedding"] is False
+
+
+def test_activation_dropout_is_read_applied_in_training_and_written(tmp_path):
+    theirs = reference("Model", dropout=0.0, attention_dropout=0.0, activation_dropout=0.5)
+    theirs.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    assert ours.config.activation_dropout == 0.5 and ours.config.hidden_dropout == 0.0
+    batch = padded_batch()
+    assert_close_on_real_tokens(our_outputs(ours, "Model", batch), reference_outputs(theirs, "Model", batch),
+                                batch[3])
+    evaluated = our_outputs(ours, "Model", batch)["encoder"]
+    torch.manual_seed(0)
+    trained = our_outputs(ours.train(), "Model", batch)["encoder"]
+    assert not torch.allclose(trained, evaluated)  # the only dropout left is the one after the activation
+    save_model(ours.eval(), tmp_path / "ours", format="hf")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["activation_dropout"] == 0.5
+
+
+def test_native_format_rebuilds_a_bart_model(tmp_path):
+    reference("ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    save_model(ours, tmp_path / "native", format="native")
+    again = load_model(tmp_path / "native")
+    batch = padded_batch()
+    assert type(again) is Seq2SeqModel and again.config == ours.config
+    assert torch.equal(our_outputs(again, "ForSequenceClassification", batch)["logits"],
+                       our_outputs(ours, "ForSequenceClassification", batch)["logits"])
+
+
+def rewrite_config(tmp_path, **changes):
+    reference("Model").save_pretrained(tmp_path)
+    path = tmp_path / "config.json"
+    data = json.loads(path.read_text())
+    data.update(changes)
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("key,value,encoder_key", [("decoder_attention_heads", 2, "encoder_attention_heads"),
+                                                   ("decoder_ffn_dim", 64, "encoder_ffn_dim")])
+def test_decoder_shape_unlike_the_encoders_names_the_file_and_key(tmp_path, key, value, encoder_key):
+    path = rewrite_config(tmp_path, **{key: value})
+    with pytest.raises(ConfigError, match=rf"{path}: {key}: {value} differs from {encoder_key}"):
+        load_model(tmp_path)
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"scale_embedding": "yes"}, r"scale_embedding: expected true or false, got 'yes'"),
+    ({"pruned_heads": {"0": [1]}}, r"pruned_heads: bart models cannot have pruned heads"),
+    ({"decoder_layers": 0}, r"num_decoder_layers must be positive"),
+])
+def test_config_values_bart_cannot_take_name_the_file_and_key(tmp_path, changes, match):
+    path = rewrite_config(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=rf"{path}: {match}"):
+        load_model(tmp_path)
+
+
+def test_an_untied_language_model_head_is_refused(tmp_path):
+    theirs = reference("ForConditionalGeneration", tie_word_embeddings=False)
+    theirs.save_pretrained(tmp_path)
+    with pytest.raises(CheckpointError, match=r"lm_head\.weight: differs from embeddings\.weight.*untied"):
+        load_model(tmp_path)
+
+
+def test_an_embedding_scale_bart_cannot_state_is_a_clear_error(tmp_path):
+    reference("Model").save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    ours.config.embedding_scale = 2.0
+    with pytest.raises(ConfigError, match=r"embedding_scale 2.0 is neither 1 nor sqrt\(hidden_size\)"):
+        save_model(ours, tmp_path / "ours", format="hf")
+
+
+def eos_classifier(**config):
+    values = dict(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=24,
+                  max_position_embeddings=24, pre_norm=False, final_norm=False, eos_token_id=EOS)
+    values.update(config)
+    model = Seq2SeqModel(TransformerConfig(**values), [HeadSpec("classifier", "eos_token", 3, "tanh")]).eval()
+    model.init_weights(torch.Generator().manual_seed(0))
+    return model
+
+
+def test_eos_classifier_reads_the_last_eos_of_each_row():
+    model = eos_classifier()
+    ids, mask, decoder_ids, decoder_mask = padded_batch()
+    ids[0, 4] = EOS  # an earlier EOS in the first row is not the one read
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids,
+                    decoder_attention_mask=decoder_mask)
+        head = model.heads["classifier"]
+        last = torch.tensor([11, 6, 11, 2])
+        expected = head.out(torch.tanh(head.dense(out.last_hidden_state[torch.arange(4), last])))
+    assert out.logits.shape == (4, 3)
+    assert torch.allclose(out.logits, expected)
+
+
+def test_eos_classifier_bad_input_is_a_clear_error():
+    model = eos_classifier()
+    ids, mask, decoder_ids, decoder_mask = padded_batch()
+    no_eos = ids.masked_fill(ids == EOS, 5)
+    with pytest.raises(InputError, match=r"rows \[0, 1, 2, 3\] of input_ids have no EOS token \(id 2\)"):
+        model(input_ids=no_eos, attention_mask=mask, decoder_input_ids=decoder_ids)
+    with pytest.raises(InputError, match=r"input_ids \(4, 12\) and the decoder's \(4, 5\) must have the same shape"):
+        model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids[:, :5])
+    memory = model.encode(ids, mask)
+    with pytest.raises(InputError, match=r"give input_ids, not only encoder_outputs"):
+        model(encoder_outputs=memory, attention_mask=mask, decoder_input_ids=decoder_ids)
+    with pytest.raises(ConfigError, match=r"head 'classifier' \(kind eos_token\) .* no eos_token_id"):
+        eos_classifier(eos_token_id=None)

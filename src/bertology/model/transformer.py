@@ -76,6 +76,8 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.num_decoder_layers is not None and self.num_decoder_layers <= 0:
+            raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
         if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.positions not in ("learned", "sinusoidal", "relative", "none"):

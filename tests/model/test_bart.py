@@ -235,3 +235,28 @@ def test_eos_classifier_bad_input_is_a_clear_error():
         model(encoder_outputs=memory, attention_mask=mask, decoder_input_ids=decoder_ids)
     with pytest.raises(ConfigError, match=r"head 'classifier' \(kind eos_token\) .* no eos_token_id"):
         eos_classifier(eos_token_id=None)
+
+
+@pytest.mark.parametrize("suffix", ["ForConditionalGeneration", "ForSequenceClassification"])
+def test_without_decoder_inputs_the_decoder_reads_the_input_shifted_right(tmp_path, suffix):
+    theirs = reference(suffix)
+    theirs.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    ids, mask, _, _ = padded_batch()
+    with torch.no_grad():
+        expected, got = theirs(input_ids=ids, attention_mask=mask).logits, ours(ids, mask).logits
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() < TOL  # every decoder position: transformers masks none of them
+    with pytest.raises(InputError, match="give decoder_input_ids or labels"):
+        ours(encoder_outputs=ours.encode(ids, mask), attention_mask=mask)
+
+
+def test_an_eos_classifier_with_another_activation_is_not_written_as_bart(tmp_path):
+    reference("ForSequenceClassification").save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    relu = Seq2SeqModel(ours.config, [HeadSpec("classifier", "eos_token", 3, "relu")])
+    with pytest.raises(CheckpointError, match=r"head 'classifier' uses 'relu'; transformers' bart 'classifier' uses "
+                                              r"'tanh'"):
+        save_model(relu, tmp_path / "relu", format="hf")
+    save_model(relu, tmp_path / "auto")  # written in bertology's own format instead
+    assert (tmp_path / "auto" / "bertology.json").is_file()

@@ -69,6 +69,8 @@ class TransformerConfig:
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     decoder_start_token_id: int | None = None
+    # BART: given neither decoder_input_ids nor labels, the decoder reads input_ids shifted right behind the start
+    shifted_decoder_inputs: bool = False
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -365,12 +367,14 @@ class Seq2SeqModel(TransformerModel):
         if attention_mask is None:
             attention_mask = torch.ones(encoder_outputs.shape[:2], dtype=torch.long, device=encoder_outputs.device)
         if decoder_input_ids is None:
-            if labels is None:
+            shifted = labels if labels is not None else input_ids if self.config.shifted_decoder_inputs else None
+            if shifted is None:
                 raise InputError("give decoder_input_ids or labels")
             start = self.config.decoder_start_token_id
             if start is None:
-                raise ConfigError("decoder_start_token_id is not set: decoder inputs cannot be made from labels")
-            decoder_input_ids = shift_right(labels, start, self.config.pad_token_id)
+                raise ConfigError("decoder_start_token_id is not set: decoder inputs cannot be made from "
+                                  f"{'labels' if labels is not None else 'input_ids'}")
+            decoder_input_ids = shift_right(shifted, start, self.config.pad_token_id)
         check_ids(decoder_input_ids, self.config.vocab_size, "decoder_input_ids")
         caches = past_key_values
         if use_cache and caches is None:

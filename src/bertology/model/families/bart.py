@@ -130,5 +130,6 @@ FAMILY = CheckpointFamily(
     },
     fixed={"positions": "learned", "position_offset": 2, "norm": "layernorm", "layer_norm_eps": 1e-5,
            "pre_norm": False, "embedding_norm": True, "final_norm": False, "gated_ffn": False, "bias": True,
-           "hidden_act": "gelu", "embedding_scale": 1.0, "classifier_dropout": 0.0},
+           "hidden_act": "gelu", "embedding_scale": 1.0, "classifier_dropout": 0.0,
+           "shifted_decoder_inputs": True},
 )

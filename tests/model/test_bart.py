@@ -177,6 +177,8 @@ def test_decoder_shape_unlike_the_encoders_names_the_file_and_key(tmp_path, key,
     ({"scale_embedding": "yes"}, r"scale_embedding: expected true or false, got 'yes'"),
     ({"pruned_heads": {"0": [1]}}, r"pruned_heads: bart models cannot have pruned heads"),
     ({"decoder_layers": 0}, r"num_decoder_layers must be positive"),
+    ({"encoder_layerdrop": 0.1}, r"encoder_layerdrop: 0.1: bertology does not skip layers at random"),
+    ({"decoder_layerdrop": 0.2}, r"decoder_layerdrop: 0.2: bertology does not skip layers at random"),
 ])
 def test_config_values_bart_cannot_take_name_the_file_and_key(tmp_path, changes, match):
     path = rewrite_config(tmp_path, **changes)

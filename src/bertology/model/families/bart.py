@@ -29,6 +29,19 @@ def same_as(other: str) -> Any:
     return read
 
 
+def without_layerdrop(key: str) -> Any:
+    """Read a stack's depth, refusing LayerDrop (`key`), which skips whole layers at random in training and which
+    bertology's stacks do not do: loading such a model would train it differently without a word."""
+
+    def read(value: Any, config_json: Mapping[str, Any]) -> Any:
+        if config_json.get(key):
+            raise ConfigError(f"{key}: {config_json[key]!r}: bertology does not skip layers at random in training "
+                              "(LayerDrop); set it to 0")
+        return value
+
+    return read
+
+
 def read_scale(value: Any, config_json: Mapping[str, Any]) -> float:
     """scale_embedding: the token embeddings are multiplied by sqrt(d_model) when true."""
     if not isinstance(value, bool):
@@ -88,8 +101,6 @@ FAMILY = CheckpointFamily(
         *renamed_keys({
             "vocab_size": "vocab_size",
             "hidden_size": "d_model",
-            "num_layers": "encoder_layers",
-            "num_decoder_layers": "decoder_layers",
             "num_heads": "encoder_attention_heads",
             "intermediate_size": "encoder_ffn_dim",
             "hidden_act": "activation_function",
@@ -104,6 +115,8 @@ FAMILY = CheckpointFamily(
             "eos_token_id": "eos_token_id",
             "decoder_start_token_id": "decoder_start_token_id",
         }),
+        ConfigKey("num_layers", "encoder_layers", without_layerdrop("encoder_layerdrop")),
+        ConfigKey("num_decoder_layers", "decoder_layers", without_layerdrop("decoder_layerdrop")),
         ConfigKey("num_heads", "decoder_attention_heads", same_as("encoder_attention_heads")),
         ConfigKey("intermediate_size", "decoder_ffn_dim", same_as("encoder_ffn_dim")),
         ConfigKey("embedding_scale", "scale_embedding", read_scale, write_scale),

@@ -165,7 +165,8 @@ RENAME = Rename()
 @dataclass(frozen=True)
 class WeightEntry:
     """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
-    Names may hold `{i}` (the layer) or `{d}` (an encoder-decoder's decoder layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
+    Names may hold `{i}` (the layer) or `{d}` (an encoder-decoder's decoder layer), and checkpoint keys also
+    `{group}` and `{inner}` (ALBERT's shared layers).
     Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
     `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler")."""
 
@@ -304,7 +305,8 @@ class CheckpointFamily:
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "bart")  # modules of bertology.model.families
+# Modules of bertology.model.families.
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "bart")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 

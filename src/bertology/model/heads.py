@@ -53,7 +53,7 @@ class HeadInputs:
     word_embeddings: Tensor
     pooled: Tensor | None = None
     masked_positions: Tensor | None = None
-    input_ids: Tensor | None = None  # the tokens [B, L] (an encoder-decoder's: the encoder's), for heads that pick by id
+    input_ids: Tensor | None = None  # the tokens [B, L] (an encoder-decoder's: the encoder's), for heads picking by id
 
 
 # Where a head reads the last layer, so that a model may skip the last layer elsewhere: every token, only the masked
@@ -238,7 +238,9 @@ class EosTokenHead(nn.Module):
             raise InputError(f"the EOS classifier reads the decoder at the input's EOS positions: input_ids "
                              f"{tuple(ids.shape)} and the decoder's {tuple(h.shape[:2])} must have the same shape")
         is_eos = ids == self.eos_token_id
-        if ids.device.type == "cpu" and not bool(is_eos.any(1).all()):
+        if ids.device.type != "cpu":  # checked on the device: reading the values would wait for it
+            torch._assert_async(is_eos.any(1).all(), f"each row of input_ids needs an EOS token ({self.eos_token_id})")
+        elif not bool(is_eos.any(1).all()):
             rows = (~is_eos.any(1)).nonzero().flatten().tolist()
             raise InputError(f"rows {rows} of input_ids have no EOS token (id {self.eos_token_id}), which this "
                              "classifier reads")

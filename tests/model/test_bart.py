@@ -262,3 +262,23 @@ def test_an_eos_classifier_with_another_activation_is_not_written_as_bart(tmp_pa
         save_model(relu, tmp_path / "relu", format="hf")
     save_model(relu, tmp_path / "auto")  # written in bertology's own format instead
     assert (tmp_path / "auto" / "bertology.json").is_file()
+
+
+def test_checkpoints_storing_the_tied_copies_load_when_they_are_equal(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    theirs = reference("ForConditionalGeneration")
+    theirs.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    weights = load_file(path)
+    shared = weights["model.shared.weight"]
+    for key in ("model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"):
+        weights[key] = shared.clone()  # as older checkpoints store them
+    save_file(weights, path, metadata={"format": "pt"})
+    batch = padded_batch()
+    assert_close_on_real_tokens(our_outputs(load_model(tmp_path), "ForConditionalGeneration", batch),
+                                reference_outputs(theirs, "ForConditionalGeneration", batch), batch[3])
+    weights["model.decoder.embed_tokens.weight"] = shared + 1
+    save_file(weights, path, metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"model\.decoder\.embed_tokens\.weight: differs from embeddings\.weight"):
+        load_model(tmp_path)

@@ -2,7 +2,11 @@
 offset by 2 (a table per stack), a LayerNorm after the embeddings (`layernorm_embedding`), one word embedding shared
 by both stacks and the language-model head, and biases everywhere. BartForConditionalGeneration adds a
 `final_logits_bias` [1, vocab] to the tied logits; BartForSequenceClassification reads the decoder at the last EOS
-of the input (dense -> tanh -> out_proj); BartForQuestionAnswering puts `qa_outputs` on every decoder token."""
+of the input (dense -> tanh -> out_proj); BartForQuestionAnswering puts `qa_outputs` on every decoder token.
+
+Positions count real tokens, so right-padded batches (BART's convention) give transformers' outputs; with left padding
+transformers numbers the padding too and its real tokens' outputs differ from ours. LayerDrop (encoder_layerdrop,
+decoder_layerdrop) is refused; decoder heads or feed-forward widths unlike the encoder's are refused."""
 
 from __future__ import annotations
 

@@ -115,11 +115,12 @@ def test_transformers_bart_loads_and_saves_back_exactly(tmp_path, suffix):
         assert torch.equal(again[name], expected[name]), name
 
 
-def test_unscaled_embeddings_and_final_logits_bias(tmp_path):
-    theirs = reference("ForConditionalGeneration", scale_embedding=False)
+@pytest.mark.parametrize("activation", ["gelu", "relu", "gelu_new"])
+def test_unscaled_embeddings_and_final_logits_bias(tmp_path, activation):
+    theirs = reference("ForConditionalGeneration", scale_embedding=False, activation_function=activation)
     theirs.save_pretrained(tmp_path / "hf")
     ours = load_model(tmp_path / "hf")
-    assert ours.config.embedding_scale == 1.0
+    assert ours.config.embedding_scale == 1.0 and ours.config.hidden_act == activation
     assert torch.equal(ours.heads["lm"].bias, theirs.final_logits_bias[0])
     assert ours.heads["lm"].bias.abs().max() > 0
     batch = padded_batch()
@@ -177,6 +178,7 @@ def test_decoder_shape_unlike_the_encoders_names_the_file_and_key(tmp_path, key,
     ({"scale_embedding": "yes"}, r"scale_embedding: expected true or false, got 'yes'"),
     ({"pruned_heads": {"0": [1]}}, r"pruned_heads: bart models cannot have pruned heads"),
     ({"decoder_layers": 0}, r"num_decoder_layers must be positive"),
+    ({"activation_function": "quick_gelu"}, r"activation_function: unknown activation 'quick_gelu'"),
     ({"encoder_layerdrop": 0.1}, r"encoder_layerdrop: 0.1: bertology does not skip layers at random"),
     ({"decoder_layerdrop": 0.2}, r"decoder_layerdrop: 0.2: bertology does not skip layers at random"),
 ])

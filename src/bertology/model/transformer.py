@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL
 from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, norm_layer
-from bertology.model.config import config_from_dict, config_to_dict
+from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
@@ -78,6 +78,8 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"unknown activation {self.hidden_act!r}; expected one of {', '.join(ACTIVATIONS)}")
         if self.num_decoder_layers is not None and self.num_decoder_layers <= 0:
             raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
         if self.attention_head_size is None and self.hidden_size % self.num_heads:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bertology.errors import ConfigError
+from bertology.model.config import ACTIVATIONS
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, \
     renamed_keys
 from bertology.model.transformer import TransformerConfig
@@ -44,6 +45,13 @@ def without_layerdrop(key: str) -> Any:
         return value
 
     return read
+
+
+def read_activation(value: Any, config_json: Mapping[str, Any]) -> Any:
+    if value not in ACTIVATIONS:
+        raise ConfigError(f"activation_function: unknown activation {value!r}; expected one of "
+                          f"{', '.join(ACTIVATIONS)}")
+    return value
 
 
 def read_scale(value: Any, config_json: Mapping[str, Any]) -> float:
@@ -107,7 +115,6 @@ FAMILY = CheckpointFamily(
             "hidden_size": "d_model",
             "num_heads": "encoder_attention_heads",
             "intermediate_size": "encoder_ffn_dim",
-            "hidden_act": "activation_function",
             "max_position_embeddings": "max_position_embeddings",
             "hidden_dropout": "dropout",
             "attention_dropout": "attention_dropout",
@@ -119,6 +126,7 @@ FAMILY = CheckpointFamily(
             "eos_token_id": "eos_token_id",
             "decoder_start_token_id": "decoder_start_token_id",
         }),
+        ConfigKey("hidden_act", "activation_function", read_activation),
         ConfigKey("num_layers", "encoder_layers", without_layerdrop("encoder_layerdrop")),
         ConfigKey("num_decoder_layers", "decoder_layers", without_layerdrop("decoder_layerdrop")),
         ConfigKey("num_heads", "decoder_attention_heads", same_as("encoder_attention_heads")),

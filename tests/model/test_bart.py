@@ -284,3 +284,16 @@ def test_checkpoints_storing_the_tied_copies_load_when_they_are_equal(tmp_path):
     save_file(weights, path, metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=r"model\.decoder\.embed_tokens\.weight: differs from embeddings\.weight"):
         load_model(tmp_path)
+
+
+def test_labels_give_transformers_loss(tmp_path):
+    theirs = reference("ForConditionalGeneration")
+    theirs.save_pretrained(tmp_path)
+    ours = load_model(tmp_path)
+    ids, mask, _, _ = padded_batch()
+    labels = ids.masked_fill(mask == 0, -100)
+    with torch.no_grad():
+        expected = theirs(input_ids=ids, attention_mask=mask, labels=labels)
+        got = ours(ids, mask, labels=labels)
+    assert (got.logits - expected.logits).abs().max().item() < TOL
+    assert got.loss.item() == pytest.approx(expected.loss.item(), abs=TOL)

@@ -55,6 +55,7 @@ class BlockSpec:
     dropout: float = 0.1
     attention_dropout: float = 0.1
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim); T5 uses 1
+    activation_dropout: float = 0.0  # dropout after the feed-forward's activation (BART's activation_dropout)
 
 
 def norm_layer(kind: str, width: int, eps: float) -> nn.Module:
@@ -172,8 +173,10 @@ class Block(nn.Module):
 
     def feed_forward(self, h: Tensor) -> Tensor:
         if self.ffn_gate is not None:
-            return self.ffn_out(self.act(self.ffn_gate(h)) * self.ffn_in(h))
-        return self.ffn_out(self.act(self.ffn_in(h)))
+            inner = self.act(self.ffn_gate(h)) * self.ffn_in(h)
+        else:
+            inner = self.act(self.ffn_in(h))
+        return self.ffn_out(fast_dropout(inner, self.spec.activation_dropout, self.training))
 
     def sublayer_output(self, y: Tensor, adapter: nn.Module | None) -> Tensor:
         y = fast_dropout(y, self.dropout, self.training)

@@ -105,7 +105,7 @@ def hf_layout_problem(model: Model) -> str | None:
         act = head.activation or config.hidden_act
         if spec.kind != head.kind:
             return f"head {spec.name!r} is of kind {spec.kind!r}; transformers' {name} {spec.name!r} is {head.kind!r}"
-        if spec.kind in ("masked_lm", "first_token", "token_mlp") and spec.activation != act:
+        if spec.kind in ("masked_lm", "first_token", "token_mlp", "eos_token") and spec.activation != act:
             return f"head {spec.name!r} uses {spec.activation!r}; transformers' {name} {spec.name!r} uses {act!r}"
     try:
         family.architecture_name(tuple(spec.name for spec in model.head_specs), model_name(model))

@@ -169,7 +169,8 @@ RENAME = Rename()
 @dataclass(frozen=True)
 class WeightEntry:
     """Our parameter name(s) and the checkpoint key(s) they are stored under, with the transform between them.
-    Names may hold `{i}` (the layer), and checkpoint keys also `{group}` and `{inner}` (ALBERT's shared layers).
+    Names may hold `{i}` (the layer) or `{d}` (an encoder-decoder's decoder layer), and checkpoint keys also
+    `{group}` and `{inner}` (ALBERT's shared layers).
     Base-model keys are written without the family's prefix (`bert.`), which is added when the checkpoint has heads;
     `when` names a config attribute that must be truthy for the entry to apply (e.g. "pooler"; after "not ", falsy);
     `layers` the one counting the layers (an encoder-decoder's two stacks may differ in depth)."""
@@ -219,6 +220,9 @@ class Head:
     parts: Mapping[str, str] = field(default_factory=dict)
     bias: bool = True  # False: its linear parts have a weight only (GPT-2's `score`)
     untied: Head | None = None
+    # Entries beyond the parts, our names spelled in full with `{name}` for the head's (BART's final_logits_bias,
+    # an LM head tied to a model whose word embeddings are not the encoder's).
+    weights: tuple[WeightEntry, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
@@ -240,6 +244,8 @@ class Head:
                     out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
             else:
                 out.extend(linear(f"heads.{name}.{part}", theirs, params))
+        out.extend(WeightEntry(tuple(o.replace("{name}", name) for o in e.ours), e.theirs, e.transform, e.when)
+                   for e in self.weights)
         return tuple(out)
 
     def as_tuple(self) -> tuple[str, str | None, dict[str, str]]:
@@ -337,7 +343,7 @@ class CheckpointFamily:
 # --- the registry -------------------------------------------------------------------------------------------------
 
 # Modules of bertology.model.families, registered in this order.
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5")
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -424,6 +430,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
                                   f"{family.model_type} models with {key} {value!r}")
     values: dict[str, Any] = dict(family.fixed)
     used = set()
+    prunable = "pruned_heads" in {f.name for f in dataclasses.fields(family.config_class)}
     for key in family.config_keys:
         try:
             if hf.get(key.key) is not None:
@@ -435,11 +442,13 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
             message = str(error)  # named by the key, unless the reader named it already
             raise ConfigError(f"{source}: {message if message.startswith(key.key + ':') else f'{key.key}: {message}'}"
                               ) from None
-    if "pruned_heads" in hf:  # every family's key: {"layer": [heads]}, the heads a pruned model no longer has
-        values["pruned_heads"] = hf["pruned_heads"] or {}
-        used.add("pruned_heads")
-    extra = {k: v for k, v in hf.items() if k not in used}
     try:
+        if "pruned_heads" in hf and (prunable or hf["pruned_heads"]):  # every family's key: {"layer": [heads]}
+            if not prunable:
+                raise ConfigError(f"pruned_heads: {family.model_type} models cannot have pruned heads")
+            values["pruned_heads"] = hf["pruned_heads"] or {}
+            used.add("pruned_heads")
+        extra = {k: v for k, v in hf.items() if k not in used}
         return family.config_class(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
     except (ConfigError, TypeError) as error:
         raise ConfigError(f"{source}: {error}") from None
@@ -499,18 +508,22 @@ def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: 
     family = family or family_for_config(config)
     base = f"{family.prefix}." if prefixed and family.prefix else ""
     out: list[Bound] = []
-    inner = getattr(config, "inner_group_size", 1)
+    group = getattr(config, "inner_group_size", 1)
+    decoder_layers = getattr(config, "num_decoder_layers", None) or config.num_layers
     for entry in family.weights:
         if not applies(entry.when, config):
             continue
-        per_layer = any("{i}" in name for name in entry.ours + entry.theirs)
-        layers = getattr(config, entry.layers, None)
-        if layers is None:  # a config without ALBERT's sharing (num_unique_layers): its depth
-            layers = config.num_layers
-        for i in range(layers) if per_layer else [None]:
-            names: dict[str, Any] = {}
-            if i is not None:
-                names = dict(i=i, group=i // inner, inner=i % inner)
+        spelled = entry.ours + entry.theirs
+        if any("{d}" in name for name in spelled):  # an encoder-decoder's decoder layers
+            indices = [dict(d=d) for d in range(decoder_layers)]
+        elif any("{i}" in name for name in spelled):
+            layers = getattr(config, entry.layers, None)
+            if layers is None:  # a config without ALBERT's sharing (num_unique_layers): its depth
+                layers = config.num_layers
+            indices = [dict(i=i, group=i // group, inner=i % group) for i in range(layers)]
+        else:
+            indices = [{}]
+        for names in indices:
             out.append(Bound(tuple(n.format(**names) for n in entry.ours),
                              tuple(base + n.format(**names) for n in entry.theirs), entry.transform))
     for spec in heads:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bertology.errors import ConfigError
+from bertology.errors import ConfigError, InputError
 from bertology.model.dropout import fast_dropout
 
 
@@ -53,6 +53,7 @@ class HeadInputs:
     word_embeddings: Tensor
     pooled: Tensor | None = None
     masked_positions: Tensor | None = None
+    input_ids: Tensor | None = None  # the tokens [B, L] (an encoder-decoder's: the encoder's), for heads picking by id
 
 
 # Where a head reads the last layer, so that a model may skip the last layer elsewhere: every token, only the masked
@@ -236,3 +237,57 @@ class LMHead(nn.Linear):
 
 
 register_head("lm", LMHead, reads="masked_positions")
+
+
+class TiedLMBiasHead(TiedLMHead):
+    """Tied vocabulary logits plus a bias of their own (kind "tied_lm_bias": BART's final_logits_bias, stored as a
+    [1, vocab] buffer); only at `masked_positions` when given."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__(config, spec)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        return super().forward(inputs) + self.bias
+
+
+class EosTokenHead(nn.Module):
+    """dense -> act -> out on the last token whose id is the config's eos_token_id in each row (kind "eos_token":
+    BART's sequence classification reads the decoder's state at the final EOS of the input). It reads
+    `HeadInputs.input_ids`, which must have as many positions as the hidden states."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        self.eos_token_id = getattr(config, "eos_token_id", None)
+        if self.eos_token_id is None:
+            raise ConfigError(f"head {spec.name!r} (kind eos_token) reads the last EOS token, but the config has no "
+                              "eos_token_id")
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = activation(spec.activation)
+        self.out = nn.Linear(config.hidden_size, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        ids, h = inputs.input_ids, inputs.hidden
+        if ids is None:
+            raise InputError("this head reads the last EOS token of input_ids: give input_ids, not only "
+                             "encoder_outputs")
+        if ids.shape != h.shape[:2]:
+            raise InputError(f"the EOS classifier reads the decoder at the input's EOS positions: input_ids "
+                             f"{tuple(ids.shape)} and the decoder's {tuple(h.shape[:2])} must have the same shape")
+        is_eos = ids == self.eos_token_id
+        if ids.device.type != "cpu":  # checked on the device: reading the values would wait for it
+            torch._assert_async(is_eos.any(1).all(), f"each row of input_ids needs an EOS token ({self.eos_token_id})")
+        elif not bool(is_eos.any(1).all()):
+            rows = (~is_eos.any(1)).nonzero().flatten().tolist()
+            raise InputError(f"rows {rows} of input_ids have no EOS token (id {self.eos_token_id}), which this "
+                             "classifier reads")
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        last = torch.where(is_eos, positions, -1).amax(1).clamp(min=0)
+        x = h[torch.arange(h.shape[0], device=h.device), last]
+        x = self.act(self.dense(fast_dropout(x, self.dropout, self.training)))
+        return self.out(fast_dropout(x, self.dropout, self.training))
+
+
+register_head("tied_lm_bias", TiedLMBiasHead, reads="masked_positions")
+register_head("eos_token", EosTokenHead)

@@ -22,10 +22,10 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL
 from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, norm_layer
-from bertology.model.config import config_from_dict, config_to_dict
+from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
+from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
 from bertology.model.registry import register_model
@@ -64,11 +64,14 @@ class TransformerConfig:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     embedding_dropout: float | None = None  # None: hidden_dropout (GPT-2's embd_pdrop)
+    activation_dropout: float = 0.0  # after the feed-forward's activation (BART)
     classifier_dropout: float | None = None
     pad_token_id: int = 0
     bos_token_id: int | None = None
     eos_token_id: int | None = None
     decoder_start_token_id: int | None = None
+    # BART: given neither decoder_input_ids nor labels, the decoder reads input_ids shifted right behind the start
+    shifted_decoder_inputs: bool = False
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -76,6 +79,10 @@ class TransformerConfig:
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"unknown activation {self.hidden_act!r}; expected one of {', '.join(ACTIVATIONS)}")
+        if self.num_decoder_layers is not None and self.num_decoder_layers <= 0:
+            raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
         if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.positions not in ("learned", "sinusoidal", "relative", "none"):
@@ -109,7 +116,8 @@ class TransformerConfig:
                          intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
                          norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
                          cross_attention=cross_attention, dropout=self.hidden_dropout,
-                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale)
+                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale,
+                         activation_dropout=self.activation_dropout)
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
@@ -238,13 +246,14 @@ class TransformerModel(nn.Module):
         x = self.embeddings(input_ids)
         return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
-    def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None) -> None:
+    def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None,
+                  input_ids: Tensor | None = None) -> None:
         if not self.head_specs:
             return
         word = self.embeddings.weight * self.config.logit_scale if self.config.logit_scale != 1.0 \
             else self.embeddings.weight
         inputs = HeadInputs(hidden=out.last_hidden_state, attention_mask=attention_mask, word_embeddings=word,
-                            masked_positions=masked_positions)
+                            masked_positions=masked_positions, input_ids=input_ids)
         for spec in self.head_specs:
             out.head_logits[spec.name] = self.heads[spec.name](inputs)
         out.logits = out.head_logits[self.head_specs[0].name]
@@ -257,7 +266,7 @@ class TransformerModel(nn.Module):
         """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
         init_parameters(self, self.config.initializer_range, generator)
         for head in self.heads.values():
-            if isinstance(head, MaskedLMHead):
+            if isinstance(head, (MaskedLMHead, TiedLMBiasHead)):
                 head.bias.zero_()
 
 
@@ -367,12 +376,14 @@ class Seq2SeqModel(TransformerModel):
         if attention_mask is None:
             attention_mask = torch.ones(encoder_outputs.shape[:2], dtype=torch.long, device=encoder_outputs.device)
         if decoder_input_ids is None:
-            if labels is None:
+            shifted = labels if labels is not None else input_ids if self.config.shifted_decoder_inputs else None
+            if shifted is None:
                 raise InputError("give decoder_input_ids or labels")
             start = self.config.decoder_start_token_id
             if start is None:
-                raise ConfigError("decoder_start_token_id is not set: decoder inputs cannot be made from labels")
-            decoder_input_ids = shift_right(labels, start, self.config.pad_token_id)
+                raise ConfigError("decoder_start_token_id is not set: decoder inputs cannot be made from "
+                                  f"{'labels' if labels is not None else 'input_ids'}")
+            decoder_input_ids = shift_right(shifted, start, self.config.pad_token_id)
         check_ids(decoder_input_ids, self.config.vocab_size, "decoder_input_ids")
         caches = past_key_values
         if use_cache and caches is None:
@@ -385,7 +396,8 @@ class Seq2SeqModel(TransformerModel):
                                  memory_mask=attention_mask, caches=caches, packed=packed)
         out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,
                           past_key_values=caches if use_cache else None)
-        self.run_heads(out, decoder_attention_mask[:, -decoder_input_ids.shape[1]:], masked_positions)
+        # Heads that pick tokens by id (BART's classifier: the last EOS) read the encoder's input_ids.
+        self.run_heads(out, decoder_attention_mask[:, -decoder_input_ids.shape[1]:], masked_positions, input_ids)
         if labels is not None and out.logits is not None and masked_positions is None:
             out.loss = lm_loss(out.logits, labels)
         return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -439,9 +440,9 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
             elif key.default is not None:
                 values[key.field] = key.default(hf)
         except ConfigError as error:
-            message = str(error)  # named by the key, unless the reader named it already
-            raise ConfigError(f"{source}: {message if message.startswith(key.key + ':') else f'{key.key}: {message}'}"
-                              ) from None
+            message = str(error)  # named by the key, unless the reader named a key already
+            named = re.match(r"[A-Za-z_]\w*: ", message) is not None
+            raise ConfigError(f"{source}: {message if named else f'{key.key}: {message}'}") from None
     try:
         if "pruned_heads" in hf and (prunable or hf["pruned_heads"]):  # every family's key: {"layer": [heads]}
             if not prunable:

@@ -366,3 +366,18 @@ def test_encoder_only_features_say_so_for_other_models():
         Electra().attach(decoder)
     with pytest.raises(ConfigError, match="distillation .* needs a bidirectional encoder"):
         init_student(decoder, [])
+
+
+@pytest.mark.parametrize("style", ["gpt2", "t5"])
+def test_a_native_decoder_and_encoder_decoder_load_with_their_tokenizers(tmp_path, style):
+    import bertology
+    from framing_helpers import tokenizer
+    from bertology.model import Pretrained
+
+    tok = tokenizer(style)
+    model = (DecoderModel if style == "gpt2" else Seq2SeqModel)(tiny_config(vocab_size=tok.vocab_size),
+                                                                [HeadSpec("lm", "tied_lm")])
+    Pretrained(model, tok).save(tmp_path / "m")
+    loaded = bertology.load(tmp_path / "m")
+    assert type(loaded.model) is type(model) and loaded.tokenizer.style == style
+    assert loaded.tokenizer.encode("the cat sat").ids == tok.encode("the cat sat").ids

@@ -147,8 +147,8 @@ def test_bad_json_files(trained, tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mamba"}), encoding="utf-8")
     with pytest.raises(TokenizerError, match=r"config\.json: key 'model_type': unknown model type 'mamba'"):
         load_tokenizer(tmp_path)
-    with pytest.raises(TokenizerError, match="model_type argument: unknown model type 't5'"):
-        load_tokenizer(directory, model_type="t5")
+    with pytest.raises(TokenizerError, match="model_type argument: unknown model type 'mamba'"):
+        load_tokenizer(directory, model_type="mamba")
 
 
 def test_bad_vocab_files(tmp_path: Path) -> None:

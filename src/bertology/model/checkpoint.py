@@ -396,5 +396,10 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
     directory = Path(path)
     tokenizer = None
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
-        tokenizer = load_tokenizer(directory, model_type=model.config.family)
+        from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
+
+        # A family with a framing of its own names it; a model built here (a native "transformer" decoder) lets the
+        # tokenizer's files say which framing they have.
+        family = getattr(model.config, "family", None)
+        tokenizer = load_tokenizer(directory, model_type=family if family in MODEL_TYPE_STYLE else None)
     return Pretrained(model=model, tokenizer=tokenizer)

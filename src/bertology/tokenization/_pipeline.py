@@ -26,6 +26,9 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "roberta": "roberta",
     "xlm-roberta": "roberta",
     "gpt2": "gpt2",
+    "bart": "bart",
+    "t5": "t5",
+    "xlnet": "xlnet",
 }
 
 # tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.

@@ -144,6 +144,7 @@ def test_the_nested_kernel_equals_the_group_loop():
 def test_kernel_choice_on_each_device(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: True)
+    monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: True)
     assert choose_kernel(cpu, BIDIRECTIONAL, 0.0, False, False) == "groups"
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "varlen"
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False) == "varlen"
@@ -151,6 +152,12 @@ def test_kernel_choice_on_each_device(monkeypatch):
     assert choose_kernel(cuda, CAUSAL, 0.1, False, False) == "groups"
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.float32) == "nested"  # flash is half only
+    assert choose_kernel(cuda, CAUSAL, 0.0, False, False, torch.float32) == "groups"
+    monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: False)  # the first varlen API
+    assert choose_kernel(cuda, CAUSAL, 0.0, False, False) == "varlen"
+    assert choose_kernel(cuda, sliding_window(4), 0.0, False, False) == "groups"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.bfloat16, 1.0) == "nested"  # T5's scale
     monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: False)
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "nested"
 

@@ -14,6 +14,8 @@ tensor when attention dropout is on)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -173,13 +175,16 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     where nothing the kernels lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
     if kernel == "auto":
         kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
-                               or head_scale is not None)
+                               or head_scale is not None, q.dtype, scale)
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
-        out = varlen_attn(q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen,
-                          scale=scale, window_size=policy.bounds)
-        return out, []
+        lengths = (layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen)
+        if varlen_takes_windows():
+            return varlen_attn(q, k, v, *lengths, scale=scale, window_size=policy.bounds), []
+        if policy.window is not None or scale is not None:
+            raise ValueError("this torch's varlen_attn takes no window or scale: use the groups kernel")
+        return varlen_attn(q, k, v, *lengths, is_causal=policy.causal), []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -205,21 +210,33 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
 
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
-                  extras: bool) -> str:
-    """The packed kernel "auto" picks (see packed_attention)."""
+                  extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None) -> str:
+    """The packed kernel "auto" picks (see packed_attention). The variable-length kernel is flash attention: half
+    precision only (fp32 on a GPU takes the nested-tensor kernel or the group loop)."""
     if device.type != "cuda" or need_weights or extras:
         return "groups"
-    if dropout == 0 and varlen_available():
+    if dropout == 0 and dtype in (torch.float16, torch.bfloat16) and varlen_available() and (
+            varlen_takes_windows() or (policy.window is None and scale is None)):
         return "varlen"
     return "nested" if not policy.restricts else "groups"
 
 
+@functools.cache
 def varlen_available() -> bool:
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:
         return False
     return True
+
+
+@functools.cache
+def varlen_takes_windows() -> bool:
+    """Whether this torch's varlen_attn takes `window_size` and `scale` (2.10 on); the first release took only
+    `is_causal`."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    return "window_size" in inspect.signature(varlen_attn).parameters
 
 
 def scatter_attention(probs_by_group: list[Tensor | None], layout: Layout, heads: int, like: Tensor) -> Tensor:

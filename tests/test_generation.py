@@ -358,3 +358,27 @@ def test_models_that_cannot_generate_say_why():
     no_start = Seq2SeqModel(tiny_config(decoder_start_token_id=None, positions="relative"), [HeadSpec("lm", "tied_lm")])
     with pytest.raises(ConfigError, match="decoder_start_token_id is not set"):
         generate(no_start, input_ids=torch.ones(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("options", [dict(num_beams=3, num_return_sequences=3),
+                                     dict(num_beams=4, num_return_sequences=2, length_penalty=0.5),
+                                     dict(num_beams=3, num_return_sequences=2, early_stopping=True)],
+                         ids=search_id)
+def test_several_beams_per_prompt_are_transformers_num_return_sequences(t5, options):
+    hf, ours, src, mask, eos_choices = t5
+    for eos in eos_choices:
+        expected = hf.generate(src, attention_mask=mask, max_new_tokens=NEW, do_sample=False, eos_token_id=eos,
+                               **options)
+        got = generate(ours, input_ids=src, attention_mask=mask, max_new_tokens=NEW,
+                       eos_token_id=eos if eos is not None else [], **options)
+        assert got.shape[0] == src.shape[0] * options["num_return_sequences"]
+        assert torch.equal(got, expected), (eos, got, expected)
+
+
+@pytest.mark.parametrize("options", [dict(num_return_sequences=2), dict(num_beams=2, num_return_sequences=3),
+                                     dict(num_return_sequences=2, do_sample=True), dict(num_return_sequences=0)],
+                         ids=search_id)
+def test_more_sequences_than_beams_are_refused_naming_the_option(t5, options):
+    _, ours, src, mask, _ = t5
+    with pytest.raises(ConfigError, match="num_return_sequences"):
+        generate(ours, input_ids=src, attention_mask=mask, max_new_tokens=NEW, **options)

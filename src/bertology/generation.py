@@ -54,9 +54,10 @@ class Settings:
     eos_token_ids: tuple[int, ...]
     pad_token_id: int
     seed: int | None
+    num_return_sequences: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "num_beams"):
+        for name in ("max_new_tokens", "num_beams", "num_return_sequences"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name} must be an integer of at least 1, got {value!r}")
@@ -83,6 +84,9 @@ class Settings:
                                          ("early_stopping", self.early_stopping, False)):
                 if value != default:
                     raise ConfigError(f"{name}={value!r} applies to beam search only: set num_beams above 1")
+        if self.num_return_sequences > 1 and (self.do_sample or self.num_return_sequences > self.num_beams):
+            raise ConfigError(f"num_return_sequences={self.num_return_sequences} needs beam search with at least as "
+                              f"many beams (num_beams={self.num_beams}, do_sample={self.do_sample})")
         if not math.isfinite(self.length_penalty):
             raise ConfigError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
         if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
@@ -198,7 +202,8 @@ def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | No
 
 
 def beam_search(step: Stepper, s: Settings) -> Tensor:
-    """`num_beams` hypotheses per row, the best finished one returned (transformers' algorithm: at each step the
+    """`num_beams` hypotheses per row, the `num_return_sequences` best finished ones returned (a row's, best first,
+    in consecutive rows) (transformers' algorithm: at each step the
     2 * num_beams best continuations of all beams (more with several EOS ids); those that end join the finished
     hypotheses when among the num_beams best and better than the worst kept; the num_beams best others go on)."""
     prefix, n = step.prefix, s.num_beams
@@ -260,8 +265,9 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
             break
         logits = step.logits(running[:, :, -1].reshape(-1, 1))
 
-    width = int(lengths[:, 0].max())
-    return torch.cat([prefix, finished[:, 0, :width]], 1)
+    r = s.num_return_sequences
+    width = int(lengths[:, :r].max())
+    return torch.cat([prefix.repeat_interleave(r, 0), finished[:, :r, :width].reshape(batch * r, width)], 1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -317,13 +323,16 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     seed: int | None = None,
+    num_return_sequences: int = 1,
 ) -> Tensor:
     """Generate up to `max_new_tokens` tokens after each prompt of `input_ids` [B, L] (`attention_mask` [B, L], 1 =
     real token; a decoder's prompts padded on the left). Returns [B, L'] token ids on the model's device: prompt +
     new tokens for a `DecoderModel`, the decoder's sequence from `decoder_start_token_id` for a `Seq2SeqModel`;
     rows that said EOS (`eos_token_id`: an id, a list, [] for none; None: the model config's) are padded with
     `pad_token_id` (default the config's). `num_beams` > 1: beam search; `do_sample`: sampling with `temperature`,
-    `top_k`, `top_p`, from a torch.Generator seeded with `seed` (None: torch's global generator). The model runs in
+    `top_k`, `top_p`, from a torch.Generator seeded with `seed` (None: torch's global generator).
+    `num_return_sequences` (beam search, at most `num_beams`): the best finished hypotheses of each prompt, best
+    first, as consecutive rows [B * num_return_sequences, L'] (transformers' layout). The model runs in
     eval mode (restored afterwards)."""
     model = generation_model(model_or_pretrained)
     config = model.config
@@ -333,7 +342,7 @@ def generate(
         early_stopping=early_stopping,
         eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
         pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
-        seed=seed)
+        seed=seed, num_return_sequences=num_return_sequences)
     settings.check_vocabulary(config.vocab_size)
     device = model.embeddings.weight.device
     input_ids = torch.as_tensor(input_ids).to(device=device, dtype=torch.long)

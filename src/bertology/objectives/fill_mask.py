@@ -1,38 +1,56 @@
-"""Fill-mask: the masked-LM head's most probable tokens at each mask token of a text."""
+"""Fill-mask: the masked-LM head's most probable tokens at each mask token of a text; for an encoder-decoder, the
+most probable generated fillings (beam search, any length): T5's sentinel spans, BART's whole denoised text."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from bertology.device import place, to_cpu
-from bertology.errors import BertologyError, CheckpointError
+from bertology.errors import BertologyError, CheckpointError, TokenizerError
 from bertology.model.protocol import Model
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
 
 @dataclass(frozen=True)
 class Prediction:
-    """One candidate for one mask: the token, its id, its probability and the text with the mask filled in."""
+    """One candidate for one mask: the token, its id, its probability and the text with the mask filled in. A
+    generated filling (an encoder-decoder's) has ``token`` its text, ``token_id`` -1 and ``token_ids`` its tokens,
+    and ``probability`` the whole generated sequence's (every span of a T5 hypothesis shares it)."""
 
     token: str
     token_id: int
     probability: float
     sequence: str
+    token_ids: tuple[int, ...] = ()
 
 
 @torch.no_grad()
 def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
-              device: str | torch.device | None = None, dtype: str = "float32") -> list[list[Prediction]]:
+              device: str | torch.device | None = None, dtype: str = "float32",
+              max_new_tokens: int = 20) -> list[list[Prediction]]:
     """Top-``top_k`` predictions for every mask token in ``text`` (the tokenizer's own mask token, e.g. ``[MASK]``
     or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are.
-    ``device`` (None: where the model is) and ``dtype`` say where and how the model runs (`bertology.device`)."""
+    ``device`` (None: where the model is) and ``dtype`` say where and how the model runs (`bertology.device`).
+
+    An encoder-decoder (`Seq2SeqModel`) generates up to ``max_new_tokens`` tokens by beam search
+    (max(top_k, 4) beams, no length penalty) and keeps the ``top_k`` best finished hypotheses: with T5's sentinels
+    (``<extra_id_0>`` ...) in ``text`` it generates ``<extra_id_0> span <extra_id_1> span ...`` and returns, for
+    each sentinel of the text in order, every hypothesis' span; with BART's ``<mask>`` it generates the whole text
+    and returns one list, the ``top_k`` texts."""
+    if isinstance(model, Seq2SeqModel):
+        return fill_spans(model, tokenizer, text, top_k, device=device, dtype=dtype, max_new_tokens=max_new_tokens)
+    if isinstance(model, DecoderModel):
+        raise CheckpointError("fill-mask needs a masked-LM encoder (BERT, RoBERTa, ...) or an encoder-decoder "
+                              "(T5's sentinels, BART's <mask>); this is a decoder-only model (DecoderModel, e.g. "
+                              "GPT-2), which predicts only the next token: use `bertology generate`")
     if "mlm" not in model.heads:
         raise CheckpointError("fill-mask needs a model with a masked-LM head; this one has "
                               f"{', '.join(model.heads) or 'no head'}")
-    if top_k < 1:
-        raise BertologyError(f"top_k must be >= 1, got {top_k}")
+    check_top_k(top_k)
     framing = tokenizer.framing
     framing.require("mask", "fill-mask")
     mask = tokenizer.mask_token
@@ -71,3 +89,117 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
             candidates.append(Prediction(tokenizer.id_to_token(token_id) or "", token_id, p, sequence))
         results.append(candidates)
     return results
+
+
+def check_top_k(top_k: int) -> None:
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise BertologyError(f"top_k must be >= 1, got {top_k!r}")
+
+
+def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, device: str | torch.device | None,
+               dtype: str, max_new_tokens: int) -> list[list[Prediction]]:
+    """`fill_mask` for an encoder-decoder: T5's sentinel spans or BART's denoised text, generated."""
+    from bertology.generation import generate
+
+    check_top_k(top_k)
+    framing = tokenizer.framing
+    where_file = framing.source or "the tokenizer"
+    pattern = framing.layout.sentinels
+    if pattern is not None:  # T5: numbered sentinels
+        first = pattern.format(0)
+        if not framing.sentinels:
+            raise TokenizerError(f"{where_file}: no sentinel token {first!r} ({framing.style} framing); fill-mask "
+                                 "with an encoder-decoder needs the sentinels the model was pretrained with")
+        marks = framing.sentinels
+        example = f"The {first} walks in {pattern.format(1)} park."
+    else:  # BART: the mask token
+        if framing.mask_id is None:
+            raise TokenizerError(f"{where_file}: no mask token ('<mask>', {framing.style} framing); fill-mask with "
+                                 "an encoder-decoder needs the mask token the model was pretrained with")
+        marks = (framing.mask_id,)
+        example = f"UN Chief says there is no {tokenizer.mask_token} in Syria"
+    ids = torch.tensor([tokenizer.encode(text).ids])
+    positions = torch.isin(ids[0], torch.tensor(marks)).nonzero().squeeze(1).tolist()
+    if not positions:
+        names = ", ".join(repr(tokenizer.id_to_token(m)) for m in marks[:2]) + (", ..." if len(marks) > 2 else "")
+        raise BertologyError(f"no {'sentinel' if pattern else 'mask'} token in the input: write {names} where a "
+                             f"span should be filled (e.g. {example!r})")
+    limit = model.config.max_length
+    if ids.shape[1] > limit:
+        raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    where = place(model, device, dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with where.autocast():
+            sequences = generate(model, ids, max_new_tokens=min(max_new_tokens, limit - 1),
+                                 num_beams=max(top_k, 4), num_return_sequences=top_k, length_penalty=0.0)
+            log_probs = sequence_log_probabilities(model, ids.to(sequences.device), sequences)
+    finally:
+        model.train(was_training)
+    sequences, log_probs = to_cpu(sequences), to_cpu(log_probs)
+    eos = model.config.eos_token_id
+    ends = set([eos] if isinstance(eos, int) else (eos or []))
+    hypotheses = [generated(row, ends) for row in sequences.tolist()]
+    order = sorted(range(len(hypotheses)), key=lambda i: -float(log_probs[i]))  # beam order, up to rounding
+    probabilities = [math.exp(float(log_probs[i])) for i in order]
+    hypotheses = [hypotheses[i] for i in order]
+    if pattern is None:  # BART: one group, the generated texts
+        texts = [tokenizer.decode(h, skip_special_tokens=True).strip() for h in hypotheses]
+        return [[Prediction(t, -1, p, t, tuple(h)) for t, h, p in zip(texts, hypotheses, probabilities)]]
+    number = {token: n for n, token in enumerate(framing.sentinels)}
+    frame = {i for i in (framing.cls_id, framing.sep_id, framing.pad_id) if i is not None}
+    spans = [sentinel_spans(h, number) for h in hypotheses]
+    filled = []
+    for found in spans:
+        kept: list[int] = []
+        for token in ids[0].tolist():
+            if token in number:
+                kept.extend(found.get(number[token], ()))
+            elif token not in frame:
+                kept.append(token)
+        filled.append(tokenizer.decode(kept, skip_special_tokens=False).strip())
+    results = []
+    for position in positions:
+        sentinel = number[int(ids[0, position])]
+        results.append([Prediction(tokenizer.decode(list(found.get(sentinel, ())), skip_special_tokens=True).strip(),
+                                   -1, p, sequence, tuple(found.get(sentinel, ())))
+                        for found, p, sequence in zip(spans, probabilities, filled)])
+    return results
+
+
+def generated(row: list[int], ends: set[int]) -> list[int]:
+    """A decoder sequence's new tokens (after its start token) up to, not including, the first EOS."""
+    tokens = row[1:]
+    for i, token in enumerate(tokens):
+        if token in ends:
+            return tokens[:i]
+    return tokens
+
+
+def sentinel_spans(tokens: list[int], number: dict[int, int]) -> dict[int, tuple[int, ...]]:
+    """T5's target ``<extra_id_0> a b <extra_id_1> c``: {0: (a, b), 1: (c,)} (tokens before the first sentinel
+    belong to none; a sentinel the hypothesis lacks has no span; a sentinel said again ends its span there, and what
+    follows it belongs to none)."""
+    spans: dict[int, list[int]] = {}
+    current: list[int] | None = None
+    for token in tokens:
+        if token in number:
+            current = None if number[token] in spans else spans.setdefault(number[token], [])
+        elif current is not None:
+            current.append(token)
+    return {n: tuple(span) for n, span in spans.items()}
+
+
+def sequence_log_probabilities(model: Seq2SeqModel, input_ids: torch.Tensor, sequences: torch.Tensor
+                               ) -> torch.Tensor:
+    """The summed log-probability of each generated sequence (rows of `sequences`, from the decoder's start token;
+    one encoder input for all of them) up to and including its first EOS."""
+    rows = sequences.shape[0]
+    out = model(input_ids.expand(rows, -1), decoder_input_ids=sequences[:, :-1])
+    log_probs = out.logits.float().log_softmax(-1).gather(-1, sequences[:, 1:, None]).squeeze(-1)
+    eos = model.config.eos_token_id
+    ends = torch.tensor([eos] if isinstance(eos, int) else list(eos or []), device=sequences.device)
+    is_end = torch.isin(sequences[:, 1:], ends).long()
+    counted = (is_end.cumsum(1) - is_end) == 0  # up to and including the first EOS; its padding after it is not
+    return (log_probs * counted).sum(1)

@@ -223,3 +223,16 @@ def test_a_decoder_only_model_is_refused_naming_what_fill_mask_needs(bart):
     _, gpt2 = gpt2_pair(vocab_size=300)
     with pytest.raises(CheckpointError, match="masked-LM encoder .* or an encoder-decoder.*decoder-only"):
         fill_mask(gpt2, bart[0].tokenizer, BART_TEXT, top_k=2)
+
+
+def test_the_cli_passes_max_new_tokens_and_refuses_a_bad_one(bart, capsys):
+    pretrained, directory = bart
+    expected = fill_mask(pretrained.model, pretrained.tokenizer, BART_TEXT, top_k=2, max_new_tokens=3)
+    assert all(len(p.token_ids) <= 3 for p in expected[0])
+    capsys.readouterr()
+    assert main(["fill-mask", "--model", str(directory), "--top-k", "2", "--max-new-tokens", "3", BART_TEXT]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"{p.probability:.4f}\t{p.token}\t{p.sequence}"
+                                                    for p in expected[0]]
+    assert main(["fill-mask", "--model", str(directory), "--max-new-tokens", "0", BART_TEXT]) == 2
+    err = capsys.readouterr().err
+    assert "max_new_tokens" in err and len(err.strip().splitlines()) == 1

@@ -1,4 +1,5 @@
-"""`bertology fill-mask`: the top predictions of a masked-LM model at each mask token of a text."""
+"""`bertology fill-mask`: the top predictions of a masked-LM model at each mask token of a text, or an
+encoder-decoder's generated fillings (T5's sentinel spans, BART's text at its <mask> tokens)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "fill-mask",
         help="predict the tokens at the mask tokens of a text",
         description="Print the most probable tokens (with probabilities) at each mask token of TEXT; use the "
-        "model's own mask token ([MASK] for BERT, <mask> for RoBERTa).",
+        "model's own mask token ([MASK] for BERT, <mask> for RoBERTa). An encoder-decoder generates the fillings by "
+        "beam search: T5 a span of any length at each sentinel (<extra_id_0>, <extra_id_1>, ...), BART the whole "
+        "text with its <mask> spans filled; each line's probability is its generated sequence's.",
     )
     parser.add_argument("text", metavar="TEXT")
     parser.add_argument("--model", required=True, metavar="PATH", help="model directory with its tokenizer")
     parser.add_argument("--top-k", type=int, default=5, help="predictions per mask (default: 5)")
+    parser.add_argument("--max-new-tokens", type=int, default=20,
+                        help="an encoder-decoder's longest generated sequence, in tokens (default: 20)")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -31,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if pretrained.tokenizer is None:
         raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
     results = fill_mask(pretrained.model, pretrained.tokenizer, args.text, top_k=args.top_k, device=where.device,
-                        dtype=where.dtype)
+                        dtype=where.dtype, max_new_tokens=args.max_new_tokens)
     for number, predictions in enumerate(results, start=1):
         if len(results) > 1:
             print(f"mask {number}:")

@@ -16,7 +16,7 @@ from transformer_helpers import gpt2_pair, t5_pair
 from bertology import generate
 from bertology.cli.main import main
 from bertology.errors import BertologyError, CheckpointError, TokenizerError
-from bertology.model import Pretrained, load, load_model
+from bertology.model import HeadSpec, Pretrained, Seq2SeqModel, load, load_model
 from bertology.objectives import fill_mask
 from bertology.objectives.fill_mask import sentinel_spans
 from bertology.tokenization import Tokenizer
@@ -236,3 +236,25 @@ def test_the_cli_passes_max_new_tokens_and_refuses_a_bad_one(bart, capsys):
     assert main(["fill-mask", "--model", str(directory), "--max-new-tokens", "0", BART_TEXT]) == 2
     err = capsys.readouterr().err
     assert "max_new_tokens" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_encoder_decoder_without_a_language_model_head_is_refused(t5):
+    pretrained, _ = t5
+    tagger = Seq2SeqModel(pretrained.model.config, [HeadSpec("tags", "token", num_labels=3)])
+    with pytest.raises(CheckpointError, match="fill-mask with an encoder-decoder: generation needs a language-model "
+                                              "head.*'tags'"):
+        fill_mask(tagger, pretrained.tokenizer, T5_TEXT, top_k=2)
+
+
+def test_a_later_sentinel_alone_gets_its_own_span(t5):
+    """Only <extra_id_1> in the text: one list, read after <extra_id_1> in each hypothesis."""
+    pretrained, _ = t5
+    tokenizer = pretrained.tokenizer
+    text = "the cat <extra_id_1> on the mat"
+    results = fill_mask(pretrained.model, tokenizer, text, top_k=3)
+    _, sequences = expected_sequences(pretrained.model, tokenizer, text, 3)
+    number = {token: n for n, token in enumerate(tokenizer.framing.sentinels)}
+    assert len(results) == 1 and len(results[0]) == 3
+    for prediction, row in zip(results[0], sequences.tolist()):
+        spans = sentinel_spans(until_eos(row, tokenizer.framing.sep_id), number)
+        assert prediction.token_ids == spans.get(1, ())

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from bertology.device import place, to_cpu
-from bertology.errors import BertologyError, CheckpointError, TokenizerError
+from bertology.errors import BertologyError, CheckpointError, ConfigError, TokenizerError
 from bertology.model.protocol import Model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
@@ -99,9 +99,13 @@ def check_top_k(top_k: int) -> None:
 def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, device: str | torch.device | None,
                dtype: str, max_new_tokens: int) -> list[list[Prediction]]:
     """`fill_mask` for an encoder-decoder: T5's sentinel spans or BART's denoised text, generated."""
-    from bertology.generation import generate
+    from bertology.generation import generate, generation_model
 
     check_top_k(top_k)
+    try:
+        generation_model(model)
+    except ConfigError as error:  # e.g. BartForSequenceClassification: no language-model head to generate with
+        raise CheckpointError(f"fill-mask with an encoder-decoder: {error}") from error
     framing = tokenizer.framing
     where_file = framing.source or "the tokenizer"
     pattern = framing.layout.sentinels

@@ -375,6 +375,16 @@ def test_several_beams_per_prompt_are_transformers_num_return_sequences(t5, opti
         assert torch.equal(got, expected), (eos, got, expected)
 
 
+def test_a_decoder_returns_several_beams_per_prompt_as_transformers_does(gpt2):
+    hf, ours, ids, mask, eos_choices = gpt2
+    for eos in eos_choices:
+        expected = hf.generate(ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=PAD,
+                               eos_token_id=eos, num_beams=3, num_return_sequences=2)
+        got = generate(ours, input_ids=ids, attention_mask=mask, max_new_tokens=NEW, pad_token_id=PAD,
+                       eos_token_id=eos if eos is not None else [], num_beams=3, num_return_sequences=2)
+        assert got.shape[0] == 2 * ids.shape[0] and torch.equal(got, expected), (eos, got, expected)
+
+
 @pytest.mark.parametrize("options", [dict(num_return_sequences=2), dict(num_beams=2, num_return_sequences=3),
                                      dict(num_return_sequences=2, do_sample=True), dict(num_return_sequences=0)],
                          ids=search_id)

@@ -202,10 +202,10 @@ def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | No
 
 
 def beam_search(step: Stepper, s: Settings) -> Tensor:
-    """`num_beams` hypotheses per row, the `num_return_sequences` best finished ones returned (a row's, best first,
-    in consecutive rows) (transformers' algorithm: at each step the
-    2 * num_beams best continuations of all beams (more with several EOS ids); those that end join the finished
-    hypotheses when among the num_beams best and better than the worst kept; the num_beams best others go on)."""
+    """`num_beams` hypotheses per row; its `num_return_sequences` best finished ones are returned, best first, in
+    consecutive rows. Transformers' algorithm: at each step the 2 * num_beams best continuations of all beams (more
+    with several EOS ids); those that end join the finished hypotheses when among the num_beams best and better than
+    the worst kept; the num_beams best others go on."""
     prefix, n = step.prefix, s.num_beams
     batch, device = prefix.shape[0], prefix.device
     eos = torch.tensor(s.eos_token_ids, dtype=torch.long, device=device)

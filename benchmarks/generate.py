@@ -1,7 +1,7 @@
 """Generation on CPU: `bertology.generate` against transformers' `generate`, greedy with the key/value cache (and one
 beam-search row), batch 8, on the same random GPT-2 and T5 weights.
 
-    python benchmarks/generate.py                 # print the table (about 3 minutes on 2 shared cores)
+    python benchmarks/generate.py                 # print the table (about two minutes, 1 thread)
     python benchmarks/generate.py --write         # ... and rewrite the "## Generation" section of RESULTS.md
     python benchmarks/generate.py --quick         # tiny models and few tokens: seconds, to check the script
 
@@ -202,14 +202,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--new-tokens", type=int, default=None, help="max_new_tokens (default 64; --quick: 8)")
     parser.add_argument("--vocab", type=int, default=None, help="BPE vocabulary size (default 8192; --quick: 1000)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls per side first")
-    parser.add_argument("--repeats", type=int, default=None, help="timed calls per side, median kept (default 5)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed calls per side, median kept (default 15)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one process, the sides take turns)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt sampling")
     parser.add_argument("--write", action="store_true", help="rewrite the Generation section of RESULTS.md")
     args = parser.parse_args(argv)
     args.new_tokens = args.new_tokens or (8 if args.quick else 64)
     args.vocab = args.vocab or (1000 if args.quick else 8192)
-    args.repeats = args.repeats or (1 if args.quick else 5)
+    args.repeats = args.repeats or (1 if args.quick else 15)
     common.check_data()
     from transformers.utils import logging as hf_logging
 
@@ -245,7 +245,8 @@ def main(argv: list[str] | None = None) -> None:
             f"Gutenberg (vocabulary {tokenizer.get_vocab_size()}), cut to lengths drawn from 16-48 "
             f"(here {', '.join(map(str, lengths))}); left-padded for GPT-2, right-padded for T5's encoder. "
             "\"new tokens\": the batch's generated tokens up to and including each row's EOS, counted once and "
-            "used for both sides' tokens/s. \"same tokens\": both sides' output ids equal, checked before timing.",
+            "used for both sides' tokens/s (with beams: the tokens of the returned best sequences, not of every beam). "
+            "\"same tokens\": both sides' output ids equal, checked before timing.",
             "",
             "| model | search | prompt width | new tokens | same tokens | bertology tok/s | transformers tok/s | "
             "x transformers | bertology ms / call | transformers ms / call |",

@@ -4,6 +4,7 @@ beam-search row), batch 8, on the same random GPT-2 and T5 weights.
     python benchmarks/generate.py                 # print the table (about two minutes, 1 thread)
     python benchmarks/generate.py --write         # ... and rewrite the "## Generation" section of RESULTS.md
     python benchmarks/generate.py --quick         # tiny models and few tokens: seconds, to check the script
+    python benchmarks/generate.py --rows gpt2-base --repeats 9   # one row
 
 Each model is built by transformers with seed 0 (GPT2LMHeadModel, T5ForConditionalGeneration), saved with
 `save_pretrained` and loaded back by `bertology.load_model`, so both sides read the same files. Prompts are real
@@ -49,6 +50,7 @@ BATCH = 8
 class Row:
     """One table row: a model and a search."""
 
+    name: str  # for --rows
     label: str
     kind: str  # "gpt2" or "t5"
     size: dict
@@ -58,13 +60,13 @@ class Row:
 def rows(quick: bool) -> list[Row]:
     if quick:
         small = dict(layers=2, hidden=64, heads=4, inner=128)
-        return [Row("GPT-2 tiny", "gpt2", small), Row("GPT-2 tiny", "gpt2", small, num_beams=4),
-                Row("T5 v1.1 tiny", "t5", dict(layers=2, hidden=64, heads=4, inner=128))]
+        return [Row("gpt2", "GPT-2 tiny", "gpt2", small), Row("gpt2-beam", "GPT-2 tiny", "gpt2", small, num_beams=4),
+                Row("t5", "T5 v1.1 tiny", "t5", dict(layers=2, hidden=64, heads=4, inner=128))]
     small = dict(layers=4, hidden=256, heads=4, inner=1024)
-    return [Row("GPT-2 small", "gpt2", small),
-            Row("GPT-2 base-like", "gpt2", dict(layers=6, hidden=512, heads=8, inner=2048)),
-            Row("GPT-2 small", "gpt2", small, num_beams=4),
-            Row("T5 v1.1 small", "t5", dict(layers=4, hidden=256, heads=4, inner=640))]
+    return [Row("gpt2", "GPT-2 small", "gpt2", small),
+            Row("gpt2-base", "GPT-2 base-like", "gpt2", dict(layers=6, hidden=512, heads=8, inner=2048)),
+            Row("gpt2-beam", "GPT-2 small", "gpt2", small, num_beams=4),
+            Row("t5", "T5 v1.1 small", "t5", dict(layers=4, hidden=256, heads=4, inner=640))]
 
 
 def shape(row: Row) -> str:
@@ -205,12 +207,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=None, help="timed calls per side, median kept (default 15)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one process, the sides take turns)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the prompt sampling")
+    parser.add_argument("--rows", default=None,
+                        help="comma-separated subset of gpt2, gpt2-base, gpt2-beam, t5 (default: all)")
     parser.add_argument("--write", action="store_true", help="rewrite the Generation section of RESULTS.md")
     args = parser.parse_args(argv)
     args.new_tokens = args.new_tokens or (8 if args.quick else 64)
     args.vocab = args.vocab or (1000 if args.quick else 8192)
     args.repeats = args.repeats or (1 if args.quick else 15)
     common.check_data()
+    if args.write and args.rows:
+        parser.error("--write records every row: leave out --rows")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -253,7 +259,14 @@ def main(argv: list[str] | None = None) -> None:
             "|---|---|---:|---:|---|---:|---:|---:|---:|---:|"]
     all_same = True
     cache: dict[tuple, tuple] = {}
-    for row in rows(args.quick):
+    chosen = rows(args.quick)
+    if args.rows:
+        wanted = args.rows.split(",")
+        unknown = sorted(set(wanted) - {r.name for r in chosen})
+        if unknown:
+            parser.error(f"unknown row(s): {', '.join(unknown)}")
+        chosen = [r for r in chosen if r.name in wanted]
+    for row in chosen:
         key = (row.kind, tuple(sorted(row.size.items())))
         print(f"{row.label} ({shape(row)}), beams {row.num_beams}", file=sys.stderr, flush=True)
         with tempfile.TemporaryDirectory() as tmp:

@@ -187,3 +187,21 @@ def interleaved(sides: dict[str, Callable[[], object]], warmup: int, repeats: in
             sides[name]()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(t) for name, t in times.items()}
+
+
+def write_section(results: Path, section: str, lines: list[str]) -> None:
+    """Replace the "## <section>" section of `results` (keeping its hand-written "### Notes" at the end), or append
+    it; every other section stays. Written atomically."""
+    from bertology.io import atomic_write
+
+    text = results.read_text(encoding="utf-8") if results.exists() else "# Benchmark results\n"
+    head, *sections = text.split("\n## ")
+    body = "\n".join(lines).removeprefix("## ").rstrip() + "\n"
+    for i, old in enumerate(sections):
+        if old.split("\n", 1)[0].strip() == section:
+            sections[i] = body + (old[old.index("\n### Notes"):] if "\n### Notes" in old else "")
+            break
+    else:
+        sections.append(body)
+    with atomic_write(results, "w", encoding="utf-8") as handle:
+        handle.write("\n## ".join([head.rstrip() + "\n", *[s.rstrip() + "\n" for s in sections]]))

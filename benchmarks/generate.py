@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 import bertology  # noqa: E402
-from bertology.io import atomic_write  # noqa: E402
 from bertology.model import load_model  # noqa: E402
 
 SECTION = "Generation"
@@ -182,22 +181,6 @@ def measure(row: Row, hf, ours, ids, mask, args) -> tuple[list[str], dict]:
     return [line], {"same": same}
 
 
-def write_section(lines: list[str]) -> None:
-    """Replace the "## Generation" section of RESULTS.md (keeping a hand-written "### Notes" at its end), or append
-    it; every other section stays (as benchmarks/int8.py does for its own)."""
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    head, *sections = text.split("\n## ")
-    body = "\n".join(lines).removeprefix("## ").rstrip() + "\n"
-    for i, old in enumerate(sections):
-        if old.split("\n", 1)[0].strip() == SECTION:
-            sections[i] = body + (old[old.index("\n### Notes"):] if "\n### Notes" in old else "")
-            break
-    else:
-        sections.append(body)
-    with atomic_write(RESULTS, "w", encoding="utf-8") as handle:
-        handle.write("\n## ".join([head.rstrip() + "\n", *[s.rstrip() + "\n" for s in sections]]))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny models, 8 new tokens, 1 repeat: seconds")
@@ -284,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
         out += ["", "**Some rows' tokens differ between the two sides: their timings compare different work.**"]
     print("\n".join(out))
     if args.write:
-        write_section(out)
+        common.write_section(RESULTS, SECTION, out)
 
 
 if __name__ == "__main__":

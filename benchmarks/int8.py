@@ -35,7 +35,6 @@ import inference  # noqa: E402
 from common import TextBatch  # noqa: E402
 from inference import Runner, real_rows  # noqa: E402
 
-from bertology.io import atomic_write  # noqa: E402
 from bertology.model import load_model  # noqa: E402
 from bertology.model.quantize import quantize  # noqa: E402
 from bertology.tokenization import load_tokenizer  # noqa: E402
@@ -140,22 +139,6 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
     return float(spearmanr(a, b).correlation)
 
 
-def write_section(lines: list[str]) -> None:
-    """Replace this benchmark's section of RESULTS.md (keeping its hand-written "### Notes"), or append it at the
-    end; every other section stays."""
-    text = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else "# Benchmark results\n"
-    head, *sections = text.split("\n## ")
-    body = "\n".join(lines).removeprefix("## ").rstrip() + "\n"
-    for i, old in enumerate(sections):
-        if old.split("\n", 1)[0].strip() == SECTION:
-            sections[i] = body + (old[old.index("\n### Notes"):] if "\n### Notes" in old else "")
-            break
-    else:
-        sections.append(body)
-    with atomic_write(RESULTS, "w", encoding="utf-8") as handle:
-        handle.write("\n## ".join([head.rstrip() + "\n", *[s.rstrip() + "\n" for s in sections]]))
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="minilm", help="comma-separated, from minilm, base (random BERT-base)")
@@ -244,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     out += [f"Load average at the end (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}."]
     print("\n".join(out))
     if args.write:
-        write_section(out)
+        common.write_section(RESULTS, SECTION, out)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from bertology.cli.main import main
 from bertology.errors import ConfigError
 from bertology.model import load
 from bertology.serve import create_app
-from bertology.serve.batcher import Batcher
 
 
 def test_token_level_response_is_bounded_by_max_values(tiny_dir):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from bertology.model import CAUSAL, Block, BlockSpec, HeadInputs, HeadSpec, Layout, load_model, save_model
+from bertology.model import CAUSAL, Block, BlockSpec, HeadInputs, Layout, load_model, save_model
 from bertology.model.extensions import add_extension
 from bertology.model.heads import build_head
 from bertology.model.positions import LearnedPositions

@@ -21,7 +21,7 @@ import numpy as np
 
 from bertology.analysis.base import Section, shell_command, write_numbers
 from bertology.analysis.geometry import layer_vectors
-from bertology.errors import BertologyError, ConfigError, DataError
+from bertology.errors import BertologyError, ConfigError
 from bertology.inputs import text_lines
 from bertology.io import atomic_write
 

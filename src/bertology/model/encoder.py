@@ -41,6 +41,7 @@ from bertology.model.heads import (
     head_reads,
 )
 from bertology.model.packing import Layout
+from bertology.model.protocol import check_id_range
 
 __all__ = [
     "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
@@ -138,15 +139,7 @@ class Encoder(nn.Module):
         if input_ids.shape[1] > self.max_length:
             raise InputError(f"a sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_length} "
                              "positions: truncate it, or embed it in windows (bertology.embed)")
-        if not input_ids.numel():
-            return
-        if input_ids.device.type != "cpu":  # checked on the device: reading the values would wait for the GPU
-            torch._assert_async(((input_ids >= 0) & (input_ids < self.config.vocab_size)).all(),
-                                f"token ids must lie in [0, {self.config.vocab_size})")
-            return
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= self.config.vocab_size:
-            raise InputError(f"token ids must lie in [0, {self.config.vocab_size}), got "
-                             f"[{int(input_ids.min())}, {int(input_ids.max())}]: does the tokenizer match the model?")
+        check_id_range(input_ids, self.config.vocab_size, "token ids")
 
     def head_scales(self, head_mask: Tensor | None) -> list[Tensor | None]:
         """Per layer call, the mask entries of the heads that layer has (None everywhere without a mask)."""

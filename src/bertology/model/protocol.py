@@ -9,9 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor, nn
 
-from bertology.errors import ConfigError
+from bertology.errors import ConfigError, InputError
 from bertology.model.heads import HeadSpec
 
 
@@ -56,3 +57,15 @@ def require_encoder(model: Any, feature: str) -> Any:
         raise ConfigError(f"{feature} needs a bidirectional encoder (BERT family); this model is a "
                           f"{type(model).__name__}")
     return model
+
+
+def check_id_range(ids: Tensor, vocab_size: int, what: str) -> None:
+    """`ids` all in [0, vocab_size), else an InputError naming `what` and the range found. On an accelerator the
+    check runs on the device (reading the values would make the host wait for it)."""
+    if not ids.numel():
+        return
+    if ids.device.type != "cpu":
+        torch._assert_async(((ids >= 0) & (ids < vocab_size)).all(), f"{what} must lie in [0, {vocab_size})")
+    elif int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise InputError(f"{what} must lie in [0, {vocab_size}), got [{int(ids.min())}, {int(ids.max())}]: does the "
+                         "tokenizer match the model?")

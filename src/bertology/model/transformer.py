@@ -28,6 +28,7 @@ from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
+from bertology.model.protocol import check_id_range
 from bertology.model.registry import register_model
 
 PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
@@ -211,13 +212,7 @@ class Stack(nn.Module):
 def check_ids(input_ids: Tensor, vocab_size: int, what: str = "input_ids") -> None:
     if input_ids.dim() != 2:
         raise InputError(f"{what} must be [batch, length], got shape {tuple(input_ids.shape)}")
-    if not input_ids.numel():
-        return
-    if input_ids.device.type != "cpu":  # checked on the device: reading the values would wait for the GPU
-        torch._assert_async(((input_ids >= 0) & (input_ids < vocab_size)).all(), f"{what} must lie in [0, {vocab_size})")
-    elif int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size:
-        raise InputError(f"{what} must lie in [0, {vocab_size}), got [{int(input_ids.min())}, {int(input_ids.max())}]: "
-                         "does the tokenizer match the model?")
+    check_id_range(input_ids, vocab_size, what)
 
 
 def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ from typing import Any
 
 from bertology.config import build_registered
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
+from bertology.objectives.clm import CausalLM
 from bertology.objectives.compose import TrainingLoss
 from bertology.objectives.distill import Distillation
 from bertology.objectives.electra import Electra
@@ -21,7 +22,7 @@ from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary}
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "clm": CausalLM}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -38,6 +39,7 @@ def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objec
 __all__ = [
     "OBJECTIVES",
     "Batch",
+    "CausalLM",
     "Distillation",
     "Electra",
     "MaskedLM",

@@ -13,6 +13,7 @@ from bertology.config import build_registered
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
 from bertology.objectives.clm import CausalLM
 from bertology.objectives.compose import TrainingLoss
+from bertology.objectives.denoise import Denoising
 from bertology.objectives.distill import Distillation
 from bertology.objectives.electra import Electra
 from bertology.objectives.fill_mask import Prediction, fill_mask
@@ -22,7 +23,8 @@ from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "clm": CausalLM}
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "clm": CausalLM,
+                               "denoise": Denoising}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -40,6 +42,7 @@ __all__ = [
     "OBJECTIVES",
     "Batch",
     "CausalLM",
+    "Denoising",
     "Distillation",
     "Electra",
     "MaskedLM",

@@ -24,6 +24,8 @@ from bertology.data.causal import CausalBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
+from bertology.data.seq2seq import Seq2SeqBatches
+from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
@@ -153,6 +155,10 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         if "clm" in config.objectives:  # next-token prediction: no corruption
             return PretrainingDataset(corpus, special, instance_config, CausalBatches(), bucket_window, clock)
+        if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
+            room = inst.max_seq_length - special.overhead(False)
+            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
+            return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker

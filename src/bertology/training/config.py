@@ -44,6 +44,7 @@ from bertology.config import (
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
+from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig
 from bertology.model.transformer import TransformerConfig
@@ -149,6 +150,8 @@ class DataConfig:
     bucket_window: int = 0
     # Language-tagged corpora mixed by XLM-R's sampling (bertology.data.multilingual), instead of ``corpus``.
     multilingual: MultilingualConfig | None = None
+    # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective.
+    span_corruption: SpanCorruptionConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self, "data")
@@ -304,6 +307,11 @@ class TrainConfig:
         return from_mapping(cls, data, "")
 
 
+# The objective a run of each kind of model trains when the config names none (an encoder: MLM, and NSP, SOP or
+# the span boundary objective as the instances and masking ask).
+DEFAULT_OBJECTIVE = {"decoder": "clm", "seq2seq": "denoise"}
+
+
 @dataclass
 class PretrainConfig:
     """A whole pretraining run (see the module docstring for the sections).
@@ -322,8 +330,8 @@ class PretrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
-        if self.objectives is None and self.model.kind == "decoder":
-            self.objectives = {"clm": {}}
+        if self.objectives is None and self.model.kind in DEFAULT_OBJECTIVE:
+            self.objectives = {DEFAULT_OBJECTIVE[self.model.kind]: {}}
         if self.objectives is None:
             self.objectives = {"mlm": {}}
             if self.data.instances.nsp:
@@ -349,6 +357,15 @@ class PretrainConfig:
             raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
                               f"to packed-documents (or doc-sentences, full-sentences), got "
                               f"{self.data.instances.kind!r}")
+        if "denoise" in self.objectives and self.data.span_corruption is None:
+            raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
+                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3})")
+        if self.data.span_corruption is not None and "denoise" not in self.objectives:
+            raise ConfigError("data.span_corruption: makes sources and targets for objectives.denoise, which is not "
+                              "among the objectives")
+        if "denoise" in self.objectives and self.data.instances.kind not in ("doc-sentences", "full-sentences"):
+            raise ConfigError(f"objectives.denoise: corrupts running text: set data.instances.kind to doc-sentences "
+                              f"(or full-sentences), got {self.data.instances.kind!r}")
         if "nsp" in self.objectives and not self.data.instances.nsp:
             raise ConfigError(f"objectives.nsp: next-sentence prediction needs data.instances.kind 'nsp', "
                               f"got {self.data.instances.kind!r}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tokenizers
 import torch
 from torch import nn
 
@@ -38,6 +39,7 @@ from bertology.model.registry import model_class
 from bertology.model.transformer import TransformerConfig
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
+from bertology.tokenization._pipeline import default_specials
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig, model_families
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
@@ -101,21 +103,36 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
     if tok.path is not None:
         return load_tokenizer(tok.path)
     directory = Path(config.run.output_dir) / TOKENIZER_DIR
+    # The vocabulary of a t5-style tokenizer made here also holds RoBERTa's <s>, which would read as RoBERTa's.
+    model_type = "t5" if tok.style == "t5" else None
 
     def make() -> Tokenizer:
         if (directory / "tokenizer.json").is_file():
-            return load_tokenizer(directory)
+            return load_tokenizer(directory, model_type)
         source = corpus_source(config, env)
         if source is None:
             raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
         documents = source.documents()
-        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
+        style = "roberta" if tok.style == "t5" else tok.style
+        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
                                     show_progress=False)
+        if tok.style == "t5":
+            with_sentinels(tokenizer, tok.sentinels).save(directory)
+            return load_tokenizer(directory, model_type)  # as later runs read it (the shards record its fingerprint)
         tokenizer.save(directory)
         return tokenizer
 
     return _on_rank0_first(env, make)
+
+
+def with_sentinels(tokenizer: Tokenizer, count: int) -> Tokenizer:
+    """A T5-style tokenizer from a trained one: its vocabulary plus ``count`` sentinels ``<extra_id_0>`` ...
+    (numbered down from the end of the vocabulary, as T5's), framing one text as ``text </s>``."""
+    backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(count))])
+    return Tokenizer(backend, style="t5", specials=default_specials("t5", tokenizer.kind),
+                     model_max_length=tokenizer.model_max_length)
 
 
 def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | None = None

@@ -116,14 +116,18 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     """``path``: an existing tokenizer directory. Without it, one is trained on the corpus (``kind``,
-    ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs."""
+    ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs. ``style``
+    ``t5``: a ``bpe`` or ``unigram`` tokenizer trained as RoBERTa's, then given ``sentinels`` sentinel tokens
+    (``<extra_id_0>`` ... numbered down from the end of the vocabulary) and T5's framing (``text </s>``), for T5's
+    span corruption."""
 
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
     vocab_size: int = 8000
-    style: Literal["bert", "roberta"] | None = None
+    style: Literal["bert", "roberta", "t5"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
+    sentinels: int = 100  # with style t5
 
     def __post_init__(self) -> None:
         validate(self, "tokenizer")
@@ -131,6 +135,10 @@ class TokenizerConfig:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
         if self.min_frequency < 0:
             raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
+        if self.style == "t5" and self.kind == "wordpiece":
+            raise ConfigError("tokenizer.style: a t5-style tokenizer is a bpe or unigram one, not wordpiece")
+        if self.sentinels < 1:
+            raise ConfigError(f"tokenizer.sentinels: must be >= 1, got {self.sentinels}")
 
 
 @dataclass

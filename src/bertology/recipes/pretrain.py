@@ -100,11 +100,11 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
     """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
     env = env or D.DistEnv()
     tok = config.tokenizer
-    if tok.path is not None:
-        return load_tokenizer(tok.path)
-    directory = Path(config.run.output_dir) / TOKENIZER_DIR
-    # The vocabulary of a t5-style tokenizer made here also holds RoBERTa's <s>, which would read as RoBERTa's.
+    # A t5-style tokenizer made here also holds RoBERTa's <s>, whose presence alone would read as RoBERTa's.
     model_type = "t5" if tok.style == "t5" else None
+    if tok.path is not None:
+        return load_tokenizer(tok.path, model_type)
+    directory = Path(config.run.output_dir) / TOKENIZER_DIR
 
     def make() -> Tokenizer:
         if (directory / "tokenizer.json").is_file():
@@ -219,12 +219,11 @@ def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> Transfor
         values["decoder_start_token_id"] = getattr(framing, f"{DECODER_START.get(family, 'pad')}_id")
     given = model.settings
     values.update(given)
-    if family == "t5":  # d_kv and the tied head's output scale follow the width unless given
-        values.setdefault("attention_head_size", None)
-        if "attention_head_size" not in given:
-            values["attention_head_size"] = values["hidden_size"] // values["num_heads"]
-        if "logit_scale" not in given:
-            values["logit_scale"] = values["hidden_size"] ** -0.5
+    if family == "t5":  # d_kv and the tied head's output scale follow the width unless given; T5Config's numbers
+        derived = {"attention_head_size": values["hidden_size"] // values["num_heads"],
+                   "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
+                   "classifier_dropout": 0.0}
+        values.update({key: value for key, value in derived.items() if key not in given})
     for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
         if values[key] != actual:
             raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "

@@ -119,7 +119,7 @@ class TokenizerConfig:
     ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs. ``style``
     ``t5``: a ``bpe`` or ``unigram`` tokenizer trained as RoBERTa's, then given ``sentinels`` sentinel tokens
     (``<extra_id_0>`` ... numbered down from the end of the vocabulary) and T5's framing (``text </s>``), for T5's
-    span corruption."""
+    span corruption; with a ``path``, the directory is read as a T5 tokenizer."""
 
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
@@ -135,7 +135,7 @@ class TokenizerConfig:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
         if self.min_frequency < 0:
             raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
-        if self.style == "t5" and self.kind == "wordpiece":
+        if self.style == "t5" and self.kind == "wordpiece" and self.path is None:
             raise ConfigError("tokenizer.style: a t5-style tokenizer is a bpe or unigram one, not wordpiece")
         if self.sentinels < 1:
             raise ConfigError(f"tokenizer.sentinels: must be >= 1, got {self.sentinels}")

@@ -76,3 +76,37 @@ def test_documents_need_the_packed_layout(decoder):
         decoder(ids, documents=torch.zeros(1, 4, dtype=torch.long), packed=False)
     with pytest.raises(InputError, match="documents has shape"):
         Layout(torch.ones(1, 4), torch.zeros(1, 3, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the variable-length kernels)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_documents_on_the_gpu_kernels(decoder, dtype):
+    """On CUDA the packed stream goes to the variable-length kernel (bf16) or the group loop (fp32, causal): each
+    document's outputs still equal the document's alone."""
+    from bertology.model.attention import CAUSAL, choose_kernel
+
+    model = DecoderModel(decoder.config, decoder.head_specs).eval()
+    model.load_state_dict(decoder.state_dict())
+    model.cuda()
+    torch.manual_seed(2)
+    parts = [[5, 3, 4], [12], [2, 7, 1]]
+    ids = torch.zeros(3, 12, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    documents = torch.zeros_like(ids)
+    alone = []
+    for row, lengths in enumerate(parts):
+        column = 0
+        for index, length in enumerate(lengths):
+            tokens = torch.randint(1, 50, (length,))
+            ids[row, column:column + length], mask[row, column:column + length] = tokens, 1
+            documents[row, column:column + length] = index
+            alone.append((row, column, tokens))
+            column += length
+    print("kernel:", choose_kernel(torch.device("cuda"), CAUSAL, 0.0, False, False, dtype))
+    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+        packed = model(ids.cuda(), mask.cuda(), documents=documents.cuda()).logits.float()
+        for row, column, tokens in alone:
+            expected = model(tokens[None].cuda()).logits[0].float()
+            torch.testing.assert_close(packed[row, column:column + len(tokens)], expected, atol=tolerance,
+                                       rtol=tolerance)

@@ -161,3 +161,19 @@ def test_two_processes_match_one_process_with_double_batch(t5_assets, tmp_path):
     reference = load_file(tmp_path / "single" / "model" / "model.safetensors")
     for key in reference:
         torch.testing.assert_close(ours[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_an_older_run_config_without_the_new_keys_still_compares_equal():
+    """A checkpoint written before decoders existed records no tokenizer.sentinels, data.span_corruption or
+    decoder-only model keys: resuming it must not see them as changed settings."""
+    from bertology.training.config import PretrainConfig
+    from bertology.training.trainer import check_same_run
+
+    current = PretrainConfig().to_dict()
+    older = json.loads(json.dumps(current))
+    del older["tokenizer"]["sentinels"], older["data"]["span_corruption"]
+    for key in ("num_decoder_layers", "gated_ffn", "positions", "relative_attention_num_buckets"):
+        del older["model"][key]
+    check_same_run("checkpoint", older, current)
+    with pytest.raises(ConfigError, match="tokenizer.sentinels: sentinels are added to a t5-style tokenizer"):
+        PretrainConfig.from_dict({"tokenizer": {"sentinels": 10}})

@@ -39,7 +39,6 @@ from bertology.model.transformer import TransformerConfig
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
 from bertology.tokenization._pipeline import default_specials
-from bertology.tokenization.framing import Framing
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
@@ -175,8 +174,9 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         if "clm" in config.objectives:  # next-token prediction: no corruption
             return PretrainingDataset(corpus, special, instance_config, CausalBatches(), bucket_window, clock)
-        maker = source_target_maker(config, special, dupe_factor)
-        if maker is not None:  # an encoder-decoder: sources and targets
+        if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
+            room = inst.max_seq_length - special.overhead(False)
+            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
             return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
@@ -190,15 +190,6 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     if heldout is not None:  # one fixed masking, at the schedule's final rate
         eval_data = dataset(heldout, dataclasses.replace(masking.final(), dynamic=False), 1)
     return train_data, eval_data
-
-
-def source_target_maker(config: PretrainConfig, special: Framing, dupe_factor: int) -> Any:
-    """The maker of an encoder-decoder's sources and targets (``bertology.data.seq2seq``) that the ``data`` section
-    names (one of ``SOURCE_TARGET_SECTIONS``), or None."""
-    if config.data.span_corruption is not None:  # T5
-        room = config.data.instances.max_seq_length - special.overhead(False)
-        return SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
-    return None
 
 
 def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig | TransformerConfig:

@@ -318,9 +318,6 @@ class TrainConfig:
         return from_mapping(cls, data, "")
 
 
-# The ``data`` sections that make the sources and targets of objectives.denoise (``bertology.data.seq2seq``); a run
-# sets one of them.
-SOURCE_TARGET_SECTIONS = ("span_corruption",)
 # The objective a run of each kind of model trains when the config names none (an encoder: MLM, and NSP, SOP or
 # the span boundary objective as the instances and masking ask).
 DEFAULT_OBJECTIVE = {"decoder": "clm", "seq2seq": "denoise"}
@@ -374,16 +371,12 @@ class PretrainConfig:
             raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
                               f"to packed-documents (or doc-sentences, full-sentences), got "
                               f"{self.data.instances.kind!r}")
-        makers = [key for key in SOURCE_TARGET_SECTIONS if getattr(self.data, key) is not None]
-        if "denoise" in self.objectives and not makers:
+        if "denoise" in self.objectives and self.data.span_corruption is None:
             raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
                               "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3})")
-        if makers and "denoise" not in self.objectives:
-            raise ConfigError(f"data.{makers[0]}: makes sources and targets for objectives.denoise, which is not "
+        if self.data.span_corruption is not None and "denoise" not in self.objectives:
+            raise ConfigError("data.span_corruption: makes sources and targets for objectives.denoise, which is not "
                               "among the objectives")
-        if len(makers) > 1:
-            raise ConfigError(f"data.{makers[1]}: sources and targets come from one of "
-                              f"{', '.join('data.' + key for key in SOURCE_TARGET_SECTIONS)}; data.{makers[0]} is set")
         if "denoise" in self.objectives and self.data.instances.kind not in ("doc-sentences", "full-sentences"):
             raise ConfigError(f"objectives.denoise: corrupts running text: set data.instances.kind to doc-sentences "
                               f"(or full-sentences), got {self.data.instances.kind!r}")

@@ -344,7 +344,8 @@ class CheckpointFamily:
 # --- the registry -------------------------------------------------------------------------------------------------
 
 # Modules of bertology.model.families, registered in this order.
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart")
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart",
+            "longformer")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 

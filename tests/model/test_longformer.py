@@ -161,7 +161,9 @@ def test_bad_inputs_are_errors_naming_the_option():
         model(ids, mask, global_attention_mask=flags * 2)
     with pytest.raises(InputError, match="global_attention_mask must have the shape"):
         model(ids, mask, global_attention_mask=flags[:, :4])
-    with pytest.raises(InputError, match="a sequence of 19 tokens is longer than the model's 18 positions"):
+    with pytest.raises(InputError, match="input_ids: a sequence of 19 tokens is longer than this Longformer's 18 "
+                                         r"positions \(max_position_embeddings 20 less the padding offset\); make a "
+                                         "longer one with `bertology longformer convert --max-length`"):
         model(torch.randint(3, 50, (1, 19)))
     assert model(torch.randint(3, 50, (1, 18))).last_hidden_state.shape == (1, 18, 8)
     full = LongformerModel.__mro__[1](LongformerConfig.__mro__[1](vocab_size=50, num_layers=1, hidden_size=8,

@@ -179,8 +179,13 @@ def _bpe_from_files(vocab_path: Path, merges_path: Path) -> tokenizers.Tokenizer
     return backend
 
 
+# Model types whose checkpoints may come with another family's tokenizer (a Longformer made from a BERT model): the
+# tokenizer's own class or vocabulary says the style, the model type only when they do not.
+FILES_TELL_STYLE = frozenset({"longformer"})
+
+
 def _style(model_type: str | None, tok_config: dict[str, Any], backend: tokenizers.Tokenizer, directory: Path) -> str:
-    if model_type is not None:
+    if model_type is not None and model_type not in FILES_TELL_STYLE:
         return MODEL_TYPE_STYLE[model_type]
     tokenizer_class = tok_config.get("tokenizer_class")
     if isinstance(tokenizer_class, str) and tokenizer_class.removesuffix("Fast") in CLASS_STYLE:
@@ -189,6 +194,8 @@ def _style(model_type: str | None, tok_config: dict[str, Any], backend: tokenize
     for style, telling in _TELLING_TOKENS:
         if all(backend.token_to_id(t) is not None for t in telling):
             return style
+    if model_type is not None:
+        return MODEL_TYPE_STYLE[model_type]
     raise TokenizerError(
         f"{directory}: cannot tell the special-token style (no config.json model_type, no known tokenizer_class, "
         f"none of {', '.join(' + '.join(t) for _, t in _TELLING_TOKENS)} in the vocabulary); pass model_type"

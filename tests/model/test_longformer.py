@@ -170,3 +170,25 @@ def test_bad_inputs_are_errors_naming_the_option():
                                                                   num_heads=2, intermediate_size=8))
     with pytest.raises(InputError, match="global_attention_mask: this model attends from every token"):
         full(ids, global_attention_mask=torch.zeros_like(ids))
+
+
+def test_training_step_reaches_every_projection():
+    """With dropout, padding and global tokens, the loss's gradient is finite and reaches the global projections
+    (through the global rows) and the local ones."""
+    config = LongformerConfig(vocab_size=50, num_layers=2, hidden_size=16, num_heads=2, intermediate_size=16,
+                              max_position_embeddings=80, attention_window=[4, 8])
+    model = LongformerModel(config).train()
+    ids = torch.randint(3, 50, (3, 40))
+    mask = torch.ones_like(ids)
+    mask[1, 25:], mask[2, 9:] = 0, 0
+    ids = ids.masked_fill(mask == 0, config.pad_token_id)
+    flags = torch.zeros_like(ids)
+    flags[0, [0, 17]], flags[2, 0] = 1, 1
+    for packed in (True, False):
+        model.zero_grad()
+        out = model(ids, mask, global_attention_mask=flags, packed=packed)
+        ((out.last_hidden_state[mask.bool()] ** 2).mean() + out.pooler_output.sum()).backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        for part in ("query_global", "key_global", "value_global", "query", "key"):
+            assert model.encoder.layers[0].get_submodule(part).weight.grad.abs().sum() > 0, part

@@ -222,10 +222,12 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     flags = global_tokens.bool() if global_tokens is not None else None
     local = real if flags is None else real & ~flags  # a global key is attended once, among the global keys
 
-    def windows(t: Tensor) -> Tensor:  # [B, heads, L, d] -> [B, heads, count, span, d], a view
-        return F.pad(t, (0, 0, left, tail + right)).unfold(2, span, block).transpose(-1, -2)
+    # Token-major [B, L, heads, d] (the projections' own layout), so that blocks are one batch dimension of a 4-D
+    # call, the shape SDPA's fused CPU kernel takes.
+    def windows(t: Tensor) -> Tensor:  # [B, heads, L, d] -> [B, count, heads, span, d], a view
+        return F.pad(t.transpose(1, 2), (0, 0, 0, 0, left, tail + right)).unfold(1, span, block).transpose(-1, -2)
 
-    queries = F.pad(q, (0, 0, 0, tail)).view(batch, heads, count, block, dim)
+    queries = F.pad(q.transpose(1, 2), (0, 0, 0, 0, 0, tail)).view(batch, count, block, heads, dim).transpose(2, 3)
     keys, values = windows(k), windows(v)
     offsets = torch.arange(span, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
     band = (offsets >= 0) & (offsets <= left + right)  # key - query = offset - left, in [-left, right]
@@ -233,11 +235,13 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     if flags is not None and flags.any():
         index, valid = flagged_positions(flags & real)
         width = index.shape[1]
-        keys = torch.cat([keys, gather_rows(k, index)[:, :, None].expand(-1, -1, count, width, -1)], -2)
-        values = torch.cat([values, gather_rows(v, index)[:, :, None].expand(-1, -1, count, width, -1)], -2)
+        keys = torch.cat([keys, gather_rows(k, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
+        values = torch.cat([values, gather_rows(v, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
         allowed = torch.cat([allowed, valid[:, None, None, :].expand(-1, count, block, -1)], -1)
-    out, _ = attend(queries, keys, values, additive_mask(allowed, q.dtype)[:, None], dropout, False, scale=scale)
-    out = out.reshape(batch, heads, count * block, dim)[:, :, :length]
+    out, _ = attend(*(t.reshape(batch * count, heads, -1, dim) for t in (queries, keys, values)),
+                    additive_mask(allowed, q.dtype).view(batch * count, 1, block, -1), dropout, False, scale=scale)
+    out = out.view(batch, count, heads, block, dim).transpose(2, 3).reshape(batch, count * block, heads, dim)
+    out = out[:, :length].transpose(1, 2)
     if flags is None:
         return out
     return global_rows(out, None, *(global_qkv or (q, k, v)), flags, key_mask, scale, dropout)[0]

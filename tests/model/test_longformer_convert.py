@@ -25,11 +25,12 @@ def _seeded():
     torch.set_num_threads(1)
 
 
-def short_model(tmp_path, family: str, suffix: str = "ForMaskedLM"):
+def short_model(tmp_path, family: str, suffix: str = "ForMaskedLM", vocab_size: int = 99):
+    small = {**SMALL, "vocab_size": vocab_size}
     if family == "roberta":
-        config = transformers.RobertaConfig(**SMALL, type_vocab_size=1, pad_token_id=1)
+        config = transformers.RobertaConfig(**small, type_vocab_size=1, pad_token_id=1)
     else:
-        config = transformers.BertConfig(**SMALL, type_vocab_size=2, pad_token_id=0)
+        config = transformers.BertConfig(**small, type_vocab_size=2, pad_token_id=0)
     torch.manual_seed(1)
     model = getattr(transformers, ("Roberta" if family == "roberta" else "Bert") + suffix)(config).eval()
     model.save_pretrained(tmp_path / family)
@@ -126,3 +127,38 @@ def test_the_tokenizer_comes_along_in_its_own_framing(tmp_path, kind):
     assert long.tokenizer is not None and long.tokenizer.style == family
     assert long.model.config.sep_token_id == tokenizer.sep_id
     assert long.tokenizer.model_max_length == 64
+
+
+def test_embed_reads_a_long_text_in_one_forward_with_a_global_summary_token(tmp_path):
+    """embed of a text longer than the short model's positions: the short model reads it in windows, the Longformer
+    in one forward whose <s> is global; its vectors are that forward's."""
+    from bertology import embed
+    from bertology.model import load
+    from bertology.tokenization import train_tokenizer
+
+    words = ["cat", "dog", "bird", "mat", "hat", "sun"]
+    texts = [" ".join(words[(i * j) % 6] for j in range(12)) for i in range(30)]
+    tokenizer = train_tokenizer(iter(texts), "bpe", 280, show_progress=False)
+    source = load_model(short_model(tmp_path, "roberta", vocab_size=280))
+    source.config.pad_token_id = tokenizer.pad_id
+    save_model(EncoderModel(source.config, ()), tmp_path / "source")
+    tokenizer.save(tmp_path / "source")
+    assert main(["longformer", "convert", "--model", str(tmp_path / "source"), "--max-length", "256", "--window", "8",
+                 "--out", str(tmp_path / "long")]) == 0
+    long, short = load(tmp_path / "long"), load(tmp_path / "source")
+    text = " ".join(words[j % 5] + " " + words[j % 6] for j in range(60))
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    framed = torch.tensor([long.tokenizer.framing.frame(ids).ids])
+    shapes = []
+    for model in (long.model, short.model):
+        model.encoder.register_forward_hook(lambda module, args, out: shapes.append(tuple(args[0].shape)))
+    got = embed(long, text, sentence="cls")
+    assert shapes == [tuple(framed.shape)]  # one forward over the whole text
+    embed(short, text, sentence="cls")
+    assert shapes[1][0] > 1  # the short model: several windows
+    assert 38 < framed.shape[1] <= 256
+    flags = torch.zeros_like(framed)
+    flags[0, 0] = 1
+    with torch.no_grad():
+        direct = long.model(framed, global_attention_mask=flags).last_hidden_state[0, 0]
+    assert torch.allclose(torch.as_tensor(got.sentences[0]), direct, atol=1e-5)

@@ -125,3 +125,34 @@ def test_memory_grows_linearly_with_the_length(with_globals):
         largest.append(mode.largest)
     assert largest[1] <= 4 * largest[0] + 64  # linear: 4x the length, 4x the largest tensor
     assert largest[1] < 4096 * 4096 / 20  # far from an [L, L] score matrix
+
+
+@pytest.mark.parametrize("many", [False, True])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_global_projections_applied_where_needed_equal_the_projected_tensors(many, dropout):
+    """GlobalProjections folds the key projection into the queries and the value projection after the
+    probabilities when few tokens are global (heads x G < H), and projects every token otherwise: both give the
+    attention of the projected tensors."""
+    from bertology.model.attention import GlobalProjections, global_rows
+
+    heads, d, hidden, length = 2, 4, 8, 30
+    x = torch.randn(2, length, hidden)
+    weights = tuple(torch.randn(heads * d, hidden) * 0.3 for _ in range(3))
+    biases = tuple(torch.randn(heads * d) for _ in range(3))
+    real = torch.ones(2, length, dtype=torch.bool)
+    real[1, 20:] = False
+    flags = torch.zeros(2, length, dtype=torch.bool)
+    flags[0, [1, 7] + ([8, 9, 10, 11] if many else [])] = True  # 6 x 2 heads >= 8: projected; 2 x 2 < 8: folded
+    flags[1, 3] = True
+    projected = tuple(torch.nn.functional.linear(x, w, b).view(2, length, heads, d).transpose(1, 2)
+                      for w, b in zip(weights, biases))
+    out = torch.zeros(2, heads, length, d)
+    torch.manual_seed(5)
+    lazy, lazy_probs = global_rows(out, out.new_zeros(2, heads, length, length), GlobalProjections(x, heads, weights,
+                                   biases), flags, real, None, dropout)
+    torch.manual_seed(5)
+    eager, eager_probs = global_rows(out, out.new_zeros(2, heads, length, length), projected, flags, real, None,
+                                     dropout)
+    torch.testing.assert_close(lazy, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lazy_probs, eager_probs, atol=1e-6, rtol=1e-5)
+    assert (lazy[:, :, flags[0]].abs().sum() > 0) and torch.equal(lazy[0, :, 0], out[0, :, 0])

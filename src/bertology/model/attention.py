@@ -108,7 +108,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
               bias: Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
               need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
               head_scale: Tensor | None = None, query_offset: int | None = None,
-              global_qkv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+              global_qkv: GlobalQKV | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d]; returns (output [B, heads, Lq, d], the
     probabilities [B, heads, Lq, Lk] when `need_weights`). `query_offset` defaults to Lk - Lq (queries are the last
     positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores.
@@ -130,7 +130,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
     if global_qkv is not None and global_tokens is not None:
         if num_queries != num_keys:
             raise ValueError("global_qkv needs as many queries as keys")
-        out, probs = global_rows(out, probs, *global_qkv, global_tokens.bool(), key_mask, scale, dropout,
+        out, probs = global_rows(out, probs, global_qkv, global_tokens.bool(), key_mask, scale, dropout,
                                  head_scale)
     return out, probs
 
@@ -177,24 +177,84 @@ def gather_rows(t: Tensor, index: Tensor) -> Tensor:
 
 
 def scatter_rows(t: Tensor, index: Tensor, valid: Tensor, rows: Tensor) -> Tensor:
-    """t [B, heads, L, n] with its rows `index` [B, G] (where `valid`) replaced by `rows` [B, heads, G, n]."""
-    length = t.shape[2]
-    spare = torch.cat([t, t.new_zeros(*t.shape[:2], 1, t.shape[-1])], 2)  # invalid slots write to row L
-    target = index.masked_fill(~valid, length)[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1])
-    return spare.scatter(2, target, rows.to(t.dtype))[:, :, :length]
+    """t [B, heads, L, n] with its rows `index` [B, G] (where `valid`) replaced by `rows` [B, heads, G, n] (a copy
+    in t's memory layout)."""
+    batch = torch.arange(t.shape[0], device=t.device)[:, None].expand_as(index)[valid]
+    out = t.clone()
+    out[batch, :, index[valid]] = rows.transpose(1, 2)[valid].to(t.dtype)
+    return out
 
 
-def global_rows(out: Tensor, probs: Tensor | None, q: Tensor, k: Tensor, v: Tensor, global_tokens: Tensor,
+@dataclass(frozen=True)
+class GlobalProjections:
+    """The global rows' queries, keys and values as projections of the hidden states `x` [B, L, H] (weights
+    [heads x d, H], optional biases), applied only where needed. With G global tokens a row, projecting every
+    token's keys and values costs O(L H^2); when heads * G < H it is cheaper to fold the key projection into the
+    queries and the value projection after the probabilities, O(heads G L H):
+
+        q_g . (W_k x + b_k) = (W_k^T q_g) . x + q_g . b_k        P (x W_v^T + b_v) = (P x) W_v^T + (P 1) b_v"""
+
+    x: Tensor  # [B, L, H]; [T, H] for a packed stream, which `group` cuts into its groups
+    heads: int
+    weights: tuple[Tensor, Tensor, Tensor]
+    biases: tuple[Tensor | None, Tensor | None, Tensor | None]
+
+    def group(self, rows: slice, count: int, length: int) -> GlobalProjections:
+        """These projections over the packed tokens `rows`, [count, length, H] (one group of a packed stream)."""
+        return GlobalProjections(self.x[rows].view(count, length, -1), self.heads, self.weights, self.biases)
+
+    def attend(self, index: Tensor, key_mask: Tensor | None, scale: float | None, dropout: float,
+               need_weights: bool, head_scale: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Attention of the rows `index` [B, G] over every real key: ([B, heads, G, d], probabilities)."""
+        x, heads = self.x, self.heads
+        batch, length, hidden = x.shape
+        (w_q, w_k, w_v), (b_q, b_k, b_v) = self.weights, self.biases
+        dim = w_q.shape[0] // heads
+        count = index.shape[1]
+        rows = x.gather(1, index[:, :, None].expand(-1, -1, hidden))
+        q = F.linear(rows, w_q, b_q).view(batch, count, heads, dim).transpose(1, 2)  # [B, heads, G, d]
+        mask = additive_mask(key_mask.bool()[:, None, None, :], x.dtype) if key_mask is not None else None
+        if heads * count >= hidden:  # few tokens are global in name only: project every key and value
+            k, v = (F.linear(x, w, b).view(batch, length, heads, dim).transpose(1, 2)
+                    for w, b in ((w_k, b_k), (w_v, b_v)))
+            return attend(q, k, v, mask, dropout, need_weights, head_scale=head_scale, scale=scale)
+        folded = torch.einsum("bhgd,hdk->bhgk", q, w_k.view(heads, dim, hidden))
+        scores = (folded.flatten(1, 2) @ x.transpose(1, 2)).view(batch, heads, count, length)
+        if b_k is not None:
+            scores = scores + (q * b_k.view(heads, dim)[None, :, None, :]).sum(-1, keepdim=True)
+        scores = scores * (scale if scale is not None else dim ** -0.5)
+        probs = (scores + mask if mask is not None else scores).softmax(-1)
+        used = fast_dropout(probs, dropout, dropout > 0)
+        mixed = (used.flatten(1, 2) @ x).view(batch, heads, count, hidden)
+        out = torch.einsum("bhgk,hdk->bhgd", mixed, w_v.view(heads, dim, hidden))
+        if b_v is not None:
+            out = out + used.sum(-1, keepdim=True) * b_v.view(heads, dim)[None, :, None, :]
+        if head_scale is not None:
+            factor = head_scale.to(out.dtype)[:, None, None]
+            return out * factor, (probs * factor if need_weights else None)
+        return out, (probs if need_weights else None)
+
+
+# The global rows' queries, keys and values: [B, heads, L, d] tensors, or projections applied where needed.
+GlobalQKV = tuple[Tensor, Tensor, Tensor] | GlobalProjections
+
+
+def global_rows(out: Tensor, probs: Tensor | None, source: GlobalQKV, global_tokens: Tensor,
                 key_mask: Tensor | None, scale: float | None, dropout: float,
                 head_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """`out` (and `probs`) with the rows of the global tokens [B, L] replaced by their attention with q, k, v
-    [B, heads, L, d] over every real key (`key_mask` [B, L]): O(G * L) for G global tokens a row."""
+    """`out` (and `probs`) with the rows of the global tokens [B, L] replaced by their attention with `source`'s
+    queries, keys and values over every real key (`key_mask` [B, L]): O(G * L) for G global tokens a row."""
     index, valid = flagged_positions(global_tokens)
     if index.shape[1] == 0:
         return out, probs
-    real = key_mask.bool()[:, None, None, :] if key_mask is not None else None
-    rows, row_probs = attend(gather_rows(q, index), k, v, additive_mask(real, q.dtype) if real is not None else None,
-                             dropout, probs is not None, head_scale=head_scale, scale=scale)
+    if isinstance(source, GlobalProjections):
+        rows, row_probs = source.attend(index, key_mask, scale, dropout, probs is not None, head_scale)
+    else:
+        q, k, v = source
+        real = key_mask.bool()[:, None, None, :] if key_mask is not None else None
+        rows, row_probs = attend(gather_rows(q, index), k, v,
+                                 additive_mask(real, q.dtype) if real is not None else None, dropout,
+                                 probs is not None, head_scale=head_scale, scale=scale)
     out = scatter_rows(out, index, valid, rows)
     if probs is not None and row_probs is not None:
         probs = scatter_rows(probs, index, valid, row_probs)
@@ -202,7 +262,7 @@ def global_rows(out: Tensor, probs: Tensor | None, q: Tensor, k: Tensor, v: Tens
 
 
 def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *, key_mask: Tensor | None = None,
-                       global_tokens: Tensor | None = None, global_qkv: tuple[Tensor, Tensor, Tensor] | None = None,
+                       global_tokens: Tensor | None = None, global_qkv: GlobalQKV | None = None,
                        scale: float | None = None, dropout: float = 0.0, block: int | None = None) -> Tensor:
     """Banded + global attention of q, k, v [B, heads, L, d] in O(L * (left + right + G)) time and memory: query i
     sees the real keys (`key_mask` [B, L]) i - left .. i + right and every global token (`global_tokens` [B, L]);
@@ -244,7 +304,8 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     out = out[:, :length].transpose(1, 2)
     if flags is None:
         return out
-    return global_rows(out, None, *(global_qkv or (q, k, v)), flags, key_mask, scale, dropout)[0]
+    return global_rows(out, None, global_qkv if global_qkv is not None else (q, k, v), flags, key_mask, scale,
+                       dropout)[0]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,
@@ -291,7 +352,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
                      bias: BiasFn | None = None, scale: float | None = None, dropout: float = 0.0,
                      need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
                      head_scale: Tensor | None = None, kernel: str = "auto", global_tokens: Tensor | None = None,
-                     global_qkv: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, list[Tensor | None]]:
+                     global_qkv: GlobalQKV | None = None) -> tuple[Tensor, list[Tensor | None]]:
     """Attention within each sequence of a packed stream: q, k, v [T, heads, d] -> ([T, heads, d], per-group
     probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`). `global_tokens` [T]
     and `global_qkv` ([T, heads, d] each): Longformer's global tokens and their projections (see `attention`).
@@ -327,8 +388,10 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         rows = slice(start, start + count * length)
         q_g, k_g, v_g = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
         g_g = global_tokens[rows].view(count, length) if global_tokens is not None else None
-        qkv_g = None
-        if global_qkv is not None:
+        qkv_g: GlobalQKV | None = None
+        if isinstance(global_qkv, GlobalProjections):
+            qkv_g = global_qkv.group(rows, count, length)
+        elif global_qkv is not None:
             gq, gk, gv = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in global_qkv)
             qkv_g = (gq, gk, gv)
         o, probs = attention(q_g, k_g, v_g, policy=policy, bias=bias(length, length) if bias is not None else None,

@@ -27,6 +27,8 @@ from bertology.errors import InputError
 from bertology.model.attention import (
     BIDIRECTIONAL,
     BiasFn,
+    GlobalProjections,
+    GlobalQKV,
     MaskPolicy,
     attend,
     attention,
@@ -204,11 +206,19 @@ class Block(nn.Module):
                 return F.linear(x, w).chunk(3, -1)
         return q(x), k(x), v(x)
 
-    def global_projection(self, x: Tensor, global_tokens: Tensor | None) -> tuple[Tensor, Tensor, Tensor] | None:
-        """The global tokens' queries (zero at the other rows: only theirs are read), and every token's global keys
-        and values, [..., heads x d] each; None without global tokens or global projections."""
+    def global_projection(self, x: Tensor, global_tokens: Tensor | None
+                          ) -> GlobalProjections | tuple[Tensor, Tensor, Tensor] | None:
+        """The global projections of x, applied where attention needs them (`GlobalProjections`) when they are plain
+        linear layers; else (a wrapper such as LoRA replaced one) the global tokens' queries (zero at the other rows:
+        only theirs are read) and every token's global keys and values, [..., heads x d] each. None without global
+        tokens or global projections."""
         if global_tokens is None or not self.spec.global_projections:
             return None
+        modules = (self.query_global, self.key_global, self.value_global)
+        if all(plain_linear(m) for m in modules):
+            return GlobalProjections(x, self.num_heads,
+                                     (modules[0].weight, modules[1].weight, modules[2].weight),
+                                     (modules[0].bias, modules[1].bias, modules[2].bias))
         rows = global_tokens.nonzero(as_tuple=True)
         queries = x.new_zeros(*x.shape[:-1], self.query_global.out_features)
         queries[rows] = self.query_global(x[rows]).to(queries.dtype)
@@ -242,8 +252,8 @@ class Block(nn.Module):
             if cache is not None:
                 k, v = cache.extend(k, v)
             assert not callable(bias)
-            qkv_g = None
-            if global_qkv is not None:
+            qkv_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
+            if isinstance(global_qkv, tuple):
                 gq, gk, gv = (self.heads_first(t) for t in global_qkv)
                 qkv_g = (gq, gk, gv)
             out, probs = attention(q, k, v, policy=policy, key_mask=key_mask, bias=bias, scale=scale, dropout=p,
@@ -253,8 +263,8 @@ class Block(nn.Module):
         if cache is not None:
             raise InputError("a key/value cache needs the padded layout")
         assert bias is None or callable(bias)
-        packed_g = None
-        if global_qkv is not None:
+        packed_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
+        if isinstance(global_qkv, tuple):
             gq, gk, gv = (t.view(-1, heads, head_dim) for t in global_qkv)
             packed_g = (gq, gk, gv)
         out, probs_by_group = packed_attention(

@@ -287,14 +287,14 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     def windows(t: Tensor) -> Tensor:  # [B, heads, L, d] -> [B, count, heads, span, d], a view
         return F.pad(t.transpose(1, 2), (0, 0, 0, 0, left, tail + right)).unfold(1, span, block).transpose(-1, -2)
 
-    queries = F.pad(q.transpose(1, 2), (0, 0, 0, 0, 0, tail)).view(batch, count, block, heads, dim).transpose(2, 3)
+    queries = q.transpose(1, 2) if not tail else F.pad(q.transpose(1, 2), (0, 0, 0, 0, 0, tail))
+    queries = queries.view(batch, count, block, heads, dim).transpose(2, 3)
     keys, values = windows(k), windows(v)
     offsets = torch.arange(span, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
     band = (offsets >= 0) & (offsets <= left + right)  # key - query = offset - left, in [-left, right]
     allowed = band & F.pad(local, (left, tail + right), value=False).unfold(1, span, block)[:, :, None, :]
     if flags is not None and flags.any():
         index, valid = flagged_positions(flags & real)
-        width = index.shape[1]
         keys = torch.cat([keys, gather_rows(k, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
         values = torch.cat([values, gather_rows(v, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
         allowed = torch.cat([allowed, valid[:, None, None, :].expand(-1, count, block, -1)], -1)

@@ -192,3 +192,14 @@ def test_training_step_reaches_every_projection():
             assert p.grad is not None and torch.isfinite(p.grad).all(), name
         for part in ("query_global", "key_global", "value_global", "query", "key"):
             assert model.encoder.layers[0].get_submodule(part).weight.grad.abs().sum() > 0, part
+
+
+def test_info_names_the_windows():
+    from bertology.info import describe
+    from bertology.model import Pretrained
+
+    config = LongformerConfig(vocab_size=50, num_layers=2, hidden_size=8, num_heads=2, intermediate_size=8,
+                              max_position_embeddings=40, attention_window=[4, 8])
+    text = describe(Pretrained(model=LongformerModel(config), tokenizer=None)).format()
+    assert "family          longformer" in text
+    assert "window          4, 8 tokens (half on each side), global tokens with their own projections" in text

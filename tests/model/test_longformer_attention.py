@@ -156,3 +156,22 @@ def test_global_projections_applied_where_needed_equal_the_projected_tensors(man
     torch.testing.assert_close(lazy, eager, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(lazy_probs, eager_probs, atol=1e-6, rtol=1e-5)
     assert (lazy[:, :, flags[0]].abs().sum() > 0) and torch.equal(lazy[0, :, 0], out[0, :, 0])
+
+
+def test_a_longformer_forward_makes_no_tensor_quadratic_in_the_length():
+    from bertology.model import LongformerConfig, LongformerModel
+
+    config = LongformerConfig(vocab_size=50, num_layers=2, hidden_size=8, num_heads=2, intermediate_size=16,
+                              max_position_embeddings=4100, attention_window=32)
+    model = LongformerModel(config, ()).eval()
+    largest = []
+    for length in (1024, 4096):
+        ids = torch.randint(3, 50, (2, length))
+        mask = torch.ones_like(ids)
+        mask[1, length // 2:] = 0
+        flags = torch.zeros_like(ids)
+        flags[:, [0, 9]] = 1
+        with torch.no_grad(), LargestTensor() as mode:
+            model(ids, mask, global_attention_mask=flags)
+        largest.append(mode.largest)
+    assert largest[1] <= 4 * largest[0] + 64 and largest[1] < 4096 * 4096 / 20

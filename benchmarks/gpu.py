@@ -236,7 +236,7 @@ def our_training_step(ours: EncoderModel, batch: PretrainingBatch, workdir: Path
     trainer = Trainer(config, ours, [MaskedLM(activation=ours.config.hidden_act)], train_data=None,  # type: ignore[arg-type]
                       env=_env(device))
     trainer.wrapped.train()
-    on_device = batch.to(device)
+    on_device = trainer._device_batch(batch)  # as Trainer.train moves each batch: with its packing worked out on the host
 
     def step() -> object:
         out = trainer._step([on_device])
@@ -303,6 +303,39 @@ def training_flops(config: EncoderConfig, lengths: list[int], masked: int) -> fl
     return 3 * (common.model_flops(config, lengths) + head)
 
 
+def check_flash(device: torch.device) -> dict[str, Any]:
+    """The packed flash kernel (bf16, dropout 0) against the group loop in fp32 on the same random packed stream:
+    relative errors of the output and of the three gradients, for each mask policy; and with dropout 0.1, the
+    output's mean against dropout 0 (dropout rescales the kept weights, so the expectation is unchanged)."""
+    from bertology.model.attention import BIDIRECTIONAL, CAUSAL, packed_attention, sliding_window
+    from bertology.model.packing import Layout
+
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 300, (24,), generator=g)
+    mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+    layout = Layout(mask).to(device)
+    tokens, heads, dim = int(lengths.sum()), 12, 64
+    q, k, v, up = (torch.randn(tokens, heads, dim, generator=g).to(device) for _ in range(4))
+    record: dict[str, Any] = {"result": "check_flash", "tokens": tokens}
+    for name, policy in (("bidirectional", BIDIRECTIONAL), ("causal", CAUSAL), ("window 32", sliding_window(32))):
+        results = {}
+        for kernel, dtype in (("groups", torch.float32), ("flash", torch.bfloat16)):
+            leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            out, _ = packed_attention(*leaves, layout, policy=policy, kernel=kernel)
+            (out.float() * up).sum().backward()
+            results[kernel] = [out.float()] + [t.grad.float() for t in leaves]
+        errors = [((a - b).norm() / b.norm()).item() for a, b in zip(results["flash"], results["groups"])]
+        record[name] = {"out": errors[0], "grad_q": errors[1], "grad_k": errors[2], "grad_v": errors[3]}
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    plain = packed_attention(*low, layout, kernel="flash")[0].float()
+    dropped = torch.stack([packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+                           for _ in range(32)]).mean(0)
+    record["dropout_mean_relative_error"] = ((dropped - plain).norm() / plain.norm()).item()
+    record["dropout_changes_output"] = bool((packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+                                             != plain).any())
+    return record
+
+
 def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -325,9 +358,31 @@ def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -
                      and not (e.cpu_parent is not None and is_attention(e.cpu_parent.name))]
         what = "aten operators (CPU)"
     reads = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
+    busy = sum(e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
     return {"counted": what, "total_kernels": len(kernels), "attention_kernels": len(attention),
             "attention_kernels_per_layer": len(attention) / layers, "host_reads": reads,
+            "device_busy_ms": busy, "host_sync_sites": sync_sites(fn, device),
             "attention_kernel_names": sorted(set(attention))[:8]}
+
+
+def sync_sites(fn: Callable[[], object], device: torch.device) -> dict[str, int]:
+    """Where one call of `fn` waits for the device: torch's sync debug mode warns at each synchronising operation;
+    the warnings' source lines, counted (the closing synchronize of the benchmark itself excluded)."""
+    if device.type != "cuda":
+        return {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where = f"{Path(w.filename).name}:{w.lineno}"
+            sites[where] = sites.get(where, 0) + 1
+    return sites
 
 
 def run_inference(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Path, device: torch.device, bf16: bool,
@@ -347,6 +402,9 @@ def run_inference(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Pa
         difference = (check["bertology"]()[real] - reference).abs().max().item()
         emit({"result": "check", "what": "last hidden state at the real tokens, fp32", "max_abs_difference":
               difference})
+    if device.type == "cuda":
+        with section("check_flash"):
+            emit(check_flash(device))
     if bf16:
         with section("check_bf16"):
             low = inference_sides(ours, theirs, *varlen, device, bf16=True)

@@ -320,7 +320,7 @@ def check_flash(device: torch.device) -> dict[str, Any]:
     for name, policy in (("bidirectional", BIDIRECTIONAL), ("causal", CAUSAL), ("window 32", sliding_window(32))):
         results = {}
         for kernel, dtype in (("groups", torch.float32), ("flash", torch.bfloat16)):
-            leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+            leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
             out, _ = packed_attention(*leaves, layout, policy=policy, kernel=kernel)
             (out.float() * up).sum().backward()
             results[kernel] = [out.float()] + [t.grad.float() for t in leaves]

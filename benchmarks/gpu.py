@@ -362,7 +362,16 @@ def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -
     return {"counted": what, "total_kernels": len(kernels), "attention_kernels": len(attention),
             "attention_kernels_per_layer": len(attention) / layers, "host_reads": reads,
             "device_busy_ms": busy, "host_sync_sites": sync_sites(fn, device),
+            "most_launched": most_launched(kernels),
             "attention_kernel_names": sorted(set(attention))[:8]}
+
+
+def most_launched(kernels: list[str], top: int = 20) -> list[tuple[str, int]]:
+    """The `top` kernel names by launch count (names cut to 80 characters): where the launches go."""
+    counts: dict[str, int] = {}
+    for name in kernels:
+        counts[name[:80]] = counts.get(name[:80], 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])[:top]
 
 
 def sync_sites(fn: Callable[[], object], device: torch.device) -> dict[str, int]:

@@ -257,3 +257,58 @@ class GlueTextToText:
 
     def evaluate(self, predictions_path: Path, gold_path: Path) -> dict[str, Any]:
         return metrics.evaluate_files(self.name, predictions_path, gold=gold_path, open_labels=True)
+
+
+# ----------------------------------------------------------------------------------------------- SQuAD as text
+class SquadTextToText:
+    """SQuAD v1.1 as text-to-text (``bertology.tasks.qa.SquadTask`` on an encoder-decoder, T5 and BART alike):
+    ``question: Q context: C`` -> the first gold answer's text; the answer is generated (at most
+    ``max_answer_tokens`` tokens) and scored with the official v1.1 EM and F1. The input is cut to the task's length
+    at the end of the context; files, splits, scoring and the written JSON are the ``squad`` task's."""
+
+    max_length = 384
+    max_answer_tokens = 32
+
+    def __init__(self, squad: Any, start_id: int) -> None:
+        self.squad, self.start_id = squad, start_id
+        self.name, self.metrics, self.predictions_file = squad.name, squad.metrics, squad.predictions_file
+
+    def path(self, data: str, split: str) -> Path:
+        return self.squad.path(data, split)
+
+    def read(self, path: Path, limit: int | None = None) -> list[Any]:
+        return self.squad.read(path, limit)
+
+    def label_names(self) -> None:
+        return None
+
+    def heads(self, config: Any) -> list[HeadSpec]:
+        return [lm_head(config)]
+
+    def objectives(self, heads: Sequence[HeadSpec]) -> list[TargetCrossEntropy]:
+        return [TargetCrossEntropy(heads[0])]
+
+    @staticmethod
+    def source(example: Any) -> str:
+        return f"question: {example.question} context: {example.context}"
+
+    def encode(self, tokenizer: Tokenizer, examples: Sequence[Any], max_length: int, *, train: bool,
+               seed: int = 0) -> TextPairs:
+        labelled = bool(examples) and all(e.answers for e in examples)
+        return TextPairs(tokenizer, [self.source(e) for e in examples],
+                         [e.answers[0].text for e in examples] if labelled else None, max_length=max_length,
+                         start_id=self.start_id, max_new_tokens=self.max_answer_tokens, shuffle=train, seed=seed)
+
+    def predict(self, model: Model, encoded: TextPairs, examples: Sequence[Any], batch_size: int) -> list[str]:
+        if len(encoded) != len(examples):
+            raise ConfigError(f"{self.name}: {len(encoded)} encoded inputs for {len(examples)} questions")
+        return generate_texts(model, encoded, batch_size)
+
+    def scores(self, predictions: Sequence[str], examples: Sequence[Any]) -> dict[str, float]:
+        return self.squad.scores(predictions, examples)
+
+    def write(self, path: Path, predictions: Sequence[str], examples: Sequence[Any]) -> None:
+        self.squad.write(path, predictions, examples)
+
+    def evaluate(self, predictions_path: Path, gold_path: Path) -> dict[str, Any]:
+        return self.squad.evaluate(predictions_path, gold_path)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+from bertology.cli.main import main
+from bertology.errors import DataError
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
@@ -109,9 +111,13 @@ def test_t5_sst2_is_text_to_text(glue, models, tmp_path):
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["lm_loss"] for r in evals if r["kind"] == "eval"]
     assert losses[-1] < losses[0]  # the decoder's cross-entropy of the label words falls
+    # `bertology predict` generates the same labels from the saved model.
+    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
+                 str(glue / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
+    assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
 
 
-def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp_path):
+def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp_path, capsys):
     t5 = load(models["t5"])
     task = get_task("sst2").for_model(t5.model)
     assert isinstance(task, GlueTextToText) and task.start_id == t5.model.config.decoder_start_token_id
@@ -124,6 +130,11 @@ def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp
     gold.write_text("sentence\tlabel\n" + "".join(f"x\t{e.label}\n" for e in examples), encoding="utf-8")
     task.write(tmp_path / "p.tsv", ["1", "posi", "0", ""], examples)
     assert evaluate_files("sst2", tmp_path / "p.tsv", gold, open_labels=True) == {"accuracy": 50.0}
+    with pytest.raises(DataError, match=r"p.tsv:3: label 'posi' is not one of 0, 1"):
+        evaluate_files("sst2", tmp_path / "p.tsv", gold)
+    assert main(["evaluate", "--task", "sst2", "--gold", str(gold), "--predictions", str(tmp_path / "p.tsv"),
+                 "--open-labels"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"accuracy": 50.0}
     # STS-B: scores rounded to 0.2 as targets; a text that is not a number reads as -1 (T5's convention).
     assert [score_text(v) for v in (3.79, 0.0, 4.91)] == ["3.8", "0.0", "5.0"]
     assert [read_score(t) for t in ("3.8", "nan", "high")] == [3.8, -1.0, -1.0]

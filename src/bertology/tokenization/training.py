@@ -89,7 +89,8 @@ def train_tokenizer(
     style = check_choice(style or _DEFAULT_STYLE[kind], TRAINING_STYLES, "tokenizer style")
     if (kind, style) not in TRAINING_SPECIALS:
         styles = [s for k, s in TRAINING_SPECIALS if k == kind]
-        raise TokenizerError(f"a {kind} tokenizer is trained in {' or '.join(styles)} style, not {style!r}")
+        raise TokenizerError(f"a {kind} tokenizer is trained in {' or '.join(styles)} style"
+                             f"{' only' if len(styles) == 1 else ''}, not {style!r}")
     if sentinels is not None and style != "t5":
         raise TokenizerError(f"sentinels: T5's sentinel tokens are for a t5-style unigram tokenizer, not {style}")
     if style == "t5":

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertology.cli.main import main
-from bertology.errors import DataError
+from bertology.errors import ConfigError, DataError
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
@@ -70,9 +70,10 @@ def models(tmp_path_factory):
     return {style: save_family_model(tmp_path_factory.mktemp(style), style, TEXTS) for style in ("gpt2", "bart", "t5")}
 
 
-def config(data, model, out, task="sst2", epochs=6, lr=3e-3):
+def config(data, model, out, task="sst2", epochs=6, lr=3e-3, strategy="full"):
     return FinetuneConfig.from_dict({
         "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs},
+        "strategy": {"kind": strategy},
         "optim": {"batch_size": 16, "lr": lr, "warmup_ratio": 0.1},
         "run": {"output_dir": str(out), "log_every": 10, "progress": False},
         "speed": {"threads": 1, "prefetch": 0}})
@@ -158,3 +159,12 @@ def test_ner_on_gpt2_and_on_barts_encoder(conll, models, tmp_path, style):
     if style == "gpt2":
         assert json.loads((out / "model" / "config.json").read_text())["architectures"] == \
             ["GPT2ForTokenClassification"]
+
+
+def test_strategies_that_do_not_apply_are_named(glue, models, tmp_path):
+    with pytest.raises(ConfigError, match="strategy.kind: lora is for encoders .*this model is a DecoderModel"):
+        finetune(config(glue, models["gpt2"], tmp_path / "a", strategy="lora"))
+    with pytest.raises(ConfigError, match="strategy.kind: scalar-mix is for encoders .*a Seq2SeqModel"):
+        finetune(config(glue, models["bart"], tmp_path / "b", strategy="scalar-mix"))
+    with pytest.raises(ConfigError, match=r"strategy.kind: frozen leaves nothing to train: the task's heads \(lm\)"):
+        finetune(config(glue, models["t5"], tmp_path / "c", strategy="frozen"))

@@ -141,6 +141,14 @@ class StrategyConfig:
             raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
 
 
+def check_strategy(strategy: StrategyConfig, model: Model) -> None:
+    """LoRA (written beside the model in peft's files) and the scalar mix of the layers are made for encoders; the
+    other strategies train any model."""
+    if strategy.kind in ("lora", "scalar-mix") and not isinstance(model, EncoderModel):
+        raise ConfigError(f"strategy.kind: {strategy.kind} is for encoders (BERT family); this model is a "
+                          f"{type(model).__name__}: use full, frozen, adapters or prefix")
+
+
 def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
     """Freeze and extend ``model`` as ``strategy`` says; returns the trainable share."""
     from bertology.peft import apply_adapters, apply_lora, apply_prefix, freeze_base, trainable_parameters
@@ -499,9 +507,14 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
+        check_strategy(config.strategy, pretrained.model)
         model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
                                           config.strategy.kind == "scalar-mix")
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
+        if trainable.trainable == 0:
+            raise ConfigError(f"strategy.kind: {config.strategy.kind} leaves nothing to train: the task's heads "
+                              f"({', '.join(h.name for h in model.head_specs)}) have no weights of their own (a "
+                              "language-model head tied to the embeddings); use full, adapters or prefix")
         selection = DevSelection(config, task, dev, dev_examples, tokenizer)
         watched = WatchedSource(dev, "dev loss") if config.run.progress and env.is_main else dev
         trainer = Trainer(config, model, task.objectives(model.head_specs), train, watched, tokenizer, env,

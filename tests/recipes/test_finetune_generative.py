@@ -139,6 +139,13 @@ def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp
     # STS-B: scores rounded to 0.2 as targets; a text that is not a number reads as -1 (T5's convention).
     assert [score_text(v) for v in (3.79, 0.0, 4.91)] == ["3.8", "0.0", "5.0"]
     assert [read_score(t) for t in ("3.8", "nan", "high")] == [3.8, -1.0, -1.0]
+    stsb = GlueTextToText(get_task("stsb"), 0)
+    pair = TextExample("0", "a cat", "a dog", 3.79)
+    assert (stsb.source(pair), stsb.target(pair)) == ("stsb sentence1: a cat sentence2: a dog", "3.8")
+    assert [stsb.prediction(t) for t in ("3.8", "high")] == [3.8, -1.0]
+    rte = GlueTextToText(get_task("rte"), 0)
+    assert rte.target(TextExample("0", "a", "b", "not_entailment")) == "not_entailment"
+    assert rte.prediction("entailment") == "entailment"
     encoded = task.encode(t5.tokenizer, examples, 32, train=True)
     batch = next(encoded.batches(0, 4))
     target = t5.tokenizer.encode("positive").ids  # the label word then </s>

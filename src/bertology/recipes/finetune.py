@@ -311,8 +311,9 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
     if scalar_mix:
         model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
+    fresh = ("heads.", *(f"{where}." for where in model.extensions))  # the task's heads, the mix, span typing
     body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith("heads.")}
-    wanted = {name for name in model.state_dict() if not name.startswith("heads.")}
+    wanted = {name for name in model.state_dict() if not name.startswith(fresh)}
     missing = sorted(wanted - set(body))
     unexpected = sorted(set(body) - wanted)
     part = type(model) is not type(pretrained.model)  # the encoder of an encoder-decoder: its decoder is left

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from bertology.cli.main import main
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
@@ -60,6 +61,10 @@ def test_squad_generates_answers_end_to_end(squad, questions, models, tmp_path, 
     assert list(answers) == [e.id for e in questions[8:]] and all(isinstance(a, str) for a in answers.values())
     # dev_metrics.json is the official scoring of the written answers.
     assert result.dev_metrics == evaluate_files("squad", out / "dev_predictions.json", gold=squad / "dev-v1.1.json")
+    # `bertology predict` generates the same answers from the saved model.
+    assert main(["predict", "--model", str(out / "model"), "--task", "squad", "--input", str(squad / "dev-v1.1.json"),
+                 "--output", str(tmp_path / "answers.json"), "--max-length", "128"]) == 0
+    assert json.loads((tmp_path / "answers.json").read_text()) == answers
 
 
 def test_inputs_targets_and_the_official_scores_of_hand_made_answers(questions, models, tmp_path):

@@ -404,10 +404,13 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
 # --- config.json ------------------------------------------------------------------------------------------------
 
 
-# Keys every transformers config may carry (PretrainedConfig's own): a family's table may read them, but their
-# presence says nothing about which family a file belongs to.
+# Keys every transformers config may carry (PretrainedConfig's own, and the sequence-summary options that GPT-2,
+# ELECTRA and XLNet configs share): a family's table may read them, but their presence says nothing about which
+# family a file belongs to.
 COMMON_KEYS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
-                         "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "use_cache"})
+                         "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "use_cache", "summary_type",
+                         "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+                         "summary_last_dropout"})
 
 
 def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:

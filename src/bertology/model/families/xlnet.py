@@ -15,7 +15,8 @@ from typing import Any
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, WeightEntry, linear
 from bertology.model.families.bert import QA, TOKEN_CLASSIFIER
-from bertology.model.families.gpt2 import dropout_rate, known_activation, positive_int, positive_number, token_id
+from bertology.model.config import ACTIVATIONS
+from bertology.model.families.gpt2 import dropout_rate, positive_int, positive_number, token_id
 from bertology.model.xlnet import XLNetConfig
 
 
@@ -28,6 +29,12 @@ def length_or_null(key: str):
         return value
 
     return read
+
+
+def known_activation(value: Any, config_json: Mapping[str, Any]) -> Any:
+    if value not in ACTIVATIONS:
+        raise ConfigError(f"ff_activation: {value!r} is not supported; expected one of {', '.join(ACTIVATIONS)}")
+    return value
 
 
 def one_of(key: str, values: tuple[Any, ...]):

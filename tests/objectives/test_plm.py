@@ -5,12 +5,17 @@ and gradients, and the objective trains an XLNet on pretraining instances with t
 from __future__ import annotations
 
 import copy
+import json
+import sys
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from bertology.data import InMemoryDocuments, InstanceConfig, PretrainingDataset
 from bertology.errors import ConfigError
+from bertology.model import load_model
 from bertology.model.convert import from_state_dict
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Passes
@@ -19,8 +24,23 @@ from bertology.tokenization.framing import Framing
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from bertology.training.trainer import Trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from pretrain_helpers import build, make_assets, run_shipped_config_briefly, tiny_config, write_corpus  # noqa: E402
+
 SEP, CLS, PAD, MASK = 4, 3, 5, 6
 VOCAB = 40
+
+
+class Stop(Exception):
+    pass
+
+
+def stop_at(step: int):
+    """A hook that stops the run at `step` (the checkpoints before it written)."""
+    def hook(trainer, report) -> None:
+        if report.step == step:
+            raise Stop()
+    return hook
 
 
 def a_batch(seed: int = 0, rows: int = 4, length: int = 18):
@@ -189,3 +209,106 @@ def test_permutation_lm_trains_an_xlnet_with_the_shared_loop(tmp_path) -> None:
     before = trainer.evaluate()
     metrics = trainer.train()
     assert metrics["lm_loss"] < before["lm_loss"] - 0.5, (before, metrics)
+
+
+# --- the pretraining recipe -------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
+
+
+@pytest.fixture(scope="module")
+def xlnet_assets(tmp_path_factory):
+    """A corpus, an XLNet-style Unigram tokenizer and its shards."""
+    from bertology.data.shards import prepare_corpus
+    from bertology.tokenization import load_tokenizer, train_tokenizer
+
+    root = tmp_path_factory.mktemp("xlnet-assets")
+    corpus = write_corpus(root / "corpus.txt")
+    train_tokenizer([str(corpus)], "unigram", 120, style="xlnet", show_progress=False).save(root / "tokenizer")
+    tokenizer = load_tokenizer(root / "tokenizer")  # as the runs read it (Unigram scores round-trip inexactly)
+    prepare_corpus(str(corpus), tokenizer, root / "shards", heldout_documents=3, show_progress=False)
+    return {"corpus": corpus, "tokenizer": root / "tokenizer", "shards": root / "shards"}
+
+
+def xlnet_run(assets, output_dir, **sections):
+    raw = tiny_config(assets, output_dir, **sections)
+    raw["model"].pop("max_position_embeddings")
+    raw["data"]["instances"] = {"kind": "doc-sentences", "max_seq_length": 32}
+    raw["objectives"] = {"plm": {"k": 4}}
+    return raw
+
+
+def test_pretrain_recipe_trains_saves_and_resumes_an_xlnet(tmp_path, xlnet_assets) -> None:
+    transformers = pytest.importorskip("transformers")
+    from bertology.recipes.pretrain import pretrain
+    from bertology.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(xlnet_assets["tokenizer"])
+    assert tokenizer.style == "xlnet" and [tokenizer.token_to_id(t) for t in ("<unk>", "<cls>", "<sep>", "<pad>")] \
+        == [0, 3, 4, 5]
+    settings = dict(optim={"total_steps": 6}, run={"checkpoint_every": 2, "eval_every": 3})
+    reference = pretrain(build(xlnet_run(xlnet_assets, tmp_path / "reference", **settings)))
+    assert reference.steps == 6 and reference.metrics["lm_loss"] > 0
+    stopped = build(xlnet_run(xlnet_assets, tmp_path / "stopped", **settings))
+    with pytest.raises(Stop):
+        pretrain(stopped, hooks=[stop_at(5)])
+    pretrain(build(xlnet_run(xlnet_assets, tmp_path / "stopped", **settings)), resume=True)
+    ours, theirs = (load_file(tmp_path / run / "model" / "model.safetensors") for run in ("stopped", "reference"))
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    # The final model is transformers' XLNetLMHeadModel, with the same outputs.
+    model_dir = tmp_path / "reference" / "model"
+    assert json.loads((model_dir / "config.json").read_text())["architectures"] == ["XLNetLMHeadModel"]
+    hf = transformers.XLNetLMHeadModel.from_pretrained(model_dir).eval()
+    ours_model = load_model(model_dir).eval()
+    batch, _ = made(4.0, 3)
+    batch.input_ids = batch.input_ids % hf.config.vocab_size
+    inputs = dict(attention_mask=batch.attention_mask, perm_mask=batch.perm_mask, target_mapping=batch.target_mapping)
+    with torch.no_grad():
+        torch.testing.assert_close(ours_model(batch.input_ids, **inputs).logits,
+                                   hf(input_ids=batch.input_ids, **inputs).logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("change", "error", "message"), [
+    ({"model": {"family": "bert"}}, ConfigError,
+     r"model.family: 'bert' models read texts framed as \[CLS\] A \[SEP\] B \[SEP\], padded on the right .* but the "
+     r"tokenizer frames them as xlnet does \(A <sep> B <sep> <cls>, padded on the left\)"),
+    ({"objectives": {"mlm": {}}}, ConfigError, "objectives: an XLNet .* pretrains with plm alone, got mlm"),
+    ({"model": {"max_position_embeddings": 64}}, ConfigError, "model.max_position_embeddings: XLNet models have no"),
+    ({"objectives": {"plm": {"k": 40}}}, ConfigError,
+     r"objectives.plm.k: K = 40.0 is outside \[1, 32\] \(data.instances.max_seq_length\)"),
+])
+def test_pretrain_recipe_refuses_what_does_not_fit_an_xlnet(tmp_path, xlnet_assets, change, error, message) -> None:
+    from bertology.recipes.pretrain import pretrain
+
+    raw = xlnet_run(xlnet_assets, tmp_path / "run")
+    for section, values in change.items():
+        if section == "objectives":
+            raw["objectives"] = values
+        else:
+            raw[section].update(values)
+    with pytest.raises(error, match=message):
+        pretrain(build(raw))
+
+
+def test_plm_with_a_bert_tokenizer_is_refused(tmp_path) -> None:
+    from bertology.errors import TokenizerError
+    from bertology.recipes.pretrain import pretrain
+
+    (tmp_path / "assets").mkdir()
+    raw = tiny_config(make_assets(tmp_path / "assets"), tmp_path / "run")
+    raw["objectives"] = {"plm": {}}
+    raw["data"]["instances"] = {"kind": "doc-sentences", "max_seq_length": 32}
+    with pytest.raises(TokenizerError, match=r"objectives.plm: permutation LM trains an XLNet, .* but the tokenizer "
+                                             r"is bert-style \(tokenizer.style: xlnet"):
+        pretrain(build(raw))
+
+
+def test_shipped_config_runs_on_brown(tmp_path) -> None:
+    if not BROWN.is_dir():
+        pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 5)]
+    assert run_shipped_config_briefly(ROOT / "configs" / "xlnet-tiny.yaml", tmp_path / "run", corpus, heldout=1) == 0
+    assert isinstance(load_model(tmp_path / "run" / "model"), XLNetModel)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["kind"] == "eval" and rows[-1]["lm_loss"] > 0

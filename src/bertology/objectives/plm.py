@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -161,14 +162,31 @@ class PermutationBatches:
 
 @dataclass
 class PermutationLM:
-    """XLNet's objective on the tied `lm` head with its bias (XLNetLMHeadModel's `lm_loss`). Stats: `lm_units`
-    (predicted tokens), `lm_loss_sum`, `lm_correct`."""
+    """XLNet's objective on the tied `lm` head with its bias (XLNetLMHeadModel's `lm_loss`); `k`, `max_span` and
+    `num_predict` configure its batches (`PermutationConfig`, `batch_maker`). Stats: `lm_units` (predicted tokens),
+    `lm_loss_sum`, `lm_correct`."""
 
     weight: float = 1.0
+    k: float = 6.0
+    max_span: int = 5
+    num_predict: int | None = None
     name: str = "lm"
 
     def __post_init__(self) -> None:
         check_objective(self)
+        try:
+            self.permutation = PermutationConfig(self.k, self.max_span, self.num_predict)
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("permutation.", "objectives.plm.", 1)) from None
+
+    def batch_maker(self, framing: Any, seed: int, length: int) -> PermutationBatches:
+        """The batches this objective reads, from pretraining instances of `length` tokens framed by `framing`
+        (its <cls> and <sep> are the functional tokens)."""
+        special = tuple(i for i in (framing.cls_id, framing.sep_id) if i is not None)
+        try:
+            return PermutationBatches(self.permutation, special, seed, length)
+        except ConfigError as error:
+            raise ConfigError(str(error).replace("permutation.", "objectives.plm.", 1)) from None
 
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "tied_lm_bias"),)

@@ -88,6 +88,7 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
     ("bpe", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "bert"): ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+    ("unigram", "xlnet"): ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"],  # XLNet's ids 0-6
 }
 
 

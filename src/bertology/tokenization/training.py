@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
 # The framings a tokenizer is trained for (the others are loaded from their files).
-TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta")
+TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "xlnet")
 _GLOB_CHARS = frozenset("*?[")
 # Lines go to the trainer in batches: one Python call per batch instead of per line.
 _BATCH_LINES = 1000
@@ -62,8 +62,8 @@ def train_tokenizer(
     format reads them (UTF-8, one sentence per line, blank lines skipped; directories recursively, hidden files
     skipped); a ``bertology.data.corpus.CorpusSource`` or a list of them (any corpus format and encoding, as
     ``bertology tokenizer train`` reads its FILE arguments); or any other iterable (a generator, ``iter(list)``)
-    of texts. ``style``: "bert" or "roberta"; WordPiece is always BERT-style and byte-level BPE RoBERTa-style,
-    Unigram is XLM-R-style by default and ALBERT-style with "bert". ``lowercase`` defaults to the reference model
+    of texts. ``style``: "bert", "roberta" or "xlnet"; WordPiece is always BERT-style and byte-level BPE
+    RoBERTa-style, Unigram is XLM-R-style by default, ALBERT-style with "bert" and XLNet-style with "xlnet". ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
     to Unigram. BPE and WordPiece training are deterministic: the same text gives the same tokenizer in every run
     and process (WordPiece reads the text twice for that: ``_train_wordpiece``); Unigram ids can differ between

@@ -65,7 +65,8 @@ class PermutationConfig:
 @dataclass
 class PermutationBatch:
     """A padded batch for permutation LM: the model's inputs and the labels [B, P] of the P target slots (-100 at
-    unused slots)."""
+    unused slots). `num_targets` (0-d int64) stays where the batch was made (the host, in the data pipeline), so
+    that counting the units needs no wait for the device."""
 
     input_ids: Tensor
     attention_mask: Tensor
@@ -73,11 +74,13 @@ class PermutationBatch:
     perm_mask: Tensor
     target_mapping: Tensor
     labels: Tensor
+    num_targets: Tensor
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PermutationBatch:
-        return PermutationBatch(*(t.to(device, non_blocking=non_blocking) for t in (
+        moved = (t.to(device, non_blocking=non_blocking) for t in (
             self.input_ids, self.attention_mask, self.token_type_ids, self.perm_mask, self.target_mapping,
-            self.labels)))
+            self.labels))
+        return PermutationBatch(*moved, num_targets=self.num_targets)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -141,7 +144,8 @@ def permutation_batch(input_ids: Tensor, attention_mask: Tensor, token_type_ids:
     used = torch.arange(slots, device=device)[None, :] < targets.sum(1, keepdim=True)
     target_mapping = F.one_hot(first, length).float() * used[..., None]
     labels = torch.where(used, input_ids.gather(1, first), -100)
-    return PermutationBatch(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, labels)
+    return PermutationBatch(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, labels,
+                            used.sum())
 
 
 class PermutationBatches:
@@ -195,7 +199,7 @@ class PermutationLM:
         return None  # the query stream at the target slots
 
     def units(self, batch: PermutationBatch) -> Tensor:
-        return (batch.labels != -100).sum().to(torch.int64).cpu()
+        return batch.num_targets.to(torch.int64).cpu()
 
     def __call__(self, passes: Passes, batch: PermutationBatch) -> ObjectiveOutput:
         logits = passes.shared.head_logits[self.name]

@@ -59,3 +59,24 @@ def test_xlnet_tokenizer_beside_a_bert_model_is_refused(tmp_path, reference) -> 
                                              r"texts as xlnet does \(A <sep> B <sep> <cls>, padded on the left\), "
                                              r"but model_type argument is 'bert'"):
         bertology.load(tmp_path)
+
+
+def test_embed_reads_xlnet_summary_token_last(tmp_path, reference) -> None:
+    """`embed` over an XLNet checkpoint: the sentence vector with sentence="cls" is transformers' last hidden state
+    at <cls>, the last position of each left-padded row; token vectors are the content positions'."""
+    from bertology.embeddings import embed
+
+    torch.manual_seed(0)
+    hf = transformers.XLNetModel(transformers.XLNetConfig(
+        vocab_size=len(reference), d_model=16, n_layer=2, n_head=2, d_inner=24,
+        pad_token_id=reference.pad_token_id)).eval()
+    hf.save_pretrained(tmp_path)
+    reference.save_pretrained(tmp_path)
+    out = embed(bertology.load(tmp_path), FIRSTS, sentence="cls")
+    batch = reference(FIRSTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = hf(**batch).last_hidden_state
+    torch.testing.assert_close(torch.as_tensor(out.sentences), expected[:, -1], atol=1e-5, rtol=1e-5)
+    first = out.tokens.vectors[out.tokens.rows(0)]  # "the cat sat": the content tokens before <sep> <cls>
+    row = batch["attention_mask"][0].bool()
+    torch.testing.assert_close(torch.as_tensor(first), expected[0][row][:-2], atol=1e-5, rtol=1e-5)

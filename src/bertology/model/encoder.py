@@ -199,7 +199,10 @@ class Encoder(nn.Module):
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         plan = self.plan
-        prune = last_layer_at is not None and layout is not None and not (output_hidden_states or output_attentions)
+        # Only the rows a head reads need the last layer's queries and feed-forward. Choosing them is data-dependent
+        # (a host synchronisation), which on a GPU costs more than the rows saved: there the last layer runs whole.
+        prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu"
+                 and not (output_hidden_states or output_attentions))
         if prune:
             plan = plan[:-1]
         for call, index in enumerate(plan):

@@ -241,6 +241,12 @@ def test_bad_inputs_name_the_argument():
         model(ids, perm_mask=torch.zeros(2, 4, 3))
     with pytest.raises(InputError, match=r"target_mapping must be \[batch, num_predict, length\]"):
         model(ids, target_mapping=torch.zeros(2, 1, 5))
+    soft = torch.full((2, 1, 4), 0.25)
+    with pytest.raises(InputError, match="target_mapping: each row must be one-hot"):
+        model(ids, target_mapping=soft)
+    twice = torch.nn.functional.one_hot(torch.tensor([[1, 1], [0, 2]]), 4).float()
+    with pytest.raises(InputError, match="no token predicted twice"):
+        model(ids, target_mapping=twice)
     with pytest.raises(InputError, match=r"token_type_ids must be \[2, 4\]"):
         model(ids, token_type_ids=torch.zeros(2, 5, dtype=torch.long))
     with pytest.raises(InputError, match=r"mems\[1\] must be \[memory length, batch, hidden\]"):

@@ -4,6 +4,8 @@ from the shared block (post-norm, its attention projections without bias) and th
 Two streams run through every layer with the same weights. The content stream h_i sees the content of the tokens
 its factorisation order lets it see, and itself; the query stream g_i (started from one learned vector, only where
 `target_mapping` asks for predictions) sees the same tokens but never its own content: it knows only its position.
+The query stream is computed at the P targets alone (transformers' computes it at every position and keeps the
+targets'), so `target_mapping` rows must be one-hot (or empty), no token predicted twice.
 
     score(i, j) = [(q_i + u) k_j + rel_shift((q_i + v) R)_ij + (q_i + s) e_{[seg_i != seg_j]}] / sqrt(d)
 
@@ -125,6 +127,19 @@ class XLNetOutput:
     hidden_states: tuple[Tensor, ...] | None = None  # the content stream: embeddings, then every layer's output
 
 
+@dataclass
+class Targets:
+    """Where the query stream's P predictions sit, computed once per forward from a one-hot `target_mapping`:
+    `columns` [B, 1, P, K] the relative-distance column of each (target, key), `mask` [B, P, K] (True: may attend)
+    and `segments` [B, P, K] the targets' rows of the query masks and segments, `present` [B, 1, P, 1] 0 at the
+    empty rows of target_mapping (their output is 0, as transformers' mapping gives)."""
+
+    columns: Tensor
+    mask: Tensor | None
+    segments: Tensor | None
+    present: Tensor
+
+
 def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
     """[B, heads, Lq, R] scores against R relative distances (from the largest down) -> [B, heads, Lq, num_keys],
     entry (i, j) read from column Lq - i + j: the distance between query i (after the memory) and key j."""
@@ -150,11 +165,11 @@ class XLNetLayer(Block):
         self.segment_embeddings = nn.Parameter(torch.zeros(2, heads, head_dim))  # seg_embed: same segment, other
 
     def forward(self, h: Tensor, g: Tensor | None, content_mask: Tensor | None,  # type: ignore[override]
-                query_mask: Tensor | None, positions: Tensor, segments: Tensor | None, memory: Tensor | None,
-                target_mapping: Tensor | None) -> tuple[Tensor, Tensor | None]:
-        """h [B, L, H]; g [B, P, H] or None; masks [B or 1, L, M + L] (True: may attend); positions [B or 1, R, H]
-        (encoded distances); segments [B, L, M + L] (True: another segment); memory [B, M, H];
-        target_mapping [B, P, L]."""
+                positions: Tensor, segments: Tensor | None, memory: Tensor | None,
+                targets: Targets | None = None) -> tuple[Tensor, Tensor | None]:
+        """h [B, L, H]; g [B, P, H] (the query stream at `targets`) or None; content_mask [B or 1, L, M + L]
+        (True: may attend); positions [B or 1, R, H] (encoded distances); segments [B, L, M + L] (True: another
+        segment); memory [B, M, H]."""
         keys_from = h if memory is None else torch.cat([memory, h], 1)
         q, k, v = self.project(keys_from)
         q = self.heads_first(q[:, keys_from.shape[1] - h.shape[1]:])
@@ -162,23 +177,24 @@ class XLNetLayer(Block):
         r = self.heads_first(self.position(positions))
         a = self.relative_attention(q, k, v, r, segments, content_mask)
         h_out = self.feed_forward_residual(self.attention_residual(h, a.transpose(1, 2).flatten(2)))
-        if g is None:
+        if g is None or targets is None:
             return h_out, None
-        q_g = self.heads_first(self.query(g))
-        if target_mapping is not None:  # each prediction's query at its position
-            q_g = torch.einsum("bnpd,bpl->bnld", q_g, target_mapping)
-        a_g = self.relative_attention(q_g, k, v, r, segments, query_mask)
-        if target_mapping is not None:
-            a_g = torch.einsum("bnld,bpl->bnpd", a_g, target_mapping)
+        a_g = self.relative_attention(self.heads_first(self.query(g)), k, v, r, targets.segments, targets.mask,
+                                      targets.columns) * targets.present
         g_out = self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
         return h_out, g_out
 
     def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
-                           allowed: Tensor | None) -> Tensor:
-        """[B, heads, L, d] attention output of queries q over keys k and values v with relative position and
-        segment terms added to the scores."""
+                           allowed: Tensor | None, columns: Tensor | None = None) -> Tensor:
+        """[B, heads, Q, d] attention output of queries q over keys k and values v with relative position and
+        segment terms added to the scores. The queries are the last Q positions of the keys, or, given `columns`
+        [B, 1, Q, K] (the distance column each query reads for each key), wherever those say (the targets)."""
         scale = 1 / math.sqrt(self.head_dim)
-        bias = rel_shift((q + self.position_bias[:, None]) @ r.transpose(-1, -2), k.shape[-2])
+        by_distance = (q + self.position_bias[:, None]) @ r.transpose(-1, -2)  # [B, heads, Q, R]
+        if columns is None:
+            bias = rel_shift(by_distance, k.shape[-2])
+        else:
+            bias = by_distance.gather(-1, columns.expand(-1, by_distance.shape[1], -1, -1))
         if segments is not None:
             by_segment = torch.einsum("bnid,snd->bnis", q + self.segment_bias[:, None], self.segment_embeddings)
             bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
@@ -306,6 +322,25 @@ class XLNetModel(nn.Module):
         itself = torch.arange(length, device=device)[:, None] + memory == torch.arange(num_keys, device=device)
         return ~(blocked & ~itself), ~blocked
 
+    @staticmethod
+    def targets(target_mapping: Tensor, query_mask: Tensor | None, segments: Tensor | None, memory: int,
+                distances: int, dtype: torch.dtype) -> Targets:
+        """The query stream's rows, at the positions its one-hot `target_mapping` rows name: each reads, for key
+        j, the distance column (L - i + j) that `rel_shift` gives position i, and its rows of the masks."""
+        batch, _, length = target_mapping.shape
+        num_keys = memory + length
+        at = target_mapping.argmax(-1)  # [B, P]
+        keys = torch.arange(num_keys, device=at.device)
+        columns = (length - at[:, None, :, None] + keys).clamp(max=distances - 1)  # beyond: a hidden key ("uni")
+
+        def rows(table: Tensor | None) -> Tensor | None:
+            if table is None:
+                return None
+            return table.expand(batch, -1, -1).gather(1, at[:, :, None].expand(-1, -1, num_keys))
+
+        present = target_mapping.sum(-1).to(dtype)[:, None, :, None]
+        return Targets(columns, rows(query_mask), rows(segments), present)
+
     def cache(self, h: Tensor, previous: Tensor | None) -> Tensor:
         """The next memory [M', B, H] from a layer's input h [B, L, H]: the first reuse_len positions appended to
         the previous memory, the last mem_len kept (all when mem_len is None or 0), detached."""
@@ -328,6 +363,15 @@ class XLNetModel(nn.Module):
                                            or target_mapping.shape[2] != length):
             raise InputError(f"target_mapping must be [batch, num_predict, length] = [{batch}, P, {length}], got "
                              f"{list(target_mapping.shape)}")
+        if target_mapping is not None and target_mapping.numel():
+            one_hot = ((target_mapping == 0) | (target_mapping == 1)).all() & (target_mapping.sum(-1) <= 1).all() \
+                & (target_mapping.sum(1) <= 1).all()
+            message = ("target_mapping: each row must be one-hot (prediction p is on one token) or all zeros, and no "
+                       "token predicted twice")
+            if target_mapping.device.type != "cpu":  # checked on the device: reading the values would wait for it
+                torch._assert_async(one_hot, message)
+            elif not bool(one_hot):
+                raise InputError(message)
         if mems is not None:
             if len(mems) != len(self.layers):
                 raise InputError(f"mems holds {len(mems)} layers' memory; the model has {len(self.layers)} layers")
@@ -358,10 +402,6 @@ class XLNetModel(nn.Module):
         dropout = config.hidden_dropout if self.training else 0.0
         content_mask, query_mask = self.masks(batch, length, memory, attention_mask, perm_mask, device)
         h = fast_dropout(self.embeddings(input_ids), dropout, self.training)
-        g = None
-        if target_mapping is not None:
-            target_mapping = target_mapping.to(h.dtype)
-            g = fast_dropout(self.mask_embedding.expand(batch, target_mapping.shape[1], -1), dropout, self.training)
         segments = None
         if token_type_ids is not None:
             keys = token_type_ids if not memory else torch.cat([token_type_ids.new_zeros(batch, memory),
@@ -369,14 +409,18 @@ class XLNetModel(nn.Module):
             segments = token_type_ids[:, :, None] != keys[:, None, :]
         positions = fast_dropout(self.relative_positions(length, memory + length, batch, device).to(h.dtype),
                                  dropout, self.training)
+        g, targets = None, None
+        if target_mapping is not None:
+            g = fast_dropout(self.mask_embedding.expand(batch, target_mapping.shape[1], -1), dropout, self.training)
+            targets = self.targets(target_mapping, query_mask, segments, memory, positions.shape[1], h.dtype)
         new_mems: list[Tensor] = []
         states = [h] if output_hidden_states else None
         for index, layer in enumerate(self.layers):
             previous = mems[index] if mems else None
             if use_mems:
                 new_mems.append(self.cache(h, previous))
-            h, g = layer(h, g, content_mask, query_mask, positions, segments,
-                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, target_mapping)
+            h, g = layer(h, g, content_mask, positions, segments,
+                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets)
             if states is not None:
                 states.append(h)
         out = fast_dropout(g if g is not None else h, dropout, self.training)

@@ -166,17 +166,20 @@ class XLNetLayer(Block):
 
     def forward(self, h: Tensor, g: Tensor | None, content_mask: Tensor | None,  # type: ignore[override]
                 positions: Tensor, segments: Tensor | None, memory: Tensor | None,
-                targets: Targets | None = None) -> tuple[Tensor, Tensor | None]:
+                targets: Targets | None = None, content: bool = True) -> tuple[Tensor, Tensor | None]:
         """h [B, L, H]; g [B, P, H] (the query stream at `targets`) or None; content_mask [B or 1, L, M + L]
         (True: may attend); positions [B or 1, R, H] (encoded distances); segments [B, L, M + L] (True: another
-        segment); memory [B, M, H]."""
+        segment); memory [B, M, H]. Without `content` the content stream's output is not computed (the last
+        layer's, when only the query stream is read): h comes back as it came."""
         keys_from = h if memory is None else torch.cat([memory, h], 1)
         q, k, v = self.project(keys_from)
         q = self.heads_first(q[:, keys_from.shape[1] - h.shape[1]:])
         k, v = self.heads_first(k), self.heads_first(v)
         r = self.heads_first(self.position(positions))
-        a = self.relative_attention(q, k, v, r, segments, content_mask)
-        h_out = self.feed_forward_residual(self.attention_residual(h, a.transpose(1, 2).flatten(2)))
+        h_out = h
+        if content or g is None:
+            a = self.relative_attention(q, k, v, r, segments, content_mask)
+            h_out = self.feed_forward_residual(self.attention_residual(h, a.transpose(1, 2).flatten(2)))
         if g is None or targets is None:
             return h_out, None
         a_g = self.relative_attention(self.heads_first(self.query(g)), k, v, r, targets.segments, targets.mask,
@@ -419,8 +422,10 @@ class XLNetModel(nn.Module):
             previous = mems[index] if mems else None
             if use_mems:
                 new_mems.append(self.cache(h, previous))
+            # The last layer's content stream is read only when no query stream runs, or for the hidden states.
+            content = g is None or states is not None or index < len(self.layers) - 1
             h, g = layer(h, g, content_mask, positions, segments,
-                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets)
+                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets, content)
             if states is not None:
                 states.append(h)
         out = fast_dropout(g if g is not None else h, dropout, self.training)

@@ -91,6 +91,7 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
     ("bpe", "gpt2"): ["<|endoftext|>"],
     ("bpe", "bart"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "t5"): ["<pad>", "</s>", "<unk>"],  # then the vocabulary, then the sentinels (<extra_id_0> last)
+    ("unigram", "xlnet"): ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"],  # XLNet's ids 0-6
 }
 
 

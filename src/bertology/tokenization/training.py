@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from bertology.data.corpus import CorpusSource
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
-# The framings a tokenizer is trained for (xlnet's is loaded from its files).
-TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "gpt2", "bart", "t5")
+# The framings a tokenizer is trained for.
+TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "gpt2", "bart", "t5", "xlnet")
 # Another name of a kind: GPT-2's and BART's byte-level BPE is the bpe kind.
 KIND_ALIASES = {"bytelevel-bpe": "bpe"}
 T5_SENTINELS = 100  # T5's extra_ids
@@ -69,7 +69,8 @@ def train_tokenizer(
     ``bertology tokenizer train`` reads its FILE arguments); or any other iterable (a generator, ``iter(list)``)
     of texts. ``style``: WordPiece is always BERT-style; byte-level BPE is RoBERTa-style by default, "gpt2" (one
     special token, <|endoftext|>, and nothing added around a text) or "bart" (RoBERTa's tokens); Unigram is
-    XLM-R-style by default, ALBERT-style with "bert", and T5-style with "t5": SentencePiece's Metaspace, <pad> 0,
+    XLM-R-style by default, ALBERT-style with "bert", XLNet-style with "xlnet" (<sep> <cls> at the end, left
+    padding), and T5-style with "t5": SentencePiece's Metaspace, <pad> 0,
     </s> 1 (the EOS after each text), <unk> 2, then the vocabulary, then ``sentinels`` (default 100, T5's
     extra_ids) sentinel tokens <extra_id_0> ... numbered down from the end of the vocabulary (<extra_id_0> has the
     highest id), on top of ``vocab_size``. Saved, transformers' class of the style loads them to the same ids

@@ -9,8 +9,9 @@ queries (a key/value cache, memory, cross-attention), the queries then sitting a
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
 a `Layout`: on CPU one call per group of equal-length sequences (the fastest there), on CUDA one variable-length
-kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`, or SDPA on a jagged nested
-tensor when attention dropout is on).
+kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
+kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through many small Python-
+dispatched operations, which made a training step CPU-bound on a GPU).
 
 A window narrower than the sequence runs blocked (`windowed_attention`): queries in blocks of the window's width,
 each attending to the keys its block can reach plus the global tokens, the global tokens' own rows attending to
@@ -358,11 +359,12 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     and `global_qkv` ([T, heads, d] each): Longformer's global tokens and their projections (see `attention`).
 
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
-    CUDA), "nested" (SDPA on a jagged nested tensor: one call, with dropout) or "auto": varlen or nested on CUDA
-    where nothing the kernels lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
+    CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
+    nested tensor: one call, with dropout, any precision) or "auto": one of those on CUDA where nothing the kernels
+    lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
     if kernel == "auto":
         kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
-                               or head_scale is not None or global_tokens is not None, q.dtype, scale)
+                               or head_scale is not None or global_tokens is not None, q.dtype, scale, q.shape[-1])
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -372,6 +374,12 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         if policy.window is not None or scale is not None:
             raise ValueError("this torch's varlen_attn takes no window or scale: use the groups kernel")
         return varlen_attn(q, k, v, *lengths, is_causal=policy.causal), []
+    if kernel == "flash":
+        left, right = policy.bounds
+        out = torch.ops.aten._flash_attention_forward(
+            q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen, dropout, False,
+            False, scale=scale, window_size_left=left, window_size_right=right)[0]
+        return out, []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -381,7 +389,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         out = F.scaled_dot_product_attention(nq, nk, nv, dropout_p=dropout, scale=scale)
         return out.transpose(1, 2).values(), []
     if kernel != "groups":
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen or nested")
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash or nested")
     outs, probs_by_group = [], []
     heads, head_dim = q.shape[1], q.shape[2]
     for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream
@@ -404,15 +412,27 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
 
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
-                  extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None) -> str:
-    """The packed kernel "auto" picks (see packed_attention). The variable-length kernel is flash attention: half
-    precision only (fp32 on a GPU takes the nested-tensor kernel or the group loop)."""
+                  extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None,
+                  head_dim: int = 64) -> str:
+    """The packed kernel "auto" picks (see packed_attention). The variable-length kernels are flash attention: half
+    precision, head sizes a multiple of 8 up to 256, a GPU of compute capability 8 or more (otherwise the
+    nested-tensor kernel or the group loop)."""
     if device.type != "cuda" or need_weights or extras:
         return "groups"
-    if dropout == 0 and dtype in (torch.float16, torch.bfloat16) and varlen_available() and (
-            varlen_takes_windows() or (policy.window is None and scale is None)):
-        return "varlen"
+    if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
+        if dropout == 0 and varlen_available() and (
+                varlen_takes_windows() or (policy.window is None and scale is None)):
+            return "varlen"
+        if flash_available(device):
+            return "flash"
     return "nested" if not policy.restricts else "groups"
+
+
+@functools.cache
+def flash_available(device: torch.device) -> bool:
+    """Whether this torch has the flash kernel and `device` runs it (compute capability 8.0 on)."""
+    return (torch.backends.cuda.is_flash_attention_available()
+            and torch.cuda.get_device_capability(device)[0] >= 8)
 
 
 @functools.cache

@@ -54,6 +54,7 @@ class BlockSpec:
     pre_norm: bool = False
     gated: bool = False
     bias: bool = True
+    attention_bias: bool | None = None  # the attention projections' biases; None: as `bias` (XLNet has none there)
     cross_attention: bool = False
     dropout: float = 0.1
     attention_dropout: float = 0.1
@@ -107,18 +108,19 @@ class Block(nn.Module):
         super().__init__()
         self.spec = spec
         hidden, eps, bias = spec.hidden_size, spec.norm_eps, spec.bias
+        attention_bias = bias if spec.attention_bias is None else spec.attention_bias
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         width = spec.num_heads * spec.head_dim
         with warnings.catch_warnings():  # a layer with every head pruned has empty projections: nothing to initialise
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.query = nn.Linear(hidden, width, bias=bias)
-            self.key = nn.Linear(hidden, width, bias=bias)
-            self.value = nn.Linear(hidden, width, bias=bias)
-            self.attn_out = nn.Linear(width, hidden, bias=bias)
+            self.query = nn.Linear(hidden, width, bias=attention_bias)
+            self.key = nn.Linear(hidden, width, bias=attention_bias)
+            self.value = nn.Linear(hidden, width, bias=attention_bias)
+            self.attn_out = nn.Linear(width, hidden, bias=attention_bias)
             if spec.global_projections:
-                self.query_global = nn.Linear(hidden, width, bias=bias)
-                self.key_global = nn.Linear(hidden, width, bias=bias)
-                self.value_global = nn.Linear(hidden, width, bias=bias)
+                self.query_global = nn.Linear(hidden, width, bias=attention_bias)
+                self.key_global = nn.Linear(hidden, width, bias=attention_bias)
+                self.value_global = nn.Linear(hidden, width, bias=attention_bias)
         self.attn_norm = norm_layer(spec.norm, hidden, eps)
         if spec.cross_attention:
             self.cross_query = nn.Linear(hidden, width, bias=bias)

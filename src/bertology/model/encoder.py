@@ -232,8 +232,11 @@ class Encoder(nn.Module):
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         plan = self.plan
-        prune = last_layer_at is not None and layout is not None and not (output_hidden_states or output_attentions
-                                                                           or self.config.attention_window is not None)
+        # Only the rows a head reads need the last layer's queries and feed-forward. Choosing them is data-dependent
+        # (a host synchronisation), which on a GPU costs more than the rows saved: there the last layer runs whole.
+        # A windowed layer (Longformer) runs whole too.
+        prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu"
+                 and not (output_hidden_states or output_attentions) and self.config.attention_window is None)
         if prune:
             plan = plan[:-1]
         for call, index in enumerate(plan):

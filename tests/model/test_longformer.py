@@ -124,13 +124,19 @@ def test_one_window_for_every_layer_and_sequences_shorter_than_it(tmp_path, wind
     assert (got[real] - expected[real]).abs().max() <= TOL
 
 
-def test_question_answering_needs_three_separators_without_a_global_mask(tmp_path):
+def test_question_answering_needs_a_pair_without_a_global_mask(tmp_path):
     ref = reference("ForQuestionAnswering", num_labels=2)
     ref.save_pretrained(tmp_path / "hf")
     ours = load_model(tmp_path / "hf")
     ids, mask, _ = batch()
-    ids[1, 3] = 7
-    with pytest.raises(InputError, match="global_attention_mask: row 1 has 2 separator tokens"):
+    ids[1, 3] = 7  # a BERT-style pair: the question before the first of two separators
+    flags = torch.zeros_like(ids)
+    flags[1, :2] = 1
+    flags[[0, 2, 3, 4], :2] = 1
+    with torch.no_grad():
+        assert torch.equal(ours(ids, mask).logits, ours(ids, mask, global_attention_mask=flags).logits)
+    ids[1, 2] = 7
+    with pytest.raises(InputError, match=r"global_attention_mask: row 1 has 1 separator token\(s\)"):
         ours(ids, mask)
 
 

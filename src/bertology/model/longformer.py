@@ -75,21 +75,23 @@ class LongformerModel(EncoderModel):
 
     def default_global_tokens(self, input_ids: Tensor) -> Tensor | None:
         """transformers' defaults: the first token for a sequence classifier, the question (every token before the
-        first separator; three separators a row) for question answering, none otherwise."""
+        first separator; transformers asks for RoBERTa's three a row, a pair of BERT's has two) for question
+        answering, none otherwise."""
         primary = self.head_specs[0].name if self.head_specs else None
         if primary == "classifier":
             flags = torch.zeros_like(input_ids)
             flags[:, 0] = 1
             return flags
         if primary == "qa" and input_ids.dim() == 2:
-            separators = (input_ids == self.config.sep_token_id).nonzero()
-            counts = (input_ids == self.config.sep_token_id).sum(1)
-            if not bool((counts == 3).all()):
-                row = int((counts != 3).nonzero()[0])
-                raise InputError(f"global_attention_mask: row {row} has {int(counts[row])} separator tokens "
-                                 f"(sep_token_id {self.config.sep_token_id}); question answering puts the question "
-                                 "before the first of exactly three, or pass global_attention_mask")
-            question_end = separators.view(-1, 3, 2)[:, 0, 1]
+            separators = input_ids == self.config.sep_token_id
+            counts = separators.sum(1)
+            if not bool((counts >= 2).all()):
+                row = int((counts < 2).nonzero()[0])
+                raise InputError(f"global_attention_mask: row {row} has {int(counts[row])} separator token(s) "
+                                 f"(sep_token_id {self.config.sep_token_id}); question answering reads a question "
+                                 "and a context (the question before the first separator), or pass "
+                                 "global_attention_mask")
+            question_end = separators.int().argmax(1)  # the first separator (RoBERTa's pairs have three, BERT's two)
             return (torch.arange(input_ids.shape[1], device=input_ids.device)[None, :]
                     < question_end[:, None]).long()
         return None

@@ -124,6 +124,45 @@ def bart(transformers, workdir: Path, device: torch.device, g: torch.Generator) 
     return seq2seq(transformers, "bart", transformers.BartForConditionalGeneration(config).eval(), workdir, device, g)
 
 
+def longformer(transformers, workdir: Path, device: torch.device, g: torch.Generator) -> dict[str, Any]:
+    """LongformerForMaskedLM with per-layer windows, right padding, a few global tokens a row."""
+    config = transformers.LongformerConfig(vocab_size=300, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                                           intermediate_size=128, max_position_embeddings=600, type_vocab_size=1,
+                                           pad_token_id=PAD, sep_token_id=2, attention_window=[16, 32, 64])
+    hf = transformers.LongformerForMaskedLM(config).eval()
+    ours = saved(hf, workdir / "longformer").to(device).eval()
+    hf = hf.to(device)
+    ids, mask = batch(300, [400, 150, 512, 37], g)
+    flags = torch.zeros_like(ids)
+    flags[:, 0] = 1
+    flags[0, [50, 300]] = 1
+    ids, mask, flags = ids.to(device), mask.to(device), flags.to(device)
+    return compare(ours, hf, {"input_ids": ids, "attention_mask": mask, "global_attention_mask": flags},
+                   lambda o: o.logits, mask.bool(), device)
+
+
+def xlnet(transformers, workdir: Path, device: torch.device, g: torch.Generator) -> dict[str, Any]:
+    """XLNetLMHeadModel on left-padded rows with two segments; then a second call reading the first one's mems."""
+    config = transformers.XLNetConfig(vocab_size=300, d_model=64, n_layer=3, n_head=4, d_inner=128, dropout=0.0,
+                                      mem_len=16, pad_token_id=PAD, summary_last_dropout=0.0)
+    hf = transformers.XLNetLMHeadModel(config).eval()
+    ours = saved(hf, workdir / "xlnet").to(device).eval()
+    hf = hf.to(device)
+    ids, mask = batch(300, [30, 12, 48, 7], g, side="left")
+    types = torch.zeros_like(ids)
+    types[:, -4:] = 1
+    ids, mask, types = ids.to(device), mask.to(device), types.to(device)
+    inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+    record = compare(ours, hf, inputs, lambda o: o.logits, mask.bool(), device)
+    with torch.no_grad():
+        first_theirs, first_ours = hf(**inputs, use_mems=True), ours(**inputs, use_mems=True)
+        more = torch.randint(3, 300, (4, 10), generator=g).to(device)
+        theirs = hf(input_ids=more, mems=first_theirs.mems, use_mems=True).logits
+        mine = ours(input_ids=more, mems=first_ours.mems, use_mems=True).logits
+    record["with_mems_max_abs_difference_fp32"] = (mine - theirs).abs().max().item()
+    return record
+
+
 def embed_bert(transformers, workdir: Path, device: torch.device, g: torch.Generator) -> dict[str, Any]:
     """`embed` of a random BERT-small-like encoder on `device` against the CPU (fp32), and in bf16 on CUDA: the
     sentence and word vectors of real-looking texts of many lengths."""
@@ -153,7 +192,8 @@ def embed_bert(transformers, workdir: Path, device: torch.device, g: torch.Gener
     return record
 
 
-FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {"gpt2": gpt2, "t5": t5, "bart": bart, "embed": embed_bert}
+FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {"gpt2": gpt2, "t5": t5, "bart": bart, "longformer": longformer,
+                                                      "xlnet": xlnet, "embed": embed_bert}
 
 
 def main(argv: list[str] | None = None) -> None:

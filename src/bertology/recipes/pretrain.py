@@ -307,10 +307,12 @@ def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokeni
 
 def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
     """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
-    an objective's ``trains`` names the models it can train (the encoder when it does not say)."""
+    an objective's ``trains`` names the models it can train (the encoder when it does not say; an encoder's
+    subclass, a Longformer, is an encoder too)."""
+    kinds = {kind, "encoder"} if issubclass(model_class(kind), EncoderModel) else {kind}
     for objective in objectives:
         trains = getattr(objective, "trains", ("encoder",))
-        if kind not in trains:
+        if not kinds & set(trains):
             raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(trains)} models, but model.family "
                               f"builds a {kind} model")
 

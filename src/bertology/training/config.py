@@ -58,10 +58,12 @@ TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.f
 
 
 def model_families() -> dict[str, str]:
-    """Every registered checkpoint family -> the model it builds ("encoder", "decoder", "seq2seq")."""
+    """The registered checkpoint families a run config may name -> the model each builds ("encoder", "decoder",
+    "seq2seq"). Families with a model of their own (XLNet, Longformer) are built from their own settings."""
     from bertology.model.checkpoint import registry  # importing checkpoint registers the built-in families
 
-    return {name: family.model for name, family in registry().items()}
+    return {name: family.model for name, family in registry().items()
+            if family.model in ("encoder", "decoder", "seq2seq")}
 
 
 @dataclass

@@ -5,6 +5,7 @@ from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
 from bertology.model.blocks import Block, BlockSpec, KVCache
+from bertology.model.elmo import ElmoConfig, ElmoModel
 from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
@@ -21,6 +22,8 @@ __all__ = [
     "BlockSpec",
     "CAUSAL",
     "DecoderModel",
+    "ElmoConfig",
+    "ElmoModel",
     "Seq2SeqModel",
     "TransformerConfig",
     "register_model",

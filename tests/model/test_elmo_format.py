@@ -132,7 +132,8 @@ def test_released_layout_reads_and_runs_as_the_reference(tmp_path):
     state = model.state_dict()
     assert state["characters.embed.weight"].shape == (262, 4) and state["characters.embed.weight"][0].eq(0).all()
     assert state["characters.convs.2.weight"].shape == (8, 4, 3)
-    assert state["forward_layers.1.weight_ih"].shape == (64, 8) and state["backward_layers.0.weight_hr"].shape == (8, 16)
+    assert state["forward_layers.1.weight_ih"].shape == (64, 8)
+    assert state["backward_layers.0.weight_hr"].shape == (8, 16)
     words = ["Héllo", "tiny", "world", "!"]
     chars, mask = batch_to_ids([words])
     with torch.no_grad():

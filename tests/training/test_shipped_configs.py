@@ -21,8 +21,10 @@ def test_there_are_shipped_configs():
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_config_loads(path):
     config = load_config(path)
-    # Every pretraining objective predicts tokens: MLM itself, or within ELECTRA's generator and distillation.
-    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & {"mlm", "electra", "distill"}
+    # Every pretraining objective predicts tokens: MLM itself, within ELECTRA's generator and distillation, or
+    # ELMo's biLM.
+    predicting = {"mlm", "electra", "distill", "bilm"}
+    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & predicting
     assert config.data.instances.max_seq_length <= 512
 
 

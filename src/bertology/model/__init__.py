@@ -5,7 +5,6 @@ from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
 from bertology.model.blocks import Block, BlockSpec, KVCache
-from bertology.model.elmo import ElmoConfig, ElmoModel
 from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
@@ -13,6 +12,7 @@ from bertology.model.packing import Layout
 from bertology.model.protocol import Model, require_encoder
 from bertology.model.registry import register_model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
+from bertology.model.elmo import ElmoConfig, ElmoModel  # after the transformers: registered in this order
 from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 

@@ -391,6 +391,7 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
     """Load a model directory (transformers' layout or bertology's native one, any supported family, with its heads)
     and its tokenizer."""
     from bertology.tokenization import load_tokenizer  # the tokenizer package imports nothing from the model
+    from bertology.tokenization.words import WORDS_FILE, WordVocabulary
 
     model = load_model(path, heads)
     directory = Path(path)
@@ -402,4 +403,6 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
         # tokenizer's files say which framing they have.
         family = getattr(model.config, "family", None)
         tokenizer = load_tokenizer(directory, model_type=family if family in MODEL_TYPE_STYLE else None)
+    elif (directory / WORDS_FILE).is_file():  # a word vocabulary (ELMo's softmax)
+        tokenizer = WordVocabulary.load(directory)
     return Pretrained(model=model, tokenizer=tokenizer)

@@ -505,8 +505,8 @@ class ElmoModel(nn.Module):
                          forward_top=forward[-1], backward_top=backward[-1], state=new_state)
         task_heads = [spec for spec in self.head_specs if spec.kind not in LM_HEAD_KINDS]
         if task_heads:
-            inputs = HeadInputs(hidden=hidden, attention_mask=attention_mask,
-                                word_embeddings=self.softmax.weight if self.softmax is not None else hidden.new_zeros(0))
+            softmax = self.softmax.weight if self.softmax is not None else hidden.new_zeros(0)
+            inputs = HeadInputs(hidden=hidden, attention_mask=attention_mask, word_embeddings=softmax)
             for spec in task_heads:
                 out.head_logits[spec.name] = self.heads[spec.name](inputs)
             out.logits = out.head_logits[task_heads[0].name]

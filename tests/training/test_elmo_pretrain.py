@@ -1,0 +1,140 @@
+"""ELMo pretraining: word streams (consecutive windows both ways), the biLM objective carrying the LSTMs' state from
+batch to batch, held-out perplexity per direction, bitwise resume on CPU, the saved model loadable by bertology.load,
+and the run config's ELMo rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import bertology
+from bertology.data.word_streams import WordStreams
+from bertology.errors import ConfigError
+from bertology.model.elmo import ElmoModel, ElmoState, tiny_config
+from bertology.objectives.base import Passes
+from bertology.objectives.bilm import BidirectionalLM
+from bertology.recipes.pretrain import pretrain
+from bertology.tokenization.words import WordVocabulary
+from bertology.training.checkpoint import checkpoints_dir
+from bertology.training.config import PretrainConfig
+
+from pretrain_helpers import write_corpus
+
+DOCUMENTS = [["a b c d e f g", "h i j"], ["k l m n", "o p q r s t"], ["u v w x y z"]]
+
+
+def vocabulary() -> WordVocabulary:
+    return WordVocabulary.build([s for d in DOCUMENTS for s in d], vocab_size=40)
+
+
+def test_word_streams_continue_in_both_directions():
+    vocab = vocabulary()
+    streams = WordStreams(DOCUMENTS, vocab, window=3, seed=0, max_characters=8)
+    stream = streams.stream(0)
+    names = {i: w for i, w in enumerate(dict.fromkeys(
+        w for d in DOCUMENTS for s in d for w in ("<S>", *vocab.split(s), "</S>")))}
+    words = [names[int(i)] for i in stream]
+    assert streams.num_words == len(words) == 36 and words.count("<S>") == 5
+    part = streams.part_length(2, 1)
+    batches = list(streams.batches(0, 2))
+    assert len(batches) == streams.num_batches(0, 2) == (part - 1) // 3
+    assert [bool(b.reset) for b in batches] == [True] + [False] * (len(batches) - 1)
+    ids = vocab.encode(words)
+    for row in range(2):
+        seq = ids[row * part:(row + 1) * part]
+        forward = torch.cat([b.forward_targets[row] for b in batches]).tolist()
+        assert forward == seq[1:1 + 3 * len(batches)]  # window after window, each word predicting the next
+        backward = torch.cat([b.backward_targets[row] for b in reversed(batches)]).tolist()
+        assert backward == seq[part - 1 - 3 * len(batches):part - 1]  # from the part's end, predicting the previous
+    # The characters are the words' (an out-of-vocabulary word keeps its own), and a batch depends only on its index.
+    assert torch.equal(list(streams.batches(0, 2, start_batch=1))[0].input_ids, batches[1].input_ids)
+    assert batches[0].input_ids.shape == (2, 3, 8)
+
+
+def test_the_objective_carries_state_and_resets_at_a_streams_start():
+    torch.manual_seed(0)
+    vocab = vocabulary()
+    objective = BidirectionalLM()
+    model = ElmoModel(tiny_config(vocab_size=vocab.vocab_size, dropout=0.0, projection_dim=8, cell_size=16),
+                      objective.heads())
+    model.init_weights(torch.Generator().manual_seed(0))
+    with torch.no_grad():  # weights large enough for the state to matter
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(parameter.numel()))
+    batches = list(WordStreams(DOCUMENTS, vocab, window=3, seed=0).batches(0, 2))
+    first = objective(Passes(model, batches[0], None), batches[0])
+    assert objective.h.shape == (4, 2, 8) and objective.c.shape == (4, 2, 16)
+    carried = ElmoState(objective.h.clone(), objective.c.clone())
+    second = objective(Passes(model, batches[1], None), batches[1])
+    assert not torch.equal(objective.h, carried.h)
+
+    def loss(batch, state):
+        out = model(batch.input_ids, backward_input_ids=batch.backward_input_ids, state=state)
+        return sum(torch.nn.functional.cross_entropy(model.lm_logits(top).flatten(0, 1), targets.flatten(),
+                                                     reduction="sum")
+                   for top, targets in ((out.forward_top, batch.forward_targets),
+                                        (out.backward_top, batch.backward_targets)))
+
+    torch.testing.assert_close(second.loss_sum, loss(batches[1], carried))  # it started from the carried state
+    assert not torch.allclose(loss(batches[1], None), second.loss_sum)  # which matters
+    again = objective(Passes(model, batches[0], None), batches[0])  # a stream's first window starts from zeros
+    assert torch.equal(again.loss_sum, first.loss_sum)
+    assert first.stats["bilm_forward_units"] == 6 and objective.units(batches[1]) == 12
+    metrics = objective.summarize({k: float(v) for k, v in second.stats.items()})
+    assert set(metrics) >= {"bilm_forward_perplexity", "bilm_backward_perplexity", "bilm_loss"}
+
+
+def run_config(corpus: Path, output_dir: Path, steps: int = 6) -> PretrainConfig:
+    return PretrainConfig.from_dict({
+        "model": {"preset": "tiny", "elmo": {"projection_dim": 16, "cell_size": 32, "filters": [[1, 8], [2, 8]],
+                                             "char_embedding_dim": 4, "max_characters_per_token": 12}},
+        "tokenizer": {"kind": "word", "vocab_size": 30, "min_frequency": 1},
+        "data": {"corpus": [str(corpus)], "format": "bert", "heldout_documents": 4,
+                 "instances": {"kind": "word-stream", "max_seq_length": 6}},
+        "optim": {"batch_size": 3, "total_steps": steps, "lr": 3e-3, "warmup_steps": 1},
+        "run": {"seed": 0, "output_dir": str(output_dir), "log_every": 1, "eval_every": 3, "eval_batches": 2,
+                "checkpoint_every": 3, "keep_last": 3, "progress": False},
+        "speed": {"threads": 1, "prefetch": 0},
+    })
+
+
+def test_pretraining_resumes_bitwise_and_saves_a_loadable_model(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
+    full = pretrain(run_config(corpus, tmp_path / "full"))
+    rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    evals = [row for row in rows if row["kind"] == "eval"]
+    assert evals and all(row["bilm_forward_perplexity"] > 1 and row["bilm_backward_perplexity"] > 1 for row in evals)
+    halfway = checkpoints_dir(tmp_path / "full") / "step-0000003"
+    saved = load_file(halfway / "trainer_state.safetensors")
+    assert saved["objective_modules/bilm.h"].shape == (4, 3, 16) and saved["objective_modules/bilm.h"].abs().sum() > 0
+    shutil.copytree(halfway, checkpoints_dir(tmp_path / "resumed") / halfway.name)
+    shutil.copytree(tmp_path / "full" / "tokenizer", tmp_path / "resumed" / "tokenizer")
+    pretrain(run_config(corpus, tmp_path / "resumed"), resume=True)
+    a = bertology.load(full.model_dir)
+    b = bertology.load(tmp_path / "resumed" / "model")
+    assert isinstance(a.model, ElmoModel) and isinstance(a.tokenizer, WordVocabulary) and a.tokenizer.vocab_size == 30
+    for (name, x), y in zip(a.model.state_dict().items(), b.model.state_dict().values()):
+        assert torch.equal(x, y), name
+    resumed_rows = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    drop = ("tokens_per_s",)
+    assert [{k: v for k, v in r.items() if k not in drop} for r in resumed_rows] == \
+        [{k: v for k, v in r.items() if k not in drop} for r in rows if r["step"] > 3]
+
+
+def test_run_config_rules_for_elmo(tmp_path):
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=4)
+    good = run_config(corpus, tmp_path / "run").to_dict()
+    assert good["objectives"] == {"bilm": {}}
+    with pytest.raises(ConfigError, match="missing tokenizer.kind 'word'"):
+        PretrainConfig.from_dict({**good, "tokenizer": {"kind": "wordpiece"}})
+    with pytest.raises(ConfigError, match="model.hidden_size: an ELMo model"):
+        PretrainConfig.from_dict({**good, "model": {"elmo": {}, "hidden_size": 64}})
+    with pytest.raises(ConfigError, match="model.elmo: unknown elmo config key"):
+        PretrainConfig.from_dict({**good, "model": {"elmo": {"cells": 64}}})
+    with pytest.raises(ConfigError, match="objectives.mlm: an ELMo run trains the bilm objective only"):
+        PretrainConfig.from_dict({**good, "objectives": {"bilm": {}, "mlm": {}}})

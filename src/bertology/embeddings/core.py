@@ -378,6 +378,8 @@ class _Collector:
 
 
 def _tokenizer(model: object, backbone: Backbone, tokenizer: Tokenizer | None) -> Tokenizer:
+    if getattr(backbone, "reads_words", False):  # ELMo: the backbone splits words itself (embeddings.elmo)
+        return backbone.tokenizer  # type: ignore[attr-defined]
     if tokenizer is None and isinstance(model, Pretrained):
         tokenizer = model.tokenizer
     if tokenizer is None:

@@ -179,3 +179,23 @@ def test_heads_scalar_mix_and_native_format(tmp_path):
     with torch.no_grad():
         again = loaded(chars, mask)
     assert torch.equal(again.logits, out.logits)
+
+
+def test_both_directions_stepped_together_equal_each_alone():
+    from bertology.model.elmo import ProjectedLSTM, paired_loop
+
+    torch.manual_seed(0)
+    layers = [ProjectedLSTM(6, 10, 4, cell_clip=0.5, proj_clip=0.3) for _ in range(2)]
+    for layer in layers:
+        for parameter in layer.parameters():
+            torch.nn.init.normal_(parameter, 0.0, 0.8)
+    x1, x2 = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
+    lengths1, lengths2 = torch.tensor([5, 2, 0]), torch.tensor([5, 5, 3])
+    states = [(torch.randn(3, 4), torch.randn(3, 10)), None]
+    together = paired_loop(*layers, x1, x2, lengths1, lengths2, *states)
+    for layer, x, lengths, state, (out, (h, c)) in zip(layers, (x1, x2), (lengths1, lengths2), states, together):
+        alone, (h_alone, c_alone) = layer(x, lengths, state)
+        torch.testing.assert_close(out, alone)
+        torch.testing.assert_close(h, h_alone)
+        torch.testing.assert_close(c, c_alone)
+    assert torch.equal(together[0][1][0][2], states[0][0][2])  # a row without words keeps its state

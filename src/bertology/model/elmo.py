@@ -337,6 +337,40 @@ def reverse_rows(x: Tensor, lengths: Tensor) -> Tensor:
     return x.gather(1, index[..., None].expand_as(x))
 
 
+def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Tensor, lengths1: Tensor,
+                lengths2: Tensor, state1: tuple[Tensor, Tensor] | None, state2: tuple[Tensor, Tensor] | None
+                ) -> tuple[tuple[Tensor, tuple[Tensor, Tensor]], tuple[Tensor, tuple[Tensor, Tensor]]]:
+    """Two layers of the same sizes and clipping (a forward and a backward one) stepped together over inputs of
+    the same shape: one batched matrix product per step for both, the exact loop's arithmetic otherwise."""
+    batch, steps = x1.shape[:2]
+    weight_ih = torch.stack([first.weight_ih, second.weight_ih])
+    weight_hh = torch.stack([first.weight_hh, second.weight_hh]).transpose(1, 2)
+    weight_hr = torch.stack([first.weight_hr, second.weight_hr]).transpose(1, 2)
+    bias = torch.stack([first.bias, second.bias])[:, None, None]
+    projected = torch.matmul(torch.stack([x1, x2]), weight_ih.transpose(1, 2)[:, None]) + bias  # [2, B, T, 4c]
+    zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, first.cell_size))
+    h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])
+    c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
+    steps_range = torch.arange(steps)[None]
+    real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]]).to(x1.device)[..., None]
+    cell_clip, proj_clip = first.cell_clip, first.proj_clip
+    outputs = []
+    for t in range(steps):
+        gates = projected[:, :, t] + torch.bmm(h, weight_hh)
+        i, f, g, o = gates.chunk(4, -1)
+        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        if cell_clip is not None:
+            c_next = c_next.clamp(-cell_clip, cell_clip)
+        h_next = torch.bmm(torch.sigmoid(o) * torch.tanh(c_next), weight_hr)
+        if proj_clip is not None:
+            h_next = h_next.clamp(-proj_clip, proj_clip)
+        keep = real[:, :, t]
+        h, c = torch.where(keep, h_next, h), torch.where(keep, c_next, c)
+        outputs.append(h_next * keep)
+    out = torch.stack(outputs, 2)
+    return (out[0], (h[0], c[0])), (out[1], (h[1], c[1]))
+
+
 # --- the model ----------------------------------------------------------------------------------------------------
 
 
@@ -456,22 +490,32 @@ class ElmoModel(nn.Module):
         out[real] = self.characters(input_ids[real])
         return out
 
-    def direction(self, layers: nn.ModuleList, x: Tensor, lengths: Tensor, reverse: bool,
-                  state: ElmoState | None, offset: int) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
-        """One direction's layers over the token layer `x` [B, L, p]; outputs in the input's order."""
-        if reverse:
-            x = reverse_rows(x, lengths)
-        outputs, hs, cs = [], [], []
-        for index, layer in enumerate(layers):
-            initial = None if state is None else (state.h[offset + index], state.c[offset + index])
-            y, (h, c) = layer(x, lengths, initial)
+    def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None
+               ) -> tuple[list[Tensor], list[Tensor], ElmoState]:
+        """Both directions' layers: the forward LM over `fx` [B, L, p], the backward LM over `bx` from each row's
+        end. Returns each layer's outputs per direction (in the input's order) and the final state."""
+        bx = reverse_rows(bx, blengths)
+        layers = self.config.num_layers
+        forward, backward, hs, cs = [], [], [[], []], [[], []]
+        for index in range(layers):
+            fl, bl = self.forward_layers[index], self.backward_layers[index]
+            initial = [None, None] if state is None else \
+                [(state.h[d * layers + index], state.c[d * layers + index]) for d in range(2)]
+            if not fl.fused and not bl.fused and fx.shape == bx.shape:
+                (fy, fstate), (by, bstate) = paired_loop(fl, bl, fx, bx, flengths, blengths, *initial)
+            else:
+                fy, fstate = fl(fx, flengths, initial[0])
+                by, bstate = bl(bx, blengths, initial[1])
             if index > 0 and self.config.skip_connections:
-                y = y + x
-            hs.append(h)
-            cs.append(c)
-            outputs.append(reverse_rows(y, lengths) if reverse else y)
-            x = fast_dropout(y, self.config.dropout, self.training)
-        return outputs, hs, cs
+                fy, by = fy + fx, by + bx
+            for d, (h, c) in enumerate((fstate, bstate)):
+                hs[d].append(h)
+                cs[d].append(c)
+            forward.append(fy)
+            backward.append(reverse_rows(by, blengths))
+            fx = fast_dropout(fy, self.config.dropout, self.training)
+            bx = fast_dropout(by, self.config.dropout, self.training)
+        return forward, backward, ElmoState(torch.stack(hs[0] + hs[1]), torch.stack(cs[0] + cs[1]))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 backward_input_ids: Tensor | None = None, backward_attention_mask: Tensor | None = None,
@@ -484,7 +528,6 @@ class ElmoModel(nn.Module):
         x = self.tokens(input_ids, attention_mask)
         lengths = attention_mask.sum(1).cpu()
         x_in = fast_dropout(x, self.config.dropout, self.training)
-        forward, fh, fc = self.direction(self.forward_layers, x_in, lengths, False, state, 0)
         if backward_input_ids is None:
             bx, bx_in, blengths = x, x_in, lengths
         else:
@@ -493,9 +536,7 @@ class ElmoModel(nn.Module):
             bx = self.tokens(backward_input_ids, backward_attention_mask)
             blengths = backward_attention_mask.sum(1).cpu()
             bx_in = fast_dropout(bx, self.config.dropout, self.training)
-        layers = self.config.num_layers
-        backward, bh, bc = self.direction(self.backward_layers, bx_in, blengths, True, state, layers)
-        new_state = ElmoState(torch.stack(fh + bh), torch.stack(fc + bc))
+        forward, backward, new_state = self.bilstm(x_in, lengths, bx_in, blengths, state)
         if backward_input_ids is not None:
             return ElmoOutput(last_hidden_state=forward[-1], forward_top=forward[-1], backward_top=backward[-1],
                               state=new_state)

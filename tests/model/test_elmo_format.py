@@ -210,3 +210,19 @@ def test_options_that_disagree_with_the_weights_are_named(tmp_path):
     typed = copy.deepcopy(OPTIONS)
     typed["lstm"]["n_layers"] = "two"
     expect_error(tmp_path / "g", r"'lstm.n_layers' must be int", typed, arrays)
+
+
+def test_bertology_load_reads_a_released_directory(tmp_path):
+    import bertology
+    from bertology.tokenization.words import WordVocabulary
+
+    write_released(tmp_path / "released")
+    pretrained = bertology.load(tmp_path / "released")
+    assert isinstance(pretrained.model, ElmoModel) and pretrained.tokenizer is None
+    torch.manual_seed(0)
+    model = ElmoModel(tiny_config(vocab_size=6), [HeadSpec("lm", "tied_lm_bias")])
+    model.init_weights(torch.Generator().manual_seed(0))
+    write_elmo(model, tmp_path / "ours", vocabulary=["<pad>", "<S>", "</S>", "<UNK>", "the", "cat"])
+    pretrained = bertology.load(tmp_path / "ours")
+    assert isinstance(pretrained.tokenizer, WordVocabulary) and pretrained.tokenizer.words[-1] == "cat"
+    assert torch.equal(pretrained.model.word_embeddings.weight, model.word_embeddings.weight)

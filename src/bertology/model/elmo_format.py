@@ -276,7 +276,9 @@ def read_elmo(options_file: str | os.PathLike, weight_file: str | os.PathLike) -
 
 
 def write_elmo(model: ElmoModel, directory: str | os.PathLike, vocabulary: list[str] | None = None) -> Path:
-    """options.json, weights.hdf5 (and vocab.txt, one word a line, when given) in `directory`, atomically."""
+    """options.json, weights.hdf5 (and vocab.txt, one word a line, when given: the softmax's rows) in `directory`,
+    atomically. `bertology.load` reads such a directory back (with vocab.txt as its `WordVocabulary` when that
+    starts with the special words)."""
     h5py = h5py_module()
     if not isinstance(model, ElmoModel):
         raise CheckpointError(f"write_elmo writes ELMo models, not {type(model).__name__}")

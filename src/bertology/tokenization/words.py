@@ -16,6 +16,7 @@ from bertology.errors import TokenizerError
 from bertology.io import atomic_write
 
 WORDS_FILE = "words.txt"
+RELEASED_FILE = "vocab.txt"  # beside ELMo's options.json and weights.hdf5 (bertology.model.elmo_format)
 PAD, BOS, EOS, UNK = "<pad>", "<S>", "</S>", "<UNK>"
 SPECIALS = (PAD, BOS, EOS, UNK)
 # A word: letters/digits joined by inner apostrophes, hyphens or periods (don't, 1.5, well-known), or one other
@@ -73,8 +74,19 @@ class WordVocabulary:
             handle.write(header + "".join(f"{w}\n" for w in self.words))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> WordVocabulary:
-        path = Path(directory) / WORDS_FILE
+    def find(cls, directory: str | os.PathLike) -> WordVocabulary | None:
+        """The vocabulary saved in a model directory: words.txt, or the vocab.txt `write_elmo` writes beside
+        ELMo's released files (one word a line, starting with the special words); None when there is neither."""
+        directory = Path(directory)
+        if (directory / WORDS_FILE).is_file():
+            return cls.load(directory)
+        if (directory / RELEASED_FILE).is_file():
+            return cls.load(directory, RELEASED_FILE)
+        return None
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike, name: str = WORDS_FILE) -> WordVocabulary:
+        path = Path(directory) / name
         if not path.is_file():
             raise TokenizerError(f"{path}: no word vocabulary")
         try:
@@ -88,4 +100,7 @@ class WordVocabulary:
         for number, word in enumerate(words, start=2 if lowercase else 1):
             if not word or any(c.isspace() for c in word):
                 raise TokenizerError(f"{path}, line {number}: {word!r} is not a word (empty or with spaces)")
-        return cls(words, lowercase)
+        try:
+            return cls(words, lowercase)
+        except TokenizerError as error:
+            raise TokenizerError(f"{path}: {error}") from None

@@ -199,3 +199,25 @@ def test_both_directions_stepped_together_equal_each_alone():
         torch.testing.assert_close(h, h_alone)
         torch.testing.assert_close(c, c_alone)
     assert torch.equal(together[0][1][0][2], states[0][0][2])  # a row without words keeps its state
+
+
+@pytest.mark.parametrize("std, bites", [(0.05, False), (1.5, True)])
+def test_inference_keeps_the_fused_run_only_when_no_clip_bites(std, bites, monkeypatch):
+    from bertology.model.elmo import ProjectedLSTM
+
+    elmo = model(std=std, cell_clip=0.5, proj_clip=0.25)
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        for layer in (*elmo.forward_layers, *elmo.backward_layers):
+            layer.speculate = False
+        exact = elmo(chars, mask, output_hidden_states=True)
+        for layer in (*elmo.forward_layers, *elmo.backward_layers):
+            layer.speculate = True
+        loops = []
+        original = ProjectedLSTM._loop
+        monkeypatch.setattr(ProjectedLSTM, "_loop", lambda self, *a: loops.append(1) or original(self, *a))
+        fast = elmo(chars, mask, output_hidden_states=True)
+    assert bool(loops) == bites  # the step loop ran only where a clip bit
+    for a, b in zip(exact.hidden_states, fast.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.state.c, fast.state.c, atol=1e-5, rtol=1e-5)

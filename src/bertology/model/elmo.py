@@ -11,6 +11,8 @@ is the projected state), with the released model's clipping of the cell (`cell_c
 (`proj_clip`). Two code paths compute it: with either clipping on, a step-by-step loop (exact: the clipped cell is
 what the next step reads, which no fused kernel does); with both off, `torch.lstm` with a projection (`proj_size`),
 one fused call per layer and direction. Both read the same parameters, and agree to float rounding (tested).
+Without gradients (inference), a clipped layer runs the fused kernel first and keeps its result when no clip would
+have bitten (the projected states and the cells recomputed from them are checked), else the loop.
 
 Words are given as characters (`word_to_char_ids`, `batch_to_ids`): at most `max_characters_per_token` (50) ids
 per word, the UTF-8 bytes between begin- and end-of-word markers, padded; AllenNLP's convention of 262 ids (256
@@ -271,6 +273,9 @@ class ProjectedLSTM(nn.Module):
         self.bias = nn.Parameter(torch.zeros(4 * cell_size))
         self.weight_hr = nn.Parameter(torch.empty(hidden, cell_size))
         self.fused = cell_clip is None and proj_clip is None  # False: the exact step loop (set it to test both)
+        # Without gradients, a clipped layer first runs the fused kernel and keeps its result when no clip would
+        # have bitten (checked: `within_clips`), else it runs the step loop.
+        self.speculate = True
 
     def forward(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor] | None
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -283,7 +288,31 @@ class ProjectedLSTM(nn.Module):
             if self.cell_clip is not None or self.proj_clip is not None:
                 raise ConfigError("the fused LSTM cannot clip its cell or state: use the step loop (fused=False)")
             return self._fused(x, lengths, state)
+        if self.speculate and not torch.is_grad_enabled():
+            result = self._fused(x, lengths, state)
+            if self.within_clips(x, lengths, state, result[0]):
+                return result
         return self._loop(x, lengths, state)
+
+    @torch.no_grad()
+    def within_clips(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor], out: Tensor) -> bool:
+        """Whether no clip bites on the unclipped run `out` of the fused kernel: then it is the clipped run too.
+        The projected states are `out`; the cells follow from them: every step's gates in one product (each step
+        reads the previous output), then c_t = f_t c_(t-1) + i_t g_t, elementwise, step by step."""
+        real = None if lengths is None else \
+            (torch.arange(x.shape[1])[None] < lengths[:, None]).to(x.device)[..., None]
+        if self.proj_clip is not None and bool((out.abs() > self.proj_clip).any()):
+            return False
+        if self.cell_clip is None:
+            return True
+        previous = torch.cat([state[0][:, None], out[:, :-1]], 1)
+        i, f, g, _ = (F.linear(x, self.weight_ih, self.bias) + F.linear(previous, self.weight_hh)).chunk(4, -1)
+        keep, new = torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g)
+        c, peak = state[1], state[1].abs().amax()
+        for t in range(x.shape[1]):
+            c = keep[:, t] * c + new[:, t]
+            peak = torch.maximum(peak, (c if real is None else c * real[:, t]).abs().amax())
+        return bool(peak <= self.cell_clip)
 
     def _loop(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor]
               ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -501,7 +530,7 @@ class ElmoModel(nn.Module):
             fl, bl = self.forward_layers[index], self.backward_layers[index]
             initial = [None, None] if state is None else \
                 [(state.h[d * layers + index], state.c[d * layers + index]) for d in range(2)]
-            if not fl.fused and not bl.fused and fx.shape == bx.shape:
+            if not fl.fused and not bl.fused and fx.shape == bx.shape and torch.is_grad_enabled():
                 (fy, fstate), (by, bstate) = paired_loop(fl, bl, fx, bx, flengths, blengths, *initial)
             else:
                 fy, fstate = fl(fx, flengths, initial[0])

@@ -6,11 +6,19 @@
 The plain implementation is what one writes with torch.nn: with clipping (the released model clips its cell at 3
 and its projected state at 3), AllenNLP's cell, `nn.Linear` input, state and projection layers stepped word by word
 per direction and layer, with clamps (no fused LSTM can clip the cell the next step reads); without clipping,
-`nn.LSTM(proj_size=...)` per direction and layer. Both share the character CNN's weights and compute the same loss on the same batches
-(checked: the losses agree to float rounding). A step: truncated-backpropagation windows of W words for both
-directions (batch B), the forward and backward LM losses through the full softmax, backward, no optimizer.
+`nn.LSTM(proj_size=...)` per direction and layer. Both share the character CNN's weights and compute the same loss
+on the same batches (checked: the losses agree to float rounding). A step: truncated-backpropagation windows of W
+words for both directions (batch B), the forward and backward LM losses through the full softmax, backward, no
+optimizer.
 
-One JSON line per configuration: words/s of each and the ratio."""
+One JSON line per configuration: words/s of each and the ratio.
+
+    python benchmarks/elmo.py --embed               # embed's word vectors: ELMo against a BERT of similar size
+
+`--embed` times `embed(levels=("word",), layers="mean")` over Brown sentences (../shared/data/brown-nltk) for the
+elmo-tiny model (clipping on: inference keeps the fused kernel's run where no clip bites) and a BERT encoder of
+about the same parameters without its embedding and softmax tables (3 layers of 192), WordPiece trained on the same
+sentences; both random weights (speed does not depend on them, except for which LSTM path the clips allow)."""
 
 from __future__ import annotations
 
@@ -111,6 +119,39 @@ def timed(step, repeats: int, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def embed_speed(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from bertology.data.corpus import read_documents
+    from bertology.embeddings import embed
+    from bertology.model import EncoderModel, preset
+    from bertology.tokenization import train_tokenizer
+
+    sentences = [s for d in read_documents([str(Path("../shared/data/brown-nltk"))], "brown") for s in d]
+    texts = sentences[:args.texts]
+    tokenizer = train_tokenizer(sentences[:20000], "wordpiece", 8000, show_progress=False)
+    elmo = ElmoModel(tiny_config(projection_dim=128, cell_size=512, dropout=0.0)).eval()
+    elmo.init_weights(torch.Generator().manual_seed(0))
+    bert = EncoderModel(preset("tiny", vocab_size=tokenizer.vocab_size, hidden_size=192, num_layers=3, num_heads=3,
+                               intermediate_size=768, max_position_embeddings=512)).eval()
+    bert.init_weights(torch.Generator().manual_seed(0))
+
+    def count(module: nn.Module, skip: tuple[str, ...]) -> int:
+        return sum(p.numel() for n, p in module.named_parameters() if not n.startswith(skip))
+
+    runners = {"elmo": lambda: embed(elmo, texts, layers="mean", levels=("word",), batch_size=32),
+               "bert": lambda: embed(bert, texts, tokenizer=tokenizer, layers="mean", levels=("word",),
+                                     batch_size=32)}
+    words = len(runners["elmo"]().words.strings)
+    times = {name: timed(run, args.repeats, torch.device("cpu")) for name, run in runners.items()}
+    print(json.dumps({"texts": len(texts), "words": words,
+                      "elmo_params": count(elmo, ("softmax",)),
+                      "bert_params": count(bert, ("encoder.embeddings.word",)),
+                      "elmo_words_per_s": round(words / times["elmo"]),
+                      "bert_words_per_s": round(words / times["bert"]),
+                      "x_bert": round(times["bert"] / times["elmo"], 2)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu")
@@ -120,8 +161,13 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--embed", action="store_true", help="time embed on ELMo and on a BERT of similar size")
+    parser.add_argument("--texts", type=int, default=256)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.embed:
+        embed_speed(args)
+        return
     device = torch.device(args.device)
     for clip in (3.0, None):
         if args.size == "tiny":

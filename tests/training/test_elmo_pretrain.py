@@ -138,3 +138,20 @@ def test_run_config_rules_for_elmo(tmp_path):
         PretrainConfig.from_dict({**good, "model": {"elmo": {"cells": 64}}})
     with pytest.raises(ConfigError, match="objectives.mlm: an ELMo run trains the bilm objective only"):
         PretrainConfig.from_dict({**good, "objectives": {"bilm": {}, "mlm": {}}})
+
+
+def test_meta_construction_gives_the_same_model_and_leaves_the_default_generator(tmp_path):
+    from bertology.recipes.pretrain import build_elmo_run
+
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=6)
+    models = []
+    for meta in (False, True):
+        config = run_config(corpus, tmp_path / f"run{meta}")
+        config.speed.meta_init = meta
+        torch.manual_seed(5)
+        models.append(build_elmo_run(config, config.build_objectives())[3])
+        drawn_after = torch.rand(3)
+        torch.manual_seed(5)
+        assert torch.equal(drawn_after, torch.rand(3))  # building drew nothing from the default generator
+    for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
+        assert torch.equal(a, b), name

@@ -343,13 +343,16 @@ class ProjectedLSTM(nn.Module):
                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         weights = [self.weight_ih, self.weight_hh, self.bias, torch.zeros_like(self.bias), self.weight_hr]
         h, c = state[0][None].contiguous(), state[1][None].contiguous()
-        if lengths is None or bool((lengths == x.shape[1]).all()):
-            out, h, c = torch.lstm(x, (h, c), weights, True, 1, 0.0, self.training, False, True)
-            return out, (h[0], c[0])
-        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True, enforce_sorted=False)
-        order = packed.sorted_indices
-        out, h, c = torch.lstm(packed.data, packed.batch_sizes, (h[:, order], c[:, order]), weights, True, 1, 0.0,
-                               self.training, False)
+        with warnings.catch_warnings():  # on CPU torch notes that oneDNN has no projection: the result is the same
+            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+            if lengths is None or bool((lengths == x.shape[1]).all()):
+                out, h, c = torch.lstm(x, (h, c), weights, True, 1, 0.0, self.training, False, True)
+                return out, (h[0], c[0])
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True,
+                                                       enforce_sorted=False)
+            order = packed.sorted_indices
+            out, h, c = torch.lstm(packed.data, packed.batch_sizes, (h[:, order], c[:, order]), weights, True, 1,
+                                   0.0, self.training, False)
         unpacked, _ = nn.utils.rnn.pad_packed_sequence(
             nn.utils.rnn.PackedSequence(out, packed.batch_sizes, order, packed.unsorted_indices), batch_first=True,
             total_length=x.shape[1])

@@ -287,7 +287,8 @@ def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objecti
 def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.DistEnv | None = None
                    ) -> tuple[Any, Any, Any, nn.Module]:
     """An ELMo run's word vocabulary (trained on the training documents into ``<output_dir>/tokenizer/words.txt``,
-    or ``tokenizer.path``'s), its training and held-out word streams and its fresh model (seeded by run.seed)."""
+    or ``tokenizer.path``'s), its training and held-out word streams and its fresh model (seeded by run.seed; built
+    without drawing from torch's default generator, on the meta device first with ``speed.meta_init``)."""
     from bertology.data.shards import select_heldout
     from bertology.data.word_streams import WordStreams
     from bertology.model.elmo import ElmoModel
@@ -318,7 +319,14 @@ def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.D
     width = model_config.max_characters_per_token
     train = WordStreams(train_docs, vocabulary, window, seed, width)
     evaluation = WordStreams(heldout_docs, vocabulary, window, seed, width, shuffle=False) if heldout_docs else None
-    model = ElmoModel(model_config, [spec for objective in objectives for spec in objective.heads()])
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    if config.speed.meta_init:  # as distributed.initialised_model: no default initialisation, no default generator
+        with torch.device("meta"):
+            model = ElmoModel(model_config, heads)
+        model.to_empty(device="cpu")
+    else:
+        with torch.random.fork_rng(devices=[]):
+            model = ElmoModel(model_config, heads)
     model.init_weights(torch.Generator().manual_seed(seed))
     return vocabulary, train, evaluation, model
 

@@ -32,26 +32,32 @@ def vocabulary() -> WordVocabulary:
     return WordVocabulary.build([s for d in DOCUMENTS for s in d], vocab_size=40)
 
 
-def test_word_streams_continue_in_both_directions():
+def test_word_streams_read_each_document_in_windows_both_ways():
     vocab = vocabulary()
     streams = WordStreams(DOCUMENTS, vocab, window=3, seed=0, max_characters=8)
-    stream = streams.stream(0)
-    names = {i: w for i, w in enumerate(dict.fromkeys(
-        w for d in DOCUMENTS for s in d for w in ("<S>", *vocab.split(s), "</S>")))}
-    words = [names[int(i)] for i in stream]
-    assert streams.num_words == len(words) == 36 and words.count("<S>") == 5
-    part = streams.part_length(2, 1)
+    texts = [[w for s in d for w in ("<S>", *vocab.split(s), "</S>")] for d in DOCUMENTS]
+    assert [len(t) for t in texts] == [14, 14, 8] and streams.windows == [5, 5, 3]  # ceil((n - 1) / 3)
     batches = list(streams.batches(0, 2))
-    assert len(batches) == streams.num_batches(0, 2) == (part - 1) // 3
-    assert [bool(b.reset) for b in batches] == [True] + [False] * (len(batches) - 1)
-    ids = vocab.encode(words)
+    documents, windows = streams.plan(0, 2)
+    assert len(batches) == streams.num_batches(0, 2) == documents.shape[1] == 8  # 5 + 3 on one row, 5 on the other
     for row in range(2):
-        seq = ids[row * part:(row + 1) * part]
-        forward = torch.cat([b.forward_targets[row] for b in batches]).tolist()
-        assert forward == seq[1:1 + 3 * len(batches)]  # window after window, each word predicting the next
-        backward = torch.cat([b.backward_targets[row] for b in reversed(batches)]).tolist()
-        assert backward == seq[part - 1 - 3 * len(batches):part - 1]  # from the part's end, predicting the previous
-    # The characters are the words' (an out-of-vocabulary word keeps its own), and a batch depends only on its index.
+        for d in set(documents[row].tolist()) - {-1}:
+            at = [b for b in range(len(batches)) if documents[row, b] == d]
+            assert [int(windows[row, b]) for b in at] == list(range(len(at)))  # consecutive batches, in order
+            assert [bool(batches[b].reset[row]) for b in at] == [True] + [False] * (len(at) - 1)
+            forward = torch.cat([batches[b].forward_targets[row] for b in at])
+            backward = torch.cat([batches[b].backward_targets[row] for b in reversed(at)])
+            ids = vocab.encode(texts[d])
+            assert forward[forward != -100].tolist() == ids[1:]  # each word predicting the next, from the start
+            assert backward[backward != -100].tolist() == ids[:-1]  # each predicting the previous, from the end
+            for b in at:
+                mask = batches[b].attention_mask[row]
+                assert torch.equal(mask.bool(), batches[b].forward_targets[row] != -100)
+                assert torch.equal(batches[b].backward_attention_mask[row], mask)  # as many words both ways
+                assert mask.tolist() == sorted(mask.tolist(), reverse=True)  # padding after the words
+    # A row past its documents is padding; the characters are each word's own; a batch depends only on its index.
+    idle = [b for b in range(len(batches)) if (documents[:, b] == -1).any()]
+    assert idle and all(batches[b].attention_mask[(documents[:, b] == -1)].eq(0).all() for b in idle)
     assert torch.equal(list(streams.batches(0, 2, start_batch=1))[0].input_ids, batches[1].input_ids)
     assert batches[0].input_ids.shape == (2, 3, 8)
 
@@ -82,7 +88,7 @@ def test_the_objective_carries_state_and_resets_at_a_streams_start():
 
     torch.testing.assert_close(second.loss_sum, loss(batches[1], carried))  # it started from the carried state
     assert not torch.allclose(loss(batches[1], None), second.loss_sum)  # which matters
-    again = objective(Passes(model, batches[0], None), batches[0])  # a stream's first window starts from zeros
+    again = objective(Passes(model, batches[0], None), batches[0])  # a document's first window starts from zeros
     assert torch.equal(again.loss_sum, first.loss_sum)
     assert first.stats["bilm_forward_units"] == 6 and objective.units(batches[1]) == 12
     metrics = objective.summarize({k: float(v) for k, v in second.stats.items()})

@@ -5,9 +5,9 @@
 divided by the number of targets of both (the mean of the two directions' losses), a full softmax over the word
 vocabulary shared by both directions (the model's `lm` head, `tied_lm_bias`), on the top LSTM layer of each
 direction after dropout. Each batch (`bertology.data.word_streams.BiLMBatch`) continues the previous one: the LSTMs
-start from the state the last batch left (detached: gradients stop at the window's edge) and from zeros at a
-stream's first window (`reset`). The training state is a buffer of this module, so it is saved in every checkpoint
-with the trainer state and a resumed run continues bit for bit; evaluation keeps a state of its own.
+start from the state the last batch left (detached: gradients stop at the window's edge), and from zeros in the
+rows where a document starts (`reset`). The training state is a buffer of this module, so it is saved in every
+checkpoint with the trainer state and a resumed run continues bit for bit; evaluation keeps a state of its own.
 
 Stats: ``{name}_forward_units``/``_loss_sum``/``_correct`` and the same for ``backward``; metrics: each direction's
 loss, accuracy and perplexity, and ``{name}_loss`` (both directions' mean)."""
@@ -53,11 +53,11 @@ class BidirectionalLM(nn.Module):
     def _state(self, batch: Any) -> Any:
         from bertology.model.elmo import ElmoState
 
-        if bool(batch.reset):
-            return None
-        if self.training:
-            return ElmoState(self.h, self.c) if self.h.numel() else None
-        return self.eval_state
+        state = (ElmoState(self.h, self.c) if self.h.numel() else None) if self.training else self.eval_state
+        if state is None or state.h.shape[1] != batch.reset.shape[0]:
+            return None  # the first batch (a different batch size: a new stream)
+        keep = (~batch.reset).to(state.h.dtype)[None, :, None]  # zeros where a document starts
+        return ElmoState(state.h * keep, state.c * keep)
 
     def forward(self, passes: Passes, batch: Any) -> ObjectiveOutput:
         model = passes.model

@@ -129,7 +129,7 @@ def embed_speed(args: argparse.Namespace) -> None:
 
     sentences = [s for d in read_documents([str(Path("../shared/data/brown-nltk"))], "brown") for s in d]
     texts = sentences[:args.texts]
-    tokenizer = train_tokenizer(sentences[:20000], "wordpiece", 8000, show_progress=False)
+    tokenizer = train_tokenizer(iter(sentences[:20000]), "wordpiece", 8000, show_progress=False)
     elmo = ElmoModel(tiny_config(projection_dim=128, cell_size=512, dropout=0.0)).eval()
     elmo.init_weights(torch.Generator().manual_seed(0))
     bert = EncoderModel(preset("tiny", vocab_size=tokenizer.vocab_size, hidden_size=192, num_layers=3, num_heads=3,

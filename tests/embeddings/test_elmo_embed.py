@@ -61,3 +61,17 @@ def test_a_saved_model_embeds_with_its_vocabularys_rule(tmp_path):
     np.testing.assert_allclose(result.words.vectors, lower.words.vectors, atol=1e-6)
     with pytest.raises(EmbeddingError, match="splits its own words"):
         embed(bertology.model.checkpoint.Pretrained(model, object()), ["a"])
+
+
+def test_the_analyses_layer_vectors_read_elmo_per_layer():
+    from bertology.analysis.geometry import layer_vectors
+    from bertology.model.checkpoint import Pretrained
+
+    model = elmo()
+    vectors = layer_vectors(Pretrained(model, None), ["The cat sat.", "Dogs run"], spans=[[(4, 7)], [(0, 4)]])
+    assert vectors.layers == (0, 1, 2) and vectors.strings == ["cat", "Dogs"]
+    chars, mask = batch_to_ids([["The", "cat", "sat", "."]])
+    with torch.no_grad():
+        states = model.layer_states(chars, mask)
+    for layer in range(3):  # "cat" is word 2 after <S>
+        np.testing.assert_allclose(vectors.vectors[layer][0], states[layer][0, 2].numpy(), atol=1e-5)

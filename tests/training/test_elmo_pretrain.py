@@ -23,8 +23,10 @@ from bertology.tokenization.words import WordVocabulary
 from bertology.training.checkpoint import checkpoints_dir
 from bertology.training.config import PretrainConfig
 
-from pretrain_helpers import write_corpus
+from pretrain_helpers import run_shipped_config_briefly, write_corpus
 
+ROOT = Path(__file__).resolve().parents[2]
+BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 DOCUMENTS = [["a b c d e f g", "h i j"], ["k l m n", "o p q r s t"], ["u v w x y z"]]
 
 
@@ -161,3 +163,49 @@ def test_meta_construction_gives_the_same_model_and_leaves_the_default_generator
         assert torch.equal(drawn_after, torch.rand(3))  # building drew nothing from the default generator
     for (name, a), b in zip(models[0].state_dict().items(), models[1].state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_the_shipped_config_runs_on_brown(tmp_path):
+    if not BROWN.is_dir():
+        pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 5)]
+    assert run_shipped_config_briefly(ROOT / "configs" / "elmo-tiny.yaml", tmp_path / "run", corpus, heldout=1) == 0
+    pretrained = bertology.load(tmp_path / "run" / "model")
+    assert isinstance(pretrained.model, ElmoModel) and pretrained.model.config.cell_size == 512
+    vocabulary = pretrained.tokenizer  # at most 1,000 words: those seen twice in four Brown files
+    assert vocabulary.vocab_size <= 1000 and pretrained.model.config.vocab_size == vocabulary.vocab_size
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["kind"] == "eval" and rows[-1]["bilm_backward_perplexity"] > 1
+
+
+def _ddp_worker(rank: int, world: int, port: int, raw: dict) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    pretrain(PretrainConfig.from_dict(raw))
+
+
+def test_two_processes_match_one_process_with_double_batch(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
+
+    def raw(out: Path, batch: int) -> dict:
+        config = run_config(corpus, out, steps=4).to_dict()
+        config["model"]["elmo"]["dropout"] = 0.0
+        config["optim"]["batch_size"] = batch
+        config["run"].update(eval_every=0, checkpoint_every=0)
+        return config
+
+    pretrain(PretrainConfig.from_dict(raw(tmp_path / "single", 4)))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(2, port, raw(tmp_path / "double", 2)), nprocs=2, join=True)
+    ours = load_file(tmp_path / "double" / "model" / "model.safetensors")
+    reference = load_file(tmp_path / "single" / "model" / "model.safetensors")
+    for key in reference:
+        torch.testing.assert_close(ours[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)

@@ -29,8 +29,11 @@ from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.encoder import EncoderModel
+from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Objective
+from bertology.objectives.plm import PermutationLM
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
+from bertology.tokenization.framing import FRAMINGS
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
@@ -134,11 +137,14 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
 
 
 def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
-                   heldout: TokenizedCorpus | None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
-    """Training instances (masked as configured) and held-out instances (one fixed, static masking)."""
+                   heldout: TokenizedCorpus | None, objectives: list[Objective] | None = None
+                   ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
+    """Training instances (masked as configured, or made into batches by an objective that has a `batch_maker`:
+    permutation LM) and held-out instances (one fixed, static masking)."""
     inst = config.data.instances
     special = tokenizer.framing
     masking = config.data.masking
+    makers = [objective for objective in objectives or () if hasattr(objective, "batch_maker")]
 
     # A masking-rate schedule reads the optimizer step of each micro-batch.
     clock = StepClock(config.optim.grad_accumulation, config.optim.total_steps)
@@ -146,6 +152,9 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
                 bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
+        if makers:
+            make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
+            return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -205,9 +214,64 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
                           f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
 
 
-def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> EncoderModel:
+# The model section's keys an XLNet takes (the shape, activation, norm, dropout and initialisation).
+XLNET_KEYS = ("vocab_size", "pad_token_id", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "hidden_act", "layer_norm_eps", "hidden_dropout", "initializer_range")
+
+
+def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> XLNetModel:
+    """The XLNet an xlnet-style tokenizer or the permutation-LM objective asks for: its shape from model.preset and
+    the model section (seeded by run.seed), or ``model.init_from``; trained by plm alone."""
+    framing = FRAMINGS["xlnet"]
+    if tokenizer.style != "xlnet":
+        raise TokenizerError(f"objectives.plm: permutation LM trains an XLNet, which reads texts framed as xlnet does "
+                             f"({framing.describe()}), but the tokenizer is {tokenizer.style}-style "
+                             "(tokenizer.style: xlnet, tokenizer.kind: unigram)")
+    model = config.model
+    family = model.overrides.get("family")
+    if family is not None:
+        raise ConfigError(f"model.family: {family!r} models read texts framed as {FRAMINGS['bert'].describe()} (or "
+                          f"roberta's), but the tokenizer frames them as xlnet does ({framing.describe()}): leave "
+                          f"model.family unset to pretrain an XLNet, or use a {family}-style tokenizer")
+    others = [getattr(o, "name", "?") for o in objectives if not isinstance(o, PermutationLM)]
+    if others or not objectives:
+        raise ConfigError(f"objectives: an XLNet (the tokenizer is xlnet-style) pretrains with plm alone, got "
+                          f"{', '.join(others) or 'none'}")
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    unused = sorted(set(model.overrides) - set(XLNET_KEYS))
+    if unused:
+        raise ConfigError(f"model.{unused[0]}: XLNet models have no such setting (relative positions, no "
+                          f"pooler); they take {', '.join(XLNET_KEYS)}")
+    if model.init_from is not None:
+        pretrained = load_model(model.init_from)
+        if not isinstance(pretrained, XLNetModel):
+            raise ConfigError(f"model.init_from: {model.init_from} holds a {type(pretrained).__name__}, not an XLNet")
+        xlnet_config = pretrained.config
+    else:
+        shape = preset(model.preset) if model.preset is not None else EncoderConfig()
+        values = {key: getattr(shape, key) for key in XLNET_KEYS}
+        values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+        values.update(model.overrides)
+        try:
+            xlnet_config = XLNetConfig(**values)
+        except ConfigError as error:
+            raise ConfigError(f"model: {error}") from None
+    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
+        if getattr(xlnet_config, key) != actual:
+            raise TokenizerError(f"model.{key} is {getattr(xlnet_config, key)} but the tokenizer's is {actual}: the "
+                                 "tokenizer does not match the model")
+    built = XLNetModel(xlnet_config, heads)
+    built.init_weights(torch.Generator().manual_seed(config.run.seed))
+    if model.init_from is not None:
+        built.load_state_dict(pretrained.state_dict(), strict=False)  # the heads it lacks keep their initialisation
+    return built
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Any:
     """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
-    ``model.init_from``, a pretrained one."""
+    ``model.init_from``, a pretrained one. An xlnet-style tokenizer or the plm objective builds an XLNet."""
+    if tokenizer.style == "xlnet" or any(isinstance(o, PermutationLM) for o in objectives):
+        return xlnet_model(config, tokenizer, objectives)
     if config.model.init_from is not None:
         source = config.model.init_from
         pretrained = load_model(source)
@@ -354,7 +418,7 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
         else:
             tokenizer = build_tokenizer(config, env)
             train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
-            train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus)
+            train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives)
             model = build_model(config, tokenizer, objectives)
         trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
         if resume:

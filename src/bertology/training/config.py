@@ -105,7 +105,7 @@ class TokenizerConfig:
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
     vocab_size: int = 8000
-    style: Literal["bert", "roberta"] | None = None
+    style: Literal["bert", "roberta", "xlnet"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
 

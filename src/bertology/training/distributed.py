@@ -250,21 +250,26 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], fsdp
 
 def initialised_model(config: EncoderConfig, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False
                       ) -> EncoderModel:
-    """``EncoderModel(config, heads)`` initialised by ``init_weights`` from a generator seeded with ``seed``.
+    """``EncoderModel(config, heads)`` (or the registered encoder class whose config class ``config`` is: a
+    ``LongformerModel`` for a ``LongformerConfig``) initialised by ``init_weights`` from a generator seeded with
+    ``seed``.
 
     With ``meta_init`` the modules are built on the meta device (no memory, none of torch's default
     initialisation) and materialised on the CPU (``to_empty``) before ``init_weights``, which sets every parameter:
     the same weights, bit for bit, without initialising twice. Neither way draws from torch's default generator,
     so what a run draws later (dropout) does not depend on the choice."""
     from bertology.model.encoder import EncoderModel
+    from bertology.model.registry import MODELS
 
+    cls = next((entry.cls for entry in MODELS.values() if entry.config_class is type(config)
+                and issubclass(entry.cls, EncoderModel)), EncoderModel)
     if meta_init:
         with torch.device("meta"):
-            model = EncoderModel(config, heads)
+            model = cls(config, heads)
         model.to_empty(device="cpu")
     else:
         with torch.random.fork_rng(devices=[]):
-            model = EncoderModel(config, heads)
+            model = cls(config, heads)
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 

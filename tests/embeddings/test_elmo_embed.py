@@ -75,3 +75,10 @@ def test_the_analyses_layer_vectors_read_elmo_per_layer():
         states = model.layer_states(chars, mask)
     for layer in range(3):  # "cat" is word 2 after <S>
         np.testing.assert_allclose(vectors.vectors[layer][0], states[layer][0, 2].numpy(), atol=1e-5)
+
+
+def test_a_word_without_utf8_bytes_is_named():
+    from bertology.errors import InputError
+
+    with pytest.raises(InputError, match=r"word '\\ud800'.* has no UTF-8 bytes"):
+        embed(elmo(), ["fine \ud800 words"])

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -29,22 +30,24 @@ MAX_WORDS = 1 << 16
 
 
 class WordTypes:
-    """Spellings <-> numbers, with each spelling's character ids (thread-safe: the service splits in threads)."""
+    """Spellings <-> numbers, with each spelling's character ids (2 bytes each; thread-safe: the service splits
+    texts in threads)."""
 
     def __init__(self, max_characters: int) -> None:
         self.mapper = CharacterMapper(max_characters)
+        self.width = max_characters
         self.index: dict[str, int] = {}
-        self.chars: list[list[int]] = []
+        self.chars: list[bytes] = []
         self.lock = threading.Lock()
         for word in (PAD, BOS, EOS):
             self.id(word)
-        self.chars[0] = [0] * max_characters  # padding: no characters
+        self.chars[0] = bytes(2 * max_characters)  # padding: no characters
 
     def id(self, word: str) -> int:
         found = self.index.get(word)
         if found is not None:
             return found
-        chars = self.mapper.word(word)  # a word without UTF-8 bytes is an InputError naming it
+        chars = np.asarray(self.mapper.word(word), dtype=np.uint16).tobytes()  # no UTF-8 bytes: an InputError
         with self.lock:
             found = self.index.setdefault(word, len(self.chars))
             if found == len(self.chars):
@@ -52,9 +55,12 @@ class WordTypes:
         return found
 
     def characters(self, ids: Tensor) -> Tensor:
+        """Character ids [..., max_characters] of spelling numbers `ids`, built for the distinct ones only."""
+        distinct, inverse = torch.unique(ids, return_inverse=True)
         with self.lock:
-            table = torch.tensor(self.chars[:int(ids.max()) + 1] if ids.numel() else self.chars[:1], dtype=torch.long)
-        return table[ids]
+            rows = b"".join(self.chars[i] for i in distinct.tolist())
+        table = torch.from_numpy(np.frombuffer(rows, dtype=np.uint16).astype(np.int64).reshape(-1, self.width))
+        return table[inverse]
 
 
 class WordSplitter:

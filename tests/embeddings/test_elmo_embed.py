@@ -82,3 +82,23 @@ def test_a_word_without_utf8_bytes_is_named():
 
     with pytest.raises(InputError, match=r"word '\\ud800'.* has no UTF-8 bytes"):
         embed(elmo(), ["fine \ud800 words"])
+
+
+def test_layers_mix_is_the_models_scalar_mix():
+    model = elmo()
+    texts = ["The cat sat on the mat."]
+    plain = embed(model, texts, layers="mix", levels=("word",)).words.vectors
+    np.testing.assert_allclose(plain, embed(model, texts, layers="mean", levels=("word",)).words.vectors, atol=1e-6)
+    mix = model.add_extension("mix", "scalar_mix")
+    with torch.no_grad():
+        mix.scalars.copy_(torch.tensor([1.0, -0.5, 0.25]))
+        mix.gamma.fill_(2.0)
+    mixed = embed(model, texts, layers="mix", levels=("word",)).words.vectors
+    model_words = ["The", "cat", "sat", "on", "the", "mat", "."]
+    chars, mask = batch_to_ids([model_words])
+    with torch.no_grad():
+        states = model.layer_states(chars, mask)
+    weights = 2.0 * torch.tensor([1.0, -0.5, 0.25]).softmax(0)
+    expected = sum(w * s for w, s in zip(weights, states))[0, 1:-1]
+    assert len(model_words) == mixed.shape[0]
+    np.testing.assert_allclose(mixed, expected.numpy(), atol=1e-5)

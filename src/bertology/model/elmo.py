@@ -306,13 +306,16 @@ class ProjectedLSTM(nn.Module):
         if self.cell_clip is None:
             return True
         previous = torch.cat([state[0][:, None], out[:, :-1]], 1)
-        i, f, g, _ = (F.linear(x, self.weight_ih, self.bias) + F.linear(previous, self.weight_hh)).chunk(4, -1)
+        rows = 3 * self.cell_size  # the input, forget and cell gates (the output gate plays no part in the cell)
+        gates = F.linear(x, self.weight_ih[:rows], self.bias[:rows]) + F.linear(previous, self.weight_hh[:rows])
+        i, f, g = gates.chunk(3, -1)
         keep, new = torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g)
-        c, peak = state[1], state[1].abs().amax()
+        c, cells = state[1], []
         for t in range(x.shape[1]):
             c = keep[:, t] * c + new[:, t]
-            peak = torch.maximum(peak, (c if real is None else c * real[:, t]).abs().amax())
-        return bool(peak <= self.cell_clip)
+            cells.append(c)
+        peak = torch.stack(cells, 1) if real is None else torch.stack(cells, 1) * real
+        return bool(peak.abs().amax() <= self.cell_clip) if cells else True
 
     def _loop(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor]
               ) -> tuple[Tensor, tuple[Tensor, Tensor]]:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -597,12 +597,6 @@ class ElmoModel(nn.Module):
         logits = self.heads[head](HeadInputs(hidden=rows, attention_mask=mask,
                                              word_embeddings=self.word_embeddings.weight))
         return logits.reshape(*states.shape[:-1], -1)
-
-
-def chars_of(words: Iterable[str], max_characters: int = 50) -> Tensor:
-    """Character ids [N, max_characters] of `words` (a vocabulary's, for instance)."""
-    mapper = CharacterMapper(max_characters)
-    return torch.tensor([mapper.word(w) for w in words], dtype=torch.long).reshape(-1, max_characters)
 
 
 register_model("elmo", ElmoModel)

@@ -226,3 +226,12 @@ def test_bertology_load_reads_a_released_directory(tmp_path):
     pretrained = bertology.load(tmp_path / "ours")
     assert isinstance(pretrained.tokenizer, WordVocabulary) and pretrained.tokenizer.words[-1] == "cat"
     assert torch.equal(pretrained.model.word_embeddings.weight, model.word_embeddings.weight)
+
+
+def test_a_dataset_claiming_more_than_the_file_is_refused_before_reading(tmp_path):
+    write_released(tmp_path)
+    with h5py.File(tmp_path / "weights.hdf5", "a") as handle:
+        del handle["CNN/W_cnn_0"]
+        handle.create_dataset("CNN/W_cnn_0", shape=(1, 1, 4, 100_000_000), dtype="float32")  # never written
+    with pytest.raises(CheckpointError, match=r"dataset 'CNN/W_cnn_0' claims \(1, 1, 4, 100000000\) float32"):
+        read_elmo(tmp_path / "options.json", tmp_path / "weights.hdf5")

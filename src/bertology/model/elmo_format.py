@@ -221,17 +221,22 @@ def arrays_from_model(model: ElmoModel) -> dict[str, np.ndarray]:
 
 
 def read_arrays(path: Path) -> dict[str, np.ndarray]:
-    """Every dataset of an HDF5 file by its path ("CNN/W_cnn_0"); an unreadable file is a CheckpointError."""
+    """Every dataset of an HDF5 file by its path ("CNN/W_cnn_0"); an unreadable file, or a dataset claiming more
+    bytes than the whole file holds (checked before it is read), is a CheckpointError naming the file."""
     h5py = h5py_module()
     arrays: dict[str, np.ndarray] = {}
+    size = path.stat().st_size
     try:
         with h5py.File(path, "r") as handle:
             def visit(name: str, node: Any) -> None:
                 if isinstance(node, h5py.Dataset):
+                    if node.size * node.dtype.itemsize > size:
+                        raise CheckpointError(f"{path}: dataset {name!r} claims {tuple(node.shape)} "
+                                              f"{node.dtype} values, more than the file's {size} bytes")
                     arrays[name] = np.asarray(node[...])
             handle.visititems(visit)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: not a readable HDF5 file ({error})") from None
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as error:
+        raise CheckpointError(f"{path}: not a readable HDF5 file ({type(error).__name__}: {error})") from None
     return arrays
 
 

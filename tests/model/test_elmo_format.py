@@ -20,7 +20,7 @@ from bertology.model.elmo_format import read_elmo, write_elmo  # noqa: E402
 from bertology.model.heads import HeadSpec  # noqa: E402
 
 OPTIONS = {
-    "lstm": {"use_skip_connections": True, "projection_dim": 8, "cell_clip": 3, "proj_clip": 3, "dim": 16,
+    "lstm": {"use_skip_connections": True, "projection_dim": 8, "cell_clip": 3, "proj_clip": 1, "dim": 16,
              "n_layers": 2},
     "char_cnn": {"activation": "relu", "filters": [[1, 4], [2, 4], [3, 8]], "n_highway": 2, "embedding": {"dim": 4},
                  "n_characters": 262, "max_characters_per_token": 50},
@@ -128,7 +128,8 @@ def test_released_layout_reads_and_runs_as_the_reference(tmp_path):
     model = read_elmo(*write_released(tmp_path, OPTIONS, arrays))
     config = model.config
     assert (config.cell_size, config.projection_dim, config.num_layers, config.num_highway) == (16, 8, 2, 2)
-    assert config.filters == [[1, 4], [2, 4], [3, 8]] and config.cell_clip == 3.0 and config.vocab_size == 0
+    assert config.filters == [[1, 4], [2, 4], [3, 8]] and config.cell_clip == 3.0 and config.proj_clip == 1.0
+    assert config.vocab_size == 0  # both clips bite in this forward (the cell reaches 4, the projection 1.9)
     state = model.state_dict()
     assert state["characters.embed.weight"].shape == (262, 4) and state["characters.embed.weight"][0].eq(0).all()
     assert state["characters.convs.2.weight"].shape == (8, 4, 3)

@@ -97,8 +97,9 @@ def test_the_objective_carries_state_and_resets_at_a_streams_start():
     assert set(metrics) >= {"bilm_forward_perplexity", "bilm_backward_perplexity", "bilm_loss"}
 
 
-def run_config(corpus: Path, output_dir: Path, steps: int = 6) -> PretrainConfig:
+def run_config(corpus: Path, output_dir: Path, steps: int = 6, sampled: int = 0) -> PretrainConfig:
     return PretrainConfig.from_dict({
+        "objectives": {"bilm": {"sampled": sampled} if sampled else {}},
         "model": {"preset": "tiny", "elmo": {"projection_dim": 16, "cell_size": 32, "filters": [[1, 8], [2, 8]],
                                              "char_embedding_dim": 4, "max_characters_per_token": 12}},
         "tokenizer": {"kind": "word", "vocab_size": 30, "min_frequency": 1},
@@ -111,9 +112,10 @@ def run_config(corpus: Path, output_dir: Path, steps: int = 6) -> PretrainConfig
     })
 
 
-def test_pretraining_resumes_bitwise_and_saves_a_loadable_model(tmp_path):
+@pytest.mark.parametrize("sampled", [0, 8])
+def test_pretraining_resumes_bitwise_and_saves_a_loadable_model(tmp_path, sampled):
     corpus = write_corpus(tmp_path / "corpus.txt", documents=20)
-    full = pretrain(run_config(corpus, tmp_path / "full"))
+    full = pretrain(run_config(corpus, tmp_path / "full", sampled=sampled))
     rows = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     evals = [row for row in rows if row["kind"] == "eval"]
     assert evals and all(row["bilm_forward_perplexity"] > 1 and row["bilm_backward_perplexity"] > 1 for row in evals)
@@ -122,7 +124,7 @@ def test_pretraining_resumes_bitwise_and_saves_a_loadable_model(tmp_path):
     assert saved["objective_modules/bilm.h"].shape == (4, 3, 16) and saved["objective_modules/bilm.h"].abs().sum() > 0
     shutil.copytree(halfway, checkpoints_dir(tmp_path / "resumed") / halfway.name)
     shutil.copytree(tmp_path / "full" / "tokenizer", tmp_path / "resumed" / "tokenizer")
-    pretrain(run_config(corpus, tmp_path / "resumed"), resume=True)
+    pretrain(run_config(corpus, tmp_path / "resumed", sampled=sampled), resume=True)
     a = bertology.load(full.model_dir)
     b = bertology.load(tmp_path / "resumed" / "model")
     assert isinstance(a.model, ElmoModel) and isinstance(a.tokenizer, WordVocabulary) and a.tokenizer.vocab_size == 30
@@ -209,3 +211,37 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
     reference = load_file(tmp_path / "single" / "model" / "model.safetensors")
     for key in reference:
         torch.testing.assert_close(ours[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_sampled_softmax_tends_to_the_full_one_and_evaluation_stays_full():
+    from bertology.objectives.bilm import log_uniform_sample, sampled_logits
+
+    torch.manual_seed(0)
+    ids = log_uniform_sample(200_000, 40, torch.device("cpu"))
+    share = torch.bincount(ids, minlength=40).double() / len(ids)
+    zipf = torch.log1p(1.0 / (torch.arange(40).double() + 1)) / torch.log(torch.tensor(41.0, dtype=torch.float64))
+    torch.testing.assert_close(share, zipf, atol=3e-3, rtol=0)  # the log-uniform sampler
+    states, weight, bias = torch.randn(6, 8), torch.randn(40, 8), torch.randn(40)
+    labels = torch.tensor([0, 3, 7, 12, 25, 39])
+    full = torch.nn.functional.cross_entropy(states @ weight.T + bias, labels)
+    sampled = torch.nn.functional.cross_entropy(sampled_logits(states, labels, ids, weight, bias),
+                                                torch.zeros_like(labels))
+    torch.testing.assert_close(sampled, full, rtol=0.02, atol=0)  # many negatives: the full softmax's loss
+
+    vocab = vocabulary()
+    model = ElmoModel(tiny_config(vocab_size=vocab.vocab_size, dropout=0.0, projection_dim=8, cell_size=16),
+                      BidirectionalLM().heads())
+    model.init_weights(torch.Generator().manual_seed(0))
+    batch = next(iter(WordStreams(DOCUMENTS, vocab, window=3).batches(0, 2)))
+    full_objective, sampled_objective = BidirectionalLM(), BidirectionalLM(sampled=16)
+    for objective in (full_objective, sampled_objective):
+        objective.eval()
+    with torch.no_grad():
+        assert torch.equal(full_objective(Passes(model, batch, None), batch).loss_sum,
+                           sampled_objective(Passes(model, batch, None), batch).loss_sum)
+    sampled_objective.train()
+    trained = sampled_objective(Passes(model, batch, None), batch)
+    trained.loss_sum.backward()  # a loss over 17 candidates a word, which trains the softmax rows it drew
+    assert model.word_embeddings.weight.grad.abs().sum() > 0
+    with pytest.raises(ConfigError, match="objectives.bilm.sampled: must be >= 0"):
+        BidirectionalLM(sampled=-1)

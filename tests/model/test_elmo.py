@@ -221,3 +221,12 @@ def test_inference_keeps_the_fused_run_only_when_no_clip_bites(std, bites, monke
     for a, b in zip(exact.hidden_states, fast.hidden_states):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(exact.state.c, fast.state.c, atol=1e-5, rtol=1e-5)
+
+
+def test_info_describes_an_elmo_model():
+    from bertology.info import describe
+    from bertology.model.checkpoint import Pretrained
+
+    text = describe(Pretrained(model(), None)).format()
+    assert "cell 256 -> projection 64, residual" in text and "softmax         40 words" in text
+    assert "backward LSTM" in text and "none (no word vocabulary in the directory)" in text

@@ -248,9 +248,9 @@ def test_model_section_is_encoder_config_fields():
                                 "model.family=electra", "model.embedding_size=null"])
     assert config.model.preset == "mini"
     assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu", "family": "electra"}
-    # Every EncoderConfig field but ``extra`` is a key of the section, written flat.
+    # Every EncoderConfig field but ``extra`` is a key of the section, written flat (``elmo`` holds an ELMo's).
     settable = {f.name for f in dataclasses.fields(EncoderConfig)} - {"extra"}
-    assert set(config.to_dict()["model"]) == settable | {"preset", "init_from"}
+    assert set(config.to_dict()["model"]) == settable | {"preset", "init_from", "elmo"}
     assert ModelConfig(preset="mini", overrides={"hidden_size": 320}) == load_config(
         None, ["model.preset=mini", "model.hidden_size=320"]).model
 

@@ -22,9 +22,9 @@ def test_there_are_shipped_configs():
 def test_shipped_config_loads(path):
     config = load_config(path)
     # Every pretraining objective predicts tokens: MLM itself, within ELECTRA's generator and distillation, or
-    # XLNet's permutation LM.
-    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & {"mlm", "electra", "distill",
-                                                                                              "plm"}
+    # XLNet's permutation LM or ELMo's biLM.
+    predicting = {"mlm", "electra", "distill", "plm", "bilm"}
+    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & predicting
     assert config.data.instances.max_seq_length <= 512
 
 

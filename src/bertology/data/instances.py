@@ -1,6 +1,6 @@
 """Pretraining instances from tokenised documents.
 
-Four kinds:
+The kinds:
 
 * ``nsp``: BERT segment pairs with next-sentence prediction, following the logic of BERT's
   ``create_pretraining_data.py``: a target length per document (short with probability ``short_seq_prob``),
@@ -15,6 +15,8 @@ Four kinds:
 * ``full-sentences`` (RoBERTa): contiguous sentences packed up to ``max_seq_length - 2`` tokens, crossing document
   boundaries with an extra separator between documents.
 * ``doc-sentences`` (RoBERTa): the same packing, never crossing a document boundary.
+* ``word-stream`` (ELMo): not made here. Documents become streams of words read in windows of ``max_seq_length``
+  words by a bidirectional LM with truncated backpropagation (``bertology.data.word_streams``).
 
 Everything is deterministic given ``(seed, duplicate)``; the document order is shuffled per duplicate.
 """
@@ -35,7 +37,7 @@ from bertology.tokenization.framing import Framing
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
-Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences"]
+Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "word-stream"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
@@ -249,6 +251,9 @@ def create_instances(
     Raises DataError when the corpus cannot give any (useful) instance, saying why, and TokenizerError when a
     sentence-relation label is asked of a framing without a separator.
     """
+    if config.kind == "word-stream":
+        raise ConfigError("InstanceConfig.kind 'word-stream' makes word streams (bertology.data.word_streams."
+                          "WordStreams), not subword instances")
     if config.sentence_labels and special.sep_id is None:
         raise special.missing("sep", "next-sentence prediction" if config.nsp else "sentence order prediction")
     if config.max_seq_length <= special.overhead(config.pairs) + 1:

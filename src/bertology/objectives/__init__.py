@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bertology.config import build_registered
+from bertology.objectives.bilm import BidirectionalLM
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
 from bertology.objectives.compose import TrainingLoss
 from bertology.objectives.distill import Distillation
@@ -22,7 +23,8 @@ from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM}
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
+                               "bilm": BidirectionalLM}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -38,6 +40,7 @@ def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objec
 
 __all__ = [
     "OBJECTIVES",
+    "BidirectionalLM",
     "Batch",
     "Distillation",
     "Electra",

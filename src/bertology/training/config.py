@@ -58,10 +58,22 @@ class ModelConfig:
 
     preset: str | None = "tiny"
     init_from: str | None = None  # a model directory (HF format) to continue pretraining from
+    # An ELMo biLM instead of an encoder: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes with
+    # preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
+    elmo: dict[str, Any] | None = None
     overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
 
     def __post_init__(self) -> None:
         validate(self, "model")
+        if self.elmo is not None:
+            given = sorted(key for key, value in self.overrides.items() if value is not None)
+            if given:
+                raise ConfigError(f"model.{given[0]}: an ELMo model (model.elmo) takes its settings under model.elmo")
+            if self.preset not in ("tiny", None):
+                raise ConfigError(f"model.preset: ELMo has the preset 'tiny' or none (the released sizes), got "
+                                  f"{self.preset!r}")
+            self.elmo_config(1)
+            return
         if self.preset is not None and self.preset not in PRESET_SIZES:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r}{suggest(self.preset, PRESET_SIZES)}"
                               f"{known_keys(PRESET_SIZES)}")
@@ -70,6 +82,20 @@ class ModelConfig:
             if value is not None and value not in allowed:
                 raise ConfigError(f"model.{key}: expected one of {', '.join(allowed)}, got {value!r}")
 
+    def elmo_config(self, vocab_size: int) -> Any:
+        """The ElmoConfig of `model.elmo` for a word vocabulary of `vocab_size`."""
+        from bertology.model.elmo import ElmoConfig, tiny_config
+
+        assert self.elmo is not None
+        if "vocab_size" in self.elmo:
+            raise ConfigError("model.elmo.vocab_size: the vocabulary size is the word vocabulary's "
+                              "(tokenizer.vocab_size)")
+        try:
+            base = tiny_config().to_dict() if self.preset == "tiny" else ElmoConfig().to_dict()
+            return ElmoConfig.from_dict({**base, **self.elmo, "vocab_size": vocab_size})
+        except ConfigError as error:
+            raise ConfigError(f"model.elmo: {error}") from None
+
 
 @dataclass
 class TokenizerConfig:
@@ -77,7 +103,7 @@ class TokenizerConfig:
     ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs."""
 
     path: str | None = None
-    kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
+    kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
     vocab_size: int = 8000
     style: Literal["bert", "roberta", "xlnet"] | None = None
     lowercase: bool | None = None
@@ -281,6 +307,8 @@ class PretrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
+        if self.objectives is None and self.model.elmo is not None:
+            self.objectives = {"bilm": {}}
         if self.objectives is None:
             self.objectives = {"mlm": {}}
             if self.data.instances.nsp:
@@ -302,6 +330,7 @@ class PretrainConfig:
         if "sop" in self.objectives and self.data.instances.kind != "sop":
             raise ConfigError(f"objectives.sop: sentence-order prediction needs data.instances.kind 'sop', "
                               f"got {self.data.instances.kind!r}")
+        self._check_elmo()
         spans = self.data.masking.spans
         if "span_boundary" in self.objectives and spans is None:
             raise ConfigError("objectives.span_boundary: the span boundary objective needs span masking "
@@ -311,6 +340,24 @@ class PretrainConfig:
             raise ConfigError(f"data.masking.spans.max_words: a span of {spans.max_words} words is longer than a "
                               f"sequence (data.instances.max_seq_length {self.data.instances.max_seq_length} holds "
                               f"at most {room} tokens of text)")
+
+    def _check_elmo(self) -> None:
+        """An ELMo run (model.elmo) is the bilm objective on word streams of a word vocabulary, and only that."""
+        elmo = self.model.elmo is not None
+        parts = {"model.elmo": elmo, "objectives.bilm": "bilm" in self.objectives,
+                 "data.instances.kind 'word-stream'": self.data.instances.kind == "word-stream",
+                 "tokenizer.kind 'word'": self.tokenizer.kind == "word"}
+        if any(parts.values()) and not all(parts.values()):
+            given = [name for name, on in parts.items() if on]
+            missing = [name for name, on in parts.items() if not on]
+            raise ConfigError(f"{given[0]}: ELMo pretraining needs {', '.join(parts)} together; missing "
+                              f"{', '.join(missing)}")
+        if elmo:
+            others = sorted(set(self.objectives) - {"bilm"})
+            if others:
+                raise ConfigError(f"objectives.{others[0]}: an ELMo run trains the bilm objective only")
+            if self.model.init_from is not None:
+                raise ConfigError("model.init_from: ELMo runs start from a fresh model")
 
     def _build_objectives(self) -> dict[str, Any]:
         from bertology.objectives import build_objectives

@@ -168,6 +168,11 @@ def _uniforms(keys: np.ndarray, count: int, stream: int) -> np.ndarray:
     return bits.astype(np.float64) * 2.0**-53
 
 
+def function_keys(keys: torch.Tensor, name: str) -> np.ndarray:
+    """The keys ``[B]`` (uint64) of noise function ``name``'s stream, from the rows' keys ``[B]`` (int64)."""
+    return _mix64(keys.detach().cpu().numpy().astype(np.int64).view(np.uint64) ^ _TAGS[name])
+
+
 def _ranks(priority: np.ndarray) -> np.ndarray:
     """Each entry's rank in its row (0: smallest)."""
     order = np.argsort(priority, axis=1, kind="stable")
@@ -280,11 +285,10 @@ class BartNoise:
         if cfg.sentence_permutation is not None and sentence_starts is None:
             raise DataError("BartNoise: noise.sentence_permutation needs the sentence starts of the rows")
         texts, lengths, starts = self._texts(input_ids, attention_mask, sentence_starts)
-        base = keys.detach().cpu().numpy().astype(np.int64).view(np.uint64)
         fill = self.framing.fill_id
         for name in cfg.functions:
             options = getattr(cfg, name)
-            key = _mix64(base ^ _TAGS[name])
+            key = function_keys(keys, name)
             if name == "sentence_permutation":
                 assert starts is not None
                 texts = self._permute(texts, lengths, starts, options.rate, key)

@@ -307,3 +307,55 @@ def test_bad_rows_are_refused():
     t5 = Framing(cls_id=None, sep_id=1, pad_id=0, mask_id=None, style="t5")
     with pytest.raises(TokenizerError, match="no mask token"):
         BartNoise(NoiseConfig.from_dict({"text_infilling": {}}), t5)
+
+
+# --------------------------------------------------------------------------------------------- the batch maker
+def dataset(spec: dict, kind: str = "doc-sentences", seed: int = 0):
+    from bertology.data.bart_noise import DenoisingBatches
+    from bertology.data.dataset import PretrainingDataset
+    from bertology.data.instances import InMemoryDocuments, InstanceConfig
+
+    rng = np.random.default_rng(0)
+    next_id = iter(range(TEXT, 10**6))
+    documents = [[[next(next_id) for _ in range(rng.integers(1, 9))] for _ in range(rng.integers(1, 8))]
+                 for _ in range(60)]
+    config = InstanceConfig(kind=kind, max_seq_length=24, seed=seed)
+    box = BartNoise(NoiseConfig.from_dict(spec), BART)
+    return PretrainingDataset(InMemoryDocuments(documents), BART, config,
+                              DenoisingBatches(box, config.seed, config.dupe_factor)), documents
+
+
+def test_doc_sentences_batches_permute_whole_sentences_and_resume_exactly():
+    data, documents = dataset({"sentence_permutation": {}, "text_infilling": {}})
+    sentence_of = {}  # first id -> the sentence
+    for document in documents:
+        for sentence in document:
+            sentence_of[sentence[0]] = sentence
+    plain, _ = dataset({"sentence_permutation": {}})
+    for batch in plain.batches(0, batch_size=8):
+        assert batch.input_ids.shape == batch.target_ids.shape  # permutation keeps the lengths
+        for r in range(len(batch)):
+            text = batch.input_ids[r, 1:int(batch.attention_mask[r].sum()) - 1].tolist()
+            target = batch.target_ids[r, 1:int(batch.target_mask[r].sum()) - 1].tolist()
+            assert sorted(text) == sorted(target)
+            begin = 0
+            while begin < len(text):  # whole sentences of the corpus (or the piece of one that fills a row)
+                sentence = sentence_of[text[begin]]
+                piece = text[begin:begin + len(sentence)]
+                assert piece == sentence[:len(piece)]
+                begin += len(piece)
+    batches = list(data.batches(1, batch_size=4))
+    resumed = list(data.batches(1, batch_size=4, start_batch=3))
+    assert len(resumed) == len(batches) - 3
+    for a, b in zip(batches[3:], resumed):
+        torch.testing.assert_close(a.input_ids, b.input_ids, rtol=0, atol=0)
+        torch.testing.assert_close(a.target_ids, b.target_ids, rtol=0, atol=0)
+        assert torch.equal(a.instance_ids, b.instance_ids)
+    other = list(dataset({"sentence_permutation": {}, "text_infilling": {}})[0].batches(1, batch_size=4))
+    assert all(torch.equal(a.input_ids, b.input_ids) for a, b in zip(batches, other))
+
+
+def test_pair_instances_have_no_sentence_starts_for_permutation():
+    data, _ = dataset({"sentence_permutation": {}}, kind="segment-pair")
+    with pytest.raises(DataError, match="needs the sentence starts of the rows"):
+        next(iter(data.batches(0, batch_size=4)))

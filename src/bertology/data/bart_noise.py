@@ -27,14 +27,15 @@ instance repeats every ``dupe_factor`` epochs, like static masking.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 import torch
 
 from bertology.config import from_mapping, validate
-from bertology.data.masking import _GOLDEN, _mix64
+from bertology.data.dataset import InstanceBatch
+from bertology.data.masking import _GOLDEN, _mix64, masking_seeds
 from bertology.errors import ConfigError, DataError
 from bertology.tokenization.framing import Framing
 
@@ -159,6 +160,14 @@ class NoisedBatch:
     attention_mask: torch.Tensor  # [B, Ls]
     target_ids: torch.Tensor  # [B, Lt]
     target_mask: torch.Tensor  # [B, Lt]
+    instance_ids: torch.Tensor | None = None  # [B] ids in the epoch's instance list
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> NoisedBatch:
+        return type(self)(**{f.name: None if getattr(self, f.name) is None
+                             else getattr(self, f.name).to(device, non_blocking=non_blocking) for f in fields(self)})
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
 
 
 def _uniforms(keys: np.ndarray, count: int, stream: int) -> np.ndarray:
@@ -251,7 +260,8 @@ class BartNoise:
         if special.any():
             r, c = np.argwhere(special)[0]
             raise DataError(f"BartNoise: row {int(r)} holds the special token {int(texts[r, c])} inside its text "
-                            f"(column {before + int(c)}); BART's noise takes one framed document per row")
+                            f"(column {before + int(c)}); BART's noise takes one framed document per row (data.instances.kind "
+                            f"doc-sentences)")
         starts = None
         if sentence_starts is not None:
             starts = inside & sentence_starts.detach().cpu().numpy().astype(bool)[:, source]
@@ -283,7 +293,8 @@ class BartNoise:
             raise DataError(f"BartNoise: keys must be [B] = [{input_ids.shape[0]}], got {tuple(keys.shape)}")
         cfg = self.config
         if cfg.sentence_permutation is not None and sentence_starts is None:
-            raise DataError("BartNoise: noise.sentence_permutation needs the sentence starts of the rows")
+            raise DataError("BartNoise: noise.sentence_permutation needs the sentence starts of the rows (data."
+                            "instances.kind doc-sentences gives them)")
         texts, lengths, starts = self._texts(input_ids, attention_mask, sentence_starts)
         fill = self.framing.fill_id
         for name in cfg.functions:
@@ -390,3 +401,21 @@ class BartNoise:
         source = (columns[None, :] + offset[:, None]) % np.maximum(lengths, 1)[:, None]
         inside = columns[None, :] < lengths[:, None]
         return np.where(inside, np.take_along_axis(texts, source, axis=1), texts)
+
+
+class DenoisingBatches:
+    """The BART batch maker: ``noise`` on the instances of a batch (one framed document each: instance kind
+    ``doc-sentences``, which also gives the sentence starts), keyed by (seed, instance, epoch) as MLM masking is
+    (``NoiseConfig.dynamic``: a new key every epoch, else every ``dupe_factor`` epochs)."""
+
+    def __init__(self, noise: BartNoise, seed: int, dupe_factor: int) -> None:
+        self.noise = noise
+        self.seed = seed
+        self.dupe_factor = dupe_factor
+
+    def __call__(self, instances: InstanceBatch) -> NoisedBatch:
+        keys = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, self.dupe_factor,
+                             self.noise.config.dynamic)
+        noised = self.noise(instances.input_ids, instances.attention_mask, keys, instances.sentence_starts)
+        noised.instance_ids = instances.instance_ids
+        return noised

@@ -111,12 +111,14 @@ class InMemoryDocuments:
 
 @dataclass
 class Instance:
-    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials."""
+    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials.
+    ``sentence_starts``: True at the first token of each sentence, for the packed kinds (else None)."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
     word_starts: np.ndarray
     is_random_next: bool | None = None
+    sentence_starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -422,7 +424,12 @@ def _pack(documents: list[_Document], config: InstanceConfig, special: Framing, 
     def emit() -> None:
         nonlocal pieces, length
         if pieces:
-            out.append(_build(special, _concat(pieces), None, None))
+            ids, starts = _concat(pieces)
+            instance = _build(special, (ids, starts), None, None)
+            # A sentence (or a piece of a split one) starts at each piece's first token; a separator starts none.
+            firsts = np.concatenate([(np.arange(len(p[0])) == 0) & (p is not separator) for p in pieces])
+            instance.sentence_starts = _build(special, (ids, firsts), None, None).word_starts
+            out.append(instance)
         pieces, length = [], 0
 
     for document in documents:

@@ -132,6 +132,22 @@ def test_infilling_with_more_spans_than_gaps_joins_the_last_ones():
         assert sum(spans_of(text, 10)) == 9
 
 
+def test_a_source_longer_than_max_length_is_cut_at_the_end_of_its_text():
+    """4 tokens, 1 to mask: 0-length spans before the one that masks make some sources longer than the row."""
+    ids, attention, starts = rows(np.full(500, 4))
+    config = NoiseConfig.from_dict({"text_infilling": {}})
+    free = BartNoise(config, BART)(ids, attention, keys(500), starts)
+    capped = BartNoise(config, BART, max_length=6)(ids, attention, keys(500), starts)
+    longer = free.attention_mask.sum(dim=1) > 6
+    assert 5 < int(longer.sum()) < 100
+    assert int(capped.attention_mask.sum(dim=1).max()) == 6
+    assert torch.equal(capped.input_ids[~longer], free.input_ids[~longer, :6])
+    cut = capped.input_ids[longer]
+    assert torch.equal(cut[:, :5], free.input_ids[longer, :5]) and bool((cut[:, 5] == BART.sep_id).all())
+    with pytest.raises(ConfigError, match="max_length 2 leaves no room"):
+        BartNoise(config, BART, max_length=2)
+
+
 # --------------------------------------------------------------------------------------------- masking, deletion
 def test_token_masking_masks_exactly_the_rate_uniformly():
     lengths = np.full(2000, 40)

@@ -206,9 +206,11 @@ def _compact(tokens: np.ndarray, keep: np.ndarray, fill: int) -> tuple[np.ndarra
 
 
 class BartNoise:
-    """The noise functions of a ``NoiseConfig`` over framed rows (see the module docstring)."""
+    """The noise functions of a ``NoiseConfig`` over framed rows (see the module docstring). ``max_length``: the
+    longest source the model takes (its positions); infilling lengthens a text only where its spans outnumber
+    the tokens they mask (many 0-length spans in a short text), and such a source is cut at the end of its text."""
 
-    def __init__(self, config: NoiseConfig, framing: Framing) -> None:
+    def __init__(self, config: NoiseConfig, framing: Framing, max_length: int | None = None) -> None:
         self.config = config
         self.framing = framing
         self.mask_id = framing.require("mask", "BART's noise")
@@ -216,6 +218,11 @@ class BartNoise:
         text = next(i for i, piece in enumerate(pieces) if piece.text is not None)
         self.prefix = [i for piece in pieces[:text] for i in piece.ids]
         self.suffix = [i for piece in pieces[text + 1:] for i in piece.ids]
+        overhead = len(self.prefix) + len(self.suffix)
+        if max_length is not None and max_length <= overhead:
+            raise ConfigError(f"BartNoise: max_length {max_length} leaves no room for text beside the {overhead} "
+                              f"special tokens of the {framing.style} framing")
+        self.max_text = None if max_length is None else max_length - overhead
         self._specials = np.array(sorted(framing.ids), dtype=np.int64)
         self._length_cdf = None if config.text_infilling is None else config.text_infilling.length_cdf()
 
@@ -314,6 +321,8 @@ class BartNoise:
                     texts = np.where(chosen, self.mask_id, texts)
                 else:
                     texts, lengths = _compact(texts, inside & ~chosen, fill)
+        if self.max_text is not None:
+            lengths = np.minimum(lengths, self.max_text)
         source, source_mask = self._frame(texts, lengths)
         return NoisedBatch(source, source_mask, input_ids.clone(), attention_mask.clone())
 

@@ -375,3 +375,49 @@ def test_pair_instances_have_no_sentence_starts_for_permutation():
     data, _ = dataset({"sentence_permutation": {}}, kind="segment-pair")
     with pytest.raises(DataError, match="needs the sentence starts of the rows"):
         next(iter(data.batches(0, batch_size=4)))
+
+
+def test_brown_documents_through_the_corpus_pipeline(tmp_path, data_dir):
+    """Real text: Brown files, a byte-level BPE tokenizer (<s> ... </s>, <mask>), shards, doc-sentences rows; the
+    sources are whole corpus sentences in another order (permutation alone), and 30 % infilled (with it)."""
+    from bertology.data import TokenizedCorpus, prepare_corpus
+    from bertology.data.bart_noise import DenoisingBatches
+    from bertology.data.dataset import PretrainingDataset
+    from bertology.data.instances import InstanceConfig
+    from bertology.tokenization import train_tokenizer
+
+    files = sorted((data_dir / "brown-nltk").glob("ca0[1-3]"))
+    if not files:
+        pytest.skip(f"no Brown files under {data_dir / 'brown-nltk'}")
+    tokenizer = train_tokenizer([str(f) for f in files], "bpe", 1500, style="roberta", show_progress=False)
+    corpus = prepare_corpus(files, tokenizer, tmp_path / "shards", format="brown", show_progress=False)
+    assert isinstance(corpus, TokenizedCorpus)
+    framing = tokenizer.framing
+    sentences = {tuple(s.tolist()) for i in range(len(corpus)) for s in corpus.document(i)}
+    config = InstanceConfig(kind="doc-sentences", max_seq_length=128, seed=0)
+
+    def batches(spec):
+        box = BartNoise(NoiseConfig.from_dict(spec), framing, max_length=128)
+        data = PretrainingDataset(corpus, framing, config, DenoisingBatches(box, 0, 1))
+        return list(data.batches(0, 16))
+
+    moved = 0
+    for batch in batches({"sentence_permutation": {}}):
+        for r in range(len(batch)):
+            text = batch.input_ids[r, 1:int(batch.attention_mask[r].sum()) - 1].tolist()
+            target = batch.target_ids[r, 1:int(batch.target_mask[r].sum()) - 1].tolist()
+            moved += text != target
+            begin = 0
+            while begin < len(text):  # the longest corpus sentence that starts here (rows hold whole ones)
+                length = max((k for k in range(1, len(text) - begin + 1) if tuple(text[begin:begin + k]) in sentences),
+                             default=0)
+                assert length > 0, f"row {r}: no corpus sentence starts at {begin}"
+                begin += length
+    assert moved > 20  # of 90 rows
+    kept = total = 0
+    for batch in batches({"sentence_permutation": {}, "text_infilling": {}}):
+        source = batch.input_ids[batch.attention_mask.bool()]
+        kept += int(((source != framing.mask_id) & ~torch.isin(source, torch.tensor(sorted(framing.ids)))).sum())
+        total += int(batch.target_mask.sum()) - 2 * len(batch)
+        assert "<mask>" in tokenizer.decode(batch.input_ids[0].tolist(), skip_special_tokens=False)
+    assert abs(1 - kept / total - 0.3) < 0.005  # 9,864 tokens

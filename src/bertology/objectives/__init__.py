@@ -11,7 +11,9 @@ from typing import Any
 
 from bertology.config import build_registered
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
+from bertology.objectives.clm import CausalLM
 from bertology.objectives.compose import TrainingLoss
+from bertology.objectives.denoise import Denoising
 from bertology.objectives.distill import Distillation
 from bertology.objectives.electra import Electra
 from bertology.objectives.fill_mask import Prediction, fill_mask
@@ -21,7 +23,8 @@ from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary}
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "clm": CausalLM,
+                               "denoise": Denoising}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -38,6 +41,8 @@ def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objec
 __all__ = [
     "OBJECTIVES",
     "Batch",
+    "CausalLM",
+    "Denoising",
     "Distillation",
     "Electra",
     "MaskedLM",

@@ -17,22 +17,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tokenizers
 import torch
 from torch import nn
 
+from bertology.data.causal import CausalBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
+from bertology.data.seq2seq import Seq2SeqBatches
+from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import EncoderConfig, preset
+from bertology.model.config import PRESET_SIZES
 from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import Model
+from bertology.model.registry import model_class
+from bertology.model.transformer import TransformerConfig
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
+from bertology.tokenization._pipeline import default_specials
 from bertology.training import distributed as D
-from bertology.training.config import PretrainConfig
+from bertology.training.config import PretrainConfig, model_families
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
 
 TOKENIZER_DIR = "tokenizer"
@@ -91,24 +100,39 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
     """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
     env = env or D.DistEnv()
     tok = config.tokenizer
+    # A t5-style tokenizer made here also holds RoBERTa's <s>, whose presence alone would read as RoBERTa's.
+    model_type = "t5" if tok.style == "t5" else None
     if tok.path is not None:
-        return load_tokenizer(tok.path)
+        return load_tokenizer(tok.path, model_type)
     directory = Path(config.run.output_dir) / TOKENIZER_DIR
 
     def make() -> Tokenizer:
         if (directory / "tokenizer.json").is_file():
-            return load_tokenizer(directory)
+            return load_tokenizer(directory, model_type)
         source = corpus_source(config, env)
         if source is None:
             raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
         documents = source.documents()
-        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
+        style = "roberta" if tok.style == "t5" else tok.style
+        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
                                     show_progress=False)
+        if tok.style == "t5":
+            with_sentinels(tokenizer, tok.sentinels).save(directory)
+            return load_tokenizer(directory, model_type)  # as later runs read it (the shards record its fingerprint)
         tokenizer.save(directory)
         return tokenizer
 
     return _on_rank0_first(env, make)
+
+
+def with_sentinels(tokenizer: Tokenizer, count: int) -> Tokenizer:
+    """A T5-style tokenizer from a trained one: its vocabulary plus ``count`` sentinels ``<extra_id_0>`` ...
+    (numbered down from the end of the vocabulary, as T5's), framing one text as ``text </s>``."""
+    backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
+    backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(count))])
+    return Tokenizer(backend, style="t5", specials=default_specials("t5", tokenizer.kind),
+                     model_max_length=tokenizer.model_max_length)
 
 
 def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | None = None
@@ -146,6 +170,12 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
                 bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
+        if "clm" in config.objectives:  # next-token prediction: no corruption
+            return PretrainingDataset(corpus, special, instance_config, CausalBatches(), bucket_window, clock)
+        if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
+            room = inst.max_seq_length - special.overhead(False)
+            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
+            return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -160,11 +190,55 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     return train_data, eval_data
 
 
+def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig | TransformerConfig:
+    """The config of the model ``model.family`` builds: an encoder's or a decoder's (``transformer_config``)."""
+    return encoder_config(config, tokenizer) if config.model.kind == "encoder" else transformer_config(config,
+                                                                                                        tokenizer)
+
+
+# The special token an encoder-decoder's decoder starts from, by family (T5: the padding token; BART: </s>).
+DECODER_START = {"t5": "pad", "bart": "sep"}
+
+
+def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
+    """A decoder's or an encoder-decoder's config: the family's fixed facts, the preset's size (hidden / 64 heads,
+    a 4 x hidden feed-forward, as for the encoders), then the overrides; the vocabulary and the special ids (padding,
+    begin, end, the decoder's start) come from the tokenizer."""
+    model = config.model
+    family = model.family
+    assert family is not None
+    values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
+    if model.preset is not None:
+        layers, hidden = PRESET_SIZES[model.preset]
+        values.update(num_layers=layers, hidden_size=hidden, num_heads=max(1, hidden // 64),
+                      intermediate_size=4 * hidden)
+    framing = tokenizer.framing
+    values.update(vocab_size=tokenizer.vocab_size, pad_token_id=framing.fill_id, bos_token_id=framing.cls_id,
+                  eos_token_id=framing.sep_id)
+    if model.kind == "seq2seq":
+        values["decoder_start_token_id"] = getattr(framing, f"{DECODER_START.get(family, 'pad')}_id")
+    given = model.settings
+    values.update(given)
+    if family == "t5":  # d_kv and the tied head's output scale follow the width unless given; T5Config's numbers
+        derived = {"attention_head_size": values["hidden_size"] // values["num_heads"],
+                   "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
+                   "classifier_dropout": 0.0}
+        values.update({key: value for key, value in derived.items() if key not in given})
+    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
+        if values[key] != actual:
+            raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
+                                 f"not match the model (leave model.{key} unset to take the tokenizer's)")
+    try:
+        return TransformerConfig(**values)
+    except ConfigError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
 def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig:
     """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
     model = config.model
     overrides = dict(model.overrides)
-    family = overrides.get("family") or ("bert" if tokenizer.style == "bert" else "roberta")
+    family = model.family or ("bert" if tokenizer.style == "bert" else "roberta")
     values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
     if tokenizer.style == "roberta":
         values.update(type_vocab_size=1, layer_norm_eps=1e-5)
@@ -182,9 +256,12 @@ def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfi
         raise ConfigError(f"model: {error}") from None
 
 
-def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, config: PretrainConfig,
-                        where: str) -> None:
+def check_model_matches(model_config: EncoderConfig | TransformerConfig, tokenizer: Tokenizer,
+                        config: PretrainConfig, where: str) -> None:
     """The tokenizer and sequence length fit the model: same vocabulary size and padding id, positions enough."""
+    if isinstance(model_config, TransformerConfig):
+        check_transformer_matches(model_config, tokenizer, config, where)
+        return
     problems = []
     if model_config.vocab_size != tokenizer.vocab_size:
         problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
@@ -205,7 +282,36 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
                           f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
 
 
-def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> EncoderModel:
+def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokenizer, config: PretrainConfig,
+                              where: str) -> None:
+    """A decoder's vocabulary and padding id are the tokenizer's, and its positions cover a row."""
+    problems = []
+    if model_config.vocab_size != tokenizer.vocab_size:
+        problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
+    if model_config.pad_token_id != tokenizer.framing.fill_id:
+        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.framing.fill_id}")
+    if problems:
+        raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
+    length = config.data.instances.max_seq_length
+    if length > model_config.max_length:
+        raise ConfigError(f"data.instances.max_seq_length: {length} tokens need {length} positions, but the model has "
+                          f"{model_config.max_length} (model.max_position_embeddings)")
+
+
+def check_objectives_fit(cls: type, objectives: list[Objective]) -> None:
+    """Each objective trains the kind of model built: an objective's ``trains`` names the registered models it
+    can train (``bertology.model.registry``; the encoder when it does not say)."""
+    from bertology.model.registry import MODELS
+
+    kind = next((entry.name for entry in MODELS.values() if entry.cls is cls), cls.__name__)
+    for objective in objectives:
+        trains = getattr(objective, "trains", ("encoder",))
+        if kind not in trains:
+            raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(trains)} models, but model.family "
+                              f"builds a {kind} model")
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Model:
     """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
     ``model.init_from``, a pretrained one."""
     if config.model.init_from is not None:
@@ -214,24 +320,28 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         model_config = pretrained.config
         check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
     else:
-        model_config = encoder_config(config, tokenizer)
+        model_config = build_model_config(config, tokenizer)
         check_model_matches(model_config, tokenizer, config, "model")
     for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
         if getattr(objective, "activation", "") is None:
             objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
     derived = _model_from_objectives(config, tokenizer, objectives, heads)
+    cls = type(pretrained) if config.model.init_from is not None else (
+        EncoderModel if isinstance(model_config, EncoderConfig) else model_class(model_families()[model_config.family]))
+    check_objectives_fit(cls, objectives)
     if derived is not None:
         model = derived
     elif config.model.init_from is not None:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
-        # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
-        model.encoder.load_state_dict(pretrained.encoder.state_dict())
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
+        # The body comes from the checkpoint; heads it lacks start from the initialisation above.
+        body = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("heads.")}
+        model.load_state_dict({**model.state_dict(), **body})
         for name, head in pretrained.heads.items():
             if name in model.heads and type(model.heads[name]) is type(head):
                 model.heads[name].load_state_dict(head.state_dict())
     else:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
     for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
         attach = getattr(objective, "attach", None)
         if attach is not None:

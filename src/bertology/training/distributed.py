@@ -21,8 +21,7 @@ from bertology.errors import ConfigError
 from bertology.training.config import SpeedConfig
 
 if TYPE_CHECKING:
-    from bertology.model.config import EncoderConfig
-    from bertology.model.encoder import EncoderModel, HeadSpec
+    from bertology.model.encoder import HeadSpec
 
 
 @dataclass(frozen=True)
@@ -248,9 +247,10 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], fsdp
     set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
 
 
-def initialised_model(config: EncoderConfig, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False
-                      ) -> EncoderModel:
-    """``EncoderModel(config, heads)`` initialised by ``init_weights`` from a generator seeded with ``seed``.
+def initialised_model(config: Any, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False,
+                      cls: type | None = None) -> Any:
+    """``cls(config, heads)`` (an ``EncoderModel`` by default; a decoder's class with its TransformerConfig)
+    initialised by ``init_weights`` from a generator seeded with ``seed``.
 
     With ``meta_init`` the modules are built on the meta device (no memory, none of torch's default
     initialisation) and materialised on the CPU (``to_empty``) before ``init_weights``, which sets every parameter:
@@ -258,13 +258,14 @@ def initialised_model(config: EncoderConfig, heads: Sequence[HeadSpec], seed: in
     so what a run draws later (dropout) does not depend on the choice."""
     from bertology.model.encoder import EncoderModel
 
+    cls = cls or EncoderModel
     if meta_init:
         with torch.device("meta"):
-            model = EncoderModel(config, heads)
+            model = cls(config, heads)
         model.to_empty(device="cpu")
     else:
         with torch.random.fork_rng(devices=[]):
-            model = EncoderModel(config, heads)
+            model = cls(config, heads)
     model.init_weights(torch.Generator().manual_seed(seed))
     return model
 

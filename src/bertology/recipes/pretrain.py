@@ -21,6 +21,7 @@ import tokenizers
 import torch
 from torch import nn
 
+from bertology.data.bart_noise import BartNoise, DenoisingBatches
 from bertology.data.causal import CausalBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
@@ -31,6 +32,7 @@ from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
+from bertology.model.convert import family_for_config
 from bertology.model.config import EncoderConfig, preset
 from bertology.model.config import PRESET_SIZES
 from bertology.model.encoder import EncoderModel
@@ -176,6 +178,10 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
             room = inst.max_seq_length - special.overhead(False)
             maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
             return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
+        if config.data.noise is not None:  # BART: the original text from its noised copy
+            noise = BartNoise(config.data.noise, special, max_length=inst.max_seq_length)
+            maker = DenoisingBatches(noise, config.run.seed, dupe_factor)
+            return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -224,6 +230,8 @@ def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> Transfor
                    "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
                    "classifier_dropout": 0.0}
         values.update({key: value for key, value in derived.items() if key not in given})
+    if model.kind == "seq2seq" and values.get("num_decoder_layers") is None:  # config.json states both depths
+        values["num_decoder_layers"] = values["num_layers"]
     for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
         if values[key] != actual:
             raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
@@ -325,6 +333,10 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
         if getattr(objective, "activation", "") is None:
             objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
+        # A language-model head of the kind the family's transformers class has (BART's adds final_logits_bias).
+        lm = family_for_config(model_config).heads.get("lm") if hasattr(objective, "lm_kind") else None
+        if lm is not None:
+            objective.lm_kind = lm.kind  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
     derived = _model_from_objectives(config, tokenizer, objectives, heads)
     cls = type(pretrained) if config.model.init_from is not None else (

@@ -44,6 +44,7 @@ from bertology.config import (
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
+from bertology.data.bart_noise import NoiseConfig
 from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig
@@ -160,6 +161,8 @@ class DataConfig:
     multilingual: MultilingualConfig | None = None
     # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective.
     span_corruption: SpanCorruptionConfig | None = None
+    # BART's noise functions (bertology.data.bart_noise): the other way to make them.
+    noise: NoiseConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self, "data")
@@ -365,12 +368,20 @@ class PretrainConfig:
             raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
                               f"to packed-documents (or doc-sentences, full-sentences), got "
                               f"{self.data.instances.kind!r}")
-        if "denoise" in self.objectives and self.data.span_corruption is None:
+        if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
             raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
-                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3})")
-        if self.data.span_corruption is not None and "denoise" not in self.objectives:
-            raise ConfigError("data.span_corruption: makes sources and targets for objectives.denoise, which is not "
-                              "among the objectives")
+                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3}) or data.noise "
+                              "(BART's noise functions, e.g. {text_infilling: {}, sentence_permutation: {}})")
+        for key in ("span_corruption", "noise"):
+            if getattr(self.data, key) is not None and "denoise" not in self.objectives:
+                raise ConfigError(f"data.{key}: makes sources and targets for objectives.denoise, which is not "
+                                  f"among the objectives")
+        if self.data.span_corruption is not None and self.data.noise is not None:
+            raise ConfigError("data.noise: give T5's span corruption (data.span_corruption) or BART's noise "
+                              "(data.noise), not both")
+        if self.data.noise is not None and self.data.instances.kind != "doc-sentences":
+            raise ConfigError(f"data.noise: BART's noise takes one document a row, with its sentences: set "
+                              f"data.instances.kind to doc-sentences, got {self.data.instances.kind!r}")
         if "denoise" in self.objectives and self.data.instances.kind not in ("doc-sentences", "full-sentences"):
             raise ConfigError(f"objectives.denoise: corrupts running text: set data.instances.kind to doc-sentences "
                               f"(or full-sentences), got {self.data.instances.kind!r}")

@@ -134,16 +134,14 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(assets, tmp_path):
     ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder models, but model.family gpt2 builds a decoder"),
     ({"model": {"family": "bert"}}, "objectives.clm: trains decoder models, but model.family bert builds an? encoder"),
     ({"model": {"type_vocab_size": 2}}, "model.type_vocab_size: a field of the encoders, not of gpt2 models"),
+    ({"model": {"family": "bert"}, "objectives": {"mlm": {}}},
+     "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal LM keeps"),
 ])
 def test_bad_causal_configs_name_the_key(assets, tmp_path, change, message):
     raw = raw_config(assets, tmp_path / "run")
-    for section, values in change.items():
-        if section == "objectives":
-            raw["objectives"] = values
-        elif section == "data":
-            raw["data"]["instances"].update(values["instances"])
-        else:
-            raw["model"].update(values)
+    raw["objectives"] = change.get("objectives", raw["objectives"])
+    raw["data"]["instances"].update(change.get("data", {}).get("instances", {}))
+    raw["model"].update(change.get("model", {}))
     with pytest.raises(ConfigError, match=message):
         build(raw)
 

@@ -32,18 +32,17 @@ from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
+from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
 from bertology.model.convert import family_for_config
-from bertology.model.config import EncoderConfig, preset
-from bertology.model.config import PRESET_SIZES
 from bertology.model.encoder import EncoderModel
 from bertology.model.protocol import Model
-from bertology.model.registry import model_class
+from bertology.model.registry import model_class, model_name
 from bertology.model.transformer import TransformerConfig
 from bertology.objectives.base import Objective
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
 from bertology.tokenization._pipeline import default_specials
 from bertology.training import distributed as D
-from bertology.training.config import PretrainConfig, model_families
+from bertology.training.config import PretrainConfig
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
 
 TOKENIZER_DIR = "tokenizer"
@@ -306,12 +305,9 @@ def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokeni
                           f"{model_config.max_length} (model.max_position_embeddings)")
 
 
-def check_objectives_fit(cls: type, objectives: list[Objective]) -> None:
-    """Each objective trains the kind of model built: an objective's ``trains`` names the registered models it
-    can train (``bertology.model.registry``; the encoder when it does not say)."""
-    from bertology.model.registry import MODELS
-
-    kind = next((entry.name for entry in MODELS.values() if entry.cls is cls), cls.__name__)
+def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
+    """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
+    an objective's ``trains`` names the models it can train (the encoder when it does not say)."""
     for objective in objectives:
         trains = getattr(objective, "trains", ("encoder",))
         if kind not in trains:
@@ -339,9 +335,9 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
             objective.lm_kind = lm.kind  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
     derived = _model_from_objectives(config, tokenizer, objectives, heads)
-    cls = type(pretrained) if config.model.init_from is not None else (
-        EncoderModel if isinstance(model_config, EncoderConfig) else model_class(model_families()[model_config.family]))
-    check_objectives_fit(cls, objectives)
+    kind = model_name(pretrained) if config.model.init_from is not None else config.model.kind
+    check_objectives_fit(kind, objectives)
+    cls = model_class(kind)
     if derived is not None:
         model = derived
     elif config.model.init_from is not None:

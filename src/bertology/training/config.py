@@ -364,6 +364,9 @@ class PretrainConfig:
                 if self.model.kind not in trains:
                     raise ConfigError(f"objectives.{name}: trains {' or '.join(trains)} models, but model.family "
                                       f"{self.model.family or 'bert'} builds a {self.model.kind} model")
+        if self.data.instances.kind == "packed-documents" and "clm" not in self.objectives:
+            raise ConfigError("data.instances.kind: packed-documents rows hold several documents whose boundaries "
+                              "only causal LM keeps (objectives.clm); use doc-sentences or full-sentences")
         if "clm" in self.objectives and self.data.instances.pairs:
             raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
                               f"to packed-documents (or doc-sentences, full-sentences), got "

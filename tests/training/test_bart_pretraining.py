@@ -144,3 +144,24 @@ def test_shipped_bart_config_runs_on_brown(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["denoise_loss"] > 0
     assert json.loads((tmp_path / "run" / "model" / "config.json").read_text())["model_type"] == "bart"
+
+
+@pytest.mark.slow  # two spawned processes: about 35 s on a shared 2-core machine
+def test_two_processes_match_one_process_with_double_batch(bart_assets, tmp_path):
+    """DDP (two CPU processes, gloo) x batch 4 trains BART to the weights of one process x batch 8: each rank's rows
+    get the noise of their own keys."""
+    import torch.multiprocessing as mp
+
+    from bertology.recipes.pretrain import pretrain
+    from test_distributed import _free_port, _worker
+
+    extra = dict(model={"hidden_dropout": 0.0, "attention_dropout": 0.0},
+                 run={"eval_every": 0, "checkpoint_every": 0, "log_every": 2})
+    pretrain(build(raw_config(bart_assets, tmp_path / "single", optim={"batch_size": 8, "total_steps": 3}, **extra)))
+    double = raw_config(bart_assets, tmp_path / "double", optim={"batch_size": 4, "total_steps": 3}, **extra)
+    (tmp_path / "seen").mkdir()
+    mp.spawn(_worker, args=(2, _free_port(), double, str(tmp_path / "seen")), nprocs=2, join=True)
+    ours = load_file(tmp_path / "double" / "model" / "model.safetensors")
+    reference = load_file(tmp_path / "single" / "model" / "model.safetensors")
+    for key in reference:
+        torch.testing.assert_close(ours[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)

@@ -1,7 +1,9 @@
 """BART's five noise functions (Lewis et al. 2019), vectorised over a padded batch with keyed randomness.
 
 A row is one framed document (``<s> text </s>`` for BART, the single-text template of any `Framing` with a mask
-token); the source is the noised text in the same framing, the target the row as given. The functions chosen in
+token; instance kind ``doc-sentences``); the source is the noised text in the same framing, the target the row as
+given. Whatever lies between the framing is text, a special id too (a corpus's literal ``</s>`` is tokenized as
+one), except that a mask token is never masked or deleted again. The functions chosen in
 the ``noise`` section run in this order, each on the previous one's output:
 
 1. ``sentence_permutation``: ``round(rate x S)`` of the row's ``S`` sentences, chosen at random, are shuffled
@@ -223,7 +225,6 @@ class BartNoise:
             raise ConfigError(f"BartNoise: max_length {max_length} leaves no room for text beside the {overhead} "
                               f"special tokens of the {framing.style} framing")
         self.max_text = None if max_length is None else max_length - overhead
-        self._specials = np.array(sorted(framing.ids), dtype=np.int64)
         self._length_cdf = None if config.text_infilling is None else config.text_infilling.length_cdf()
 
     # ------------------------------------------------------------------ framed rows <-> texts
@@ -263,12 +264,6 @@ class BartNoise:
         inside = columns[None, :] < lengths[:, None]
         source = np.clip(before + columns, 0, ids.shape[1] - 1)
         texts = np.where(inside, ids[:, source], self.framing.fill_id)
-        special = inside & np.isin(texts, self._specials)
-        if special.any():
-            r, c = np.argwhere(special)[0]
-            raise DataError(f"BartNoise: row {int(r)} holds the special token {int(texts[r, c])} inside its text "
-                            f"(column {before + int(c)}); BART's noise takes one framed document per row (data.instances.kind "
-                            f"doc-sentences)")
         starts = None
         if sentence_starts is not None:
             starts = inside & sentence_starts.detach().cpu().numpy().astype(bool)[:, source]

@@ -148,6 +148,73 @@ def test_a_source_longer_than_max_length_is_cut_at_the_end_of_its_text():
         BartNoise(config, BART, max_length=2)
 
 
+def word_rows(count: int, n: int, seed: int = 0):
+    """Rows of n tokens in words of 1 to 3 tokens, with their word starts and every token's word."""
+    ids, attention, starts = rows(np.full(count, n))
+    rng = np.random.default_rng(seed)
+    words = np.zeros(ids.shape, dtype=bool)
+    words[:, 1:n + 1] = rng.random((count, n)) < 0.6
+    words[:, 1] = True
+    word_of = np.cumsum(words[:, 1:n + 1], axis=1) - 1
+    return ids, attention, starts, torch.from_numpy(words), word_of
+
+
+def whole_word_noise(spec: dict, count: int, n: int, seed: int = 0):
+    ids, attention, starts, words, word_of = word_rows(count, n, seed)
+    out = BartNoise(NoiseConfig.from_dict(spec), BART)(ids, attention, keys(count, seed), starts, words)
+    texts = [out.input_ids[r, 1:int(out.attention_mask[r].sum()) - 1].numpy() for r in range(count)]
+    return texts, word_of
+
+
+def test_whole_word_infilling_masks_whole_words_in_poisson_spans():
+    """Rate and span lengths count words: round(0.3 w) of a row's w words go, in the drawn spans (in words), each
+    span one mask; the first 8 spans of each row (in words; ~150 words a row, a budget of ~45) fit Poisson(3)."""
+    texts, word_of = whole_word_noise({"text_infilling": {"whole_words": True}}, 1000, 250, seed=4)
+    box = BartNoise(NoiseConfig.from_dict({"text_infilling": {}}), BART)
+    totals = word_of[:, -1] + 1
+    budget = np.round(totals * 0.3).astype(np.int64)
+    _, span_length, spans = box.span_lengths(function_keys(keys(1000, 4), "text_infilling"), budget)
+    read = []
+    for r, text in enumerate(texts):
+        kept = text[text != MASK] - TEXT
+        kept_words = np.unique(word_of[r, kept])
+        assert np.array_equal(np.flatnonzero(np.isin(word_of[r], kept_words)), kept)  # whole words kept
+        assert len(kept_words) == totals[r] - budget[r]
+        previous, observed = -1, []  # the words each mask stands for
+        for token in text:
+            if token == MASK:
+                following = kept[kept > previous]
+                after = word_of[r, following[0]] if len(following) else totals[r]
+                observed.append(int(after - (word_of[r, previous] if previous >= 0 else -1) - 1))
+            else:
+                previous = int(token) - TEXT
+        assert observed == span_length[r, :spans[r]].tolist()
+        read.extend(observed[:8])
+    poisson_3_fits(np.array(read))
+
+
+def test_whole_word_masking_and_deletion_take_whole_words():
+    for spec in ({"token_masking": {"rate": 0.3, "whole_words": True}},
+                 {"token_deletion": {"rate": 0.3, "whole_words": True}}):
+        texts, word_of = whole_word_noise(spec, 300, 40)
+        for r, text in enumerate(texts):
+            present = text[text != MASK] - TEXT
+            kept_words = np.unique(word_of[r, present])
+            assert np.array_equal(np.flatnonzero(np.isin(word_of[r], kept_words)), present)
+            assert len(kept_words) == word_of[r, -1] + 1 - round(0.3 * (word_of[r, -1] + 1))
+            if "token_masking" in spec:
+                assert len(text) == 40 and np.array_equal(text[text != MASK], TEXT + present)
+            else:
+                assert MASK not in text and len(text) == len(present)
+
+
+def test_whole_words_without_word_starts_is_refused():
+    ids, attention, starts = rows(np.array([5]))
+    box = BartNoise(NoiseConfig.from_dict({"token_deletion": {"whole_words": True}}), BART)
+    with pytest.raises(DataError, match="noise.token_deletion.whole_words needs the word starts"):
+        box(ids, attention, keys(1), starts)
+
+
 # --------------------------------------------------------------------------------------------- masking, deletion
 def test_token_masking_masks_exactly_the_rate_uniformly():
     lengths = np.full(2000, 40)
@@ -246,22 +313,27 @@ def test_document_rotation_keeps_the_cyclic_order_with_uniform_starts():
 # --------------------------------------------------------------------------------------------- keys and purity
 ALL = {"sentence_permutation": {}, "text_infilling": {}, "token_masking": {}, "token_deletion": {},
        "document_rotation": {"rate": 0.5}}
+WORDS = {"sentence_permutation": {}, "text_infilling": {"whole_words": True}, "token_masking": {"whole_words": True},
+         "token_deletion": {"whole_words": True}, "document_rotation": {"rate": 0.5}}
 
 
-def test_noise_is_a_function_of_the_key_not_of_the_batch():
-    box = BartNoise(NoiseConfig.from_dict(ALL), BART)
+@pytest.mark.parametrize("spec", [ALL, WORDS], ids=["tokens", "whole-words"])
+def test_noise_is_a_function_of_the_key_not_of_the_batch(spec):
+    box = BartNoise(NoiseConfig.from_dict(spec), BART)
     lengths = np.array([30, 7, 55, 1, 0, 18])
     ids, attention, starts = rows(lengths, width=70)
-    batch = box(ids, attention, keys(6), starts)
-    again = box(ids, attention, keys(6), starts)
+    words = torch.from_numpy(np.random.default_rng(5).random(ids.shape) < 0.6) & attention.bool()
+    batch = box(ids, attention, keys(6), starts, words)
+    again = box(ids, attention, keys(6), starts, words)
     torch.testing.assert_close(batch.input_ids, again.input_ids, rtol=0, atol=0)
     for r in range(6):  # alone, with less padding, each row gets the same noise
         width = int(lengths[r]) + 2
-        alone = box(ids[r:r + 1, :width], attention[r:r + 1, :width], keys(6)[r:r + 1], starts[r:r + 1, :width])
+        alone = box(ids[r:r + 1, :width], attention[r:r + 1, :width], keys(6)[r:r + 1], starts[r:r + 1, :width],
+                    words[r:r + 1, :width])
         total = int(alone.attention_mask.sum())
         assert total == int(batch.attention_mask[r].sum())
         assert alone.input_ids[0, :total].tolist() == batch.input_ids[r, :total].tolist()
-    other = box(ids, attention, keys(6, epoch=1), starts)  # dynamic: another epoch, other noise
+    other = box(ids, attention, keys(6, epoch=1), starts, words)  # dynamic: another epoch, other noise
     assert not torch.equal(other.input_ids[:3], batch.input_ids[:3])
 
 
@@ -430,3 +502,11 @@ def test_brown_documents_through_the_corpus_pipeline(tmp_path, data_dir):
         total += int(batch.target_mask.sum()) - 2 * len(batch)
         assert "<mask>" in tokenizer.decode(batch.input_ids[0].tolist(), skip_special_tokens=False)
     assert abs(1 - kept / total - 0.3) < 0.005  # 9,864 tokens
+    # Whole words, from the BPE tokenizer's word starts that the instances carry: 30 % of the words, so about 30 %
+    # of the tokens (not exactly: words differ in length).
+    kept = total = 0
+    for batch in batches({"text_infilling": {"whole_words": True}}):
+        source = batch.input_ids[batch.attention_mask.bool()]
+        kept += int(((source != framing.mask_id) & ~torch.isin(source, torch.tensor(sorted(framing.ids)))).sum())
+        total += int(batch.target_mask.sum()) - 2 * len(batch)
+    assert abs(1 - kept / total - 0.3) < 0.02

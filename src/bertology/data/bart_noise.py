@@ -20,6 +20,9 @@ the ``noise`` section run in this order, each on the previous one's output:
 5. ``document_rotation``: with probability ``rate`` the text is rotated to start at a uniformly chosen token
    (which may be its first); the framing stays in place.
 
+With ``whole_words`` (infilling, masking, deletion) the rate and the span lengths count words (a word start and its
+continuation tokens, from the tokenizer's word starts), and chosen words go whole, as in fairseq's BART.
+
 Each function draws from its own stream of a row's 64-bit key (``masking_seeds``: seed, instance, epoch), hashed
 with the position, so a row's noise depends only on its key and its tokens, never on the batch it is in or its
 padding. ``NoiseConfig.dynamic`` (default, as in fairseq) noises every epoch afresh; otherwise the noise of an
@@ -56,9 +59,10 @@ def _check_rate(where: str, rate: float, closed: bool) -> None:
 
 @dataclass
 class TokenMaskingConfig:
-    """Replace ``rate`` of the text tokens by the mask token."""
+    """Replace ``rate`` of the text tokens by the mask token (``whole_words``: of the words, every token of each)."""
 
     rate: float = 0.15
+    whole_words: bool = False
 
     def __post_init__(self) -> None:
         validate(self, "TokenMaskingConfig")
@@ -67,9 +71,10 @@ class TokenMaskingConfig:
 
 @dataclass
 class TokenDeletionConfig:
-    """Delete ``rate`` of the text tokens."""
+    """Delete ``rate`` of the text tokens (``whole_words``: of the words)."""
 
     rate: float = 0.15
+    whole_words: bool = False
 
     def __post_init__(self) -> None:
         validate(self, "TokenDeletionConfig")
@@ -78,10 +83,12 @@ class TokenDeletionConfig:
 
 @dataclass
 class TextInfillingConfig:
-    """Mask ``rate`` of the text tokens in spans of Poisson(``poisson_lambda``) lengths, one mask token a span."""
+    """Mask ``rate`` of the text tokens in spans of Poisson(``poisson_lambda``) lengths, one mask token a span
+    (``whole_words``: rate and lengths count words, as fairseq's BART does)."""
 
     rate: float = 0.3
     poisson_lambda: float = 3.0
+    whole_words: bool = False
 
     def __post_init__(self) -> None:
         where = "TextInfillingConfig"
@@ -152,6 +159,11 @@ class NoiseConfig:
     def functions(self) -> tuple[str, ...]:
         """The chosen functions in the order they run."""
         return tuple(name for name in FUNCTIONS if getattr(self, name) is not None)
+
+    @property
+    def whole_words(self) -> tuple[str, ...]:
+        """The chosen functions that count whole words."""
+        return tuple(name for name in self.functions if getattr(getattr(self, name), "whole_words", False))
 
 
 @dataclass
@@ -229,14 +241,16 @@ class BartNoise:
 
     # ------------------------------------------------------------------ framed rows <-> texts
     def _texts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               sentence_starts: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """The text of every row (framing removed), left-aligned, its lengths, and its sentence starts."""
+               **flags: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray, list[np.ndarray | None]]:
+        """The text of every row (framing removed), left-aligned, its lengths, and ``flags`` (word or sentence
+        starts) over the texts, each True at the first token of a text."""
         if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
             raise DataError(f"BartNoise: input_ids and attention_mask must be [B, L] alike, got "
                             f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}")
-        if sentence_starts is not None and sentence_starts.shape != input_ids.shape:
-            raise DataError(f"BartNoise: sentence_starts shape {tuple(sentence_starts.shape)} != input_ids shape "
-                            f"{tuple(input_ids.shape)}")
+        for name, value in flags.items():
+            if value is not None and value.shape != input_ids.shape:
+                raise DataError(f"BartNoise: {name} shape {tuple(value.shape)} != input_ids shape "
+                                f"{tuple(input_ids.shape)}")
         ids = input_ids.detach().cpu().numpy().astype(np.int64)
         mask = attention_mask.detach().cpu().numpy().astype(bool)
         totals = mask.sum(axis=1)
@@ -264,11 +278,14 @@ class BartNoise:
         inside = columns[None, :] < lengths[:, None]
         source = np.clip(before + columns, 0, ids.shape[1] - 1)
         texts = np.where(inside, ids[:, source], self.framing.fill_id)
-        starts = None
-        if sentence_starts is not None:
-            starts = inside & sentence_starts.detach().cpu().numpy().astype(bool)[:, source]
-            starts[:, 0] |= lengths > 0
-        return texts, lengths, starts
+        out: list[np.ndarray | None] = []
+        for value in flags.values():
+            starts = None
+            if value is not None:
+                starts = inside & value.detach().cpu().numpy().astype(bool)[:, source]
+                starts[:, 0] |= lengths > 0
+            out.append(starts)
+        return texts, lengths, out
 
     def _frame(self, texts: np.ndarray, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         prefix = np.asarray(self.prefix, dtype=np.int64)
@@ -288,41 +305,55 @@ class BartNoise:
 
     # ------------------------------------------------------------------ the functions
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, keys: torch.Tensor,
-                 sentence_starts: torch.Tensor | None = None) -> NoisedBatch:
+                 sentence_starts: torch.Tensor | None = None, word_starts: torch.Tensor | None = None) -> NoisedBatch:
         """Noise framed, right-padded rows ``[B, L]``; ``keys [B]`` (int64, ``masking_seeds``) key each row's
-        randomness; ``sentence_starts [B, L]`` (True at a sentence's first token) is needed for permutation."""
+        randomness; ``sentence_starts [B, L]`` (True at a sentence's first token) is needed for permutation,
+        ``word_starts [B, L]`` (True at a word's first token) for the ``whole_words`` options."""
         if keys.shape != input_ids.shape[:1]:
             raise DataError(f"BartNoise: keys must be [B] = [{input_ids.shape[0]}], got {tuple(keys.shape)}")
         cfg = self.config
         if cfg.sentence_permutation is not None and sentence_starts is None:
             raise DataError("BartNoise: noise.sentence_permutation needs the sentence starts of the rows (data."
                             "instances.kind doc-sentences gives them)")
-        texts, lengths, starts = self._texts(input_ids, attention_mask, sentence_starts)
+        if word_starts is None and cfg.whole_words:
+            raise DataError(f"BartNoise: noise.{cfg.whole_words[0]}.whole_words needs the word starts of the rows")
+        texts, lengths, (starts, given_words) = self._texts(input_ids, attention_mask, sentence_starts=sentence_starts,
+                                                            word_starts=word_starts)
+        words = np.arange(texts.shape[1])[None, :] < lengths[:, None] if given_words is None else given_words
         fill = self.framing.fill_id
         for name in cfg.functions:
             options = getattr(cfg, name)
             key = function_keys(keys, name)
             if name == "sentence_permutation":
                 assert starts is not None
-                texts = self._permute(texts, lengths, starts, options.rate, key)
+                texts, words = self._permute(texts, words, lengths, starts, options.rate, key)
             elif name == "text_infilling":
-                texts, lengths = self._infill(texts, lengths, options.rate, key)
+                texts, lengths, words = self._infill(texts, lengths, words, options.rate, key, options.whole_words)
             elif name == "document_rotation":
-                texts = self._rotate(texts, lengths, options.rate, key)
+                texts, words = self._rotate(texts, words, lengths, options.rate, key)
             else:
                 inside = np.arange(texts.shape[1])[None, :] < lengths[:, None]
-                chosen = _select(inside & (texts != self.mask_id), options.rate, _uniforms(key, texts.shape[1], 0))
+                candidate = inside & (texts != self.mask_id)
+                uniforms = _uniforms(key, texts.shape[1], 0)
+                if options.whole_words:  # a word is chosen by its first token, then taken whole
+                    first = np.maximum.accumulate(np.where(words, np.arange(texts.shape[1]), 0), axis=1)
+                    chosen = candidate & np.take_along_axis(_select(candidate & words, options.rate, uniforms), first,
+                                                            axis=1)
+                else:
+                    chosen = _select(candidate, options.rate, uniforms)
                 if name == "token_masking":
                     texts = np.where(chosen, self.mask_id, texts)
                 else:
-                    texts, lengths = _compact(texts, inside & ~chosen, fill)
+                    texts, _ = _compact(texts, inside & ~chosen, fill)
+                    words, lengths = _compact(words, inside & ~chosen, False)
+                    words[:, 0] |= lengths > 0
         if self.max_text is not None:
             lengths = np.minimum(lengths, self.max_text)
         source, source_mask = self._frame(texts, lengths)
         return NoisedBatch(source, source_mask, input_ids.clone(), attention_mask.clone())
 
-    def _permute(self, texts: np.ndarray, lengths: np.ndarray, starts: np.ndarray, rate: float,
-                 key: np.ndarray) -> np.ndarray:
+    def _permute(self, texts: np.ndarray, words: np.ndarray, lengths: np.ndarray, starts: np.ndarray, rate: float,
+                 key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         batch, width = texts.shape
         inside = np.arange(width)[None, :] < lengths[:, None]
         sentence = np.cumsum(starts, axis=1) - 1  # the sentence of every text token
@@ -346,9 +377,12 @@ class BartNoise:
         new_start = np.empty_like(size)
         np.put_along_axis(new_start, order, np.cumsum(placed, axis=1) - placed, axis=1)
         s = sentence[rows, columns]
-        out = texts.copy()
-        out[rows, new_start[rows, s] + columns - old_start[rows, s]] = texts[rows, columns]
-        return out
+        destination = new_start[rows, s] + columns - old_start[rows, s]
+        out, out_words = texts.copy(), words.copy()
+        out[rows, destination] = texts[rows, columns]
+        out_words[rows, destination] = words[rows, columns]
+        out_words[:, 0] |= lengths > 0
+        return out, out_words
 
     def span_lengths(self, key: np.ndarray, budget: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Text infilling's spans for rows of keys ``[B]`` (uint64, already mixed for the function) and budgets
@@ -367,15 +401,28 @@ class BartNoise:
         span_length = np.diff(np.minimum(total, budget[:, None]), axis=1, prepend=0)
         return drawn, span_length, spans
 
-    def _infill(self, texts: np.ndarray, lengths: np.ndarray, rate: float,
-                key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _infill(self, texts: np.ndarray, lengths: np.ndarray, words: np.ndarray, rate: float, key: np.ndarray,
+                whole_words: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Text infilling over units (tokens, or whole words): the texts, their lengths and word starts after it."""
         batch, width = texts.shape
         rows = np.arange(batch)
-        budget = np.round(lengths * rate).astype(np.int64)  # tokens to mask
+        columns = np.arange(width)
+        inside = columns[None, :] < lengths[:, None]
+        units = words & inside if whole_words else inside  # True at the first token of each unit
+        count = units.sum(axis=1)
+        unit_index = np.cumsum(units, axis=1) - 1  # the unit of every token
+        slots = max(1, int(count.max(initial=0)))
+        real_unit = np.arange(slots)[None, :] < count[:, None]
+        unit_start = np.where(real_unit, np.argsort(~units, axis=1, kind="stable")[:, :slots], lengths[:, None])
+        unit_end = np.where(np.arange(slots)[None, :] + 1 < count[:, None],
+                            np.concatenate([unit_start[:, 1:], lengths[:, None]], axis=1), lengths[:, None])
+        unit_length = np.where(real_unit, unit_end - unit_start, 0)
+
+        budget = np.round(count * rate).astype(np.int64)  # units to mask
         _, span_length, spans = self.span_lengths(key, budget)
         draws = span_length.shape[1]
-        kept = lengths - budget
-        gaps = kept + 1  # before each kept token, and after the last
+        kept = count - budget
+        gaps = kept + 1  # before each kept unit, and after the last
         placed = np.minimum(spans, gaps)
         # Spans beyond the gaps join the last placed one.
         target = np.minimum(np.arange(draws)[None, :], np.maximum(placed, 1)[:, None] - 1)
@@ -387,24 +434,43 @@ class BartNoise:
         chosen = real & (_ranks(np.where(real, _uniforms(key, gap_count, 1), 2.0)) < placed[:, None])
         span_of_gap = np.clip(np.cumsum(chosen, axis=1) - 1, 0, draws - 1)
         gap_length = np.where(chosen, np.take_along_axis(merged, span_of_gap, axis=1), 0)
-        # Kept token g: original column g + tokens masked in gaps 0..g; source column g + masks in gaps 0..g.
-        new_lengths = kept + placed
-        out = np.full((batch, max(1, int(new_lengths.max(initial=0)))), self.framing.fill_id, dtype=texts.dtype)
+        # Kept unit g is unit g + (units masked in gaps 0..g); in the source it follows the kept units before it and
+        # the masks of gaps 0..g.
+        is_kept = gap_index[None, :] < kept[:, None]
+        original = np.where(is_kept, gap_index[None, :] + np.cumsum(gap_length, axis=1), 0)
+        kept_length = np.where(is_kept, np.take_along_axis(unit_length, np.minimum(original, slots - 1), axis=1), 0)
+        before = np.cumsum(kept_length, axis=1) - kept_length
         masks_before = np.cumsum(chosen, axis=1)
+        new_lengths = kept_length.sum(axis=1) + placed
+        out = np.full((batch, max(1, int(new_lengths.max(initial=0)))), self.framing.fill_id, dtype=texts.dtype)
+        new_words = np.zeros(out.shape, dtype=bool)
         r, g = np.nonzero(chosen)
-        out[r, g + masks_before[r, g] - 1] = self.mask_id
-        r, g = np.nonzero(gap_index[None, :] < kept[:, None])
-        out[r, g + masks_before[r, g]] = texts[r, g + np.cumsum(gap_length, axis=1)[r, g]]
-        return out, new_lengths
+        out[r, before[r, g] + masks_before[r, g] - 1] = self.mask_id
+        new_words[r, before[r, g] + masks_before[r, g] - 1] = True
+        position = np.full((batch, slots), -1, dtype=np.int64)  # where each kept unit starts in the source
+        r, g = np.nonzero(is_kept)
+        position[r, original[r, g]] = before[r, g] + masks_before[r, g]
+        r, i = np.nonzero(inside)
+        u = unit_index[r, i]
+        keep = position[r, u] >= 0
+        r, i, u = r[keep], i[keep], u[keep]
+        column = position[r, u] + i - unit_start[r, u]
+        out[r, column] = texts[r, i]
+        new_words[r, column] = words[r, i]
+        new_words[:, 0] |= new_lengths > 0
+        return out, new_lengths, new_words
 
-    def _rotate(self, texts: np.ndarray, lengths: np.ndarray, rate: float, key: np.ndarray) -> np.ndarray:
+    def _rotate(self, texts: np.ndarray, words: np.ndarray, lengths: np.ndarray, rate: float,
+                key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         u = _uniforms(key, 1, 0)[:, 0]
         offset = np.where(u < rate, np.minimum((_uniforms(key, 1, 1)[:, 0] * lengths).astype(np.int64),
                                                np.maximum(lengths - 1, 0)), 0)
         columns = np.arange(texts.shape[1])
         source = (columns[None, :] + offset[:, None]) % np.maximum(lengths, 1)[:, None]
         inside = columns[None, :] < lengths[:, None]
-        return np.where(inside, np.take_along_axis(texts, source, axis=1), texts)
+        words = np.where(inside, np.take_along_axis(words, source, axis=1), words)
+        words[:, 0] |= lengths > 0
+        return np.where(inside, np.take_along_axis(texts, source, axis=1), texts), words
 
 
 class DenoisingBatches:
@@ -420,6 +486,7 @@ class DenoisingBatches:
     def __call__(self, instances: InstanceBatch) -> NoisedBatch:
         keys = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, self.dupe_factor,
                              self.noise.config.dynamic)
-        noised = self.noise(instances.input_ids, instances.attention_mask, keys, instances.sentence_starts)
+        noised = self.noise(instances.input_ids, instances.attention_mask, keys, instances.sentence_starts,
+                            instances.word_starts)
         noised.instance_ids = instances.instance_ids
         return noised

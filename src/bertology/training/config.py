@@ -41,10 +41,10 @@ from bertology.config import (
     to_mapping,
     validate,
 )
+from bertology.data.bart_noise import NoiseConfig
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
-from bertology.data.bart_noise import NoiseConfig
 from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig

@@ -6,7 +6,8 @@ Sections and what belongs where:
   overrides of the family's config fields (EncoderConfig's, or TransformerConfig's for the decoders and
   encoder-decoders), or ``init_from`` an existing checkpoint.
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
-* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``).
+* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``), or corrupted
+  into an encoder-decoder's sources and targets (``span_corruption``: T5's; ``noise``: BART's).
 * ``objectives``: ``name -> options`` (``mlm``, ``nsp``, ``sop``, ``span_boundary``, ...); the default is MLM, plus
   NSP for ``nsp`` instances, SOP for ``sop`` instances and the span boundary objective with span masking.
 * ``optim``: everything that shapes the optimisation: batch size, accumulation, learning rate and schedule, clipping.

@@ -161,3 +161,46 @@ def test_two_processes_match_one_process_with_double_batch(t5_assets, tmp_path):
     reference = load_file(tmp_path / "single" / "model" / "model.safetensors")
     for key in reference:
         torch.testing.assert_close(ours[key], reference[key], rtol=1e-4, atol=1e-5, msg=key)
+
+
+def test_an_older_run_config_without_the_new_keys_still_compares_equal():
+    """A checkpoint written before decoders existed records no tokenizer.sentinels, data.span_corruption or
+    decoder-only model keys: resuming it must not see them as changed settings."""
+    from bertology.training.config import PretrainConfig
+    from bertology.training.trainer import check_same_run
+
+    current = PretrainConfig().to_dict()
+    older = json.loads(json.dumps(current))
+    del older["tokenizer"]["sentinels"], older["data"]["span_corruption"]
+    for key in ("num_decoder_layers", "gated_ffn", "positions", "relative_attention_num_buckets"):
+        del older["model"][key]
+    check_same_run("checkpoint", older, current)
+    with pytest.raises(ConfigError, match="tokenizer.sentinels: sentinels are added to a t5-style tokenizer"):
+        PretrainConfig.from_dict({"tokenizer": {"sentinels": 10}})
+
+
+def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets, assets):
+    from bertology.model.checkpoint import config_to_hf
+    from bertology.model.heads import HeadSpec
+    from bertology.recipes.pretrain import build_model_config
+
+    tokenizer = load_tokenizer(t5_assets["tokenizer"], "t5")
+    raw = raw_config(t5_assets, Path("unused"))
+    raw["model"] = {"family": "t5", "preset": "mini", "gated_ffn": True, "hidden_act": "gelu_new"}
+    v11 = build(raw)
+    config = build_model_config(v11, tokenizer)
+    assert (config.num_layers, config.num_decoder_layers, config.hidden_size, config.num_heads) == (4, 4, 256, 4)
+    assert config.head_dim == 64 and config.intermediate_size == 1024 and config.logit_scale == 256 ** -0.5
+    assert (config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (
+        tokenizer.pad_id, tokenizer.sep_id, tokenizer.pad_id)
+    hf = config_to_hf(config, (HeadSpec("lm", "tied_lm"),))
+    assert hf["feed_forward_proj"] == "gated-gelu" and hf["d_kv"] == 64 and hf["vocab_size"] == tokenizer.vocab_size
+    raw = raw_config(t5_assets, Path("unused"), data={"span_corruption": None}, objectives={"clm": {}})
+    raw["model"] = {"family": "gpt2", "preset": "tiny"}
+    raw["data"]["instances"]["kind"] = "packed-documents"
+    gpt2 = build(raw)
+    wordpiece = load_tokenizer(assets["tokenizer"])
+    config = build_model_config(gpt2, wordpiece)
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == (2, 128, 2, 512)
+    assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (
+        wordpiece.cls_id, wordpiece.sep_id, wordpiece.pad_id)

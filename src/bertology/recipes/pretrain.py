@@ -119,12 +119,15 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
                                     show_progress=False)
         if tok.style == "t5":
-            with_sentinels(tokenizer, tok.sentinels).save(directory)
+            with_sentinels(tokenizer, tok.sentinels or T5_SENTINELS).save(directory)
             return load_tokenizer(directory, model_type)  # as later runs read it (the shards record its fingerprint)
         tokenizer.save(directory)
         return tokenizer
 
     return _on_rank0_first(env, make)
+
+
+T5_SENTINELS = 100  # <extra_id_0> ... <extra_id_99>, as T5's tokenizers have
 
 
 def with_sentinels(tokenizer: Tokenizer, count: int) -> Tokenizer:

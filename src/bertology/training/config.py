@@ -119,7 +119,7 @@ class ModelConfig:
 class TokenizerConfig:
     """``path``: an existing tokenizer directory. Without it, one is trained on the corpus (``kind``,
     ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs. ``style``
-    ``t5``: a ``bpe`` or ``unigram`` tokenizer trained as RoBERTa's, then given ``sentinels`` sentinel tokens
+    ``t5``: a ``bpe`` or ``unigram`` tokenizer trained as RoBERTa's, then given ``sentinels`` (100) sentinel tokens
     (``<extra_id_0>`` ... numbered down from the end of the vocabulary) and T5's framing (``text </s>``), for T5's
     span corruption; with a ``path``, the directory is read as a T5 tokenizer."""
 
@@ -129,7 +129,7 @@ class TokenizerConfig:
     style: Literal["bert", "roberta", "t5"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
-    sentinels: int = 100  # with style t5
+    sentinels: int | None = None  # with style t5 (None: T5's 100)
 
     def __post_init__(self) -> None:
         validate(self, "tokenizer")
@@ -139,8 +139,11 @@ class TokenizerConfig:
             raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
         if self.style == "t5" and self.kind == "wordpiece" and self.path is None:
             raise ConfigError("tokenizer.style: a t5-style tokenizer is a bpe or unigram one, not wordpiece")
-        if self.sentinels < 1:
+        if self.sentinels is not None and self.sentinels < 1:
             raise ConfigError(f"tokenizer.sentinels: must be >= 1, got {self.sentinels}")
+        if self.sentinels is not None and self.style != "t5":
+            raise ConfigError(f"tokenizer.sentinels: sentinels are added to a t5-style tokenizer; style is "
+                              f"{self.style!r}")
 
 
 @dataclass

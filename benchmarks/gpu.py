@@ -17,10 +17,18 @@ Results (each one JSON line on stdout; progress goes to stderr):
 * ``training``: one MLM optimizer step (15 % of the real tokens masked, 80/10/10), 64 x 16-128 tokens and 256 x 128;
   bertology's is the trainer's own step (``Trainer._step``: loss, backward, clipping, fused AdamW), transformers'
   the loop body of its Trainer. MFU counts 3 x the forward FLOPs plus the MLM head at the masked positions.
-* ``kernels``: one forward of the variable-length batch under ``torch.profiler``: the device kernels launched (on
+* ``check_bf16``: the relative error ||ours_bf16 - theirs_fp32|| / ||theirs_fp32|| of the last hidden state at the
+  real tokens, and transformers' own in bf16 beside it (bf16 on the packed path: the variable-length kernel on CUDA).
+* ``kernels``: one forward of the variable-length batch (and one training step) under ``torch.profiler``: the device kernels launched (on
   the CPU: the aten operators run), those whose name holds attention / flash / fmha / sdpa / varlen, that count per
   layer, and the host reads of a tensor's value (``aten::_local_scalar_dense``, what ``item()`` and ``int()`` run;
   each one a host synchronisation on a GPU).
+
+* ``compile``: bertology's training step with ``speed.compile`` (the blocks' token-wise work compiled with the token
+  count dynamic) on three new mixes of lengths: the compiled graphs (one, if no mix recompiles) and its speed
+  against eager.
+
+A section that fails emits ``{"result": "error", ...}`` and the script goes on with the next.
 
 Timings: the two sides take turns (interleaved, the order rotating), each call ends with a device synchronisation
 and the median of the repeats is reported. The tokenizer is all-MiniLM-L6-v2's BERT vocabulary when the
@@ -82,6 +90,18 @@ def emit(record: dict[str, Any]) -> None:
 
 def note(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def section(name: str):
+    """Run one section; a failure is reported as a JSON line (traceback on stderr) and the next section runs."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - an unattended run reports every section it can
+        import traceback
+
+        traceback.print_exc()
+        emit({"result": "error", "section": name, "error": f"{type(error).__name__}: {error}"})
 
 
 def synchronize(device: torch.device) -> None:
@@ -203,20 +223,32 @@ def inference_sides(ours: EncoderModel, theirs: torch.nn.Module, ids: torch.Tens
     return {"bertology": bertology, "transformers": transformers}
 
 
-def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[PretrainingBatch, dict], workdir: Path,
-                   device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
-    """bertology: the trainer's step; transformers: loss, backward, clipping, fused AdamW. Dropout 0.1 on both."""
+def our_training_step(ours: EncoderModel, batch: PretrainingBatch, workdir: Path, device: torch.device, bf16: bool,
+                      compile: bool = False) -> Callable[[], object]:
+    """The step Trainer.train runs for each batch (loss, backward, clipping, fused AdamW), on `batch` every call."""
     config = PretrainConfig.from_dict({
         "objectives": {"mlm": {}},
         "optim": {"lr": 1e-4, "weight_decay": 0.01, "clip_norm": 1.0, "warmup_steps": 0, "schedule": "constant",
                   "total_steps": 1_000_000},
         "run": {"output_dir": str(workdir / "run"), "progress": False},
-        "speed": {"device": str(device), "bf16": bf16, "prefetch": 0},
+        "speed": {"device": str(device), "bf16": bf16, "prefetch": 0, "compile": compile},
     })
     trainer = Trainer(config, ours, [MaskedLM(activation=ours.config.hidden_act)], train_data=None,  # type: ignore[arg-type]
                       env=_env(device))
     trainer.wrapped.train()
-    our_batch = batch[0].to(device)
+    on_device = trainer._device_batch(batch)  # as Trainer.train moves each batch: with its packing worked out on the host
+
+    def step() -> object:
+        out = trainer._step([on_device])
+        synchronize(device)
+        return out
+
+    return step
+
+
+def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[PretrainingBatch, dict], workdir: Path,
+                   device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
+    """bertology: the trainer's step; transformers: loss, backward, clipping, fused AdamW. Dropout 0.1 on both."""
     their_batch = {k: v.to(device) for k, v in batch[1].items()}
     theirs.train()
     named = list(theirs.named_parameters())
@@ -224,11 +256,6 @@ def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[Pre
     rest = [p for n, p in named if not (p.ndim >= 2 and "LayerNorm" not in n)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": rest, "weight_decay": 0.0}],
                                   lr=1e-4, eps=1e-6, fused=True)
-
-    def bertology() -> object:
-        out = trainer._step([our_batch])  # the step Trainer.train runs for each batch
-        synchronize(device)
-        return out
 
     def transformers() -> object:
         with autocast(device, bf16):
@@ -240,7 +267,7 @@ def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[Pre
         synchronize(device)
         return loss
 
-    return {"bertology": bertology, "transformers": transformers}
+    return {"bertology": our_training_step(ours, batch[0], workdir, device, bf16), "transformers": transformers}
 
 
 def _env(device: torch.device):
@@ -276,6 +303,39 @@ def training_flops(config: EncoderConfig, lengths: list[int], masked: int) -> fl
     return 3 * (common.model_flops(config, lengths) + head)
 
 
+def check_flash(device: torch.device) -> dict[str, Any]:
+    """The packed flash kernel (bf16, dropout 0) against the group loop in fp32 on the same random packed stream:
+    relative errors of the output and of the three gradients, for each mask policy; and with dropout 0.1, the
+    output's mean against dropout 0 (dropout rescales the kept weights, so the expectation is unchanged)."""
+    from bertology.model.attention import BIDIRECTIONAL, CAUSAL, packed_attention, sliding_window
+    from bertology.model.packing import Layout
+
+    g = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 300, (24,), generator=g)
+    mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None]).long()
+    layout = Layout(mask).to(device)
+    tokens, heads, dim = int(lengths.sum()), 12, 64
+    q, k, v, up = (torch.randn(tokens, heads, dim, generator=g).to(device) for _ in range(4))
+    record: dict[str, Any] = {"result": "check_flash", "tokens": tokens}
+    for name, policy in (("bidirectional", BIDIRECTIONAL), ("causal", CAUSAL), ("window 32", sliding_window(32))):
+        results = {}
+        for kernel, dtype in (("groups", torch.float32), ("flash", torch.bfloat16)):
+            leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+            out, _ = packed_attention(*leaves, layout, policy=policy, kernel=kernel)
+            (out.float() * up).sum().backward()
+            results[kernel] = [out.float()] + [t.grad.float() for t in leaves]
+        errors = [((a - b).norm() / b.norm()).item() for a, b in zip(results["flash"], results["groups"])]
+        record[name] = {"out": errors[0], "grad_q": errors[1], "grad_k": errors[2], "grad_v": errors[3]}
+    low = [t.to(torch.bfloat16) for t in (q, k, v)]
+    plain = packed_attention(*low, layout, kernel="flash")[0].float()
+    dropped = torch.stack([packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+                           for _ in range(32)]).mean(0)
+    record["dropout_mean_relative_error"] = ((dropped - plain).norm() / plain.norm()).item()
+    record["dropout_changes_output"] = bool((packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+                                             != plain).any())
+    return record
+
+
 def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -298,9 +358,167 @@ def kernel_counts(fn: Callable[[], object], device: torch.device, layers: int) -
                      and not (e.cpu_parent is not None and is_attention(e.cpu_parent.name))]
         what = "aten operators (CPU)"
     reads = sum(1 for e in events if e.name == "aten::_local_scalar_dense")
+    busy = sum(e.time_range.elapsed_us() for e in events if e.device_type == torch.autograd.DeviceType.CUDA) / 1e3
     return {"counted": what, "total_kernels": len(kernels), "attention_kernels": len(attention),
             "attention_kernels_per_layer": len(attention) / layers, "host_reads": reads,
+            "device_busy_ms": busy, "host_sync_sites": sync_sites(fn, device),
+            "most_launched": most_launched(kernels),
             "attention_kernel_names": sorted(set(attention))[:8]}
+
+
+def most_launched(kernels: list[str], top: int = 20) -> list[tuple[str, int]]:
+    """The `top` kernel names by launch count (names cut to 80 characters): where the launches go."""
+    counts: dict[str, int] = {}
+    for name in kernels:
+        counts[name[:80]] = counts.get(name[:80], 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])[:top]
+
+
+def sync_sites(fn: Callable[[], object], device: torch.device) -> dict[str, int]:
+    """Where one call of `fn` waits for the device: torch's sync debug mode warns at each synchronising operation;
+    the warnings' source lines, counted (the closing synchronize of the benchmark itself excluded)."""
+    if device.type != "cuda":
+        return {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    sites: dict[str, int] = {}
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            where = f"{Path(w.filename).name}:{w.lineno}"
+            sites[where] = sites.get(where, 0) + 1
+    return sites
+
+
+def run_inference(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Path, device: torch.device, bf16: bool,
+                  peak: float, name: str, started: float) -> None:
+    config = preset("base", **base, **sizes.model)
+    ours, theirs = same_weights(config, [], "BertModel", workdir, device)
+    ours.eval()
+    theirs.eval()
+    count, shortest, longest = sizes.inference_varlen
+    varlen = padded(texts.rows_of(count, shortest, longest, padding=0.44), tokenizer.pad_id)
+    rows, length = sizes.inference_uniform
+    uniform = padded(texts.rows_of(rows, length, length), tokenizer.pad_id)
+    real = varlen[1].to(device).bool()
+    with section("check"):
+        check = inference_sides(ours, theirs, *varlen, device, bf16=False)
+        reference = check["transformers"]()[real].float()
+        difference = (check["bertology"]()[real] - reference).abs().max().item()
+        emit({"result": "check", "what": "last hidden state at the real tokens, fp32", "max_abs_difference":
+              difference})
+    if device.type == "cuda":
+        with section("check_flash"):
+            emit(check_flash(device))
+    if bf16:
+        with section("check_bf16"):
+            low = inference_sides(ours, theirs, *varlen, device, bf16=True)
+            ours_bf16, theirs_bf16 = (low[side]()[real].float() for side in ("bertology", "transformers"))
+            from bertology.model.attention import BIDIRECTIONAL, choose_kernel, varlen_available
+
+            emit({"result": "check_bf16", "what": "relative error of the bf16 last hidden state against "
+                  "transformers' fp32, at the real tokens",
+                  "bertology": ((ours_bf16 - reference).norm() / reference.norm()).item(),
+                  "transformers": ((theirs_bf16 - reference).norm() / reference.norm()).item(),
+                  "packed_kernel": choose_kernel(device, BIDIRECTIONAL, 0.0, False, False, torch.bfloat16),
+                  "varlen_available": varlen_available()})
+    for workload, (ids, mask) in ((f"inference {count} x {shortest}-{longest}", varlen),
+                                  (f"inference {rows} x {length}", uniform)):
+        with section(workload):
+            sides = inference_sides(ours, theirs, ids, mask, device, bf16)
+            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            lengths = mask.sum(1).tolist()
+            flops = common.model_flops(config, lengths)
+            tokens = sum(lengths)
+            record: dict[str, Any] = {"result": "inference", "workload": workload, "device": name,
+                                      "padding": 1 - tokens / mask.numel()}
+            for side, s in seconds.items():
+                record[f"{side}_tokens_per_s"] = tokens / s
+                record[f"{side}_mfu"] = flops / s / peak
+            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
+            emit(record)
+            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
+    with section("kernels"):
+        sides = inference_sides(ours, theirs, *varlen, device, bf16)
+        for side, fn in sides.items():
+            emit({"result": "kernels", "side": side, "workload": f"one forward, {count} x {shortest}-{longest}",
+                  "device": name, "layers": config.num_layers, **kernel_counts(fn, device, config.num_layers)})
+
+
+def run_training(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Path, device: torch.device, bf16: bool,
+                 peak: float, name: str, started: float, seed: int) -> None:
+    train_config = preset("base", **base, **sizes.model, pooler=False)
+    count, shortest, longest = sizes.training_varlen
+    rows, length = sizes.training_uniform
+    workloads = ((f"MLM training step {count} x {shortest}-{longest}", texts.rows_of(count, shortest, longest)),
+                 (f"MLM training step {rows} x {length}", texts.rows_of(rows, length, length)))
+    for index, (workload, token_rows) in enumerate(workloads):
+        with section(workload):
+            ours, theirs = same_weights(train_config, [HeadSpec("mlm", "masked_lm")], "BertForMaskedLM", workdir,
+                                        device)
+            batch = masked_batch(token_rows, tokenizer, seed + index)
+            sides = training_sides(ours, theirs, batch, workdir / f"train{index}", device, bf16)
+            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            lengths = [len(r) for r in token_rows]
+            tokens = sum(lengths)
+            flops = training_flops(train_config, lengths, len(batch[0].mlm_labels))
+            record = {"result": "training", "workload": workload, "device": name,
+                      "padding": 1 - tokens / batch[0].input_ids.numel()}
+            for side, s in seconds.items():
+                record[f"{side}_tokens_per_s"] = tokens / s
+                record[f"{side}_mfu"] = flops / s / peak
+            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
+            emit(record)
+            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
+            if index == 0:
+                for side, fn in sides.items():
+                    emit({"result": "kernels", "side": side, "workload": f"one training step, {workload}",
+                          "device": name, "layers": train_config.num_layers,
+                          **kernel_counts(fn, device, train_config.num_layers)})
+            del ours, theirs, sides
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+
+def run_compile(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Path, device: torch.device, bf16: bool,
+                name: str, started: float, seed: int) -> None:
+    """The trainer's step with speed.compile on three mixes of lengths: graphs compiled, and speed against eager."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    train_config = preset("base", **base, **sizes.model, pooler=False)
+    count, shortest, longest = sizes.training_varlen
+    batches = [masked_batch(texts.rows_of(count, shortest, longest), tokenizer, seed + 10 + i)[0] for i in range(3)]
+    models = {}
+    for side in ("eager", "compiled"):
+        models[side] = EncoderModel(train_config, [HeadSpec("mlm", "masked_lm")])
+        models[side].init_weights(torch.Generator().manual_seed(0))
+        models[side].to(device)
+    eager = our_training_step(models["eager"], batches[0], workdir / "eager", device, bf16)
+    # the first trainer compiles the blocks; the others reuse them on new mixes of lengths
+    compiled = [our_training_step(models["compiled"], batch, workdir / f"compiled-{i}", device, bf16, compile=i == 0)
+                for i, batch in enumerate(batches)]
+    first = time.perf_counter()
+    compiled[0]()
+    compile_seconds = time.perf_counter() - first
+    graphs_first = counters["stats"]["unique_graphs"]
+    for step in compiled[1:]:
+        step()
+    graphs_all = counters["stats"]["unique_graphs"]
+    del compiled[1:]
+    seconds = common.interleaved({"eager": eager, "compiled": compiled[0]}, sizes.warmup,
+                                 sizes.repeats)
+    emit({"result": "compile", "workload": f"MLM training step {count} x {shortest}-{longest}", "device": name,
+          "first_step_seconds": compile_seconds, "graphs_after_first_mix": graphs_first,
+          "graphs_after_three_mixes": graphs_all, "recompiled": graphs_all != graphs_first,
+          "eager_step_ms": seconds["eager"] * 1e3, "compiled_step_ms": seconds["compiled"] * 1e3,
+          "speedup": seconds["eager"] / seconds["compiled"]})
+    note(f"compile: {seconds['eager'] / seconds['compiled']:.2f}x eager ({time.perf_counter() - started:.0f} s)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -332,67 +550,12 @@ def main(argv: list[str] | None = None) -> None:
               "quick": args.quick, "bf16_autocast": bf16, "model": "BERT-base" if not args.quick else "tiny",
               "peak_tflops_measured": peak / 1e12, "peak_dtype": peak_dtype})
 
-        # --- inference ------------------------------------------------------------------------------------------
-        config = preset("base", **base, **sizes.model)
-        ours, theirs = same_weights(config, [], "BertModel", workdir, device)
-        ours.eval()
-        theirs.eval()
-        count, shortest, longest = sizes.inference_varlen
-        varlen = padded(texts.rows_of(count, shortest, longest, padding=0.44), tokenizer.pad_id)
-        rows, length = sizes.inference_uniform
-        uniform = padded(texts.rows_of(rows, length, length), tokenizer.pad_id)
-        check = inference_sides(ours, theirs, *varlen, device, bf16=False)
-        real = varlen[1].to(device).bool()
-        difference = (check["bertology"]()[real] - check["transformers"]()[real]).abs().max().item()
-        emit({"result": "check", "what": "last hidden state at the real tokens, fp32", "max_abs_difference":
-              difference})
-        for workload, (ids, mask) in ((f"inference {count} x {shortest}-{longest}", varlen),
-                                      (f"inference {rows} x {length}", uniform)):
-            sides = inference_sides(ours, theirs, ids, mask, device, bf16)
-            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
-            lengths = mask.sum(1).tolist()
-            flops = common.model_flops(config, lengths)
-            tokens = sum(lengths)
-            record: dict[str, Any] = {"result": "inference", "workload": workload, "device": name,
-                                      "padding": 1 - tokens / mask.numel()}
-            for side, s in seconds.items():
-                record[f"{side}_tokens_per_s"] = tokens / s
-                record[f"{side}_mfu"] = flops / s / peak
-            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
-            emit(record)
-            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
-        sides = inference_sides(ours, theirs, *varlen, device, bf16)
-        for side, fn in sides.items():
-            emit({"result": "kernels", "side": side, "workload": f"one forward, {count} x {shortest}-{longest}",
-                  "device": name, "layers": config.num_layers, **kernel_counts(fn, device, config.num_layers)})
-        del ours, theirs, sides, check
-
-        # --- training -------------------------------------------------------------------------------------------
-        train_config = preset("base", **base, **sizes.model, pooler=False)
-        count, shortest, longest = sizes.training_varlen
-        rows, length = sizes.training_uniform
-        workloads = ((f"MLM training step {count} x {shortest}-{longest}", texts.rows_of(count, shortest, longest)),
-                     (f"MLM training step {rows} x {length}", texts.rows_of(rows, length, length)))
-        for index, (workload, token_rows) in enumerate(workloads):
-            ours, theirs = same_weights(train_config, [HeadSpec("mlm", "masked_lm")], "BertForMaskedLM", workdir,
-                                        device)
-            batch = masked_batch(token_rows, tokenizer, args.seed + index)
-            sides = training_sides(ours, theirs, batch, workdir / f"train{index}", device, bf16)
-            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
-            lengths = [len(r) for r in token_rows]
-            tokens = sum(lengths)
-            flops = training_flops(train_config, lengths, len(batch[0].mlm_labels))
-            record = {"result": "training", "workload": workload, "device": name,
-                      "padding": 1 - tokens / batch[0].input_ids.numel()}
-            for side, s in seconds.items():
-                record[f"{side}_tokens_per_s"] = tokens / s
-                record[f"{side}_mfu"] = flops / s / peak
-            record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
-            emit(record)
-            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
-            del ours, theirs, sides
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+        with section("inference"):
+            run_inference(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started)
+        with section("training"):
+            run_training(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started, args.seed)
+        with section("compile"):
+            run_compile(sizes, texts, tokenizer, base, workdir, device, bf16, name, started, args.seed)
     emit({"result": "done", "seconds": time.perf_counter() - started})
 
 

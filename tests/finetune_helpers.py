@@ -31,3 +31,60 @@ def save_tiny_model(directory: Path, words: Iterable[str], vocab_size: int = 40)
     model.init_weights(torch.Generator().manual_seed(0))
     Pretrained(model, tokenizer).save(directory)
     return directory
+
+
+def family_tokenizer(style: str, texts: list[str]):
+    """A byte-level BPE (gpt2, bart) or Unigram (t5, with three sentinels) tokenizer of the family's framing,
+    trained in memory on `texts`."""
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    from bertology.tokenization import Tokenizer
+    from framing_helpers import specials
+
+    if style == "t5":
+        backend = tokenizers.Tokenizer(models.Unigram())
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        backend.train_from_iterator(texts, trainers.UnigramTrainer(
+            vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False))
+        backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(3))])
+    else:
+        names = ["<|endoftext|>"] if style == "gpt2" else ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+        backend = tokenizers.Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.train_from_iterator(texts, trainers.BpeTrainer(
+            vocab_size=300, special_tokens=names, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+            show_progress=False))
+    return Tokenizer(backend, style=style, specials=specials(style))
+
+
+def save_family_model(directory: Path, style: str, texts: list[str], positions: int = 64) -> Path:
+    """A tiny random GPT-2, BART or T5 built and saved by transformers, with a tokenizer trained on `texts`, as a
+    bertology model directory (loaded from transformers' files, saved with the tokenizer)."""
+    import transformers
+
+    from bertology.model import load_model
+
+    tokenizer = family_tokenizer(style, texts)
+    framing, vocab = tokenizer.framing, tokenizer.vocab_size
+    torch.manual_seed(0)
+    if style == "gpt2":
+        hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            vocab_size=vocab, n_positions=positions, n_embd=32, n_layer=2, n_head=2, bos_token_id=framing.pad_id,
+            eos_token_id=framing.pad_id, pad_token_id=framing.pad_id))
+    elif style == "bart":
+        hf = transformers.BartForConditionalGeneration(transformers.BartConfig(
+            vocab_size=vocab, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=2,
+            decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=positions,
+            pad_token_id=framing.pad_id, bos_token_id=framing.cls_id, eos_token_id=framing.sep_id,
+            decoder_start_token_id=framing.sep_id, forced_bos_token_id=None))
+    else:
+        hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
+            vocab_size=vocab, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+            relative_attention_num_buckets=8, pad_token_id=framing.pad_id, eos_token_id=framing.sep_id,
+            decoder_start_token_id=framing.pad_id))
+    hf.save_pretrained(directory / "hf")
+    Pretrained(load_model(directory / "hf"), tokenizer).save(directory / "model")
+    return directory / "model"

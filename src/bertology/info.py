@@ -62,6 +62,9 @@ class ModelInfo:
             ("layers", depth),
             ("hidden size", str(c.hidden_size)),
             ("attention heads", f"{c.num_heads} (head size {c.head_dim})"),
+            *([("window", ", ".join(str(w) for w in sorted(set(c.attention_window)))
+                + " tokens (half on each side), global tokens with their own projections")]
+              if getattr(c, "attention_window", None) is not None else []),
             ("intermediate", f"{c.intermediate_size} ({c.hidden_act})"),
             ("embedding size", str(c.token_embedding_size)
              + (" (projected to the hidden size)" if c.embedding_size is not None else "")),

@@ -16,6 +16,7 @@ COMMANDS = {  # the command's words and its other required arguments; the marker
     "heads stats": (["heads", "stats"], ["--ud", "UD"], "attention.json"),
     "heads importance": (["heads", "importance"], [], "importance.json"),
     "heads prune": (["heads", "prune"], ["--heads", "0:0"], "pruning.json"),
+    "longformer convert": (["longformer", "convert"], [], "longformer.json"),
 }
 
 

@@ -141,15 +141,18 @@ def test_the_batch_maker_frames_both_sides_and_is_keyed_by_instance_and_epoch():
 def test_the_seq2seq_batch_reads_the_targets():
     rng = np.random.default_rng(3)
     texts = [rng.integers(10, 200, n).tolist() for n in (30, 12)]
-    batch = Seq2SeqBatches(SpanCorruption(CONFIG, FRAMING, seed=0))(instance_batch(texts, [0, 1]))
+    batch = Seq2SeqBatches(SpanCorruption(CONFIG, FRAMING, seed=0), decoder_start_id=0)(instance_batch(texts, [0, 1]))
     real = batch.decoder_attention_mask.bool()
     assert torch.equal(batch.labels[~real], torch.full_like(batch.labels[~real], -100))
     rows, cols = batch.masked_positions.unbind(1)
     assert torch.equal(batch.lm_labels, batch.labels[rows, cols]) and len(rows) == int(real.sum())
+    # The decoder reads the targets shifted right behind the start token (T5's: padding).
+    assert batch.decoder_input_ids[:, 0].tolist() == [0, 0]
+    assert torch.equal(batch.decoder_input_ids[:, 1:][real[:, 1:]], batch.labels[:, :-1][real[:, 1:]])
     moved = batch.to("cpu")
     assert torch.equal(moved.lm_labels, batch.lm_labels) and moved.instance_ids.tolist() == [0, 1]
     with pytest.raises(Exception, match="2 sources but 1 targets"):
-        seq2seq_batch(batch.input_ids, batch.attention_mask, batch.labels[:1], batch.decoder_attention_mask[:1])
+        seq2seq_batch(batch.input_ids, batch.attention_mask, batch.labels[:1], batch.decoder_attention_mask[:1], 0)
 
 
 def test_more_spans_than_sentinels_names_the_option():

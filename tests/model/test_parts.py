@@ -141,23 +141,42 @@ def test_the_nested_kernel_equals_the_group_loop():
         packed_attention(q, k, v, layout, kernel="flash9")
 
 
+def test_flash_kernel_keeps_the_packed_shape_and_is_differentiable():
+    """The CUDA flash kernel through its shape function (meta tensors): [T, heads, d] in and out, with a backward.
+    Its numbers are checked on a GPU by benchmarks/gpu.py (``check_flash``)."""
+    layout = Layout(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])).to(torch.device("meta"))
+    q = torch.randn(7, 2, 8, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    for policy in (BIDIRECTIONAL, CAUSAL, sliding_window(2)):
+        out, probs = packed_attention(q, q, q, layout, policy=policy, dropout=0.1, kernel="flash")
+        assert out.shape == q.shape and out.dtype == q.dtype and probs == []
+        assert out.grad_fn is not None
+
+
 def test_kernel_choice_on_each_device(monkeypatch):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: True)
     monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: True)
+    monkeypatch.setattr("bertology.model.attention.flash_available", lambda device: True)
     assert choose_kernel(cpu, BIDIRECTIONAL, 0.0, False, False) == "groups"
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "varlen"
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False) == "varlen"
-    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False) == "nested"  # dropout: the kernel that has it
-    assert choose_kernel(cuda, CAUSAL, 0.1, False, False) == "groups"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False) == "flash"  # dropout: the kernel that has it
+    assert choose_kernel(cuda, CAUSAL, 0.1, False, False) == "flash"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False, head_dim=72) == "flash"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False, head_dim=60) == "nested"  # not a multiple of 8
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.float32) == "nested"  # flash is half only
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False, torch.float32) == "groups"
     monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: False)  # the first varlen API
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False) == "varlen"
+    assert choose_kernel(cuda, sliding_window(4), 0.0, False, False) == "flash"
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.bfloat16, 1.0) == "flash"  # T5's scale
+    monkeypatch.setattr("bertology.model.attention.flash_available", lambda device: False)  # before Ampere
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False) == "nested"
+    assert choose_kernel(cuda, CAUSAL, 0.1, False, False) == "groups"
     assert choose_kernel(cuda, sliding_window(4), 0.0, False, False) == "groups"
-    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.bfloat16, 1.0) == "nested"  # T5's scale
+    assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.bfloat16, 1.0) == "nested"
     monkeypatch.setattr("bertology.model.attention.varlen_available", lambda: False)
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False) == "nested"
 

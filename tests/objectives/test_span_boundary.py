@@ -203,3 +203,21 @@ def test_shipped_config_runs_on_brown(tmp_path):
     assert (model_dir / HEAD_FILE).is_file()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["sbo_loss"] > 0 and rows[-1]["mlm_loss"] > 0
+
+
+def test_the_boundary_head_is_a_registered_kind_with_checked_inputs():
+    from bertology.errors import ConfigError, InputError
+    from bertology.model.heads import HEAD_KINDS, HeadInputs, HeadSpec, build_head
+
+    assert {"span_boundary", "span", "span_attention"} <= set(HEAD_KINDS)
+    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    with pytest.raises(ConfigError, match="head 'sbo': kind 'span_boundary' needs max_positions >= 1, got 0"):
+        build_head(config, HeadSpec("sbo", "span_boundary"))
+    head = build_head(config, HeadSpec("sbo", "span_boundary", max_positions=4))
+    hidden = torch.randn(1, 5, 32)
+    with pytest.raises(InputError, match="HeadInputs.span_boundaries"):
+        head(HeadInputs(hidden=hidden, attention_mask=torch.ones(1, 5), word_embeddings=torch.randn(50, 32)))
+    at = torch.tensor([[0, 0, 4, 1], [0, 1, 3, 0]])
+    logits = head(HeadInputs(hidden=hidden, attention_mask=torch.ones(1, 5), word_embeddings=torch.randn(50, 32),
+                             span_boundaries=at))
+    assert logits.shape == (2, 50)

@@ -11,18 +11,19 @@ import torch
 
 import bertology.recipes.finetune as finetune_recipe
 from bertology.cli.main import main
-from bertology.errors import ConfigError, DataError
+from bertology.errors import ConfigError, DataError, InputError
 from bertology.model import EncoderModel, load, save_model
+from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.base import get_task
 from bertology.tasks.spans import (
-    SpanClassifier,
     SpanTask,
     encode_spans,
     evaluate_spans,
     span_classifier,
     span_positions,
 )
+from transformer_helpers import tiny_config
 from test_tagging import conll, model_dir, subword_tokenizer, write_conll  # noqa: F401  (the same fixtures)
 
 
@@ -31,7 +32,8 @@ def test_span_representation_by_hand(pooling):
     torch.manual_seed(0)
     z = torch.randn(2, 6, 4)
     spans = torch.tensor([[0, 1, 3], [1, 2, 2], [1, 0, 5], [0, 4, 5]])
-    module = SpanClassifier(4, 3, pooling)
+    config = tiny_config(hidden_size=4)
+    module = build_head(config, HeadSpec("span", "span_attention" if pooling == "attention" else "span", 3))
     got = module.represent(z, spans)
     for k, (row, i, j) in enumerate(spans.tolist()):
         inside = z[row, i:j + 1]
@@ -46,7 +48,12 @@ def test_span_representation_by_hand(pooling):
     changed = z.clone()
     changed[0, 0] += 100
     torch.testing.assert_close(module.represent(changed, spans[:2]), got[:2])
-    assert module(z, spans).shape == (4, 3)
+    assert module.classify(z, spans).shape == (4, 3)
+    mask = torch.ones(2, 6, dtype=torch.long)
+    inputs = HeadInputs(hidden=z, attention_mask=mask, word_embeddings=torch.zeros(1, 4), spans=spans)
+    torch.testing.assert_close(module(inputs), module.classify(z, spans))  # the registry's call: HeadInputs
+    with pytest.raises(InputError, match="HeadInputs.spans"):
+        module(HeadInputs(hidden=z, attention_mask=mask, word_embeddings=torch.zeros(1, 4)))
 
 
 def test_span_positions_are_boundaries_and_interior():

@@ -95,7 +95,7 @@ def test_bad_training_options() -> None:
     with pytest.raises(TokenizerError, match="wordpiece tokenizer is trained in bert style only"):
         train(iter(texts), style="roberta")
     with pytest.raises(TokenizerError, match="unknown tokenizer style"):
-        train(iter(texts), kind="unigram", style="t5")
+        train(iter(texts), kind="unigram", style="electra")
     with pytest.raises(TokenizerError, match="leaves no room"):
         train(iter(texts), size=5)
     with pytest.raises(TokenizerError, match="must be strings"):

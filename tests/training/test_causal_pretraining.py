@@ -15,9 +15,9 @@ from safetensors.torch import load_file
 from bertology.data.causal import CausalBatches
 from bertology.data.dataset import PretrainingDataset
 from bertology.data.instances import InMemoryDocuments, InstanceConfig, create_instances
-from bertology.errors import ConfigError
+from bertology.errors import ConfigError, TokenizerError
 from bertology.tokenization.framing import Framing
-from pretrain_helpers import build, run_shipped_config_briefly, tiny_config
+from pretrain_helpers import build, make_assets, run_shipped_config_briefly, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
@@ -29,6 +29,12 @@ def documents(count: int = 9, seed: int = 0) -> InMemoryDocuments:
     rng = np.random.default_rng(seed)
     return InMemoryDocuments([[rng.integers(10, 60, int(rng.integers(1, 9))) for _ in range(int(rng.integers(1, 4)))]
                               for _ in range(count)])
+
+
+@pytest.fixture(scope="module")
+def gpt2_assets(tmp_path_factory):
+    """A GPT-2-style byte-level BPE (<|endoftext|>, nothing added around a text) and its shards."""
+    return make_assets(tmp_path_factory.mktemp("gpt2-assets"), kind="bpe", style="gpt2")
 
 
 def settings(**extra):
@@ -86,13 +92,13 @@ def test_no_target_crosses_a_document_boundary():
     assert targets == sum(len(x) for x in instances) - len(documents()) - continued
 
 
-def test_gpt2_pretrains_saves_loads_and_reports_perplexity(assets, tmp_path):
+def test_gpt2_pretrains_saves_loads_and_reports_perplexity(gpt2_assets, tmp_path):
     import transformers
 
     import bertology
     from bertology.recipes.pretrain import pretrain
 
-    result = pretrain(build(raw_config(assets, tmp_path / "run")))
+    result = pretrain(build(raw_config(gpt2_assets, tmp_path / "run")))
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     final = [r for r in rows if r["kind"] == "eval"][-1]
     assert final["lm_loss"] > 0 and final["perplexity"] == pytest.approx(np.exp(final["lm_loss"]))
@@ -110,19 +116,19 @@ class _Crash(Exception):
     pass
 
 
-def test_a_resumed_gpt2_run_is_bitwise_identical(assets, tmp_path):
+def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
     from bertology.recipes.pretrain import pretrain
 
     extra = dict(optim={"total_steps": 6, "grad_accumulation": 2}, run={"checkpoint_every": 2, "eval_every": 0})
-    pretrain(build(raw_config(assets, tmp_path / "reference", **extra)))
+    pretrain(build(raw_config(gpt2_assets, tmp_path / "reference", **extra)))
 
     def crash(trainer, report):
         if report.step == 5:
             raise _Crash()
 
     with pytest.raises(_Crash):
-        pretrain(build(raw_config(assets, tmp_path / "stopped", **extra)), hooks=[crash])
-    pretrain(build(raw_config(assets, tmp_path / "stopped", **extra)), resume=True)
+        pretrain(build(raw_config(gpt2_assets, tmp_path / "stopped", **extra)), hooks=[crash])
+    pretrain(build(raw_config(gpt2_assets, tmp_path / "stopped", **extra)), resume=True)
     ours = load_file(tmp_path / "stopped" / "model" / "model.safetensors")
     theirs = load_file(tmp_path / "reference" / "model" / "model.safetensors")
     assert ours.keys() == theirs.keys()
@@ -136,12 +142,22 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(assets, tmp_path):
     ({"model": {"type_vocab_size": 2}}, "model.type_vocab_size: a field of the encoders, not of gpt2 models"),
     ({"model": {"family": "bert"}, "objectives": {"mlm": {}}},
      "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal LM keeps"),
+    ({"tokenizer": "wordpiece"}, "model: gpt2 models read texts framed as gpt2 does .* but the tokenizer is "
+                                 "bert-style .*: set tokenizer.style: gpt2"),
 ])
-def test_bad_causal_configs_name_the_key(assets, tmp_path, change, message):
-    raw = raw_config(assets, tmp_path / "run")
+def test_bad_causal_configs_name_the_key(gpt2_assets, assets, tmp_path, change, message):
+    raw = raw_config(gpt2_assets, tmp_path / "run")
     raw["objectives"] = change.get("objectives", raw["objectives"])
     raw["data"]["instances"].update(change.get("data", {}).get("instances", {}))
     raw["model"].update(change.get("model", {}))
+    if "tokenizer" in change:  # refused when the model is built, before any step
+        from bertology.recipes.pretrain import pretrain
+
+        raw["tokenizer"]["path"] = str(assets["tokenizer"])
+        raw["data"]["shards"] = str(assets["shards"])
+        with pytest.raises(TokenizerError, match=message):
+            pretrain(build(raw))
+        return
     with pytest.raises(ConfigError, match=message):
         build(raw)
 
@@ -157,7 +173,7 @@ def test_shipped_gpt2_config_runs_on_brown(tmp_path):
 
 
 @pytest.mark.slow  # two spawned processes: about 20 s on a shared 2-core machine
-def test_two_processes_match_one_process_with_double_batch(assets, tmp_path):
+def test_two_processes_match_one_process_with_double_batch(gpt2_assets, tmp_path):
     """DDP (two CPU processes, gloo) x batch 4 trains the decoder to the weights of one process x batch 8."""
     import torch.multiprocessing as mp
 
@@ -166,8 +182,8 @@ def test_two_processes_match_one_process_with_double_batch(assets, tmp_path):
 
     extra = dict(model={"hidden_dropout": 0.0, "attention_dropout": 0.0, "embedding_dropout": 0.0},
                  run={"eval_every": 0, "checkpoint_every": 0, "log_every": 2})
-    pretrain(build(raw_config(assets, tmp_path / "single", optim={"batch_size": 8, "total_steps": 3}, **extra)))
-    double = raw_config(assets, tmp_path / "double", optim={"batch_size": 4, "total_steps": 3}, **extra)
+    pretrain(build(raw_config(gpt2_assets, tmp_path / "single", optim={"batch_size": 8, "total_steps": 3}, **extra)))
+    double = raw_config(gpt2_assets, tmp_path / "double", optim={"batch_size": 4, "total_steps": 3}, **extra)
     (tmp_path / "seen").mkdir()
     mp.spawn(_worker, args=(2, _free_port(), double, str(tmp_path / "seen")), nprocs=2, join=True)
     ours = load_file(tmp_path / "double" / "model" / "model.safetensors")

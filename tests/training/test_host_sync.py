@@ -83,8 +83,6 @@ ELECTRA = {"model": {"family": "electra"}, "data": {"instances": {"kind": "full-
     ({"data": {"instances": {"kind": "sop"}}}, 1),  # MLM + SOP
     ({"data": SPANS}, 1),  # SpanBERT: MLM + the span boundary objective
     (ELECTRA, 1),  # the generator's keyed sampling included
-    ({"model": {"family": "gpt2"}, "data": {"instances": {"kind": "packed-documents"}},
-      "objectives": {"clm": {}}}, 2),  # causal LM on packed documents
 ])
 def test_no_host_reads_inside_training_steps(assets, tmp_path, host_reads, sections, accumulation):
     # Nothing is logged, evaluated or saved before the last of 5 steps: every read before it would be a sync.

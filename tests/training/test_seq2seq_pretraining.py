@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from bertology.data.shards import prepare_corpus
 from bertology.errors import ConfigError
-from bertology.recipes.pretrain import with_sentinels
 from bertology.tokenization import load_tokenizer, train_tokenizer
 from pretrain_helpers import build, run_shipped_config_briefly, tiny_config, write_corpus
 
@@ -24,17 +23,17 @@ BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 
 @pytest.fixture(scope="module")
 def t5_assets(tmp_path_factory) -> dict[str, Path]:
-    """A Unigram tokenizer given T5's framing and sentinels (100, and a second one with 3), and shards."""
+    """T5-style Unigram tokenizers (100 sentinels, and a second one with 3) and their shards."""
     root = tmp_path_factory.mktemp("t5-assets")
     corpus = write_corpus(root / "corpus.txt")
-    trained = train_tokenizer([str(corpus)], "unigram", 120, show_progress=False)
     for name, count in (("tokenizer", 100), ("few-sentinels", 3)):
-        with_sentinels(trained, count).save(root / name)
-    tokenizer = load_tokenizer(root / "tokenizer", "t5")
+        train_tokenizer([str(corpus)], "unigram", 120, style="t5", sentinels=count, show_progress=False).save(
+            root / name)
+    tokenizer = load_tokenizer(root / "tokenizer")
     assert tokenizer.style == "t5" and len(tokenizer.framing.sentinels) == 100
     assert tokenizer.token_to_id("<extra_id_0>") == tokenizer.vocab_size - 1  # numbered down from the end, as T5's
     prepare_corpus(str(corpus), tokenizer, root / "shards", heldout_documents=3, show_progress=False)
-    prepare_corpus(str(corpus), load_tokenizer(root / "few-sentinels", "t5"), root / "few-shards",
+    prepare_corpus(str(corpus), load_tokenizer(root / "few-sentinels"), root / "few-shards",
                    heldout_documents=3, show_progress=False)
     return {"tokenizer": root / "tokenizer", "shards": root / "shards", "few": root / "few-sentinels",
             "few-shards": root / "few-shards"}
@@ -46,7 +45,7 @@ def raw_config(assets, output_dir, **extra):
                     data={"instances": {"kind": "doc-sentences"}, "span_corruption": {}, **extra.pop("data", {})},
                     **extra)
     raw = tiny_config(assets, output_dir, **sections)
-    raw["tokenizer"] = {"path": str(assets["tokenizer"]), "style": "t5"}
+    raw["tokenizer"] = {"path": str(assets["tokenizer"])}
     raw["objectives"] = objectives
     return raw
 
@@ -63,7 +62,7 @@ def test_t5_pretrains_saves_loads_and_reports_perplexity(t5_assets, tmp_path):
     assert final["denoise_loss"] > 0 and final["perplexity"] == pytest.approx(np.exp(final["denoise_loss"]))
     config = json.loads((result.model_dir / "config.json").read_text())
     assert config["architectures"] == ["T5ForConditionalGeneration"] and config["d_model"] == 32
-    tokenizer = load_tokenizer(t5_assets["tokenizer"], "t5")
+    tokenizer = load_tokenizer(t5_assets["tokenizer"])
     assert config["decoder_start_token_id"] == tokenizer.pad_id and config["eos_token_id"] == tokenizer.sep_id
     loaded = bertology.load(result.model_dir)
     assert type(loaded.model).__name__ == "Seq2SeqModel"
@@ -104,7 +103,7 @@ def test_more_noise_spans_than_sentinels_is_refused_naming_the_option(t5_assets,
     from bertology.recipes.pretrain import pretrain
 
     raw = raw_config(t5_assets, tmp_path / "run", data={"span_corruption": {"mean_noise_span_length": 1.0}})
-    raw["tokenizer"] = {"path": str(t5_assets["few"]), "style": "t5"}
+    raw["tokenizer"] = {"path": str(t5_assets["few"])}
     raw["data"]["shards"] = str(t5_assets["few-shards"])
     with pytest.raises(ConfigError, match=r"data\.span_corruption\.mean_noise_span_length: a text of 47 tokens gets "
                                           r"7 noise tokens in 7 spans .*the tokenizer's 3 sentinels"):
@@ -175,8 +174,9 @@ def test_an_older_run_config_without_the_new_keys_still_compares_equal():
     for key in ("num_decoder_layers", "gated_ffn", "positions", "relative_attention_num_buckets"):
         del older["model"][key]
     check_same_run("checkpoint", older, current)
-    with pytest.raises(ConfigError, match="tokenizer.sentinels: sentinels are added to a t5-style tokenizer"):
+    with pytest.raises(ConfigError, match="tokenizer.sentinels: sentinels are T5's, for a t5-style tokenizer"):
         PretrainConfig.from_dict({"tokenizer": {"sentinels": 10}})
+    assert PretrainConfig.from_dict({"tokenizer": {"style": "t5", "kind": "unigram", "sentinels": 10}})
 
 
 def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets, assets):
@@ -184,7 +184,7 @@ def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets,
     from bertology.model.heads import HeadSpec
     from bertology.recipes.pretrain import build_model_config
 
-    tokenizer = load_tokenizer(t5_assets["tokenizer"], "t5")
+    tokenizer = load_tokenizer(t5_assets["tokenizer"])
     raw = raw_config(t5_assets, Path("unused"))
     raw["model"] = {"family": "t5", "preset": "mini", "gated_ffn": True, "hidden_act": "gelu_new"}
     v11 = build(raw)

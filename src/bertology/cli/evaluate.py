@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--allow-missing", action="store_true",
                         help="squad: score a question without a prediction 0, as the official script does, "
                         "and print their number as 'missing', instead of stopping with an error")
+    parser.add_argument("--open-labels", action="store_true",
+                        help="GLUE: a prediction that is none of the task's labels (a text-to-text model's "
+                        "generated text, as T5's fine-tuning writes it) counts as wrong instead of being an error")
     parser.add_argument("--index", metavar="INDEX",
                         help="retrieval: a dense index (`bertology index build --squad FILE`); with --squad FILE, "
                         "prints recall@1/5/20 (percent) of every question against all its paragraphs")
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     if args.predictions is None:
         raise ConfigError(f"evaluate --task {args.task}: --predictions FILE is required")
     if name in TASKS:
-        metrics = evaluate_files(name, args.predictions, args.gold, allow_missing=args.allow_missing)
+        metrics = evaluate_files(name, args.predictions, args.gold, allow_missing=args.allow_missing,
+                                 open_labels=args.open_labels)
     else:  # any other registered task (span typing) or a user's task file scores with its own evaluate
         from bertology.tasks.base import get_task
 

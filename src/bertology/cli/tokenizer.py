@@ -20,19 +20,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     train = actions.add_parser(
         "train",
-        help="train a WordPiece, byte-level BPE or Unigram tokenizer",
+        help="train a WordPiece, byte-level BPE or Unigram tokenizer (BERT, RoBERTa, GPT-2, BART, ALBERT, XLM-R, T5)",
         description="Train a tokenizer on the sentences of a corpus (files, directories or globs, read as "
         "`data prepare` reads them) and write tokenizer.json, tokenizer_config.json, special_tokens_map.json and "
         f"the vocabulary files to --out. {PREFIX_HELP}",
     )
-    train.add_argument("--kind", required=True, choices=("wordpiece", "bpe", "unigram"))
+    train.add_argument("--kind", required=True, choices=("wordpiece", "bpe", "bytelevel-bpe", "unigram"),
+                       help="bytelevel-bpe is bpe (byte-level, as RoBERTa, GPT-2 and BART)")
     train.add_argument("--vocab-size", required=True, type=int)
     train.add_argument("--out", required=True, help="output directory")
     train.add_argument("--overwrite", action="store_true",
                        help="replace the tokenizer of an existing model directory (its weights depend on it)")
     add_corpus_arguments(train)
-    train.add_argument("--style", choices=("bert", "roberta"), default=None,
-                       help="special-token style (default: bert for wordpiece, roberta otherwise)")
+    train.add_argument("--style", choices=("bert", "roberta", "gpt2", "bart", "t5"), default=None,
+                       help="special-token style (default: bert for wordpiece, roberta otherwise): bpe also as gpt2 "
+                       "or bart, unigram as bert (ALBERT) or t5 (</s> after each text, <pad>, sentinels)")
+    train.add_argument("--sentinels", type=int, default=None, metavar="N",
+                       help="t5 style: N sentinel tokens <extra_id_0> ... <extra_id_N-1> at the end of the vocabulary "
+                       "(default 100, as T5)")
     case = train.add_mutually_exclusive_group()
     case.add_argument("--lowercase", dest="lowercase", action="store_true", default=None)
     case.add_argument("--no-lowercase", dest="lowercase", action="store_false")
@@ -71,6 +76,7 @@ def run_train(args: argparse.Namespace) -> int:
         min_frequency=args.min_frequency,
         show_progress=not args.quiet,
         model_max_length=args.model_max_length,
+        sentinels=args.sentinels,
     )
     tokenizer.save(out)
     print(f"wrote {args.kind} tokenizer ({tokenizer.vocab_size} tokens, {tokenizer.style} style) to {out}",

@@ -10,11 +10,10 @@ denoising scheme is a batch maker in two steps:
    its randomness keyed by (seed, instance, epoch) like MLM masking (``masking_seeds``), so that resumed runs see
    the same batches. T5's span corruption (``bertology.data.span_corruption``) is one; BART's noise functions are
    others; anything with the four fields of ``SourceTarget`` fits.
-2. ``Seq2SeqBatches`` wraps the maker and makes the training batch (``seq2seq_batch``): the decoder's labels
-   (the targets; -100 at padding), its mask, and the (row, column) of every target token with its id, which the
-   denoising objective (``bertology.objectives.denoise``) reads. The decoder inputs are the labels shifted right
-   behind the model's ``decoder_start_token_id``, made by the model itself (``Seq2SeqModel.forward``), so the
-   batch does not depend on which family reads it.
+2. ``Seq2SeqBatches`` wraps the maker and makes the training batch (``seq2seq_batch``): the decoder's inputs
+   (the targets shifted right behind the family's decoder start token: T5's padding token, BART's ``</s>``), its
+   mask, the labels (the targets; -100 at padding) and the (row, column) of every target token with its id, which
+   the denoising objective (``bertology.objectives.denoise``) reads.
 
 To add a scheme: write the maker (a class with ``__call__(InstanceBatch) -> SourceTarget``), a config section for
 its options, and have the pretrain recipe wrap it in ``Seq2SeqBatches`` (``bertology.recipes.pretrain``).
@@ -55,14 +54,15 @@ class SourceTargetBatch:
 @dataclass
 class Seq2SeqBatch:
     """A training batch of an encoder-decoder: the encoder's ``input_ids`` / ``attention_mask``, the decoder's
-    ``labels`` [B, Lt] (-100 at padding; the model shifts them into its inputs) and ``decoder_attention_mask``, and
-    ``masked_positions`` [N, 2] (row, column) of the N target tokens with their ids ``lm_labels`` [N], where the
-    model computes vocabulary logits."""
+    ``decoder_input_ids`` and ``decoder_attention_mask`` [B, Lt], the ``labels`` [B, Lt] (the targets, -100 at
+    padding), and ``masked_positions`` [N, 2] (row, column) of the N target tokens with their ids ``lm_labels``
+    [N], where the model computes vocabulary logits."""
 
     input_ids: Tensor
     attention_mask: Tensor
-    labels: Tensor
+    decoder_input_ids: Tensor
     decoder_attention_mask: Tensor
+    labels: Tensor
     masked_positions: Tensor
     lm_labels: Tensor
     instance_ids: Tensor | None = None
@@ -76,8 +76,9 @@ class Seq2SeqBatch:
 
 
 def seq2seq_batch(input_ids: Tensor, attention_mask: Tensor, target_ids: Tensor, target_mask: Tensor,
-                  instance_ids: Tensor | None = None) -> Seq2SeqBatch:
-    """The training batch of padded sources and targets (see ``Seq2SeqBatch``)."""
+                  decoder_start_id: int, instance_ids: Tensor | None = None) -> Seq2SeqBatch:
+    """The training batch of padded sources and targets (see ``Seq2SeqBatch``); the decoder reads the targets
+    shifted right behind ``decoder_start_id``."""
     if input_ids.shape != attention_mask.shape or target_ids.shape != target_mask.shape:
         raise DataError(f"seq2seq_batch: ids and masks differ in shape: source {tuple(input_ids.shape)} / "
                         f"{tuple(attention_mask.shape)}, target {tuple(target_ids.shape)} / {tuple(target_mask.shape)}")
@@ -85,19 +86,23 @@ def seq2seq_batch(input_ids: Tensor, attention_mask: Tensor, target_ids: Tensor,
         raise DataError(f"seq2seq_batch: {input_ids.shape[0]} sources but {target_ids.shape[0]} targets")
     real = target_mask.bool()
     rows, cols = real.nonzero(as_tuple=True)
-    labels = target_ids.masked_fill(~real, -100)
-    return Seq2SeqBatch(input_ids, attention_mask, labels, target_mask, torch.stack([rows, cols], 1),
-                        target_ids[rows, cols], instance_ids)
+    decoder_input_ids = torch.empty_like(target_ids)
+    decoder_input_ids[:, 0] = decoder_start_id
+    decoder_input_ids[:, 1:] = target_ids[:, :-1]
+    return Seq2SeqBatch(input_ids, attention_mask, decoder_input_ids, target_mask, target_ids.masked_fill(~real, -100),
+                        torch.stack([rows, cols], 1), target_ids[rows, cols], instance_ids)
 
 
 class Seq2SeqBatches:
-    """A batch maker for encoder-decoders: ``maker`` makes the sources and targets, this the training batch."""
+    """A batch maker for encoder-decoders: ``maker`` makes the sources and targets, this the training batch (the
+    decoder starting from ``decoder_start_id``, the model's ``decoder_start_token_id``)."""
 
-    def __init__(self, maker: BatchMaker) -> None:
+    def __init__(self, maker: BatchMaker, decoder_start_id: int) -> None:
         self.maker = maker
+        self.decoder_start_id = int(decoder_start_id)
         self.needs_position = getattr(maker, "needs_position", False)
 
     def __call__(self, instances: InstanceBatch) -> Seq2SeqBatch:
         made: Any = self.maker(instances)
         return seq2seq_batch(made.input_ids, made.attention_mask, made.target_ids, made.target_mask,
-                             getattr(made, "instance_ids", None))
+                             self.decoder_start_id, getattr(made, "instance_ids", None))

@@ -113,6 +113,10 @@ class EncoderBackbone(torch.nn.Module):
         self.training = model.training  # a new Module starts in training mode; follow the model's instead
         self.tokenizer = tokenizer  # embed's default tokenizer
         self.framing = tokenizer.framing
+        # A windowed encoder (Longformer) reads a whole long text in one forward, its summary token global (when
+        # the framing puts it first, as BERT's and RoBERTa's do).
+        self.global_summary = getattr(model.config, "attention_window", None) is not None and isinstance(
+            model, Encoder) and self.framing.frame([]).summary == 0
 
     @property
     def num_layers(self) -> int:
@@ -142,7 +146,11 @@ class EncoderBackbone(torch.nn.Module):
         device = next(self.encoder.parameters()).device
         inputs = (input_ids.to(device), attention_mask.to(device), token_type_ids.to(device))
         if isinstance(self.encoder, Encoder):
-            return self.encoder(*inputs, output_hidden_states=True).hidden_states
+            flags = None
+            if self.global_summary:
+                flags = torch.zeros_like(inputs[0])
+                flags[:, 0] = inputs[1][:, 0]
+            return self.encoder(*inputs, output_hidden_states=True, global_attention_mask=flags).hidden_states
         return self.encoder.layer_states(*inputs)
 
 

@@ -12,6 +12,8 @@ from bertology.model.packing import Layout
 from bertology.model.protocol import Model, require_encoder
 from bertology.model.registry import register_model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
+from bertology.model.xlnet import XLNetConfig, XLNetModel
+from bertology.model.longformer import LongformerConfig, LongformerModel
 from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 
@@ -23,9 +25,13 @@ __all__ = [
     "DecoderModel",
     "Seq2SeqModel",
     "TransformerConfig",
+    "XLNetConfig",
+    "XLNetModel",
     "register_model",
     "HeadInputs",
     "KVCache",
+    "LongformerConfig",
+    "LongformerModel",
     "Layout",
     "MaskPolicy",
     "Model",

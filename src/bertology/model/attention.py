@@ -9,8 +9,14 @@ queries (a key/value cache, memory, cross-attention), the queries then sitting a
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
 a `Layout`: on CPU one call per group of equal-length sequences (the fastest there), on CUDA one variable-length
-kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`, or SDPA on a jagged nested
-tensor when attention dropout is on)."""
+kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
+kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through many small Python-
+dispatched operations, which made a training step CPU-bound on a GPU).
+
+A window narrower than the sequence runs blocked (`windowed_attention`): queries in blocks of the window's width,
+each attending to the keys its block can reach plus the global tokens, the global tokens' own rows attending to
+every key; time and memory grow linearly with the length, and no [L, L] tensor is made. Longformer's global rows
+may use projections of their own (`global_qkv`)."""
 
 from __future__ import annotations
 
@@ -102,12 +108,40 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
               documents: Tensor | None = None, global_tokens: Tensor | None = None, mask: Tensor | None = None,
               bias: Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
               need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
-              head_scale: Tensor | None = None, query_offset: int | None = None) -> tuple[Tensor, Tensor | None]:
+              head_scale: Tensor | None = None, query_offset: int | None = None,
+              global_qkv: GlobalQKV | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d]; returns (output [B, heads, Lq, d], the
     probabilities [B, heads, Lq, Lk] when `need_weights`). `query_offset` defaults to Lk - Lq (queries are the last
-    positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores."""
+    positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores.
+
+    `global_qkv` (with `global_tokens`, queries and keys of one length): the global tokens' rows attend with these
+    queries, keys and values instead (Longformer's separate projections), to every real key. A window narrower
+    than the sequence runs blocked (`windowed_attention`), linear in the length, where nothing it lacks is asked
+    for (probabilities, documents, a boolean mask, a bias, a prefix, a key/value cache)."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     offset = num_keys - num_queries if query_offset is None else query_offset
+    left, right = policy.bounds
+    if (0 <= left and 0 <= right and left + right + 1 < num_keys and num_queries == num_keys and offset == 0
+            and documents is None and mask is None and bias is None and prefix is None and not need_weights):
+        out = windowed_attention(q, k, v, left, right, key_mask=key_mask, global_tokens=global_tokens,
+                                 global_qkv=global_qkv, scale=scale, dropout=dropout)
+        return (out * head_scale.to(out.dtype)[:, None, None] if head_scale is not None else out), None
+    out, probs = dense_attention(q, k, v, policy, key_mask, documents, global_tokens, mask, bias, scale, dropout,
+                                 need_weights, prefix, head_scale, offset)
+    if global_qkv is not None and global_tokens is not None:
+        if num_queries != num_keys:
+            raise ValueError("global_qkv needs as many queries as keys")
+        out, probs = global_rows(out, probs, global_qkv, global_tokens.bool(), key_mask, scale, dropout,
+                                 head_scale)
+    return out, probs
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, policy: MaskPolicy, key_mask: Tensor | None,
+                    documents: Tensor | None, global_tokens: Tensor | None, mask: Tensor | None, bias: Tensor | None,
+                    scale: float | None, dropout: float, need_weights: bool, prefix: tuple[Tensor, Tensor] | None,
+                    head_scale: Tensor | None, offset: int) -> tuple[Tensor, Tensor | None]:
+    """`attention` with the whole [Lq, Lk] mask at once."""
+    num_queries, num_keys = q.shape[-2], k.shape[-2]
     allowed = combined_mask(policy, num_queries, num_keys, q.device, query_offset=offset, key_mask=key_mask,
                             documents=documents, global_tokens=global_tokens, mask=mask)
     if bias is not None or (allowed is not None and (policy.restricts or documents is not None or mask is not None)):
@@ -116,11 +150,163 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
         # gradients through 0 * NaN.
         additive = bias.to(q.dtype) if bias is not None else None
         if allowed is not None:
-            mask_values = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(
-                ~allowed, torch.finfo(q.dtype).min)
+            mask_values = additive_mask(allowed, q.dtype)
             additive = mask_values if additive is None else additive + mask_values
         return attend(q, k, v, additive, dropout, need_weights, prefix, head_scale, scale)
     return attend(q, k, v, allowed, dropout, need_weights, prefix, head_scale, scale)
+
+
+def additive_mask(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as scores to add: 0 where allowed, the dtype's lowest value elsewhere (a row that may see
+    nothing then gets a uniform mix instead of NaN)."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)
+
+
+def flagged_positions(flags: Tensor) -> tuple[Tensor, Tensor]:
+    """The flagged positions of each row of `flags` [B, L], in order: (indices [B, G], valid [B, G]), G the most
+    flags in a row; slots past a row's count hold index 0 and valid False."""
+    counts = flags.sum(1)
+    width = int(counts.max()) if flags.numel() else 0
+    order = torch.argsort(flags.to(torch.uint8), dim=1, descending=True, stable=True)[:, :width]
+    valid = torch.arange(width, device=flags.device)[None, :] < counts[:, None]
+    return order.masked_fill(~valid, 0), valid
+
+
+def gather_rows(t: Tensor, index: Tensor) -> Tensor:
+    """Rows `index` [B, G] of t [B, heads, L, d] -> [B, heads, G, d]."""
+    return t.gather(2, index[:, None, :, None].expand(-1, t.shape[1], -1, t.shape[-1]))
+
+
+def scatter_rows(t: Tensor, index: Tensor, valid: Tensor, rows: Tensor) -> Tensor:
+    """t [B, heads, L, n] with its rows `index` [B, G] (where `valid`) replaced by `rows` [B, heads, G, n] (a copy
+    in t's memory layout)."""
+    batch = torch.arange(t.shape[0], device=t.device)[:, None].expand_as(index)[valid]
+    out = t.clone()
+    out[batch, :, index[valid]] = rows.transpose(1, 2)[valid].to(t.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class GlobalProjections:
+    """The global rows' queries, keys and values as projections of the hidden states `x` [B, L, H] (weights
+    [heads x d, H], optional biases), applied only where needed. With G global tokens a row, projecting every
+    token's keys and values costs O(L H^2); when heads * G < H it is cheaper to fold the key projection into the
+    queries and the value projection after the probabilities, O(heads G L H):
+
+        q_g . (W_k x + b_k) = (W_k^T q_g) . x + q_g . b_k        P (x W_v^T + b_v) = (P x) W_v^T + (P 1) b_v"""
+
+    x: Tensor  # [B, L, H]; [T, H] for a packed stream, which `group` cuts into its groups
+    heads: int
+    weights: tuple[Tensor, Tensor, Tensor]
+    biases: tuple[Tensor | None, Tensor | None, Tensor | None]
+
+    def group(self, rows: slice, count: int, length: int) -> GlobalProjections:
+        """These projections over the packed tokens `rows`, [count, length, H] (one group of a packed stream)."""
+        return GlobalProjections(self.x[rows].view(count, length, -1), self.heads, self.weights, self.biases)
+
+    def attend(self, index: Tensor, key_mask: Tensor | None, scale: float | None, dropout: float,
+               need_weights: bool, head_scale: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """Attention of the rows `index` [B, G] over every real key: ([B, heads, G, d], probabilities)."""
+        x, heads = self.x, self.heads
+        batch, length, hidden = x.shape
+        (w_q, w_k, w_v), (b_q, b_k, b_v) = self.weights, self.biases
+        dim = w_q.shape[0] // heads
+        count = index.shape[1]
+        rows = x.gather(1, index[:, :, None].expand(-1, -1, hidden))
+        q = F.linear(rows, w_q, b_q).view(batch, count, heads, dim).transpose(1, 2)  # [B, heads, G, d]
+        mask = additive_mask(key_mask.bool()[:, None, None, :], x.dtype) if key_mask is not None else None
+        if heads * count >= hidden:  # few tokens are global in name only: project every key and value
+            k, v = (F.linear(x, w, b).view(batch, length, heads, dim).transpose(1, 2)
+                    for w, b in ((w_k, b_k), (w_v, b_v)))
+            return attend(q, k, v, mask, dropout, need_weights, head_scale=head_scale, scale=scale)
+        folded = torch.einsum("bhgd,hdk->bhgk", q, w_k.view(heads, dim, hidden))
+        scores = (folded.flatten(1, 2) @ x.transpose(1, 2)).view(batch, heads, count, length)
+        if b_k is not None:
+            scores = scores + (q * b_k.view(heads, dim)[None, :, None, :]).sum(-1, keepdim=True)
+        scores = scores * (scale if scale is not None else dim ** -0.5)
+        probs = (scores + mask if mask is not None else scores).softmax(-1)
+        used = fast_dropout(probs, dropout, dropout > 0)
+        mixed = (used.flatten(1, 2) @ x).view(batch, heads, count, hidden)
+        out = torch.einsum("bhgk,hdk->bhgd", mixed, w_v.view(heads, dim, hidden))
+        if b_v is not None:
+            out = out + used.sum(-1, keepdim=True) * b_v.view(heads, dim)[None, :, None, :]
+        if head_scale is not None:
+            factor = head_scale.to(out.dtype)[:, None, None]
+            return out * factor, (probs * factor if need_weights else None)
+        return out, (probs if need_weights else None)
+
+
+# The global rows' queries, keys and values: [B, heads, L, d] tensors, or projections applied where needed.
+GlobalQKV = tuple[Tensor, Tensor, Tensor] | GlobalProjections
+
+
+def global_rows(out: Tensor, probs: Tensor | None, source: GlobalQKV, global_tokens: Tensor,
+                key_mask: Tensor | None, scale: float | None, dropout: float,
+                head_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """`out` (and `probs`) with the rows of the global tokens [B, L] replaced by their attention with `source`'s
+    queries, keys and values over every real key (`key_mask` [B, L]): O(G * L) for G global tokens a row."""
+    index, valid = flagged_positions(global_tokens)
+    if index.shape[1] == 0:
+        return out, probs
+    if isinstance(source, GlobalProjections):
+        rows, row_probs = source.attend(index, key_mask, scale, dropout, probs is not None, head_scale)
+    else:
+        q, k, v = source
+        real = key_mask.bool()[:, None, None, :] if key_mask is not None else None
+        rows, row_probs = attend(gather_rows(q, index), k, v,
+                                 additive_mask(real, q.dtype) if real is not None else None, dropout,
+                                 probs is not None, head_scale=head_scale, scale=scale)
+    out = scatter_rows(out, index, valid, rows)
+    if probs is not None and row_probs is not None:
+        probs = scatter_rows(probs, index, valid, row_probs)
+    return out, probs
+
+
+def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *, key_mask: Tensor | None = None,
+                       global_tokens: Tensor | None = None, global_qkv: GlobalQKV | None = None,
+                       scale: float | None = None, dropout: float = 0.0, block: int | None = None) -> Tensor:
+    """Banded + global attention of q, k, v [B, heads, L, d] in O(L * (left + right + G)) time and memory: query i
+    sees the real keys (`key_mask` [B, L]) i - left .. i + right and every global token (`global_tokens` [B, L]);
+    a global token's query sees every real key, with `global_qkv`'s queries, keys and values when given (else q, k,
+    v). The same as `attention(q, k, v, policy=MaskPolicy(window=(left, right)), key_mask=, global_tokens=)` at every
+    row that sees a key; no [L, L] tensor is made.
+
+    Queries go in blocks of `block` (default: the wider side of the window); block b's queries b*block ..
+    b*block + block - 1 reach the keys b*block - left .. b*block + block - 1 + right, a strided view of the padded
+    keys, to which the global keys are appended (G of them: the most global tokens in a row)."""
+    batch, heads, length, dim = q.shape
+    block = block or max(left, right, 1)
+    count = -(-length // block)
+    span = block + left + right
+    tail = count * block - length
+    real = key_mask.bool() if key_mask is not None else torch.ones(batch, length, dtype=torch.bool, device=q.device)
+    flags = global_tokens.bool() if global_tokens is not None else None
+    local = real if flags is None else real & ~flags  # a global key is attended once, among the global keys
+
+    # Token-major [B, L, heads, d] (the projections' own layout), so that blocks are one batch dimension of a 4-D
+    # call, the shape SDPA's fused CPU kernel takes.
+    def windows(t: Tensor) -> Tensor:  # [B, heads, L, d] -> [B, count, heads, span, d], a view
+        return F.pad(t.transpose(1, 2), (0, 0, 0, 0, left, tail + right)).unfold(1, span, block).transpose(-1, -2)
+
+    queries = q.transpose(1, 2) if not tail else F.pad(q.transpose(1, 2), (0, 0, 0, 0, 0, tail))
+    queries = queries.view(batch, count, block, heads, dim).transpose(2, 3)
+    keys, values = windows(k), windows(v)
+    offsets = torch.arange(span, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
+    band = (offsets >= 0) & (offsets <= left + right)  # key - query = offset - left, in [-left, right]
+    allowed = band & F.pad(local, (left, tail + right), value=False).unfold(1, span, block)[:, :, None, :]
+    if flags is not None and flags.any():
+        index, valid = flagged_positions(flags & real)
+        keys = torch.cat([keys, gather_rows(k, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
+        values = torch.cat([values, gather_rows(v, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
+        allowed = torch.cat([allowed, valid[:, None, None, :].expand(-1, count, block, -1)], -1)
+    out, _ = attend(*(t.reshape(batch * count, heads, -1, dim) for t in (queries, keys, values)),
+                    additive_mask(allowed, q.dtype).view(batch * count, 1, block, -1), dropout, False, scale=scale)
+    out = out.view(batch, count, heads, block, dim).transpose(2, 3).reshape(batch, count * block, heads, dim)
+    out = out[:, :length].transpose(1, 2)
+    if flags is None:
+        return out
+    return global_rows(out, None, global_qkv if global_qkv is not None else (q, k, v), flags, key_mask, scale,
+                       dropout)[0]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,
@@ -166,16 +352,19 @@ BiasFn = Callable[[int, int], Tensor]
 def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy: MaskPolicy = BIDIRECTIONAL,
                      bias: BiasFn | None = None, scale: float | None = None, dropout: float = 0.0,
                      need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
-                     head_scale: Tensor | None = None, kernel: str = "auto") -> tuple[Tensor, list[Tensor | None]]:
+                     head_scale: Tensor | None = None, kernel: str = "auto", global_tokens: Tensor | None = None,
+                     global_qkv: GlobalQKV | None = None) -> tuple[Tensor, list[Tensor | None]]:
     """Attention within each sequence of a packed stream: q, k, v [T, heads, d] -> ([T, heads, d], per-group
-    probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`).
+    probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`). `global_tokens` [T]
+    and `global_qkv` ([T, heads, d] each): Longformer's global tokens and their projections (see `attention`).
 
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
-    CUDA), "nested" (SDPA on a jagged nested tensor: one call, with dropout) or "auto": varlen or nested on CUDA
-    where nothing the kernels lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
+    CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
+    nested tensor: one call, with dropout, any precision) or "auto": one of those on CUDA where nothing the kernels
+    lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
     if kernel == "auto":
         kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
-                               or head_scale is not None, q.dtype, scale)
+                               or head_scale is not None or global_tokens is not None, q.dtype, scale, q.shape[-1])
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -185,6 +374,12 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         if policy.window is not None or scale is not None:
             raise ValueError("this torch's varlen_attn takes no window or scale: use the groups kernel")
         return varlen_attn(q, k, v, *lengths, is_causal=policy.causal), []
+    if kernel == "flash":
+        left, right = policy.bounds
+        out = torch.ops.aten._flash_attention_forward(
+            q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen, dropout, False,
+            False, scale=scale, window_size_left=left, window_size_right=right)[0]
+        return out, []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -194,15 +389,22 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         out = F.scaled_dot_product_attention(nq, nk, nv, dropout_p=dropout, scale=scale)
         return out.transpose(1, 2).values(), []
     if kernel != "groups":
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen or nested")
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash or nested")
     outs, probs_by_group = [], []
     heads, head_dim = q.shape[1], q.shape[2]
     for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream
-        q_g, k_g, v_g = (t[start:start + count * length].view(count, length, heads, head_dim).transpose(1, 2)
-                         for t in (q, k, v))
+        rows = slice(start, start + count * length)
+        q_g, k_g, v_g = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+        g_g = global_tokens[rows].view(count, length) if global_tokens is not None else None
+        qkv_g: GlobalQKV | None = None
+        if isinstance(global_qkv, GlobalProjections):
+            qkv_g = global_qkv.group(rows, count, length)
+        elif global_qkv is not None:
+            gq, gk, gv = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in global_qkv)
+            qkv_g = (gq, gk, gv)
         o, probs = attention(q_g, k_g, v_g, policy=policy, bias=bias(length, length) if bias is not None else None,
                              scale=scale, dropout=dropout, need_weights=need_weights, prefix=prefix,
-                             head_scale=head_scale)
+                             head_scale=head_scale, global_tokens=g_g, global_qkv=qkv_g)
         outs.append(o.transpose(1, 2).reshape(count * length, heads, head_dim))
         probs_by_group.append(probs)
     out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens
@@ -210,15 +412,27 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
 
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
-                  extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None) -> str:
-    """The packed kernel "auto" picks (see packed_attention). The variable-length kernel is flash attention: half
-    precision only (fp32 on a GPU takes the nested-tensor kernel or the group loop)."""
+                  extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None,
+                  head_dim: int = 64) -> str:
+    """The packed kernel "auto" picks (see packed_attention). The variable-length kernels are flash attention: half
+    precision, head sizes a multiple of 8 up to 256, a GPU of compute capability 8 or more (otherwise the
+    nested-tensor kernel or the group loop)."""
     if device.type != "cuda" or need_weights or extras:
         return "groups"
-    if dropout == 0 and dtype in (torch.float16, torch.bfloat16) and varlen_available() and (
-            varlen_takes_windows() or (policy.window is None and scale is None)):
-        return "varlen"
+    if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
+        if dropout == 0 and varlen_available() and (
+                varlen_takes_windows() or (policy.window is None and scale is None)):
+            return "varlen"
+        if flash_available(device):
+            return "flash"
     return "nested" if not policy.restricts else "groups"
+
+
+@functools.cache
+def flash_available(device: torch.device) -> bool:
+    """Whether this torch has the flash kernel and `device` runs it (compute capability 8.0 on)."""
+    return (torch.backends.cuda.is_flash_attention_available()
+            and torch.cuda.get_device_capability(device)[0] >= 8)
 
 
 @functools.cache

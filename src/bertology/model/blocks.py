@@ -6,7 +6,8 @@
 
 Norms are LayerNorm or RMSNorm; linear biases are optional. One `BlockSpec` says which. Every family's stack is a
 list of these blocks; the parameter slots keep the same names in all of them (query, key, value, attn_out, attn_norm,
-cross_query, cross_key, cross_value, cross_out, cross_norm, ffn_in, ffn_gate, ffn_out, ffn_norm), so extensions
+cross_query, cross_key, cross_value, cross_out, cross_norm, ffn_in, ffn_gate, ffn_out, ffn_norm; Longformer's
+query_global, key_global, value_global: the global tokens' own projections), so extensions
 address them by path whatever the family: `attn_adapter` and `ffn_adapter` map a sublayer's output [.., H] before
 the residual add (bottleneck adapters), `prefix` returns (keys, values), each [P, heads, head_dim], attended by every
 query beside its own sequence (prefix tuning), and any projection may be replaced by a wrapper (LoRA)."""
@@ -26,6 +27,8 @@ from bertology.errors import InputError
 from bertology.model.attention import (
     BIDIRECTIONAL,
     BiasFn,
+    GlobalProjections,
+    GlobalQKV,
     MaskPolicy,
     attend,
     attention,
@@ -51,11 +54,13 @@ class BlockSpec:
     pre_norm: bool = False
     gated: bool = False
     bias: bool = True
+    attention_bias: bool | None = None  # the attention projections' biases; None: as `bias` (XLNet has none there)
     cross_attention: bool = False
     dropout: float = 0.1
     attention_dropout: float = 0.1
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim); T5 uses 1
     activation_dropout: float = 0.0  # dropout after the feed-forward's activation (BART's activation_dropout)
+    global_projections: bool = False  # Longformer: the global tokens' rows attend with projections of their own
 
 
 def norm_layer(kind: str, width: int, eps: float) -> nn.Module:
@@ -103,14 +108,19 @@ class Block(nn.Module):
         super().__init__()
         self.spec = spec
         hidden, eps, bias = spec.hidden_size, spec.norm_eps, spec.bias
+        attention_bias = bias if spec.attention_bias is None else spec.attention_bias
         self.num_heads, self.head_dim = spec.num_heads, spec.head_dim
         width = spec.num_heads * spec.head_dim
         with warnings.catch_warnings():  # a layer with every head pruned has empty projections: nothing to initialise
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
-            self.query = nn.Linear(hidden, width, bias=bias)
-            self.key = nn.Linear(hidden, width, bias=bias)
-            self.value = nn.Linear(hidden, width, bias=bias)
-            self.attn_out = nn.Linear(width, hidden, bias=bias)
+            self.query = nn.Linear(hidden, width, bias=attention_bias)
+            self.key = nn.Linear(hidden, width, bias=attention_bias)
+            self.value = nn.Linear(hidden, width, bias=attention_bias)
+            self.attn_out = nn.Linear(width, hidden, bias=attention_bias)
+            if spec.global_projections:
+                self.query_global = nn.Linear(hidden, width, bias=attention_bias)
+                self.key_global = nn.Linear(hidden, width, bias=attention_bias)
+                self.value_global = nn.Linear(hidden, width, bias=attention_bias)
         self.attn_norm = norm_layer(spec.norm, hidden, eps)
         if spec.cross_attention:
             self.cross_query = nn.Linear(hidden, width, bias=bias)
@@ -133,7 +143,7 @@ class Block(nn.Module):
                 need_weights: bool = False, queries: Tensor | None = None, head_scale: Tensor | None = None, *,
                 policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: KVCache | None = None) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None = None, global_tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
         cache, L_keys counts the cached positions too).
 
@@ -141,14 +151,17 @@ class Block(nn.Module):
         at these rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer).
         `head_scale` [num_heads]: multiplies each head's output (a head mask). `policy`, `bias`: see attention
         (`bias` a tensor when padded, a function of the lengths when packed). `memory` [B, M, H] with
-        `memory_mask` [B, M]: what cross-attention reads. `cache`: keys and values of earlier positions (decoding)."""
+        `memory_mask` [B, M]: what cross-attention reads. `cache`: keys and values of earlier positions (decoding).
+        `global_tokens` (packed [T] or padded [B, L], bool): tokens that attend to and are attended by every token,
+        their rows with the global projections when the block has them (Longformer)."""
         if queries is not None and layout is None:
             raise InputError("queries select packed tokens: they need the packed layout")
         pre = self.spec.pre_norm
         rows = x if queries is None else x[queries]
         z = self.attn_norm(x) if pre else x
         if queries is None:
-            a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache)
+            a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache,
+                                           global_tokens)
         else:
             a, probs = self.attention_at(z, layout, queries, head_scale), None
         h = self.attention_residual(rows, a)
@@ -195,6 +208,24 @@ class Block(nn.Module):
                 return F.linear(x, w).chunk(3, -1)
         return q(x), k(x), v(x)
 
+    def global_projection(self, x: Tensor, global_tokens: Tensor | None
+                          ) -> GlobalProjections | tuple[Tensor, Tensor, Tensor] | None:
+        """The global projections of x, applied where attention needs them (`GlobalProjections`) when they are plain
+        linear layers; else (a wrapper such as LoRA replaced one) the global tokens' queries (zero at the other rows:
+        only theirs are read) and every token's global keys and values, [..., heads x d] each. None without global
+        tokens or global projections."""
+        if global_tokens is None or not self.spec.global_projections:
+            return None
+        modules = (self.query_global, self.key_global, self.value_global)
+        if all(plain_linear(m) for m in modules):
+            return GlobalProjections(x, self.num_heads,
+                                     (modules[0].weight, modules[1].weight, modules[2].weight),
+                                     (modules[0].bias, modules[1].bias, modules[2].bias))
+        rows = global_tokens.nonzero(as_tuple=True)
+        queries = x.new_zeros(*x.shape[:-1], self.query_global.out_features)
+        queries[rows] = self.query_global(x[rows]).to(queries.dtype)
+        return queries, self.key_global(x), self.value_global(x)
+
     def prefix_states(self) -> tuple[Tensor, Tensor] | None:
         """The prefix module's keys and values as [heads, P, head_dim], or None without one."""
         if self.prefix is None:
@@ -208,7 +239,7 @@ class Block(nn.Module):
 
     def self_attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
                        head_scale: Tensor | None, policy: MaskPolicy, bias: Tensor | BiasFn | None,
-                       cache: KVCache | None) -> tuple[Tensor, Tensor | None]:
+                       cache: KVCache | None, global_tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         heads, head_dim = self.num_heads, self.head_dim
         p = self.attention_dropout if self.training else 0.0
         scale = self.spec.attention_scale
@@ -217,21 +248,31 @@ class Block(nn.Module):
             batch, length = (layout.batch_size, layout.seq_len) if layout is not None else x.shape[:2]
             return q, (x.new_zeros(batch, 0, length, length) if need_weights else None)
         prefix = self.prefix_states()
+        global_qkv = self.global_projection(x, global_tokens)
         if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
             q, k, v = (self.heads_first(t) for t in (q, k, v))
             if cache is not None:
                 k, v = cache.extend(k, v)
             assert not callable(bias)
+            qkv_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
+            if isinstance(global_qkv, tuple):
+                gq, gk, gv = (self.heads_first(t) for t in global_qkv)
+                qkv_g = (gq, gk, gv)
             out, probs = attention(q, k, v, policy=policy, key_mask=key_mask, bias=bias, scale=scale, dropout=p,
-                                   need_weights=need_weights, prefix=prefix, head_scale=head_scale)
+                                   need_weights=need_weights, prefix=prefix, head_scale=head_scale,
+                                   global_tokens=global_tokens, global_qkv=qkv_g)
             return out.transpose(1, 2).flatten(2), probs
         if cache is not None:
             raise InputError("a key/value cache needs the padded layout")
         assert bias is None or callable(bias)
+        packed_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
+        if isinstance(global_qkv, tuple):
+            gq, gk, gv = (t.view(-1, heads, head_dim) for t in global_qkv)
+            packed_g = (gq, gk, gv)
         out, probs_by_group = packed_attention(
             q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads, head_dim), layout,
             policy=policy, bias=bias, scale=scale, dropout=p, need_weights=need_weights, prefix=prefix,
-            head_scale=head_scale)
+            head_scale=head_scale, global_tokens=global_tokens, global_qkv=packed_g)
         return out.reshape(-1, heads * head_dim), (
             scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 

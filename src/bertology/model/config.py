@@ -1,4 +1,5 @@
-"""The encoder's configuration: one dataclass covers BERT, RoBERTa, XLM-R, ELECTRA, ALBERT and DistilBERT."""
+"""The encoder's configuration: one dataclass covers BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT and
+Longformer."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any, Literal
 
 from bertology.errors import ConfigError
 
-Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert"]
-FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer"]
+FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 
 
@@ -45,6 +46,10 @@ class EncoderConfig:
     # Heads removed from each layer (layer index -> head indices in the unpruned numbering), as transformers'
     # config.json `pruned_heads` says: those layers' query/key/value and attention output are narrower.
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
+    # Longformer's sliding window: per layer, the number of neighbours a token attends to (even: half on each
+    # side), each layer with separate query/key/value projections for the global tokens; None: every token attends
+    # to every token. One number stands for every layer.
+    attention_window: list[int] | None = None
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -63,6 +68,31 @@ class EncoderConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
+        self.attention_window = self.checked_windows(self.attention_window)
+
+    def checked_windows(self, windows: Any) -> list[int] | None:
+        """`attention_window` as one even, positive window per layer (a number stands for every layer)."""
+        if windows is None:
+            return None
+        if isinstance(windows, int) and not isinstance(windows, bool):
+            windows = [windows] * self.num_layers
+        if not isinstance(windows, (list, tuple)) or not all(
+                isinstance(w, int) and not isinstance(w, bool) for w in windows):
+            raise ConfigError(f"attention_window: expected a number or one number per layer, got {windows!r}")
+        if len(windows) != self.num_layers:
+            raise ConfigError(f"attention_window: {len(windows)} windows for {self.num_layers} layers")
+        for layer, window in enumerate(windows):
+            if window <= 0 or window % 2:
+                raise ConfigError(f"attention_window: the window of layer {layer} is {window}; it must be even and "
+                                  "positive (half of it on each side of a token)")
+        if self.num_layer_groups is not None or self.pruned_heads:
+            raise ConfigError("attention_window: windows are not supported with shared layers (num_layer_groups) "
+                              "or pruned heads")
+        return list(windows)
+
+    def window_of(self, layer: int) -> int | None:
+        """The attention window of layer `layer` (a layer call's unique layer), None for full attention."""
+        return self.attention_window[layer] if self.attention_window is not None else None
 
     def checked_pruned_heads(self, pruned: Any) -> dict[int, list[int]]:
         """`pruned` with int layer keys (JSON writes them as strings) and sorted, distinct head lists; empty lists

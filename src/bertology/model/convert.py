@@ -94,19 +94,24 @@ class Transpose:
 @dataclass(frozen=True)
 class Reshape:
     """The stored tensor has the same elements in another shape: `shape` is the stored one, numbers or config
-    attribute names (-1 for the one left over)."""
+    attribute names (-1 for the one left over). With `transpose`, the stored tensor is our 2-d one transposed, then
+    reshaped (XLNet's [d_model, heads, head_dim] projections of an nn.Linear weight [heads x head_dim, d_model])."""
 
     shape: tuple[int | str, ...]
+    transpose: bool = False
     name = "reshape"
 
     def arity_problem(self, ours: int, theirs: int) -> str | None:
         return None if ours == theirs == 1 else "a reshape maps one parameter to one key"
 
     def load(self, theirs: list[Tensor], shapes: list[torch.Size]) -> list[Tensor]:
+        if self.transpose:
+            return [theirs[0].reshape(tuple(shapes[0])[::-1]).transpose(0, 1).contiguous()]
         return [theirs[0].reshape(shapes[0])]
 
     def save(self, ours: list[Tensor], config: Any) -> list[Tensor]:
-        return [ours[0].reshape(resolve_shape(self.shape, config))]
+        tensor = ours[0].transpose(0, 1) if self.transpose else ours[0]
+        return [tensor.reshape(resolve_shape(self.shape, config))]
 
 
 @dataclass(frozen=True)
@@ -344,7 +349,8 @@ class CheckpointFamily:
 # --- the registry -------------------------------------------------------------------------------------------------
 
 # Modules of bertology.model.families, registered in this order.
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart")
+BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart", "xlnet",
+            "longformer")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -399,10 +405,13 @@ def family_for_config(config: EncoderConfig) -> CheckpointFamily:
 # --- config.json ------------------------------------------------------------------------------------------------
 
 
-# Keys every transformers config may carry (PretrainedConfig's own): a family's table may read them, but their
-# presence says nothing about which family a file belongs to.
+# Keys every transformers config may carry (PretrainedConfig's own, and the sequence-summary options that GPT-2,
+# ELECTRA and XLNet configs share): a family's table may read them, but their presence says nothing about which
+# family a file belongs to.
 COMMON_KEYS = frozenset({"pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id",
-                         "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "use_cache"})
+                         "tie_word_embeddings", "is_encoder_decoder", "is_decoder", "use_cache", "summary_type",
+                         "summary_use_proj", "summary_activation", "summary_proj_to_labels", "summary_first_dropout",
+                         "summary_last_dropout"})
 
 
 def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: str) -> None:

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import attend, scatter_attention
+from bertology.model.attention import BIDIRECTIONAL, attend, scatter_attention, sliding_window
 from bertology.model.blocks import Block, BlockSpec, init_parameters, plain_linear
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
@@ -63,11 +63,13 @@ class EncoderOutput:
 
 def encoder_block_spec(config: EncoderConfig, index: int = 0) -> BlockSpec:
     """The block of layer `index`: post-LayerNorm, dense feed-forward, biases; a pruned layer keeps fewer heads of
-    the same size (config.pruned_heads), so its projections are narrower."""
+    the same size (config.pruned_heads), so its projections are narrower; a windowed one (Longformer's
+    attention_window) has the global tokens' projections."""
     return BlockSpec(hidden_size=config.hidden_size, num_heads=config.heads_in_layer(index), head_dim=config.head_dim,
                      intermediate_size=config.intermediate_size, activation=config.hidden_act,
                      norm_eps=config.layer_norm_eps, dropout=config.hidden_dropout,
-                     attention_dropout=config.attention_dropout)
+                     attention_dropout=config.attention_dropout,
+                     global_projections=config.attention_window is not None)
 
 
 class EncoderLayer(Block):
@@ -120,6 +122,9 @@ class Encoder(nn.Module):
         self.embeddings = Embeddings(config)
         self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_unique_layers))
         self.plan = [index for step in config.layer_plan() for index in step]  # unique-layer index per call
+        # Per layer call, who attends to whom: everyone, or Longformer's window (half of it on each side).
+        self.policies = [sliding_window(w // 2) if (w := config.window_of(i)) is not None else BIDIRECTIONAL
+                         for i in self.plan]
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
 
     def position_ids(self, input_ids: Tensor) -> Tensor:
@@ -140,6 +145,27 @@ class Encoder(nn.Module):
             raise InputError(f"a sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_length} "
                              "positions: truncate it, or embed it in windows (bertology.embed)")
         check_id_range(input_ids, self.config.vocab_size, "token ids")
+
+    def global_tokens(self, global_attention_mask: Tensor | None, attention_mask: Tensor) -> Tensor | None:
+        """The global tokens [B, L] as booleans after checking them, None when there are none."""
+        if global_attention_mask is None:
+            return None
+        if self.config.attention_window is None:
+            raise InputError("global_attention_mask: this model attends from every token to every token (it has no "
+                             "attention_window); global tokens need a windowed model such as a Longformer")
+        if global_attention_mask.shape != attention_mask.shape:
+            raise InputError(f"global_attention_mask must have the shape of input_ids {tuple(attention_mask.shape)}, "
+                             f"got {tuple(global_attention_mask.shape)}")
+        flags = global_attention_mask.bool()
+        if global_attention_mask.device.type == "cpu":
+            if not ((global_attention_mask == 0) | (global_attention_mask == 1)).all():
+                raise InputError("global_attention_mask: expected 0 (local) or 1 (global) at every position")
+            on_padding = (flags & ~attention_mask.bool()).nonzero()
+            if len(on_padding):
+                row, column = on_padding[0].tolist()
+                raise InputError(f"global_attention_mask: row {row} puts a global token on padding (column {column}, "
+                                 "where attention_mask is 0); mark real tokens only")
+        return flags if bool(flags.any()) else None
 
     def head_scales(self, head_mask: Tensor | None) -> list[Tensor | None]:
         """Per layer call, the mask entries of the heads that layer has (None everywhere without a mask)."""
@@ -167,9 +193,13 @@ class Encoder(nn.Module):
         last_layer_at: Tensor | None = None,
         head_mask: Tensor | None = None,
         layout: Layout | None = None,
+        global_attention_mask: Tensor | None = None,
     ) -> EncoderOutput:
         """`layout`: the packing of `attention_mask`, when the caller built it already (from the CPU mask, before
         moving the batch to a GPU: then nothing in the forward waits for the device).
+
+        `global_attention_mask` [B, L] (a windowed model's, 1 = global): tokens that attend to every token and that
+        every token attends to, with the layers' global projections (Longformer); on real tokens only.
 
         `last_layer_at` (flat indices into [B * L], packed path only, without hidden states or attentions): run
         the last layer only at these positions; `last_hidden_state` is then zero everywhere else.
@@ -184,11 +214,14 @@ class Encoder(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if position_ids is None:
             position_ids = self.position_ids(input_ids)
+        flags = self.global_tokens(global_attention_mask, attention_mask)
         if packed and layout is None:
             layout = Layout(attention_mask)
         elif not packed:
             layout = None
         key_mask = None if packed else attention_mask.bool()
+        if flags is not None and layout is not None:
+            flags = layout.pack(flags)
         if layout is not None:
             tt = layout.pack(token_type_ids) if token_type_ids is not None else None
             x = self.embeddings(layout.pack(input_ids), layout.pack(position_ids), tt)
@@ -199,11 +232,16 @@ class Encoder(nn.Module):
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions = [] if output_attentions else None
         plan = self.plan
-        prune = last_layer_at is not None and layout is not None and not (output_hidden_states or output_attentions)
+        # Only the rows a head reads need the last layer's queries and feed-forward. Choosing them is data-dependent
+        # (a host synchronisation), which on a GPU costs more than the rows saved: there the last layer runs whole.
+        # A windowed layer (Longformer) runs whole too.
+        prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu"
+                 and not (output_hidden_states or output_attentions) and self.config.attention_window is None)
         if prune:
             plan = plan[:-1]
         for call, index in enumerate(plan):
-            x, probs = self.layers[index](x, layout, key_mask, output_attentions, head_scale=head_scales[call])
+            x, probs = self.layers[index](x, layout, key_mask, output_attentions, head_scale=head_scales[call],
+                                          policy=self.policies[call], global_tokens=flags)
             if attentions is not None:
                 attentions.append(probs)
             if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
@@ -261,8 +299,10 @@ class EncoderModel(nn.Module):
         last_layer_at: Tensor | None = None,
         head_mask: Tensor | None = None,
         layout: Layout | None = None,
+        global_attention_mask: Tensor | None = None,
     ) -> EncoderOutput:
-        """`masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
+        """`global_attention_mask` [B, L]: a windowed model's global tokens (see Encoder.forward).
+        `masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
         `layout`: the packing of `attention_mask`, built already by the caller (see Encoder.forward).
         `head_mask` [layers, heads]: multiplies each head's output (see Encoder.forward).
 
@@ -285,6 +325,7 @@ class EncoderModel(nn.Module):
             last_layer_at=flat_at,
             head_mask=head_mask,
             layout=layout,
+            global_attention_mask=global_attention_mask,
         )
         h = out.last_hidden_state if self.mix is None else self.mix(out.hidden_states)
         if self.mix is not None and not output_hidden_states:
@@ -334,6 +375,8 @@ class EncoderModel(nn.Module):
         attention output are dropped, so the model is smaller and computes what it computed with them masked to 0;
         `config.pruned_heads` records them (transformers' config.json `pruned_heads`)."""
         config = self.config
+        if config.attention_window is not None:
+            raise ConfigError("prune_heads: heads of a windowed model (attention_window) cannot be pruned")
         wanted = {int(layer): set(config.pruned_heads.get(int(layer), ())) | {int(h) for h in chosen}
                   for layer, chosen in heads.items()}
         pruned = config.checked_pruned_heads({**config.pruned_heads, **wanted})

@@ -36,6 +36,7 @@ class HeadSpec:
     kind: str  # a registered kind (HEAD_KINDS)
     num_labels: int = 2
     activation: str = "gelu"
+    max_positions: int = 0  # kind "span_boundary": the offsets within a span that have an embedding
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
@@ -54,6 +55,8 @@ class HeadInputs:
     pooled: Tensor | None = None
     masked_positions: Tensor | None = None
     input_ids: Tensor | None = None  # the tokens [B, L] (an encoder-decoder's: the encoder's), for heads picking by id
+    spans: Tensor | None = None  # [S, 3] (row, first token, last token): what the span kinds classify
+    span_boundaries: Tensor | None = None  # [N, 4] (row, token before, token after, offset): what SBO predicts at
 
 
 # Where a head reads the last layer, so that a model may skip the last layer elsewhere: every token, only the masked
@@ -192,12 +195,87 @@ class TiedLMHead(nn.Module):
         return F.linear(h, inputs.word_embeddings)
 
 
+class SpanHead(nn.Module):
+    """Span classification (kinds "span": mean pooling, "span_attention": attention pooling). A span (i, j) over the
+    last layer z is [z_i; z_j; g_ij], g_ij pooling z_i .. z_j (their mean, or sum_k softmax_k(w . z_k) z_k with a
+    learned w); then dense -> act -> LayerNorm -> output, one row of logits per span of `inputs.spans`."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.pooling = "attention" if spec.kind == "span_attention" else "mean"
+        self.attend = nn.Linear(hidden, 1, bias=False) if self.pooling == "attention" else None
+        self.dense = nn.Linear(3 * hidden, hidden)
+        self.act = activation(spec.activation)
+        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.out = nn.Linear(hidden, spec.num_labels)
+        self.dropout = config.head_dropout
+
+    def represent(self, z: Tensor, spans: Tensor) -> Tensor:
+        """[S, 3H] representations of `spans` [S, 3] = (row, first token, last token) over z [B, L, H]."""
+        rows, starts, ends = spans[:, 0], spans[:, 1], spans[:, 2]
+        width = int((ends - starts).max()) + 1 if len(spans) else 1
+        columns = starts[:, None] + torch.arange(width, device=z.device)[None, :]
+        inside = columns <= ends[:, None]
+        tokens = z[rows[:, None], torch.minimum(columns, ends[:, None])]  # [S, W, H]
+        if self.attend is None:
+            pooled = (tokens * inside[..., None]).sum(1) / inside.sum(1, keepdim=True).to(z.dtype)
+        else:
+            scores = self.attend(tokens).squeeze(-1).masked_fill(~inside, float("-inf"))
+            pooled = (torch.softmax(scores.float(), dim=1).to(z.dtype)[..., None] * tokens).sum(1)
+        return torch.cat([z[rows, starts], z[rows, ends], pooled], dim=-1)
+
+    def classify(self, z: Tensor, spans: Tensor) -> Tensor:
+        x = fast_dropout(self.represent(z, spans), self.dropout, self.training)
+        x = self.norm(self.act(self.dense(x)))
+        return self.out(fast_dropout(x, self.dropout, self.training))
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        if inputs.spans is None:
+            raise InputError("a span head reads HeadInputs.spans [S, 3] (row, first token, last token); none given")
+        return self.classify(inputs.hidden, inputs.spans)
+
+
+class SpanBoundaryHead(nn.Module):
+    """SpanBERT's span boundary objective (kind "span_boundary"): each token x_i of a masked span predicted from the
+    tokens just outside it and its offset in the span, y_i = LN(act(W2 LN(act(W1 [x_left; x_right; p_offset])))),
+    into the tied vocabulary; one row of logits per row of `inputs.span_boundaries`."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        if spec.max_positions < 1:
+            raise ConfigError(f"head {spec.name!r}: kind 'span_boundary' needs max_positions >= 1, "
+                              f"got {spec.max_positions}")
+        hidden, width = config.hidden_size, config.token_embedding_size
+        self.position = nn.Embedding(spec.max_positions, hidden)
+        self.dense1 = nn.Linear(3 * hidden, hidden)
+        self.norm1 = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
+        self.dense2 = nn.Linear(hidden, width)
+        self.norm2 = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.act = activation(spec.activation)
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        at = inputs.span_boundaries
+        if at is None:
+            raise InputError("a span boundary head reads HeadInputs.span_boundaries [N, 4] (row, token before, "
+                             "token after, offset); none given")
+        h = inputs.hidden
+        x = torch.cat([h[at[:, 0], at[:, 1]], h[at[:, 0], at[:, 2]], self.position(at[:, 3])], dim=-1)
+        x = self.norm1(self.act(self.dense1(x)))
+        x = self.norm2(self.act(self.dense2(x)))
+        return F.linear(x, inputs.word_embeddings, self.bias)
+
+
 register_head("masked_lm", MaskedLMHead, reads="masked_positions")
 register_head("pooled", LinearHead, reads="pooler")
 register_head("first_token", FirstTokenHead, reads="first_token")
 register_head("mean_pooled", MeanPooledHead)
 register_head("token", TokenLinearHead)
 register_head("token_mlp", TokenMLPHead)
+register_head("span", SpanHead)
+register_head("span_attention", SpanHead)
+register_head("span_boundary", SpanBoundaryHead)
 register_head("tied_lm", TiedLMHead, reads="masked_positions")
 
 

@@ -1,4 +1,5 @@
-"""Positions: learned absolute embeddings (with an offset), fixed sinusoids, and T5's relative-position buckets.
+"""Positions: learned absolute embeddings (with an offset), fixed sinusoids, T5's relative-position buckets and
+Transformer-XL's sinusoids of relative distances (XLNet).
 
 Absolute kinds map position ids to vectors added to the token embeddings; the relative kind maps a (query, key)
 pair of positions to one additive score bias per head, given to attention (`bias=`)."""
@@ -38,6 +39,14 @@ class SinusoidalPositions(nn.Module):
 
     def forward(self, position_ids: Tensor) -> Tensor:
         return self.table[position_ids]
+
+
+def relative_sinusoids(distances: Tensor, width: int) -> Tensor:
+    """Transformer-XL's fixed encoding of distances [..., R] -> [..., R, width]: sin(d f_k) on the first half of the
+    width, cos(d f_k) on the second, with f_k = 10000 ** (-2k / width)."""
+    exponents = torch.arange(0, width, 2, device=distances.device).float() / width
+    angles = distances.float()[..., None] * (1 / torch.pow(10000, exponents))
+    return torch.cat([angles.sin(), angles.cos()], -1)
 
 
 def relative_buckets(relative: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:

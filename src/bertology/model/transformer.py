@@ -359,10 +359,12 @@ class Seq2SeqModel(TransformerModel):
         return [*self.encoder.layers, *self.decoder.layers]
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        """A training batch's encoder and decoder inputs (the decoder's its own `decoder_input_ids`, else the input
+        shifted right where the config says so) and `masked_positions`. A batch's `labels` are its objectives' to
+        read (class ids, token labels): the objectives take the loss from the heads' logits."""
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                 "decoder_input_ids": getattr(batch, "decoder_input_ids", None),
                 "decoder_attention_mask": getattr(batch, "decoder_attention_mask", None),
-                "labels": getattr(batch, "labels", None),
                 "masked_positions": getattr(batch, "masked_positions", None)}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
@@ -384,10 +386,12 @@ class Seq2SeqModel(TransformerModel):
                 decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None, *,
                 encoder_outputs: Tensor | None = None, labels: Tensor | None = None,
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
-                masked_positions: Tensor | None = None, packed: bool = True) -> ModelOutput:
+                masked_positions: Tensor | None = None, packed: bool = True,
+                last_layer_at: Tensor | None = None) -> ModelOutput:
         """`labels` [B, L_dec]: the loss of each decoder position (-100 ignored); without `decoder_input_ids` they
         are the labels shifted right behind `decoder_start_token_id`. `encoder_outputs`: the encoder's last hidden
-        state from an earlier call (decoding step by step)."""
+        state from an earlier call (decoding step by step). `last_layer_at` (the Model protocol's): every decoder
+        position is computed."""
         if encoder_outputs is None:
             if input_ids is None:
                 raise InputError("give input_ids or encoder_outputs")
@@ -444,7 +448,8 @@ class EncoderStackModel(TransformerModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                packed: bool = True) -> ModelOutput:
+                packed: bool = True, last_layer_at: Tensor | None = None) -> ModelOutput:
+        """`last_layer_at` (the Model protocol's): every position is computed."""
         check_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)

@@ -19,12 +19,13 @@ from bertology.objectives.electra import Electra
 from bertology.objectives.fill_mask import Prediction, fill_mask
 from bertology.objectives.mlm import MaskedLM, mlm_loss
 from bertology.objectives.nsp import NextSentence, nsp_loss
+from bertology.objectives.plm import PermutationLM
 from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "clm": CausalLM,
-                               "denoise": Denoising}
+                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
+                               "clm": CausalLM, "denoise": Denoising}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -47,6 +48,7 @@ __all__ = [
     "Electra",
     "MaskedLM",
     "NextSentence",
+    "PermutationLM",
     "SentenceOrder",
     "SpanBoundary",
     "Objective",

@@ -134,12 +134,18 @@ def safe_exp(x: float) -> float:
         return float("inf")
 
 
+def count(n: int, device: torch.device) -> Tensor:
+    """The int64 scalar `n` on `device`, written by a fill kernel: `torch.tensor(n, device=cuda)` copies from host
+    memory and waits for the device (a synchronisation inside the step)."""
+    return torch.full((), n, dtype=torch.int64, device=device)
+
+
 def classification_output(name: str, logits: Tensor, labels: Tensor, loss_sum: Tensor) -> ObjectiveOutput:
     """The stats every classification-style objective reports: ``{name}_units``, ``_loss_sum``, ``_correct``."""
     with torch.no_grad():
         correct = (logits.argmax(-1) == labels).sum()
     return ObjectiveOutput(loss_sum, {
-        f"{name}_units": torch.tensor(labels.shape[0], dtype=torch.int64, device=logits.device),
+        f"{name}_units": count(labels.shape[0], logits.device),
         f"{name}_loss_sum": loss_sum.detach().float(),
         f"{name}_correct": correct,
     })

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -16,6 +16,9 @@ from torch import Tensor
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
+
+if TYPE_CHECKING:
+    from bertology.tokenization.framing import Framing
 
 
 class CausalBatch(Protocol):
@@ -71,6 +74,12 @@ class CausalLM:
 
     def __post_init__(self) -> None:
         check_objective(self)
+
+    def batch_maker(self, special: Framing, seed: int, max_seq_length: int) -> Any:
+        """The pretraining batches it reads: next-token targets, confined to documents (``data.causal``)."""
+        from bertology.data.causal import CausalBatches
+
+        return CausalBatches()
 
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "tied_lm"),)

@@ -34,7 +34,7 @@ from torch import Tensor
 from bertology.errors import CheckpointError, ConfigError, TokenizerError
 from bertology.model.encoder import EncoderModel, EncoderOutput, HeadSpec
 from bertology.model.protocol import require_encoder
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio
+from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio
 from bertology.objectives.mlm import MaskedLM
 
 if TYPE_CHECKING:
@@ -245,7 +245,7 @@ class SoftTargets:
         with torch.no_grad():
             agree = (student.argmax(-1) == teacher.argmax(-1)).sum()
         return ObjectiveOutput(loss_sum, {
-            "distill_ce_units": torch.tensor(student.shape[0], dtype=torch.int64, device=student.device),
+            "distill_ce_units": count(student.shape[0], student.device),
             "distill_ce_loss_sum": loss_sum.detach().float(),
             "distill_ce_agree": agree,
         })

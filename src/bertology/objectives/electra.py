@@ -42,7 +42,7 @@ from bertology.errors import ConfigError
 from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import require_encoder
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
+from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio, safe_exp
 from bertology.objectives.mlm import MaskedBatch, mlm_loss
 
 if TYPE_CHECKING:
@@ -313,7 +313,7 @@ class GeneratorMLM:
         with torch.no_grad():
             correct = (logits.argmax(-1) == batch.mlm_labels).sum()
         return ObjectiveOutput(loss_sum, {
-            "generator_units": torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64, device=logits.device),
+            "generator_units": count(batch.mlm_labels.shape[0], logits.device),
             "generator_loss_sum": loss_sum.detach().float(),
             "generator_correct": correct,
         })
@@ -362,7 +362,7 @@ class ReplacedTokenDetection:
                 "rtd_predicted": predicted.sum(),
                 "rtd_replaced": replaced.sum(),
                 "rtd_true_positive": (predicted & replaced).sum(),
-                "rtd_masked": torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64, device=device),
+                "rtd_masked": count(batch.mlm_labels.shape[0], device),
             }
         return ObjectiveOutput(loss_sum, stats)
 

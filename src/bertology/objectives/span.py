@@ -12,7 +12,8 @@ and L = sum over span tokens of -log P(x_i); SpanBERT trains MLM + SBO (``object
 SpanBERT code, only the first ``max_positions`` tokens of a span have an offset embedding and an SBO target; the
 rest are predicted by MLM alone. The activation is the model's ``hidden_act``.
 
-The head is this objective's own module (transformers has no SBO head): it trains with the model, is saved in every
+The head is the registered kind ``span_boundary`` (``bertology.model.heads.SpanBoundaryHead``), owned by this
+objective rather than the model (transformers has no SBO head): it trains with the model, is saved in every
 training checkpoint with the trainer state (``objective_modules``, so resuming is exact), and at the end of a run
 beside the final model (``<output_dir>/model/span_boundary.safetensors``, ``save_with_model``), which a run with
 ``model.init_from`` that directory reads back (``load_with_model``). The model itself keeps transformers' layout
@@ -27,13 +28,13 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.model.config import EncoderConfig
 from bertology.model.blocks import init_parameters
-from bertology.model.encoder import EncoderModel, HeadSpec, activation
+from bertology.model.encoder import EncoderModel
+from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.objectives.base import (
     ObjectiveOutput,
     Passes,
@@ -57,31 +58,16 @@ class SpanMaskedBatch(Protocol):
     span_offset: Tensor | None  # [N] offset of the token in its span
 
 
-class SpanBoundaryHead(nn.Module):
-    """The two-layer feed-forward network of SBO with GELU and LayerNorm, into the tied vocabulary."""
-
-    def __init__(self, config: EncoderConfig, max_positions: int) -> None:
-        super().__init__()
-        hidden, width = config.hidden_size, config.token_embedding_size
-        self.position = nn.Embedding(max_positions, hidden)
-        self.dense1 = nn.Linear(3 * hidden, hidden)
-        self.norm1 = nn.LayerNorm(hidden, eps=config.layer_norm_eps)
-        self.dense2 = nn.Linear(hidden, width)
-        self.norm2 = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.act = activation(config.hidden_act)
-
-    def forward(self, left: Tensor, right: Tensor, offset: Tensor, word_embeddings: Tensor) -> Tensor:
-        x = torch.cat([left, right, self.position(offset)], dim=-1)
-        x = self.norm1(self.act(self.dense1(x)))
-        x = self.norm2(self.act(self.dense2(x)))
-        return F.linear(x, word_embeddings, self.bias)
-
-    @torch.no_grad()
-    def init_weights(self, std: float, generator: torch.Generator | None = None) -> None:
-        """BERT's initialisation (bertology.model.blocks.init_parameters) and a zero vocabulary bias."""
-        init_parameters(self, std, generator)
-        self.bias.zero_()
+def span_boundary_head(config: EncoderConfig, max_positions: int, name: str = "sbo",
+                       generator: torch.Generator | None = None) -> nn.Module:
+    """The registered ``span_boundary`` head (``bertology.model.heads.SpanBoundaryHead``) for ``config``'s sizes,
+    initialised as BERT's weights are (``init_parameters``) with a zero vocabulary bias."""
+    head = build_head(config, HeadSpec(name, "span_boundary", activation=config.hidden_act,
+                                       max_positions=max_positions))
+    init_parameters(head, config.initializer_range, generator)
+    with torch.no_grad():
+        head.bias.zero_()
+    return head
 
 
 @dataclass(eq=False)
@@ -98,13 +84,12 @@ class SpanBoundary(nn.Module):
         check_objective(self)
         if self.max_positions < 1:
             raise ConfigError(f"objectives.{self.name}.max_positions: must be >= 1, got {self.max_positions}")
-        self.head: SpanBoundaryHead | None = None
+        self.head: nn.Module | None = None
 
     def attach(self, model: EncoderModel, generator: torch.Generator | None = None) -> None:
         """Make the head for ``model``'s sizes, initialised as the model is (the pretrain recipe calls this once
         the model exists, before training)."""
-        self.head = SpanBoundaryHead(model.config, self.max_positions)
-        self.head.init_weights(model.config.initializer_range, generator)
+        self.head = span_boundary_head(model.config, self.max_positions, self.name, generator)
 
     def save_with_model(self, output_dir: str | Path, tokenizer: object = None) -> Path:
         """At the end of a run: the head beside the final model (``<output_dir>/model/span_boundary.safetensors``)."""
@@ -120,7 +105,7 @@ class SpanBoundary(nn.Module):
         self.load(model_dir)
         return True
 
-    def _head(self) -> SpanBoundaryHead:
+    def _head(self) -> nn.Module:
         if self.head is None:
             raise ConfigError(f"objective {self.name!r}: its head is not built; call attach(model) before "
                               "training (the pretrain recipe does)")
@@ -151,7 +136,10 @@ class SpanBoundary(nn.Module):
         keep, rows, left, right = self._spans(batch)
         hidden = passes.shared.last_hidden_state
         offset = batch.span_offset[keep]  # type: ignore[index]
-        logits = head(hidden[rows, left], hidden[rows, right], offset, passes.model.encoder.embeddings.word.weight)
+        inputs = HeadInputs(hidden=hidden, attention_mask=batch.attention_mask,
+                            word_embeddings=passes.model.word_embeddings.weight,
+                            span_boundaries=torch.stack([rows, left, right, offset], 1))
+        logits = head(inputs)
         labels = batch.mlm_labels[keep]
         return classification_output(self.name, logits, labels, mlm_loss(logits, labels, reduction="sum"))
 

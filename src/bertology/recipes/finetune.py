@@ -35,11 +35,14 @@ from typing import Any, Literal
 import torch
 
 from bertology.config import from_mapping, to_mapping, validate
-from bertology.errors import ConfigError, DataError
+from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write, check_output_file
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
+from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.protocol import Model
+from bertology.model.transformer import EncoderStackModel, Seq2SeqModel
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.base import FinetuneTask, get_task
@@ -138,6 +141,14 @@ class StrategyConfig:
             raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
 
 
+def check_strategy(strategy: StrategyConfig, model: Model) -> None:
+    """LoRA (written beside the model in peft's files) and the scalar mix of the layers are made for encoders; the
+    other strategies train any model."""
+    if strategy.kind in ("lora", "scalar-mix") and not isinstance(model, EncoderModel):
+        raise ConfigError(f"strategy.kind: {strategy.kind} is for encoders (BERT family); this model is a "
+                          f"{type(model).__name__}: use full, frozen, adapters or prefix")
+
+
 def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
     """Freeze and extend ``model`` as ``strategy`` says; returns the trainable share."""
     from bertology.peft import apply_adapters, apply_lora, apply_prefix, freeze_base, trainable_parameters
@@ -232,7 +243,7 @@ def _data(config: FinetuneConfig) -> str:
     return config.task.data
 
 
-SENTENCE_HEAD_KINDS = ("pooled", "first_token")
+SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token")
 
 
 def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False
@@ -250,26 +261,68 @@ def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", 
     return heads
 
 
+def for_model(task: FinetuneTask, model: Model) -> FinetuneTask:
+    """The task as it runs on ``model``: its ``for_model(model)`` when it has one (GLUE on an encoder-decoder
+    without a classifier of its own is text-to-text), else the task itself."""
+    adapt = getattr(task, "for_model", None)
+    return adapt(model) if adapt is not None else task
+
+
+def model_class(pretrained: Model, task: FinetuneTask) -> type:
+    """The class fine-tuned: the checkpoint's own, except that a task labelling the input's own tokens
+    (``labels_input_tokens``: tagging) fine-tunes an encoder-decoder's encoder alone."""
+    if getattr(task, "labels_input_tokens", False) and isinstance(pretrained, Seq2SeqModel):
+        return EncoderStackModel
+    return type(pretrained)
+
+
+def kept_head(pretrained: Model, spec: HeadSpec) -> HeadSpec | None:
+    """The checkpoint's head that the task's head ``spec`` is: the same spec, or (a language-model head) the same
+    name in the form the family stores it in (T5 v1.1's untied lm_head where the task asks for the tied one)."""
+    have = {h.name: h for h in pretrained.head_specs}.get(spec.name)
+    if have is None or have == spec:
+        return have
+    try:
+        stored = family_for_config(pretrained.config).heads.get(spec.name)
+    except CheckpointError:
+        return None
+    if stored is not None and stored.kind == spec.kind and stored.variant(have.kind) is not None \
+            and have.num_labels == spec.num_labels:
+        return have
+    return None
+
+
 def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: str = "cls",
-                scalar_mix: bool = False) -> tuple[EncoderModel, bool]:
-    """The pretrained encoder with the task's fresh heads (and a fresh scalar mix), and whether a pooler was added
-    (freshly initialised: a head of the family needs one and the checkpoint has none)."""
+                scalar_mix: bool = False) -> tuple[Model, bool]:
+    """The pretrained model (an encoder, a decoder or an encoder-decoder: ``model_class``) with the task's fresh
+    heads (and a fresh scalar mix), and whether a pooler was added (freshly initialised: a head of the family needs
+    one and the checkpoint has none). A head the checkpoint has as the task wants it (a cloze task's masked-LM head,
+    a text-to-text task's language-model head) keeps its weights."""
     config = pretrained.model.config
     heads = task_heads(task, config, pooling, scalar_mix)
+    heads = [kept_head(pretrained.model, spec) or spec for spec in heads]
     fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
     if fresh_pooler:
         config.pooler = True
-    model = EncoderModel(config, heads)
+    model = model_class(pretrained.model, task)(config, heads)
     extend = getattr(task, "extend_model", None)  # a task whose classifier is a model extension (span typing)
     if extend is not None:
         extend(model)
     if scalar_mix:
         model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
-    missing, unexpected = model.encoder.load_state_dict(pretrained.model.encoder.state_dict(), strict=False)
-    if unexpected or any(not name.startswith("pooler.") for name in missing):
-        raise ConfigError(f"model: the encoder's weights do not fit: missing {missing}, unexpected {unexpected}")
-    for spec in heads:  # a head the checkpoint has just as the task wants it (a cloze task's masked-LM head) is kept
+    fresh = ("heads.", *(f"{where}." for where in model.extensions))  # the task's heads, the mix, span typing
+    body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith("heads.")}
+    wanted = {name for name in model.state_dict() if not name.startswith(fresh)}
+    missing = sorted(wanted - set(body))
+    unexpected = sorted(set(body) - wanted)
+    part = type(model) is not type(pretrained.model)  # the encoder of an encoder-decoder: its decoder is left
+    if any(not name.startswith("encoder.pooler.") for name in missing) \
+            or any(not (part and name.startswith("decoder.")) for name in unexpected):
+        raise ConfigError(f"model: the checkpoint's weights do not fit a {type(model).__name__}: missing {missing}, "
+                          f"unexpected {unexpected}")
+    model.load_state_dict({name: body[name] for name in wanted & set(body)}, strict=False)
+    for spec in heads:
         if spec in pretrained.model.head_specs:
             model.heads[spec.name].load_state_dict(pretrained.model.heads[spec.name].state_dict())
     names = task.label_names()
@@ -395,6 +448,7 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     pretrained = where.move(with_dtype(load(model_dir), dtype))
     if pretrained.tokenizer is None:
         raise ConfigError(f"{model_dir}: no tokenizer files")
+    task = for_model(task, pretrained.model)
     wanted = task.heads(pretrained.model.config)
     have = {spec.name: spec for spec in pretrained.model.head_specs}
     for spec in wanted:
@@ -440,6 +494,7 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         pretrained = load(config.model)
         if pretrained.tokenizer is None:
             raise ConfigError(f"model: {config.model} has no tokenizer files")
+        task = for_model(task, pretrained.model)
         tokenizer = pretrained.tokenizer
         wanted = config.task.max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
         max_length = min(wanted, pretrained.model.config.max_length)
@@ -453,9 +508,14 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
+        check_strategy(config.strategy, pretrained.model)
         model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
                                           config.strategy.kind == "scalar-mix")
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
+        if trainable.trainable == 0:
+            raise ConfigError(f"strategy.kind: {config.strategy.kind} leaves nothing to train: the task's heads "
+                              f"({', '.join(h.name for h in model.head_specs)}) have no weights of their own (a "
+                              "language-model head tied to the embeddings); use full, adapters or prefix")
         selection = DevSelection(config, task, dev, dev_examples, tokenizer)
         watched = WatchedSource(dev, "dev loss") if config.run.progress and env.is_main else dev
         trainer = Trainer(config, model, task.objectives(model.head_specs), train, watched, tokenizer, env,

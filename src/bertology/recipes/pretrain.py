@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tokenizers
 import torch
 from torch import nn
 
 from bertology.data.bart_noise import BartNoise, DenoisingBatches
-from bertology.data.causal import CausalBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
@@ -35,12 +33,14 @@ from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
 from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
-from bertology.model.protocol import Model
 from bertology.model.registry import model_class, model_name
 from bertology.model.transformer import TransformerConfig
+from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Objective
+from bertology.objectives.plm import PermutationLM
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
-from bertology.tokenization._pipeline import default_specials
+from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
+from bertology.tokenization.framing import FRAMINGS
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
@@ -101,42 +101,24 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
     """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
     env = env or D.DistEnv()
     tok = config.tokenizer
-    # A t5-style tokenizer made here also holds RoBERTa's <s>, whose presence alone would read as RoBERTa's.
-    model_type = "t5" if tok.style == "t5" else None
     if tok.path is not None:
-        return load_tokenizer(tok.path, model_type)
+        return load_tokenizer(tok.path)
     directory = Path(config.run.output_dir) / TOKENIZER_DIR
 
     def make() -> Tokenizer:
         if (directory / "tokenizer.json").is_file():
-            return load_tokenizer(directory, model_type)
+            return load_tokenizer(directory)
         source = corpus_source(config, env)
         if source is None:
             raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
         documents = source.documents()
-        style = "roberta" if tok.style == "t5" else tok.style
-        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=style,
+        tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
-                                    show_progress=False)
-        if tok.style == "t5":
-            with_sentinels(tokenizer, tok.sentinels or T5_SENTINELS).save(directory)
-            return load_tokenizer(directory, model_type)  # as later runs read it (the shards record its fingerprint)
+                                    show_progress=False, sentinels=tok.sentinels)
         tokenizer.save(directory)
         return tokenizer
 
     return _on_rank0_first(env, make)
-
-
-T5_SENTINELS = 100  # <extra_id_0> ... <extra_id_99>, as T5's tokenizers have
-
-
-def with_sentinels(tokenizer: Tokenizer, count: int) -> Tokenizer:
-    """A T5-style tokenizer from a trained one: its vocabulary plus ``count`` sentinels ``<extra_id_0>`` ...
-    (numbered down from the end of the vocabulary, as T5's), framing one text as ``text </s>``."""
-    backend = tokenizers.Tokenizer.from_str(tokenizer.backend.to_str())
-    backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(count))])
-    return Tokenizer(backend, style="t5", specials=default_specials("t5", tokenizer.kind),
-                     model_max_length=tokenizer.model_max_length)
 
 
 def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | None = None
@@ -162,11 +144,15 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
 
 
 def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
-                   heldout: TokenizedCorpus | None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
-    """Training instances (masked as configured) and held-out instances (one fixed, static masking)."""
+                   heldout: TokenizedCorpus | None, objectives: list[Objective] | None = None
+                   ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
+    """Training instances (masked as configured, made into batches by an objective that has a `batch_maker`:
+    permutation LM, causal LM, or into sources and targets by T5's span corruption) and held-out instances (one
+    fixed, static masking)."""
     inst = config.data.instances
     special = tokenizer.framing
     masking = config.data.masking
+    makers = [objective for objective in objectives or () if hasattr(objective, "batch_maker")]
 
     # A masking-rate schedule reads the optimizer step of each micro-batch.
     clock = StepClock(config.optim.grad_accumulation, config.optim.total_steps)
@@ -174,16 +160,19 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
                 bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
-        if "clm" in config.objectives:  # next-token prediction: no corruption
-            return PretrainingDataset(corpus, special, instance_config, CausalBatches(), bucket_window, clock)
+        if makers:
+            make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
+            return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
         if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
             room = inst.max_seq_length - special.overhead(False)
             maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
-            return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
+            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         if config.data.noise is not None:  # BART: the original text from its noised copy
             noise = BartNoise(config.data.noise, special, max_length=inst.max_seq_length)
             maker = DenoisingBatches(noise, config.run.seed, dupe_factor)
-            return PretrainingDataset(corpus, special, instance_config, Seq2SeqBatches(maker), bucket_window, clock)
+            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -196,6 +185,17 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     if heldout is not None:  # one fixed masking, at the schedule's final rate
         eval_data = dataset(heldout, dataclasses.replace(masking.final(), dynamic=False), 1)
     return train_data, eval_data
+
+
+def decoder_start_token(config: PretrainConfig, tokenizer: Tokenizer) -> int:
+    """The token an encoder-decoder's decoder starts from: the one ``model.init_from``'s config names, else the
+    family's (``DECODER_START``: T5 the padding token, BART ``</s>``)."""
+    if config.model.init_from is not None:
+        start = getattr(load_model(config.model.init_from).config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    role = DECODER_START.get(config.model.family or "", "pad")
+    return getattr(tokenizer.framing, f"{role}_id") if role != "pad" else tokenizer.framing.fill_id
 
 
 def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig | TransformerConfig:
@@ -224,7 +224,7 @@ def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> Transfor
     values.update(vocab_size=tokenizer.vocab_size, pad_token_id=framing.fill_id, bos_token_id=framing.cls_id,
                   eos_token_id=framing.sep_id)
     if model.kind == "seq2seq":
-        values["decoder_start_token_id"] = getattr(framing, f"{DECODER_START.get(family, 'pad')}_id")
+        values["decoder_start_token_id"] = decoder_start_token(config, tokenizer)
     given = model.settings
     values.update(given)
     if family == "t5":  # d_kv and the tied head's output scale follow the width unless given; T5Config's numbers
@@ -294,7 +294,13 @@ def check_model_matches(model_config: EncoderConfig | TransformerConfig, tokeniz
 
 def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokenizer, config: PretrainConfig,
                               where: str) -> None:
-    """A decoder's vocabulary and padding id are the tokenizer's, and its positions cover a row."""
+    """A decoder's tokenizer frames texts as its family's do, its vocabulary and padding id are the tokenizer's, and
+    its positions cover a row."""
+    style = MODEL_TYPE_STYLE.get(model_config.family)
+    if style is not None and not FRAMINGS[tokenizer.style].frames_like(FRAMINGS[style]):
+        raise TokenizerError(f"{where}: {model_config.family} models read texts framed as {style} does "
+                             f"({FRAMINGS[style].describe()}), but the tokenizer is {tokenizer.style}-style "
+                             f"({FRAMINGS[tokenizer.style].describe()}): set tokenizer.style: {style}")
     problems = []
     if model_config.vocab_size != tokenizer.vocab_size:
         problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
@@ -310,17 +316,74 @@ def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokeni
 
 def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
     """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
-    an objective's ``trains`` names the models it can train (the encoder when it does not say)."""
+    an objective's ``trains`` names the models it can train (the encoder when it does not say; an encoder's
+    subclass, a Longformer, is an encoder too)."""
+    kinds = {kind, "encoder"} if issubclass(model_class(kind), EncoderModel) else {kind}
     for objective in objectives:
         trains = getattr(objective, "trains", ("encoder",))
-        if kind not in trains:
+        if not kinds & set(trains):
             raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(trains)} models, but model.family "
                               f"builds a {kind} model")
 
 
-def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Model:
+# The model section's keys an XLNet takes (the shape, activation, norm, dropout and initialisation).
+XLNET_KEYS = ("vocab_size", "pad_token_id", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+              "hidden_act", "layer_norm_eps", "hidden_dropout", "initializer_range")
+
+
+def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> XLNetModel:
+    """The XLNet an xlnet-style tokenizer or the permutation-LM objective asks for: its shape from model.preset and
+    the model section (seeded by run.seed), or ``model.init_from``; trained by plm alone."""
+    framing = FRAMINGS["xlnet"]
+    if tokenizer.style != "xlnet":
+        raise TokenizerError(f"objectives.plm: permutation LM trains an XLNet, which reads texts framed as xlnet does "
+                             f"({framing.describe()}), but the tokenizer is {tokenizer.style}-style "
+                             "(tokenizer.style: xlnet, tokenizer.kind: unigram)")
+    model = config.model
+    family = model.family
+    if family is not None:
+        raise ConfigError(f"model.family: {family!r} models read texts framed as {FRAMINGS['bert'].describe()} (or "
+                          f"roberta's), but the tokenizer frames them as xlnet does ({framing.describe()}): leave "
+                          f"model.family unset to pretrain an XLNet, or use a {family}-style tokenizer")
+    others = [getattr(o, "name", "?") for o in objectives if not isinstance(o, PermutationLM)]
+    if others or not objectives:
+        raise ConfigError(f"objectives: an XLNet (the tokenizer is xlnet-style) pretrains with plm alone, got "
+                          f"{', '.join(others) or 'none'}")
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    unused = sorted(set(model.overrides) - set(XLNET_KEYS))
+    if unused:
+        raise ConfigError(f"model.{unused[0]}: XLNet models have no such setting (relative positions, no "
+                          f"pooler); they take {', '.join(XLNET_KEYS)}")
+    if model.init_from is not None:
+        pretrained = load_model(model.init_from)
+        if not isinstance(pretrained, XLNetModel):
+            raise ConfigError(f"model.init_from: {model.init_from} holds a {type(pretrained).__name__}, not an XLNet")
+        xlnet_config = pretrained.config
+    else:
+        shape = preset(model.preset) if model.preset is not None else EncoderConfig()
+        values = {key: getattr(shape, key) for key in XLNET_KEYS}
+        values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
+        values.update(model.overrides)
+        try:
+            xlnet_config = XLNetConfig(**values)
+        except ConfigError as error:
+            raise ConfigError(f"model: {error}") from None
+    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
+        if getattr(xlnet_config, key) != actual:
+            raise TokenizerError(f"model.{key} is {getattr(xlnet_config, key)} but the tokenizer's is {actual}: the "
+                                 "tokenizer does not match the model")
+    built = XLNetModel(xlnet_config, heads)
+    built.init_weights(torch.Generator().manual_seed(config.run.seed))
+    if model.init_from is not None:
+        built.load_state_dict(pretrained.state_dict(), strict=False)  # the heads it lacks keep their initialisation
+    return built
+
+
+def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Any:
     """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
-    ``model.init_from``, a pretrained one."""
+    ``model.init_from``, a pretrained one. An xlnet-style tokenizer or the plm objective builds an XLNet."""
+    if tokenizer.style == "xlnet" or any(isinstance(o, PermutationLM) for o in objectives):
+        return xlnet_model(config, tokenizer, objectives)
     if config.model.init_from is not None:
         source = config.model.init_from
         pretrained = load_model(source)
@@ -424,8 +487,8 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
         seed_everything(config.run.seed, env.rank)
         tokenizer = build_tokenizer(config, env)
         train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
-        train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus)
         objectives = config.build_objectives()
+        train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives)
         model = build_model(config, tokenizer, objectives)
         trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
         if resume:

@@ -1,6 +1,7 @@
 """The HTTP service: a FastAPI app over one loaded model (see `bertology.serve.create_app`).
 
-Endpoints: `POST /v1/embed`, `POST /v1/fill-mask`, `GET /health`, `GET /metrics` (Prometheus text format), and
+Endpoints: `POST /v1/embed`, `POST /v1/fill-mask` (a masked-LM's tokens, an encoder-decoder's generated spans),
+`GET /health`, `GET /metrics` (Prometheus text format), and
 FastAPI's OpenAPI schema at `/openapi.json` (interactive at `/docs`). Every response that is not a success is a
 JSON object `{"detail": message}` (plus `"field"` when one field of the request is at fault).
 """
@@ -27,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from bertology.embeddings import Embeddings, Pieces, parse_layers, select_layers
 from bertology.errors import BertologyError
 from bertology.model import Pretrained
+from bertology.model.heads import head_reads
+from bertology.model.transformer import Seq2SeqModel
 from bertology.objectives.fill_mask import fill_mask
 from bertology.serve.batcher import Batcher, EmbedOptions
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
@@ -75,12 +78,14 @@ class EmbedResponse(BaseModel):
 
 
 class FillMaskRequest(BaseModel):
-    """Texts with the model's mask token ([MASK] for BERT, <mask> for RoBERTa) where a word is to be predicted."""
+    """Texts with the model's mask token ([MASK] for BERT, <mask> for RoBERTa) where a word is to be predicted; for
+    an encoder-decoder, T5's sentinels (<extra_id_0>, ...) or BART's <mask> where a span is to be generated."""
 
     model_config = ConfigDict(extra="forbid")
 
     texts: list[StrictStr]
     top_k: StrictInt = Field(5, ge=1, le=100, description="predictions per mask")
+    max_new_tokens: StrictInt = Field(20, ge=1, le=512, description="an encoder-decoder's longest generation")
 
 
 class FillMaskCandidate(BaseModel):
@@ -178,7 +183,7 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     where = str(batcher.placement.device)
     num_layers = pretrained.model.config.num_layers
     hidden_size = pretrained.model.config.hidden_size
-    has_mlm = "mlm" in pretrained.model.heads
+    has_mlm = can_fill(pretrained.model)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -256,12 +261,13 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         body = _embed_body(*arguments) if small else await asyncio.to_thread(_embed_body, *arguments)
         return Response(body, media_type="application/json")
 
-    @app.post("/v1/fill-mask", summary="the most probable tokens at each mask token", dependencies=guarded,
-              response_model=FillMaskResponse, responses={**ERRORS, 501: {"model": ErrorResponse,
-                                                                      "description": "no masked-LM head"}})
+    @app.post("/v1/fill-mask", summary="the most probable tokens at each mask token (an encoder-decoder: the "
+              "generated spans)", dependencies=guarded, response_model=FillMaskResponse,
+              responses={**ERRORS, 501: {"model": ErrorResponse, "description": "no masked-LM head"}})
     async def fill_masks(request: FillMaskRequest) -> Response:
         if not has_mlm:
-            raise ServiceError(501, f"{model_name} has no masked-LM head, so fill-mask is not available")
+            raise ServiceError(501, f"{model_name} has no masked-LM head (nor an encoder-decoder's language-model "
+                               "head), so fill-mask is not available")
         texts = limits.check_texts(request.texts)
         small = sum(map(len, texts)) <= INLINE_CHARS
         masks, tokens = _mask_counts(pretrained, texts) if small else await asyncio.to_thread(
@@ -271,7 +277,8 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                      f"top_k {request.top_k})", field="top_k")
         # One text at a time on the encoder's thread: embedding batches run between them, so a small request
         # never waits for all of a large one.
-        results = [await batcher.run(_fill_mask, pretrained, i, text, request.top_k) for i, text in enumerate(texts)]
+        results = [await batcher.run(_fill_mask, pretrained, i, text, request.top_k, request.max_new_tokens)
+                   for i, text in enumerate(texts)]
         return JSONResponse({"model": model_name, "results": results})
 
     if index is not None:
@@ -292,21 +299,36 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     return app
 
 
+def can_fill(model: Any) -> bool:
+    """A masked-LM head, or an encoder-decoder whose first head is a language model (it generates the spans)."""
+    if "mlm" in model.heads:
+        return True
+    return isinstance(model, Seq2SeqModel) and bool(model.head_specs) \
+        and head_reads(model.head_specs[0].kind) == "masked_positions"
+
+
 def _mask_counts(pretrained: Pretrained, texts: list[str]) -> tuple[list[int], int]:
-    """The mask tokens of each text and the tokens of all of them (specials included), as fill-mask and search
-    read them."""
+    """The groups of candidates fill-mask gives for each text (one per mask token; an encoder-decoder one per T5
+    sentinel, or one for BART's whole text) and the tokens of all the texts (specials included), as fill-mask and
+    search read them."""
     tokenizer = pretrained.tokenizer
+    framing = tokenizer.framing
+    seq2seq = isinstance(pretrained.model, Seq2SeqModel)
+    marks = set(framing.sentinels) if seq2seq and framing.layout.sentinels is not None else {tokenizer.mask_id}
     masks, tokens = [], 0
     for text in texts:
         ids = tokenizer.encode(text).ids
-        masks.append(sum(1 for i in ids if i == tokenizer.mask_id))
+        found = sum(1 for i in ids if i in marks)
+        masks.append(min(found, 1) if seq2seq and framing.layout.sentinels is None else found)
         tokens += len(ids)
     return masks, tokens
 
 
-def _fill_mask(pretrained: Pretrained, i: int, text: str, top_k: int) -> list[list[dict[str, Any]]]:
+def _fill_mask(pretrained: Pretrained, i: int, text: str, top_k: int,
+               max_new_tokens: int = 20) -> list[list[dict[str, Any]]]:
     try:
-        predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k)
+        predictions = fill_mask(pretrained.model, pretrained.tokenizer, text, top_k=top_k,
+                                max_new_tokens=max_new_tokens)
     except BertologyError as error:
         raise ServiceError(422, f"texts[{i}]: {error}", field=f"texts[{i}]") from None
     return [[{"token": p.token, "token_id": p.token_id, "probability": p.probability, "sequence": p.sequence}

@@ -76,6 +76,9 @@ class FinetuneTask(Protocol):
 
     # Optional: ``extend_model(model)`` adds modules a task's predictions need beyond heads (through
     # ``model.add_extension``, so the native format saves and rebuilds them), before the weights are set.
+    # Optional: ``for_model(model)`` returns the task as it runs on that model (GLUE and SQuAD on an encoder-decoder
+    # without a classifier or a span head for them become text-to-text: ``bertology.tasks.text_to_text``).
+    # Optional: ``labels_input_tokens = True`` (tagging): on an encoder-decoder the encoder alone is fine-tuned.
     # Optional: ``read_input(path)`` reads what ``bertology predict`` is given when that may be more than ``read``
     # takes (CoNLL tagging: a file of words only, without tags); without it ``predict`` reads with ``read``.
 

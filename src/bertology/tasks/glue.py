@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from bertology.io import atomic_write
+from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
@@ -21,6 +22,7 @@ from bertology.tasks.base import register_task
 from bertology.tasks.examples import TextExample
 from bertology.tasks.readers import GLUE_TASKS, GlueTask, read_glue
 from bertology.tasks.sequence import (
+    CLASSIFIER,
     EncodedExamples,
     SequenceClassification,
     SequenceRegression,
@@ -74,6 +76,16 @@ class GlueFinetuneTask:
         pairs = [e.text_pair or "" for e in examples] if self.spec.text_pair is not None else None
         return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, self.labels(examples),
                                           max_length=max_length, shuffle=train, seed=seed)
+
+    def for_model(self, model: Model) -> Any:
+        """On an encoder-decoder whose family has no sequence classifier (T5), the task as text-to-text
+        (``bertology.tasks.text_to_text``); else the task itself."""
+        from bertology.model.transformer import Seq2SeqModel
+        from bertology.tasks.text_to_text import GlueTextToText, start_token
+
+        if isinstance(model, Seq2SeqModel) and CLASSIFIER not in HEADS.get(model.config.family, {}):
+            return GlueTextToText(self, start_token(model))
+        return self
 
     def predict(self, model: Model, encoded: EncodedExamples, examples: Sequence[TextExample],
                 batch_size: int) -> list[Any]:

@@ -433,7 +433,7 @@ TASKS = ("squad", *CONLL_TASKS, *GLUE_TASKS)
 
 
 def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None = None,
-                   allow_missing: bool = False) -> dict[str, Any]:
+                   allow_missing: bool = False, open_labels: bool = False) -> dict[str, Any]:
     """The metrics of a predictions file against a gold file, by name, every one a percentage (x100):
 
     * ``squad``: ``exact_match``, ``f1``. ``gold`` is the SQuAD JSON, ``predictions`` a JSON object of question id
@@ -445,6 +445,8 @@ def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None =
       ``spearman`` (``None`` where undefined). ``gold`` is the task's GLUE dev tsv, ``predictions`` a tsv with
       the header ``index<TAB>prediction`` and one row per gold row (its 0-based index among the gold file's data
       rows) holding a label of the task (``0``/``1``; ``entailment``/``not_entailment``; a number for STS-B).
+      With ``open_labels`` a prediction that is not one of the task's labels counts as wrong (a text-to-text
+      model's free text, a class of its own for the MCC) instead of being an error.
     """
     task = task.lower()
     if task in CONLL_TASKS:
@@ -468,7 +470,7 @@ def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None =
         raise ConfigError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
     spec = GLUE_TASKS[task]
     gold_labels = [example.label for example in read_glue(task, gold)]
-    predicted = _read_glue_predictions(predictions, spec, len(gold_labels), gold)
+    predicted = _read_glue_predictions(predictions, spec, len(gold_labels), gold, open_labels)
     scores = {name: _GLUE_METRICS[name](gold_labels, predicted) for name in spec.metrics}
     return {name: (100 * value if math.isfinite(value) else None) for name, value in scores.items()}
 
@@ -535,7 +537,7 @@ def _tsv_rows(path: str | Path) -> list[tuple[int, list[str]]]:
     return rows
 
 
-def _check_label(text: str, spec: GlueTask, path: str | Path, number: int) -> Any:
+def _check_label(text: str, spec: GlueTask, path: str | Path, number: int, open_labels: bool = False) -> Any:
     if spec.labels is None:
         try:
             value = float(text)
@@ -544,12 +546,13 @@ def _check_label(text: str, spec: GlueTask, path: str | Path, number: int) -> An
         if not math.isfinite(value):
             raise DataError(f"{path}:{number}: {text!r} is not a number")
         return value
-    if text not in spec.labels:
+    if text not in spec.labels and not open_labels:
         raise DataError(f"{path}:{number}: label {text!r} is not one of {', '.join(spec.labels.names)}")
     return text
 
 
-def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: str | Path) -> list[Any]:
+def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: str | Path,
+                           open_labels: bool = False) -> list[Any]:
     rows = _tsv_rows(path)
     (_, header), rows = rows[0], rows[1:]
     if header != ["index", "prediction"]:
@@ -566,7 +569,7 @@ def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: s
             raise DataError(f"{path}:{number}: index {index} is out of range: {gold} has {count} rows")
         if predicted[index] is not None:
             raise DataError(f"{path}:{number}: index {index} is repeated")
-        predicted[index] = _check_label(label, spec, path, number)
+        predicted[index] = _check_label(label, spec, path, number, open_labels)
     missing = [index for index, value in enumerate(predicted) if value is None]
     if missing:
         raise DataError(f"{path}: no prediction for {len(missing)} of {count} rows of {gold}: "

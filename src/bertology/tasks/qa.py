@@ -466,6 +466,14 @@ class SquadTask:
         return QAWindows.encode(tokenizer, examples, max_length, max_query_length=self.max_query_length,
                                 doc_stride=self.doc_stride, shuffle=train, seed=seed)
 
+    def for_model(self, model: Model) -> Any:
+        """On an encoder-decoder (T5, BART) the task as text-to-text: the answer generated from ``question: ...
+        context: ...`` (``bertology.tasks.text_to_text.SquadTextToText``); else the task itself."""
+        from bertology.model.transformer import Seq2SeqModel
+        from bertology.tasks.text_to_text import SquadTextToText, start_token
+
+        return SquadTextToText(self, start_token(model)) if isinstance(model, Seq2SeqModel) else self
+
     def predict(self, model: Model, encoded: QAWindows, examples: Sequence[QAExample],
                 batch_size: int) -> list[str]:
         if not isinstance(encoded, QAWindows) or encoded.num_questions != len(examples):

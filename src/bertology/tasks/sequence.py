@@ -22,7 +22,7 @@ from torch import Tensor
 from bertology.errors import ConfigError, DataError
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
-from bertology.model.heads import HeadSpec
+from bertology.model.heads import HeadSpec, head_reads
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
@@ -41,14 +41,18 @@ CLASSIFIER = "classifier"
 def classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
     """The sequence-classification head of the model's family, as transformers builds it (``num_labels`` 1 is
     regression)."""
-    kind, act, _ = HEADS[config.family][CLASSIFIER]
+    table = HEADS.get(config.family, {})
+    if CLASSIFIER not in table:
+        raise ConfigError(f"the {config.family} family has no sequence classifier (its heads: "
+                          f"{', '.join(table) or 'none'}); an encoder-decoder without one runs GLUE as text-to-text")
+    kind, act, _ = table[CLASSIFIER]
     return HeadSpec(CLASSIFIER, kind, num_labels=num_labels, activation=act or config.hidden_act)  # type: ignore[arg-type]
 
 
 def sentence_reads(head: HeadSpec, batch: TaskBatch) -> Tensor | None:
     """Where a sentence classifier reads the last layer: [CLS] (the pooler, a first-token head), or every token
-    (a mean-pooled head)."""
-    return None if head.kind == "mean_pooled" else first_tokens(batch)
+    (a mean-pooled head; GPT-2's last real token and BART's last EOS, which lie anywhere)."""
+    return first_tokens(batch) if head_reads(head.kind) in ("first_token", "pooler") else None
 
 
 @dataclass
@@ -234,15 +238,19 @@ class SequenceRegression:
 def predict_logits(model: Model, examples: EncodedExamples, batch_size: int = 64,
                    head: str = CLASSIFIER) -> np.ndarray:
     """The head's logits ``[N, num_labels]`` for every example, in the order the examples were given (batched by
-    length on the padding-free path; the last layer runs only at [CLS])."""
+    length on the padding-free path; the last layer runs only at [CLS] where the head reads nothing else)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    spec = next(spec for spec in model.head_specs if spec.name == head)
     out: np.ndarray | None = None
     try:
         for batch in examples.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
-            inputs = {**model.forward_inputs(batch), "last_layer_at": first_tokens(batch)}
+            inputs = model.forward_inputs(batch)
+            read = sentence_reads(spec, batch)
+            if read is not None:
+                inputs["last_layer_at"] = read
             logits = model(**inputs).head_logits[head].float().cpu().numpy()
             if out is None:
                 out = np.zeros((len(examples), logits.shape[-1]), dtype=np.float32)

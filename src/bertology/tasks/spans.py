@@ -9,9 +9,10 @@ Where the classifier lives. It is a module of the model, not of the objective, s
 model handles it: the optimizer, DDP, training checkpoints, the best model kept, and the saved ``model/``. It is
 plugged in with the model's extension mechanism (``model.add_extension("heads", "span_classifier", ...)``
 adds it to ``model.heads`` as ``heads.span``; ``SpanTask.extend_model`` does it), so the native checkpoint format
-records it and ``bertology.load`` rebuilds it (this module must be imported first: ``get_task`` does). It is no
-``HeadSpec``: the model's forward does not run it; the objective and ``predict`` call it on the last layer, which the
-encoder computes only at the span tokens (``SpanTyping.reads``).
+records it and ``bertology.load`` rebuilds it (this module must be imported first: ``get_task`` does). The module is
+the registered head kind ``span`` / ``span_attention`` (``bertology.model.heads.SpanHead``), but not one of the
+model's ``head_specs``: the model's forward does not run it; the objective and ``predict`` call it on the last layer,
+which the encoder computes only at the span tokens (``SpanTyping.reads``).
 
 Long sentences are cut into chunks of whole words as in ``bertology.tasks.tagging``, never inside an entity unless
 the entity alone is longer than a chunk (then its span ends at the chunk's last subword).
@@ -36,9 +37,8 @@ from bertology.errors import ConfigError, DataError
 from bertology.inputs import text_lines
 from bertology.io import atomic_write
 from bertology.model.config import EncoderConfig
-from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import register_extension
-from bertology.model.heads import HeadSpec, activation
+from bertology.model.heads import HeadSpec, SpanHead, build_head
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
@@ -61,72 +61,37 @@ POOLINGS = ("mean", "attention")
 
 
 # --------------------------------------------------------------------------------------------------- the module
-class SpanClassifier(nn.Module):
-    """``[z_i; z_j; g_ij]`` -> dense -> activation -> LayerNorm -> output (see the module docstring)."""
-
-    def __init__(self, hidden_size: int, num_labels: int, pooling: str = "mean", mlp_size: int | None = None,
-                 act: str = "gelu", dropout: float = 0.1, eps: float = 1e-12) -> None:
-        super().__init__()
-        if pooling not in POOLINGS:
-            raise ConfigError(f"span pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
-        self.pooling = pooling
-        self.attend = nn.Linear(hidden_size, 1, bias=False) if pooling == "attention" else None
-        width = mlp_size or hidden_size
-        self.dense = nn.Linear(3 * hidden_size, width)
-        self.act = activation(act)
-        self.norm = nn.LayerNorm(width, eps=eps)
-        self.out = nn.Linear(width, num_labels)
-        self.dropout = dropout
-
-    def represent(self, z: Tensor, spans: Tensor) -> Tensor:
-        """``[S, 3H]`` representations of ``spans`` ``[S, 3]`` = (row, first token, last token) over ``z [B, L, H]``."""
-        rows, starts, ends = spans[:, 0], spans[:, 1], spans[:, 2]
-        width = int((ends - starts).max()) + 1 if len(spans) else 1
-        columns = starts[:, None] + torch.arange(width, device=z.device)[None, :]
-        inside = columns <= ends[:, None]
-        tokens = z[rows[:, None], torch.minimum(columns, ends[:, None])]  # [S, W, H]
-        if self.attend is None:
-            pooled = (tokens * inside[..., None]).sum(1) / inside.sum(1, keepdim=True).to(z.dtype)
-        else:
-            scores = self.attend(tokens).squeeze(-1).masked_fill(~inside, float("-inf"))
-            pooled = (torch.softmax(scores.float(), dim=1).to(z.dtype)[..., None] * tokens).sum(1)
-        return torch.cat([z[rows, starts], z[rows, ends], pooled], dim=-1)
-
-    def forward(self, z: Tensor, spans: Tensor) -> Tensor:
-        x = fast_dropout(self.represent(z, spans), self.dropout, self.training)
-        x = self.norm(self.act(self.dense(x)))
-        return self.out(fast_dropout(x, self.dropout, self.training))
-
-
-def span_heads(config: EncoderConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean",
-               mlp_size: int | None = None) -> nn.ModuleDict:
-    """The extension factory: the model's heads plus a ``span`` classifier (plugged in at the path ``heads``)."""
+def span_heads(config: EncoderConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean") -> nn.ModuleDict:
+    """The extension factory: the model's heads plus a ``span`` head (registered kind ``span`` or
+    ``span_attention``, plugged in at the path ``heads``)."""
+    if pooling not in POOLINGS:
+        raise ConfigError(f"span pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
     if not isinstance(current, nn.ModuleDict):
         raise ConfigError(f"extension {EXTENSION!r}: goes at the model's 'heads', not at a {type(current).__name__}")
     if SPAN in current:
         raise ConfigError(f"extension {EXTENSION!r}: the model already has a head named {SPAN!r}")
     heads = nn.ModuleDict(dict(current.items()))
-    heads[SPAN] = SpanClassifier(config.hidden_size, num_labels, pooling, mlp_size, config.hidden_act,
-                                 config.head_dropout, config.layer_norm_eps)
+    kind = "span_attention" if pooling == "attention" else "span"
+    heads[SPAN] = build_head(config, HeadSpec(SPAN, kind, num_labels, activation=config.hidden_act))
     return heads
 
 
 register_extension(EXTENSION, span_heads)
 
 
-def add_span_classifier(model: Model, num_labels: int, pooling: str = "mean") -> SpanClassifier:
+def add_span_classifier(model: Model, num_labels: int, pooling: str = "mean") -> SpanHead:
     """Plug a span classifier into ``model`` (recorded as an extension: saved and rebuilt with the model)."""
     heads = model.add_extension("heads", EXTENSION, num_labels=num_labels, pooling=pooling)
     return heads[SPAN]  # type: ignore[index,return-value]
 
 
-def span_classifier(model: Model) -> SpanClassifier | None:
+def span_classifier(model: Model) -> SpanHead | None:
     """The model's span classifier, None when it has none."""
     module = model.heads[SPAN] if SPAN in model.heads else None
-    return module if isinstance(module, SpanClassifier) else None
+    return module if isinstance(module, SpanHead) else None
 
 
-def _require(model: Model, task: str) -> SpanClassifier:
+def _require(model: Model, task: str) -> SpanHead:
     module = span_classifier(model)
     if module is None:
         raise ConfigError(f"the model has no span classifier (heads.{SPAN}): it was not fine-tuned for {task} "
@@ -255,7 +220,7 @@ class SpanTyping:
     def __call__(self, passes: Passes, batch: SpanBatch) -> ObjectiveOutput:
         if batch.labels is None:
             raise DataError(f"objective {self.name!r} needs span types; the batch has none")
-        logits = _require(passes.model, "span typing")(passes.shared.last_hidden_state, batch.spans)
+        logits = _require(passes.model, "span typing").classify(passes.shared.last_hidden_state, batch.spans)
         loss = F.cross_entropy(logits.float(), batch.labels, reduction="sum")
         return classification_output(self.name, logits, batch.labels, loss)
 
@@ -276,7 +241,7 @@ def predict_span_labels(model: Model, examples: SpanExamples, batch_size: int = 
             batch = batch.to(device)
             at = span_positions(batch.spans, batch.input_ids.shape[1])
             z = model(**{**model.forward_inputs(batch), "last_layer_at": at}).last_hidden_state
-            out[batch.span_ids.cpu().numpy()] = module(z, batch.spans).argmax(-1).cpu().numpy()
+            out[batch.span_ids.cpu().numpy()] = module.classify(z, batch.spans).argmax(-1).cpu().numpy()
     finally:
         model.train(was_training)
     assert (out >= 0).all(), "a span without a prediction"

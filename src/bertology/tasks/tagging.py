@@ -69,8 +69,12 @@ def bio_labels(types: Sequence[str]) -> LabelSet:
 
 
 def token_classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
-    """The token-classification head of the model's family, as transformers' ``*ForTokenClassification``."""
-    kind, act, _ = HEADS[config.family][TOKEN_CLASSIFIER]
+    """The token-classification head of the model's family, as transformers' ``*ForTokenClassification``; for a
+    family without one, a linear layer on every token (kind "token")."""
+    table = HEADS.get(config.family, {})
+    if TOKEN_CLASSIFIER not in table:  # a family without one in transformers (BART's encoder): dropout and a linear
+        return HeadSpec(TOKEN_CLASSIFIER, "token", num_labels=num_labels)
+    kind, act, _ = table[TOKEN_CLASSIFIER]
     return HeadSpec(TOKEN_CLASSIFIER, kind, num_labels=num_labels, activation=act or config.hidden_act)  # type: ignore[arg-type]
 
 
@@ -368,6 +372,7 @@ class TaggingTask:
 
     metrics = ("f1", "precision", "recall")
     predictions_file = "dev_predictions.conll"
+    labels_input_tokens = True  # on an encoder-decoder the encoder alone is fine-tuned (the tags are its tokens')
     files = {"train": "eng.train", "dev": "eng.testa", "test": "eng.testb"}
 
     def __init__(self, name: str = "conll2003", types: Sequence[str] = CONLL2003_TYPES, *,

@@ -25,6 +25,7 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "albert": "bert",
     "roberta": "roberta",
     "xlm-roberta": "roberta",
+    "longformer": "roberta",
     "gpt2": "gpt2",
     "bart": "bart",
     "t5": "t5",
@@ -39,6 +40,7 @@ CLASS_STYLE: dict[str, str] = {
     "AlbertTokenizer": "bert",
     "RobertaTokenizer": "roberta",
     "XLMRobertaTokenizer": "roberta",
+    "LongformerTokenizer": "roberta",
     "BartTokenizer": "bart",
     "GPT2Tokenizer": "gpt2",
     "T5Tokenizer": "t5",
@@ -88,6 +90,10 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
     ("bpe", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "roberta"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "bert"): ["<pad>", "<unk>", "[CLS]", "[SEP]", "[MASK]"],
+    ("bpe", "gpt2"): ["<|endoftext|>"],
+    ("bpe", "bart"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
+    ("unigram", "t5"): ["<pad>", "</s>", "<unk>"],  # then the vocabulary, then the sentinels (<extra_id_0> last)
+    ("unigram", "xlnet"): ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"],  # XLNet's ids 0-6
 }
 
 
@@ -128,13 +134,23 @@ def _types(node: Any) -> list[str]:
     return [node["type"]]
 
 
-def transformers_class(state: dict, kind: str, style: str, trim_offsets: bool) -> tuple[str, dict[str, Any]]:
+def transformers_class(state: dict, kind: str, style: str, trim_offsets: bool,
+                       sentinels: list[str] | None = None) -> tuple[str, dict[str, Any]]:
     """The ``tokenizer_class`` and tokenizer_config.json options with which transformers rebuilds this exact
     pipeline. Family classes (BertTokenizer, ...) rebuild normaliser and pre-tokeniser from their options and ignore
     those in tokenizer.json, so a family class is named only when its rebuild matches; otherwise the generic class,
-    which loads tokenizer.json as it is."""
+    which loads tokenizer.json as it is. ``sentinels``: T5's sentinel tokens in number order."""
     normalizer, pre_tokenizer = state.get("normalizer"), state.get("pre_tokenizer")
     norm_types, pre_types = _types(normalizer), _types(pre_tokenizer)
+    if kind == "bpe" and style in ("gpt2", "bart") and not norm_types and pre_types == ["ByteLevel"] \
+            and pre_tokenizer.get("use_regex", True):
+        prefix = {"add_prefix_space": bool(pre_tokenizer.get("add_prefix_space", False))}
+        return ("GPT2Tokenizer", prefix) if style == "gpt2" else ("BartTokenizer", {**prefix,
+                                                                                    "trim_offsets": trim_offsets})
+    if kind == "unigram" and style == "t5" and not norm_types and pre_types == ["WhitespaceSplit", "Metaspace"] \
+            and _t5_layout(state, sentinels or []):
+        # T5Tokenizer builds <pad> 0, </s> 1, <unk> 2 and the sentinels from extra_ids; the vocabulary is the file's.
+        return "T5Tokenizer", {"extra_ids": len(sentinels or []), "additional_special_tokens": list(sentinels or [])}
     if kind == "wordpiece" and style == "bert" and norm_types == ["BertNormalizer"] and pre_types == ["BertPreTokenizer"]:
         if normalizer.get("clean_text", True):
             return "BertTokenizer", {
@@ -160,6 +176,20 @@ def transformers_class(state: dict, kind: str, style: str, trim_offsets: bool) -
                 if options is not None:
                     return "AlbertTokenizer", {**options, **prefix, "trim_offsets": trim_offsets}
     return GENERIC_CLASS, {}
+
+
+def _t5_layout(state: dict, sentinels: list[str]) -> bool:
+    """Whether a Unigram vocabulary is laid out as T5Tokenizer builds its own: <pad>, </s>, <unk> first, the
+    sentinels last with <extra_id_0> the highest id, a Metaspace that always prepends and splits."""
+    metaspace = find_components(state.get("pre_tokenizer"), "Metaspace")[0]
+    if metaspace.get("replacement", "▁") != "▁" or metaspace.get("prepend_scheme", "always") != "always" \
+            or not metaspace.get("split", True):
+        return False
+    vocab = [entry[0] for entry in state["model"]["vocab"]]
+    extra = {t["content"]: t["id"] for t in state.get("added_tokens", [])}
+    top = max([len(vocab) - 1, *extra.values()])
+    return vocab[:3] == ["<pad>", "</s>", "<unk>"] and state["model"].get("unk_id") == 2 \
+        and [extra.get(token) for token in sentinels] == [top - k for k in range(len(sentinels))]
 
 
 def _albert_options(normalizer: dict | None) -> dict[str, bool] | None:

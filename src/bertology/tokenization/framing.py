@@ -92,6 +92,16 @@ class Layout:
     def token_keys(self, role: str) -> tuple[str, ...]:
         return self.keys.get(role, (f"{role}_token",))
 
+    def frames_like(self, other: Layout) -> bool:
+        """Whether texts framed by one are framed the same by the other (bart's framing is roberta's)."""
+        return (self.single, self.pair, self.padding_side) == (other.single, other.pair, other.padding_side)
+
+    def describe(self) -> str:
+        """The pair template with the default tokens and the padding side, e.g. ``A <sep> B <sep> <cls>, padded on
+        the left``."""
+        parts = [what if what in TEXTS else str(self.tokens.get(what)) for what, _ in self.pair]
+        return f"{' '.join(parts)}, padded on the {self.padding_side}"
+
 
 FRAMINGS: dict[str, Layout] = {}
 

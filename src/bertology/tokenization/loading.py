@@ -78,6 +78,8 @@ def load_tokenizer(directory: str | os.PathLike, model_type: str | None = None) 
     if kind is None:
         raise TokenizerError(f"{directory}: unsupported tokenizer model {type(backend.model).__name__}")
     style = _style(model_type, tok_config, backend, directory)
+    if model_type is not None:
+        _check_class_fits(style, model_type, where, tok_config, directory)
     specials = _specials(style, kind, tok_config, special_map)
     if kind == "bpe" and isinstance(tok_config.get("add_prefix_space"), bool):
         # transformers' RobertaTokenizer takes add_prefix_space from tokenizer_config.json; follow it.
@@ -179,8 +181,13 @@ def _bpe_from_files(vocab_path: Path, merges_path: Path) -> tokenizers.Tokenizer
     return backend
 
 
+# Model types whose checkpoints may come with another family's tokenizer (a Longformer made from a BERT model): the
+# tokenizer's own class or vocabulary says the style, the model type only when they do not.
+FILES_TELL_STYLE = frozenset({"longformer"})
+
+
 def _style(model_type: str | None, tok_config: dict[str, Any], backend: tokenizers.Tokenizer, directory: Path) -> str:
-    if model_type is not None:
+    if model_type is not None and model_type not in FILES_TELL_STYLE:
         return MODEL_TYPE_STYLE[model_type]
     tokenizer_class = tok_config.get("tokenizer_class")
     if isinstance(tokenizer_class, str) and tokenizer_class.removesuffix("Fast") in CLASS_STYLE:
@@ -189,9 +196,26 @@ def _style(model_type: str | None, tok_config: dict[str, Any], backend: tokenize
     for style, telling in _TELLING_TOKENS:
         if all(backend.token_to_id(t) is not None for t in telling):
             return style
+    if model_type is not None:
+        return MODEL_TYPE_STYLE[model_type]
     raise TokenizerError(
         f"{directory}: cannot tell the special-token style (no config.json model_type, no known tokenizer_class, "
         f"none of {', '.join(' + '.join(t) for _, t in _TELLING_TOKENS)} in the vocabulary); pass model_type"
+    )
+
+
+def _check_class_fits(style: str, model_type: str, where: str, tok_config: dict[str, Any], directory: Path) -> None:
+    """A tokenizer_config.json naming a tokenizer class that frames texts otherwise than the model's family (an
+    XLNet tokenizer, summary token last and padded on the left, beside a BERT model, which reads [CLS] first) is an
+    error: the model would read its summary token and padding in the wrong places."""
+    name = tok_config.get("tokenizer_class")
+    theirs = CLASS_STYLE.get(name.removesuffix("Fast")) if isinstance(name, str) else None
+    if theirs is None or FRAMINGS[theirs].frames_like(FRAMINGS[style]):
+        return
+    raise TokenizerError(
+        f"{directory / 'tokenizer_config.json'}: key 'tokenizer_class': {name} frames texts as {theirs} does "
+        f"({FRAMINGS[theirs].describe()}), but {where} is {model_type!r}, whose models read {style} framing "
+        f"({FRAMINGS[style].describe()}): use the model's own tokenizer"
     )
 
 

@@ -377,7 +377,8 @@ class Tokenizer:
             with atomic_write(directory / "merges.txt", "w", encoding="utf-8") as handle:
                 handle.write("#version: 0.2\n")
                 handle.writelines(f"{merge}\n" for merge in merges)
-        tokenizer_class, options = transformers_class(state, self.kind, self.style, self.trim_offsets)
+        sentinels = [self.backend.id_to_token(i) for i in self.framing.sentinels]
+        tokenizer_class, options = transformers_class(state, self.kind, self.style, self.trim_offsets, sentinels)
         # Each role under its family's keys: the first of each in role order, then the other names.
         layout = self.framing.layout
         roles = self.specials.roles()

@@ -1,5 +1,5 @@
-"""Train a WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (XLM-R / ALBERT) tokenizer from corpus files
-or an iterator of strings."""
+"""Train a WordPiece (BERT), byte-level BPE (RoBERTa, GPT-2, BART) or Unigram (XLM-R, ALBERT, T5) tokenizer from
+corpus files or an iterator of strings."""
 
 from __future__ import annotations
 
@@ -28,8 +28,11 @@ if TYPE_CHECKING:
     from bertology.data.corpus import CorpusSource
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
-# The framings a tokenizer is trained for (the others are loaded from their files).
-TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta")
+# The framings a tokenizer is trained for.
+TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "gpt2", "bart", "t5", "xlnet")
+# Another name of a kind: GPT-2's and BART's byte-level BPE is the bpe kind.
+KIND_ALIASES = {"bytelevel-bpe": "bpe"}
+T5_SENTINELS = 100  # T5's extra_ids
 _GLOB_CHARS = frozenset("*?[")
 # Lines go to the trainer in batches: one Python call per batch instead of per line.
 _BATCH_LINES = 1000
@@ -55,15 +58,23 @@ def train_tokenizer(
     show_progress: bool = True,
     model_max_length: int | None = 512,
     limit_alphabet: int | None = 1000,
+    sentinels: int | None = None,
 ) -> Tokenizer:
-    """Train a tokenizer of ``kind`` ("wordpiece", "bpe", "unigram") with at most ``vocab_size`` entries.
+    """Train a tokenizer of ``kind`` ("wordpiece", "bpe" alias "bytelevel-bpe", "unigram") with at most
+    ``vocab_size`` entries.
 
     ``files_or_texts``: a path (file, directory, or glob) or a list/tuple of them, read as the ``bert`` corpus
     format reads them (UTF-8, one sentence per line, blank lines skipped; directories recursively, hidden files
     skipped); a ``bertology.data.corpus.CorpusSource`` or a list of them (any corpus format and encoding, as
     ``bertology tokenizer train`` reads its FILE arguments); or any other iterable (a generator, ``iter(list)``)
-    of texts. ``style``: "bert" or "roberta"; WordPiece is always BERT-style and byte-level BPE RoBERTa-style,
-    Unigram is XLM-R-style by default and ALBERT-style with "bert". ``lowercase`` defaults to the reference model
+    of texts. ``style``: WordPiece is always BERT-style; byte-level BPE is RoBERTa-style by default, "gpt2" (one
+    special token, <|endoftext|>, and nothing added around a text) or "bart" (RoBERTa's tokens); Unigram is
+    XLM-R-style by default, ALBERT-style with "bert", XLNet-style with "xlnet" (<sep> <cls> at the end, left
+    padding), and T5-style with "t5": SentencePiece's Metaspace, <pad> 0,
+    </s> 1 (the EOS after each text), <unk> 2, then the vocabulary, then ``sentinels`` (default 100, T5's
+    extra_ids) sentinel tokens <extra_id_0> ... numbered down from the end of the vocabulary (<extra_id_0> has the
+    highest id), on top of ``vocab_size``. Saved, transformers' class of the style loads them to the same ids
+    (T5TokenizerFast, GPT2TokenizerFast, BartTokenizerFast). ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
     to Unigram. BPE and WordPiece training are deterministic: the same text gives the same tokenizer in every run
     and process (WordPiece reads the text twice for that: ``_train_wordpiece``); Unigram ids can differ between
@@ -74,10 +85,19 @@ def train_tokenizer(
     file of NUL bytes) is a DataError naming its files. A small corpus legitimately gives a vocabulary smaller
     than ``vocab_size``; compare ``vocab_size`` of the result.
     """
+    kind = KIND_ALIASES.get(kind, kind)
     check_choice(kind, KINDS, "tokenizer kind")
     style = check_choice(style or _DEFAULT_STYLE[kind], TRAINING_STYLES, "tokenizer style")
     if (kind, style) not in TRAINING_SPECIALS:
-        raise TokenizerError(f"a {kind} tokenizer is trained in {_DEFAULT_STYLE[kind]} style only, not {style!r}")
+        styles = [s for k, s in TRAINING_SPECIALS if k == kind]
+        raise TokenizerError(f"a {kind} tokenizer is trained in {' or '.join(styles)} style"
+                             f"{' only' if len(styles) == 1 else ''}, not {style!r}")
+    if sentinels is not None and style != "t5":
+        raise TokenizerError(f"sentinels: T5's sentinel tokens are for a t5-style unigram tokenizer, not {style}")
+    if style == "t5":
+        sentinels = T5_SENTINELS if sentinels is None else sentinels
+        if isinstance(sentinels, bool) or not isinstance(sentinels, int) or sentinels < 0:
+            raise TokenizerError(f"sentinels must be a non-negative integer, got {sentinels!r}")
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise TokenizerError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     if vocab_size > MAX_VOCAB_SIZE:
@@ -101,6 +121,8 @@ def train_tokenizer(
                                    show_progress, special_list, limit_alphabet)
     else:
         backend.train_from_iterator(_batches(texts, backend.normalizer, describe), trainer)
+    if sentinels:  # numbered down from the end: <extra_id_0> last
+        backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(sentinels))])
     specials: SpecialTokenTexts = default_specials(style, kind)
     return Tokenizer(backend, style=style, specials=specials, model_max_length=model_max_length)
 

@@ -60,10 +60,12 @@ TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.f
 
 
 def model_families() -> dict[str, str]:
-    """Every registered checkpoint family -> the model it builds ("encoder", "decoder", "seq2seq")."""
+    """The registered checkpoint families a run config may name -> the model each builds ("encoder", "decoder",
+    "seq2seq"). Families with a model of their own (XLNet, Longformer) are built from their own settings."""
     from bertology.model.checkpoint import registry  # importing checkpoint registers the built-in families
 
-    return {name: family.model for name, family in registry().items()}
+    return {name: family.model for name, family in registry().items()
+            if family.model in ("encoder", "decoder", "seq2seq")}
 
 
 @dataclass
@@ -118,15 +120,15 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     """``path``: an existing tokenizer directory. Without it, one is trained on the corpus (``kind``,
-    ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs. ``style``
-    ``t5``: a ``bpe`` or ``unigram`` tokenizer trained as RoBERTa's, then given ``sentinels`` (100) sentinel tokens
-    (``<extra_id_0>`` ... numbered down from the end of the vocabulary) and T5's framing (``text </s>``), for T5's
-    span corruption; with a ``path``, the directory is read as a T5 tokenizer."""
+    ``vocab_size``, ``style``, ...; ``bertology.tokenization.train_tokenizer``) and saved to
+    ``<output_dir>/tokenizer``, or reused from there on later runs. ``style`` picks the family's special tokens and
+    framing: ``gpt2`` (byte-level BPE, <|endoftext|>), ``t5`` (Unigram with ``sentinels`` sentinel tokens, T5's
+    100 by default), ``bart``, ``xlnet``, ``bert``, ``roberta``."""
 
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
     vocab_size: int = 8000
-    style: Literal["bert", "roberta", "t5"] | None = None
+    style: Literal["bert", "roberta", "xlnet", "gpt2", "bart", "t5"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
     sentinels: int | None = None  # with style t5 (None: T5's 100)
@@ -137,12 +139,10 @@ class TokenizerConfig:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
         if self.min_frequency < 0:
             raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
-        if self.style == "t5" and self.kind == "wordpiece" and self.path is None:
-            raise ConfigError("tokenizer.style: a t5-style tokenizer is a bpe or unigram one, not wordpiece")
         if self.sentinels is not None and self.sentinels < 1:
             raise ConfigError(f"tokenizer.sentinels: must be >= 1, got {self.sentinels}")
         if self.sentinels is not None and self.style != "t5":
-            raise ConfigError(f"tokenizer.sentinels: sentinels are added to a t5-style tokenizer; style is "
+            raise ConfigError(f"tokenizer.sentinels: sentinels are T5's, for a t5-style tokenizer; style is "
                               f"{self.style!r}")
 
 

@@ -249,16 +249,19 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], fsdp
 
 def initialised_model(config: Any, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False,
                       cls: type | None = None) -> Any:
-    """``cls(config, heads)`` (an ``EncoderModel`` by default; a decoder's class with its TransformerConfig)
-    initialised by ``init_weights`` from a generator seeded with ``seed``.
+    """``cls(config, heads)`` initialised by ``init_weights`` from a generator seeded with ``seed``. Without
+    ``cls``: an ``EncoderModel``, or the registered encoder class whose config class ``config`` is (a
+    ``LongformerModel`` for a ``LongformerConfig``); a decoder's class comes with its TransformerConfig.
 
     With ``meta_init`` the modules are built on the meta device (no memory, none of torch's default
     initialisation) and materialised on the CPU (``to_empty``) before ``init_weights``, which sets every parameter:
     the same weights, bit for bit, without initialising twice. Neither way draws from torch's default generator,
     so what a run draws later (dropout) does not depend on the choice."""
     from bertology.model.encoder import EncoderModel
+    from bertology.model.registry import MODELS
 
-    cls = cls or EncoderModel
+    cls = cls or next((entry.cls for entry in MODELS.values() if entry.config_class is type(config)
+                       and issubclass(entry.cls, EncoderModel)), EncoderModel)
     if meta_init:
         with torch.device("meta"):
             model = cls(config, heads)

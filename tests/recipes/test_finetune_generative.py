@@ -1,0 +1,177 @@
+"""Fine-tuning GPT-2, BART and T5 through the existing tasks on tiny random models built by transformers: SST-2
+with GPT-2's last-token and BART's EOS classifiers (transformers loads the result and gives the same logits on a
+padded batch), SST-2 as text-to-text on T5 (generated labels; an unknown generated text counts as wrong), NER on
+GPT-2 and on BART's encoder."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertology.cli.main import main
+from bertology.errors import ConfigError, DataError
+from bertology.model import load
+from bertology.recipes.finetune import FinetuneConfig, finetune
+from bertology.tasks.base import get_task
+from bertology.tasks.examples import TextExample
+from bertology.tasks.metrics import evaluate_files
+from bertology.tasks.text_to_text import GlueTextToText, score_text, read_score
+from finetune_helpers import BAD, FILL, GOOD, cue_sentence, save_family_model
+
+transformers = pytest.importorskip("transformers")
+
+WORDS = GOOD + BAD + FILL + ["positive", "negative", "sst2", "sentence:", "john", "mary", "paris", "london", "met",
+                             "went", "to", "in"]
+TEXTS = [" ".join(WORDS)] * 5 + [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def glue(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glue")
+    rng = np.random.default_rng(0)
+    (root / "SST-2").mkdir()
+    for split, n in (("train", 160), ("dev", 32)):
+        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
+        (root / "SST-2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def conll(tmp_path_factory):
+    """Sentences of filler words with one name: john and mary are people, paris and london places."""
+    root = tmp_path_factory.mktemp("conll")
+    rng = np.random.default_rng(1)
+    for split, n in (("eng.train", 160), ("eng.testa", 24)):
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for _ in range(n):
+            words = list(rng.choice(["the", "film", "was", "met", "went", "to", "in", "a"], 4))
+            name = str(rng.choice(["john", "mary", "paris", "london"]))
+            words.insert(int(rng.integers(5)), name)
+            tag = "I-PER" if name in ("john", "mary") else "I-LOC"
+            lines += [f"{w} NN I-NP {tag if w == name else 'O'}" for w in words] + [""]
+        (root / split).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    return {style: save_family_model(tmp_path_factory.mktemp(style), style, TEXTS) for style in ("gpt2", "bart", "t5")}
+
+
+def config(data, model, out, task="sst2", epochs=6, lr=3e-3, strategy="full"):
+    return FinetuneConfig.from_dict({
+        "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs},
+        "strategy": {"kind": strategy},
+        "optim": {"batch_size": 16, "lr": lr, "warmup_ratio": 0.1},
+        "run": {"output_dir": str(out), "log_every": 10, "progress": False},
+        "speed": {"threads": 1, "prefetch": 0}})
+
+
+@pytest.mark.parametrize("style, architecture", [("gpt2", "GPT2ForSequenceClassification"),
+                                                 ("bart", "BartForSequenceClassification")])
+def test_classifier_learns_and_transformers_gives_the_same_logits(glue, models, tmp_path, style, architecture):
+    out = tmp_path / "run"
+    result = finetune(config(glue, models[style], out))
+    assert result.best["value"] > 80  # the cue word decides the label
+    assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv")
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["architectures"] == [architecture]
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
+    ours = load(out / "model")
+    rows = [e.ids for e in ours.tokenizer.encode_batch(["the film was good", "bad", "a very dull plot"]).encodings]
+    width = max(map(len, rows))  # padded on the right: GPT-2 reads the last real token, BART the last EOS
+    ids = torch.tensor([row + [ours.tokenizer.pad_id] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model(ids, mask).logits, hf(input_ids=ids, attention_mask=mask).logits,
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_t5_sst2_is_text_to_text(glue, models, tmp_path):
+    out = tmp_path / "run"
+    result = finetune(config(glue, models["t5"], out, epochs=8, lr=1e-2))
+    assert result.best["value"] > 80
+    predictions = (out / "dev_predictions.tsv").read_text().splitlines()
+    assert predictions[0] == "index\tprediction" and len(predictions) == 33
+    assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv",
+                                                open_labels=True)
+    saved = json.loads((out / "model" / "config.json").read_text())
+    assert saved["architectures"] == ["T5ForConditionalGeneration"] and "id2label" not in saved
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["lm_loss"] for r in evals if r["kind"] == "eval"]
+    assert losses[-1] < losses[0]  # the decoder's cross-entropy of the label words falls
+    # `bertology predict` generates the same labels from the saved model.
+    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
+                 str(glue / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
+    assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
+
+
+def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp_path, capsys):
+    t5 = load(models["t5"])
+    task = get_task("sst2").for_model(t5.model)
+    assert isinstance(task, GlueTextToText) and task.start_id == t5.model.config.decoder_start_token_id
+    example = TextExample("0", "it was good", None, "1")
+    assert (task.source(example), task.target(example)) == ("sst2 sentence: it was good", "positive")
+    assert [task.prediction(t) for t in ("positive", "negative", "posit ive\tx")] == ["1", "0", "posit ive x"]
+    examples = [TextExample(str(i), "x", None, label) for i, label in enumerate("1100")]
+    assert task.scores(["1", "posi", "0", ""], examples) == {"accuracy": 50.0}
+    gold = tmp_path / "dev.tsv"
+    gold.write_text("sentence\tlabel\n" + "".join(f"x\t{e.label}\n" for e in examples), encoding="utf-8")
+    task.write(tmp_path / "p.tsv", ["1", "posi", "0", ""], examples)
+    assert evaluate_files("sst2", tmp_path / "p.tsv", gold, open_labels=True) == {"accuracy": 50.0}
+    with pytest.raises(DataError, match=r"p.tsv:3: label 'posi' is not one of 0, 1"):
+        evaluate_files("sst2", tmp_path / "p.tsv", gold)
+    assert main(["evaluate", "--task", "sst2", "--gold", str(gold), "--predictions", str(tmp_path / "p.tsv"),
+                 "--open-labels"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"accuracy": 50.0}
+    # STS-B: scores rounded to 0.2 as targets; a text that is not a number reads as -1 (T5's convention).
+    assert [score_text(v) for v in (3.79, 0.0, 4.91)] == ["3.8", "0.0", "5.0"]
+    assert [read_score(t) for t in ("3.8", "nan", "high")] == [3.8, -1.0, -1.0]
+    stsb = GlueTextToText(get_task("stsb"), 0)
+    pair = TextExample("0", "a cat", "a dog", 3.79)
+    assert (stsb.source(pair), stsb.target(pair)) == ("stsb sentence1: a cat sentence2: a dog", "3.8")
+    assert [stsb.prediction(t) for t in ("3.8", "high")] == [3.8, -1.0]
+    rte = GlueTextToText(get_task("rte"), 0)
+    assert rte.target(TextExample("0", "a", "b", "not_entailment")) == "not_entailment"
+    assert rte.prediction("entailment") == "entailment"
+    encoded = task.encode(t5.tokenizer, examples, 32, train=True)
+    batch = next(encoded.batches(0, 4))
+    target = t5.tokenizer.encode("positive").ids  # the label word then </s>
+    row = batch.example_ids.tolist().index(0)
+    assert batch.decoder_input_ids[row, :len(target)].tolist() == [task.start_id] + target[:-1]
+    assert batch.lm_labels.numel() == batch.decoder_attention_mask.sum()
+    # A decoder (GPT-2) keeps its own classifier: the GLUE task itself.
+    assert get_task("sst2").for_model(load(models["gpt2"]).model) is get_task("sst2")
+
+
+@pytest.mark.parametrize("style", ["gpt2", "bart"])
+def test_ner_on_gpt2_and_on_barts_encoder(conll, models, tmp_path, style):
+    out = tmp_path / "run"
+    result = finetune(config(conll, models[style], out, task="conll2003", epochs=10, lr=1e-2))
+    assert result.best["value"] > 50, result.best  # the name decides its tag
+    model = load(out / "model")
+    assert type(model.model).__name__ == ("DecoderModel" if style == "gpt2" else "EncoderStackModel")
+    if style == "gpt2":
+        assert json.loads((out / "model" / "config.json").read_text())["architectures"] == \
+            ["GPT2ForTokenClassification"]
+
+
+def test_strategies_that_do_not_apply_are_named(glue, models, tmp_path):
+    with pytest.raises(ConfigError, match="strategy.kind: lora is for encoders .*this model is a DecoderModel"):
+        finetune(config(glue, models["gpt2"], tmp_path / "a", strategy="lora"))
+    with pytest.raises(ConfigError, match="strategy.kind: scalar-mix is for encoders .*a Seq2SeqModel"):
+        finetune(config(glue, models["bart"], tmp_path / "b", strategy="scalar-mix"))
+    with pytest.raises(ConfigError, match=r"strategy.kind: frozen leaves nothing to train: the task's heads \(lm\)"):
+        finetune(config(glue, models["t5"], tmp_path / "c", strategy="frozen"))

@@ -26,10 +26,11 @@ def write_corpus(path: Path, documents: int = 24, seed: int = 0, sentences: tupl
     return path
 
 
-def make_assets(root: Path, heldout: int = 3) -> dict[str, Path]:
-    """Corpus, WordPiece tokenizer and shards (with ``heldout`` held-out documents) under ``root``."""
+def make_assets(root: Path, heldout: int = 3, kind: str = "wordpiece", **options: Any) -> dict[str, Path]:
+    """Corpus, tokenizer (WordPiece, or ``kind`` with ``options`` such as ``style``) and shards (with ``heldout``
+    held-out documents) under ``root``."""
     corpus = write_corpus(root / "corpus.txt")
-    tokenizer = train_tokenizer([str(corpus)], "wordpiece", 120, show_progress=False, min_frequency=1)
+    tokenizer = train_tokenizer([str(corpus)], kind, 120, show_progress=False, min_frequency=1, **options)
     tokenizer.save(root / "tokenizer")
     prepare_corpus(str(corpus), tokenizer, root / "shards", heldout_documents=heldout, show_progress=False)
     return {"corpus": corpus, "tokenizer": root / "tokenizer", "shards": root / "shards"}

@@ -246,11 +246,18 @@ def test_model_section_is_encoder_config_fields():
 
     config = load_config(None, ["model.preset=mini", "model.hidden_size=320", "model.hidden_act=relu",
                                 "model.family=electra", "model.embedding_size=null"])
-    assert config.model.preset == "mini"
-    assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu", "family": "electra"}
-    # Every EncoderConfig field but ``extra`` is a key of the section, written flat (``elmo`` holds an ELMo's).
-    settable = {f.name for f in dataclasses.fields(EncoderConfig)} - {"extra"}
+    from bertology.model.transformer import TransformerConfig
+
+    assert config.model.preset == "mini" and config.model.family == "electra"
+    assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu"}
+    # Every EncoderConfig and TransformerConfig field but ``extra`` is a key of the section, written flat (``elmo``
+    # holds an ELMo's).
+    settable = {f.name for cls in (EncoderConfig, TransformerConfig) for f in dataclasses.fields(cls)} - {"extra"}
     assert set(config.to_dict()["model"]) == settable | {"preset", "init_from", "elmo"}
+    decoder = load_config(None, ["model.family=gpt2", "model.hidden_size=64", "model.gated_ffn=true",
+                                 "data.instances.kind=packed-documents"])
+    assert decoder.model.kind == "decoder" and decoder.model.settings == {"hidden_size": 64, "gated_ffn": True}
+    assert decoder.objectives == {"clm": {}}  # a decoder's default objective
     assert ModelConfig(preset="mini", overrides={"hidden_size": 320}) == load_config(
         None, ["model.preset=mini", "model.hidden_size=320"]).model
 
@@ -258,7 +265,9 @@ def test_model_section_is_encoder_config_fields():
 @pytest.mark.parametrize("setting,message", [
     ("model.hidden_size=1.5", "model.hidden_size: expected int, got float 1.5"),
     ("model.positions_after_padding=1", "model.positions_after_padding: expected bool"),
-    ("model.family=bart", "model.family: expected one of 'bert', 'roberta'"),
+    ("model.family=bartt", "model.family: unknown family 'bartt'; did you mean bart?"),
+    ("model.gated_ffn=true", "model.gated_ffn: a field of the decoders and encoder-decoders"),
+    ("model.relative_attention_num_buckets=true", "model.relative_attention_num_buckets: expected int, got bool"),
     ("model.hidden_act=gelux", "model.hidden_act: expected one of gelu"),
     ("model.preset=minii", "model.preset: unknown preset 'minii'; did you mean mini?"),
     ("model.extra={}", "model.extra: unknown key"),

@@ -21,10 +21,10 @@ def test_there_are_shipped_configs():
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_shipped_config_loads(path):
     config = load_config(path)
-    # Every pretraining objective predicts tokens: MLM itself, within ELECTRA's generator and distillation, or
-    # XLNet's permutation LM or ELMo's biLM.
-    predicting = {"mlm", "electra", "distill", "plm", "bilm"}
-    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & predicting
+    # Every pretraining objective predicts tokens: MLM itself, within ELECTRA's generator and distillation, XLNet's
+    # permutation LM, ELMo's biLM, the next token (a decoder) or the corrupted spans (an encoder-decoder).
+    assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & {
+        "mlm", "electra", "distill", "plm", "bilm", "clm", "denoise"}
     assert config.data.instances.max_seq_length <= 512
 
 

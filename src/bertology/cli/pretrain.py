@@ -1,4 +1,4 @@
-"""`bertology pretrain`: pretrain an encoder from a run config (YAML or JSON), with `--set` overrides."""
+"""`bertology pretrain`: pretrain a model from a run config (YAML or JSON), with `--set` overrides."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import sys
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "pretrain",
-        help="pretrain an encoder from a run config (MLM, NSP, SOP, SpanBERT, ELECTRA, distillation)",
-        description="Pretrain an encoder from a run config file (see configs/ for presets). Under torchrun every "
-        "process runs this command; rank 0 writes the checkpoints and metrics.",
+        help="pretrain a model from a run config (MLM, NSP, SOP, SpanBERT, ELECTRA, distillation; GPT-2's causal "
+        "LM, T5's span corruption)",
+        description="Pretrain an encoder, a decoder or an encoder-decoder from a run config file (see configs/ for "
+        "presets). Under torchrun every process runs this command; rank 0 writes the checkpoints and metrics.",
     )
     parser.add_argument("--config", metavar="FILE", help="run config (.yaml, .yml or .json); default: all defaults")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",

@@ -15,6 +15,11 @@ The kinds:
 * ``full-sentences`` (RoBERTa): contiguous sentences packed up to ``max_seq_length - 2`` tokens, crossing document
   boundaries with an extra separator between documents.
 * ``doc-sentences`` (RoBERTa): the same packing, never crossing a document boundary.
+* ``packed-documents`` (GPT-2's causal LM): every document framed on its own (the tokenizer's framing of one
+  text, e.g. ``<s> ... </s>``), the framed documents laid end to end and cut into rows of exactly
+  ``max_seq_length`` tokens (the last row shorter), a document continuing in the next row where it does not fit.
+  Every token carries the id of its document (``Instance.document_ids``), so that attention and next-token
+  prediction stay inside each document (``bertology.data.causal``).
 * ``word-stream`` (ELMo): not made here. Documents become streams of words read in windows of ``max_seq_length``
   words by a bidirectional LM with truncated backpropagation (``bertology.data.word_streams``).
 
@@ -37,7 +42,7 @@ from bertology.tokenization.framing import Framing
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
-Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "word-stream"]
+Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "packed-documents", "word-stream"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
@@ -113,12 +118,15 @@ class InMemoryDocuments:
 
 @dataclass
 class Instance:
-    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials."""
+    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials.
+    ``sentence_starts``: True at the first token of each sentence, for the packed kinds (else None)."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
     word_starts: np.ndarray
     is_random_next: bool | None = None
+    document_ids: np.ndarray | None = None  # packed documents: the document of every token
+    sentence_starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -282,6 +290,8 @@ def create_instances(
     if config.pairs:
         for index in range(len(documents)):
             _segment_pairs(documents, index, config, special, rng, stats, instances)
+    elif config.kind == "packed-documents":
+        _pack_documents(documents, config, special, instances)
     else:
         _pack(documents, config, special, stats, instances, cross_documents=config.kind == "full-sentences")
     stats.instances = len(instances)
@@ -427,7 +437,12 @@ def _pack(documents: list[_Document], config: InstanceConfig, special: Framing, 
     def emit() -> None:
         nonlocal pieces, length
         if pieces:
-            out.append(_build(special, _concat(pieces), None, None))
+            ids, starts = _concat(pieces)
+            instance = _build(special, (ids, starts), None, None)
+            # A sentence (or a piece of a split one) starts at each piece's first token; a separator starts none.
+            firsts = np.concatenate([(np.arange(len(p[0])) == 0) & (p is not separator) for p in pieces])
+            instance.sentence_starts = _build(special, (ids, firsts), None, None).word_starts
+            out.append(instance)
         pieces, length = [], 0
 
     for document in documents:
@@ -451,3 +466,19 @@ def _pack(documents: list[_Document], config: InstanceConfig, special: Framing, 
         if not cross_documents:
             emit()
     emit()
+
+
+def _pack_documents(documents: list[_Document], config: InstanceConfig, special: Framing, out: list[Instance]) -> None:
+    """``packed-documents``: each document framed as one text, all laid end to end, cut every ``max_seq_length``
+    tokens; a token's document id is the document's index in the (shuffled) order."""
+    ids, types, starts, owners = [], [], [], []
+    for index, document in enumerate(documents):
+        framed = _build(special, _concat(document), None, None)
+        ids.append(framed.input_ids)
+        types.append(framed.token_type_ids)
+        starts.append(framed.word_starts)
+        owners.append(np.full(len(framed.input_ids), index, dtype=np.int64))
+    stream = [np.concatenate(parts) for parts in (ids, types, starts, owners)]
+    for begin in range(0, len(stream[0]), config.max_seq_length):
+        row = [part[begin:begin + config.max_seq_length] for part in stream]
+        out.append(Instance(row[0], row[1], row[2], None, row[3]))

@@ -14,23 +14,32 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from bertology.errors import InputError
+
 
 class Layout:
     """Where the real tokens of a padded batch are, and how to pack them into [T] and scatter them back.
 
     Packed order sorts the sequences by length (stable), so the n sequences of one length are one contiguous slice
     of the packed tokens: attention reads each group as a view, with no gather and no scatter. A sequence's tokens
-    keep their order; the mask may have its padding on either side (XLNet pads on the left)."""
+    keep their order; the mask may have its padding on either side (XLNet pads on the left). With `documents`
+    [B, L], every run of equal ids among a row's real tokens is a sequence (the `documents` of the module
+    docstring)."""
 
-    def __init__(self, attention_mask: Tensor) -> None:
+    def __init__(self, attention_mask: Tensor, documents: Tensor | None = None) -> None:
         self.batch_size, self.seq_len = attention_mask.shape
         host = attention_mask.detach().to("cpu", torch.bool)  # the one host copy; free for a CPU mask
-        lengths = host.sum(1)
-        order = torch.argsort(lengths, stable=True)
-        rows, cols = host[order].nonzero(as_tuple=True)
-        flat_index = order[rows] * self.seq_len + cols  # packed token -> position in the flat [B * L]
+        if documents is None:
+            lengths = host.sum(1)
+            order = torch.argsort(lengths, stable=True)
+            rows, cols = host[order].nonzero(as_tuple=True)
+            flat_index = order[rows] * self.seq_len + cols  # packed token -> position in the flat [B * L]
+        else:
+            flat_index, lengths, order = self._documents(host, documents)
         self.num_tokens = int(flat_index.numel())
-        self.full = self.num_tokens == self.batch_size * self.seq_len  # no padding: pack and unpack are views
+        # No padding and the tokens in row order: pack and unpack are views.
+        self.full = self.num_tokens == self.batch_size * self.seq_len and (
+            documents is None or bool((flat_index == torch.arange(self.num_tokens)).all()))
         sorted_lengths = lengths[order]
         # (start, count, length) of each group of equal-length sequences in the packed tokens.
         sizes, counts = torch.unique_consecutive(sorted_lengths, return_counts=True)
@@ -47,6 +56,23 @@ class Layout:
         device = attention_mask.device
         self.flat_index = flat_index.to(device, non_blocking=True)
         self.cu_seqlens = cu_seqlens.to(device, non_blocking=True)  # sequence boundaries in the packed stream
+
+    def _documents(self, host: Tensor, documents: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(flat index, lengths, order) with each run of one document id among a row's real tokens a sequence."""
+        if documents.shape != host.shape:
+            raise InputError(f"documents has shape {tuple(documents.shape)}; the attention mask's is "
+                             f"{tuple(host.shape)}")
+        real = host.reshape(-1).nonzero().squeeze(1)  # real tokens, row-major
+        ids = documents.detach().to("cpu").reshape(-1)[real]
+        rows = real // self.seq_len
+        starts = torch.ones_like(real, dtype=torch.bool)
+        starts[1:] = (rows[1:] != rows[:-1]) | (ids[1:] != ids[:-1])
+        segment = starts.cumsum(0) - 1  # sequence of each real token
+        lengths = torch.bincount(segment, minlength=0)
+        order = torch.argsort(lengths, stable=True)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order))
+        return real[torch.argsort(rank[segment], stable=True)], lengths, order
 
     def to(self, device: torch.device | str) -> Layout:
         """This layout with its index tensors on `device` (host facts are unchanged)."""

@@ -147,6 +147,15 @@ def position_ids_from_mask(attention_mask: Tensor, length: int) -> Tensor:
     return positions[:, -length:]
 
 
+def position_ids_in_documents(documents: Tensor) -> Tensor:
+    """Positions counting from 0 at the start of every document of a packed row (`documents` [B, L]: an id per
+    token, a new id where a new document starts; right padding)."""
+    columns = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return columns - torch.where(starts, columns, torch.zeros_like(columns)).cummax(1).values
+
+
 class Stack(nn.Module):
     """Positions, a list of blocks and the final norm; the token embeddings are the model's (they may be shared)."""
 
@@ -169,25 +178,32 @@ class Stack(nn.Module):
 
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
-                output_hidden_states: bool = False) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                output_hidden_states: bool = False,
+                documents: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
         positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
-        the hidden states (after the embeddings, then after every block; the last one after the final norm)."""
+        the hidden states (after the embeddings, then after every block; the last one after the final norm).
+        `documents` [B, L] (packed documents, see `bertology.model.packing`): each document attends within itself
+        and counts its positions from 0."""
         length = embedded.shape[1]
         past = caches[0].length if caches else 0
         if attention_mask.shape[1] != past + length:
             raise InputError(f"attention_mask covers {attention_mask.shape[1]} positions; the cache holds {past} and "
                              f"the input adds {length}")
+        if documents is not None and (not packed or caches is not None):
+            raise InputError("documents (packed documents) need the packed layout, without a key/value cache")
         x = embedded
         if self.positions is not None:
             if past + length > self.config.max_length:
                 raise InputError(f"{past + length} positions exceed the model's {self.config.max_length}")
-            x = x + self.positions(position_ids_from_mask(attention_mask, length))
+            positions = (position_ids_in_documents(documents) if documents is not None
+                         else position_ids_from_mask(attention_mask, length))
+            x = x + self.positions(positions)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
         dropout = self.config.embedding_dropout
         x = fast_dropout(x, self.config.hidden_dropout if dropout is None else dropout, self.training)
-        layout = Layout(attention_mask) if packed and caches is None else None
+        layout = Layout(attention_mask, documents) if packed and caches is None else None
         if layout is not None:
             x = layout.pack(x)
             bias = ((lambda q, k: self.relative(q, k)[None]) if self.relative is not None else None)
@@ -276,8 +292,12 @@ class DecoderModel(TransformerModel):
         return list(self.decoder.layers)
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
-        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                "masked_positions": getattr(batch, "masked_positions", None)}
+        inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                  "masked_positions": getattr(batch, "masked_positions", None)}
+        documents = getattr(batch, "documents", None)
+        if documents is not None:  # packed documents (bertology.data.causal)
+            inputs["documents"] = documents
+        return inputs
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
@@ -291,12 +311,15 @@ class DecoderModel(TransformerModel):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *, labels: Tensor | None = None,
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                packed: bool = True, last_layer_at: Tensor | None = None) -> ModelOutput:
+                packed: bool = True, last_layer_at: Tensor | None = None,
+                documents: Tensor | None = None) -> ModelOutput:
         """`attention_mask` [B, past + L] covers the cached positions too (as transformers'). `labels` [B, L]: the
         loss of predicting token t + 1 at position t (-100 ignored). `masked_positions` [N, 2]: logits only there.
         With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given).
         `last_layer_at`: where the caller reads the last layer (the Model protocol lets a model skip the rest); a
-        language model reads nearly every position, so this one computes them all."""
+        language model reads nearly every position, so this one computes them all. `documents` [B, L]: several
+        documents packed in each row (see `Stack.forward`); `labels` then ignore the boundaries only if the caller
+        sets the first label of each document to -100."""
         check_ids(input_ids, self.config.vocab_size)
         caches = past_key_values
         if use_cache and caches is None:
@@ -306,7 +329,7 @@ class DecoderModel(TransformerModel):
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
                                         device=input_ids.device)
         hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
-                                             output_hidden_states=output_hidden_states)
+                                             output_hidden_states=output_hidden_states, documents=documents)
         out = ModelOutput(last_hidden_state=hidden, hidden_states=hidden_states,
                           past_key_values=caches if use_cache else None)
         self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions)

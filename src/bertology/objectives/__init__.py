@@ -12,7 +12,9 @@ from typing import Any
 from bertology.config import build_registered
 from bertology.objectives.bilm import BidirectionalLM
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
+from bertology.objectives.clm import CausalLM
 from bertology.objectives.compose import TrainingLoss
+from bertology.objectives.denoise import Denoising
 from bertology.objectives.distill import Distillation
 from bertology.objectives.electra import Electra
 from bertology.objectives.fill_mask import Prediction, fill_mask
@@ -24,7 +26,7 @@ from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
                                "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
-                               "bilm": BidirectionalLM}
+                               "bilm": BidirectionalLM, "clm": CausalLM, "denoise": Denoising}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -42,6 +44,8 @@ __all__ = [
     "OBJECTIVES",
     "BidirectionalLM",
     "Batch",
+    "CausalLM",
+    "Denoising",
     "Distillation",
     "Electra",
     "MaskedLM",

@@ -20,19 +20,26 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertology.data.bart_noise import BartNoise, DenoisingBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
+from bertology.data.seq2seq import Seq2SeqBatches
+from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
-from bertology.model.config import EncoderConfig, preset
+from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
+from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
+from bertology.model.registry import model_class, model_name
+from bertology.model.transformer import TransformerConfig
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Objective
 from bertology.objectives.plm import PermutationLM
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
+from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
 from bertology.tokenization.framing import FRAMINGS
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
@@ -107,7 +114,7 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
         documents = source.documents()
         tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
-                                    show_progress=False)
+                                    show_progress=False, sentinels=tok.sentinels)
         tokenizer.save(directory)
         return tokenizer
 
@@ -139,8 +146,9 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
 def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
                    heldout: TokenizedCorpus | None, objectives: list[Objective] | None = None
                    ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
-    """Training instances (masked as configured, or made into batches by an objective that has a `batch_maker`:
-    permutation LM) and held-out instances (one fixed, static masking)."""
+    """Training instances (masked as configured, made into batches by an objective that has a `batch_maker`:
+    permutation LM, causal LM, or into sources and targets by T5's span corruption) and held-out instances (one
+    fixed, static masking)."""
     inst = config.data.instances
     special = tokenizer.framing
     masking = config.data.masking
@@ -155,6 +163,16 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
         if makers:
             make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
             return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
+        if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
+            room = inst.max_seq_length - special.overhead(False)
+            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
+            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
+        if config.data.noise is not None:  # BART: the original text from its noised copy
+            noise = BartNoise(config.data.noise, special, max_length=inst.max_seq_length)
+            maker = DenoisingBatches(noise, config.run.seed, dupe_factor)
+            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -169,11 +187,68 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     return train_data, eval_data
 
 
+def decoder_start_token(config: PretrainConfig, tokenizer: Tokenizer) -> int:
+    """The token an encoder-decoder's decoder starts from: the one ``model.init_from``'s config names, else the
+    family's (``DECODER_START``: T5 the padding token, BART ``</s>``)."""
+    if config.model.init_from is not None:
+        start = getattr(load_model(config.model.init_from).config, "decoder_start_token_id", None)
+        if start is not None:
+            return int(start)
+    role = DECODER_START.get(config.model.family or "", "pad")
+    return getattr(tokenizer.framing, f"{role}_id") if role != "pad" else tokenizer.framing.fill_id
+
+
+def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig | TransformerConfig:
+    """The config of the model ``model.family`` builds: an encoder's or a decoder's (``transformer_config``)."""
+    return encoder_config(config, tokenizer) if config.model.kind == "encoder" else transformer_config(config,
+                                                                                                        tokenizer)
+
+
+# The special token an encoder-decoder's decoder starts from, by family (T5: the padding token; BART: </s>).
+DECODER_START = {"t5": "pad", "bart": "sep"}
+
+
+def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
+    """A decoder's or an encoder-decoder's config: the family's fixed facts, the preset's size (hidden / 64 heads,
+    a 4 x hidden feed-forward, as for the encoders), then the overrides; the vocabulary and the special ids (padding,
+    begin, end, the decoder's start) come from the tokenizer."""
+    model = config.model
+    family = model.family
+    assert family is not None
+    values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
+    if model.preset is not None:
+        layers, hidden = PRESET_SIZES[model.preset]
+        values.update(num_layers=layers, hidden_size=hidden, num_heads=max(1, hidden // 64),
+                      intermediate_size=4 * hidden)
+    framing = tokenizer.framing
+    values.update(vocab_size=tokenizer.vocab_size, pad_token_id=framing.fill_id, bos_token_id=framing.cls_id,
+                  eos_token_id=framing.sep_id)
+    if model.kind == "seq2seq":
+        values["decoder_start_token_id"] = decoder_start_token(config, tokenizer)
+    given = model.settings
+    values.update(given)
+    if family == "t5":  # d_kv and the tied head's output scale follow the width unless given; T5Config's numbers
+        derived = {"attention_head_size": values["hidden_size"] // values["num_heads"],
+                   "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
+                   "classifier_dropout": 0.0}
+        values.update({key: value for key, value in derived.items() if key not in given})
+    if model.kind == "seq2seq" and values.get("num_decoder_layers") is None:  # config.json states both depths
+        values["num_decoder_layers"] = values["num_layers"]
+    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
+        if values[key] != actual:
+            raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
+                                 f"not match the model (leave model.{key} unset to take the tokenizer's)")
+    try:
+        return TransformerConfig(**values)
+    except ConfigError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
 def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig:
     """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
     model = config.model
     overrides = dict(model.overrides)
-    family = overrides.get("family") or ("bert" if tokenizer.style == "bert" else "roberta")
+    family = model.family or ("bert" if tokenizer.style == "bert" else "roberta")
     values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
     if tokenizer.style == "roberta":
         values.update(type_vocab_size=1, layer_norm_eps=1e-5)
@@ -191,9 +266,12 @@ def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfi
         raise ConfigError(f"model: {error}") from None
 
 
-def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, config: PretrainConfig,
-                        where: str) -> None:
+def check_model_matches(model_config: EncoderConfig | TransformerConfig, tokenizer: Tokenizer,
+                        config: PretrainConfig, where: str) -> None:
     """The tokenizer and sequence length fit the model: same vocabulary size and padding id, positions enough."""
+    if isinstance(model_config, TransformerConfig):
+        check_transformer_matches(model_config, tokenizer, config, where)
+        return
     problems = []
     if model_config.vocab_size != tokenizer.vocab_size:
         problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
@@ -214,6 +292,40 @@ def check_model_matches(model_config: EncoderConfig, tokenizer: Tokenizer, confi
                           f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
 
 
+def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokenizer, config: PretrainConfig,
+                              where: str) -> None:
+    """A decoder's tokenizer frames texts as its family's do, its vocabulary and padding id are the tokenizer's, and
+    its positions cover a row."""
+    style = MODEL_TYPE_STYLE.get(model_config.family)
+    if style is not None and not FRAMINGS[tokenizer.style].frames_like(FRAMINGS[style]):
+        raise TokenizerError(f"{where}: {model_config.family} models read texts framed as {style} does "
+                             f"({FRAMINGS[style].describe()}), but the tokenizer is {tokenizer.style}-style "
+                             f"({FRAMINGS[tokenizer.style].describe()}): set tokenizer.style: {style}")
+    problems = []
+    if model_config.vocab_size != tokenizer.vocab_size:
+        problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
+    if model_config.pad_token_id != tokenizer.framing.fill_id:
+        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.framing.fill_id}")
+    if problems:
+        raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
+    length = config.data.instances.max_seq_length
+    if length > model_config.max_length:
+        raise ConfigError(f"data.instances.max_seq_length: {length} tokens need {length} positions, but the model has "
+                          f"{model_config.max_length} (model.max_position_embeddings)")
+
+
+def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
+    """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
+    an objective's ``trains`` names the models it can train (the encoder when it does not say; an encoder's
+    subclass, a Longformer, is an encoder too)."""
+    kinds = {kind, "encoder"} if issubclass(model_class(kind), EncoderModel) else {kind}
+    for objective in objectives:
+        trains = getattr(objective, "trains", ("encoder",))
+        if not kinds & set(trains):
+            raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(trains)} models, but model.family "
+                              f"builds a {kind} model")
+
+
 # The model section's keys an XLNet takes (the shape, activation, norm, dropout and initialisation).
 XLNET_KEYS = ("vocab_size", "pad_token_id", "hidden_size", "num_layers", "num_heads", "intermediate_size",
               "hidden_act", "layer_norm_eps", "hidden_dropout", "initializer_range")
@@ -228,7 +340,7 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
                              f"({framing.describe()}), but the tokenizer is {tokenizer.style}-style "
                              "(tokenizer.style: xlnet, tokenizer.kind: unigram)")
     model = config.model
-    family = model.overrides.get("family")
+    family = model.family
     if family is not None:
         raise ConfigError(f"model.family: {family!r} models read texts framed as {FRAMINGS['bert'].describe()} (or "
                           f"roberta's), but the tokenizer frames them as xlnet does ({framing.describe()}): leave "
@@ -278,24 +390,32 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         model_config = pretrained.config
         check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
     else:
-        model_config = encoder_config(config, tokenizer)
+        model_config = build_model_config(config, tokenizer)
         check_model_matches(model_config, tokenizer, config, "model")
     for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
         if getattr(objective, "activation", "") is None:
             objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
+        # A language-model head of the kind the family's transformers class has (BART's adds final_logits_bias).
+        lm = family_for_config(model_config).heads.get("lm") if hasattr(objective, "lm_kind") else None
+        if lm is not None:
+            objective.lm_kind = lm.kind  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
     derived = _model_from_objectives(config, tokenizer, objectives, heads)
+    kind = model_name(pretrained) if config.model.init_from is not None else config.model.kind
+    check_objectives_fit(kind, objectives)
+    cls = model_class(kind)
     if derived is not None:
         model = derived
     elif config.model.init_from is not None:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
-        # The encoder comes from the checkpoint; heads it lacks start from the initialisation above.
-        model.encoder.load_state_dict(pretrained.encoder.state_dict())
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
+        # The body comes from the checkpoint; heads it lacks start from the initialisation above.
+        body = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("heads.")}
+        model.load_state_dict({**model.state_dict(), **body})
         for name, head in pretrained.heads.items():
             if name in model.heads and type(model.heads[name]) is type(head):
                 model.heads[name].load_state_dict(head.state_dict())
     else:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init)
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
     for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
         attach = getattr(objective, "attach", None)
         if attach is not None:

@@ -2,10 +2,12 @@
 
 Sections and what belongs where:
 
-* ``model``: the architecture (a ``preset`` size plus EncoderConfig field overrides, or ``init_from`` an existing
-  checkpoint).
+* ``model``: the architecture: a ``family`` (an encoder's, or ``gpt2``, ``t5``, ``bart``), a ``preset`` size plus
+  overrides of the family's config fields (EncoderConfig's, or TransformerConfig's for the decoders and
+  encoder-decoders), or ``init_from`` an existing checkpoint.
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
-* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``).
+* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``), or corrupted
+  into an encoder-decoder's sources and targets (``span_corruption``: T5's; ``noise``: BART's).
 * ``objectives``: ``name -> options`` (``mlm``, ``nsp``, ``sop``, ``span_boundary``, ...); the default is MLM, plus
   NSP for ``nsp`` instances, SOP for ``sop`` instances and the span boundary objective with span masking.
 * ``optim``: everything that shapes the optimisation: batch size, accumulation, learning rate and schedule, clipping.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import codecs
 import copy
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,34 +42,57 @@ from bertology.config import (
     to_mapping,
     validate,
 )
+from bertology.data.bart_noise import NoiseConfig
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
+from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
-from bertology.model.config import ACTIVATIONS, FAMILIES, PRESET_SIZES, EncoderConfig
+from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig
+from bertology.model.transformer import TransformerConfig
 
-# EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files.
-ENCODER_FIELDS_NOT_SET = ("extra",)
+# EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files;
+# ``family`` is a key of its own (it chooses the schema of the others).
+ENCODER_FIELDS_NOT_SET = ("extra", "family")
+# TransformerConfig fields set in ``ModelConfig.transformer``: those EncoderConfig lacks (the shared ones, such as
+# hidden_size, are read from ``overrides`` for every family).
+TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(EncoderConfig)))
+
+
+def model_families() -> dict[str, str]:
+    """The registered checkpoint families a run config may name -> the model each builds ("encoder", "decoder",
+    "seq2seq"). Families with a model of their own (XLNet, Longformer) are built from their own settings."""
+    from bertology.model.checkpoint import registry  # importing checkpoint registers the built-in families
+
+    return {name: family.model for name, family in registry().items()
+            if family.model in ("encoder", "decoder", "seq2seq")}
 
 
 @dataclass
 class ModelConfig:
-    """The encoder: a ``preset`` size (or ``init_from`` a model directory) and ``overrides`` of EncoderConfig's
-    fields, written flat in the section (``model: {preset: mini, hidden_size: 256}``) and checked against
-    EncoderConfig's own fields and types. Unset fields come from the preset, then EncoderConfig's defaults;
-    ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
+    """The model: a ``family`` (an encoder's, ``bert`` or ``roberta`` after the tokenizer when unset; or a decoder's
+    or an encoder-decoder's: ``gpt2``, ``t5``, ``bart``), a ``preset`` size (or ``init_from`` a model directory) and
+    overrides of the family's config fields, written flat in the section (``model: {family: gpt2, preset: mini,
+    hidden_size: 256}``) and checked against the fields and types of EncoderConfig (``overrides``; the fields both
+    configs have, such as hidden_size, are kept here for every family) or TransformerConfig (``transformer``: the
+    decoders' own fields, such as num_decoder_layers or gated_ffn). Unset fields come from the preset, then the
+    family's; ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
 
     preset: str | None = "tiny"
     init_from: str | None = None  # a model directory (HF format) to continue pretraining from
-    # An ELMo biLM instead of an encoder: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes with
-    # preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
+    family: str | None = None
+    # An ELMo biLM instead of a transformer: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes
+    # with preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
     elmo: dict[str, Any] | None = None
     overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
+    transformer: dict[str, Any] = inline(TransformerConfig, exclude=TRANSFORMER_FIELDS_NOT_SET)
 
     def __post_init__(self) -> None:
         validate(self, "model")
         if self.elmo is not None:
-            given = sorted(key for key, value in self.overrides.items() if value is not None)
+            if self.family is not None:
+                raise ConfigError(f"model.family: an ELMo model (model.elmo) has no family, got {self.family!r}")
+            given = sorted(key for key, value in self.settings.items() if value is not None)
             if given:
                 raise ConfigError(f"model.{given[0]}: an ELMo model (model.elmo) takes its settings under model.elmo")
             if self.preset not in ("tiny", None):
@@ -77,10 +103,32 @@ class ModelConfig:
         if self.preset is not None and self.preset not in PRESET_SIZES:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r}{suggest(self.preset, PRESET_SIZES)}"
                               f"{known_keys(PRESET_SIZES)}")
-        for key, allowed in (("family", FAMILIES), ("hidden_act", ACTIVATIONS)):
-            value = self.overrides.get(key)
-            if value is not None and value not in allowed:
-                raise ConfigError(f"model.{key}: expected one of {', '.join(allowed)}, got {value!r}")
+        families = model_families()
+        if self.family is not None and self.family not in families:
+            raise ConfigError(f"model.family: unknown family {self.family!r}{suggest(self.family, families)}"
+                              f"{known_keys(families)}")
+        value = self.overrides.get("hidden_act")
+        if value is not None and value not in ACTIVATIONS:
+            raise ConfigError(f"model.hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {value!r}")
+        shared = {f.name for f in dataclasses.fields(TransformerConfig)}
+        if self.kind == "encoder" and self.transformer:
+            key = sorted(self.transformer)[0]
+            raise ConfigError(f"model.{key}: a field of the decoders and encoder-decoders (gpt2, t5, bart), not of "
+                              f"{self.family or 'bert'}'s encoder")
+        if self.kind != "encoder":
+            own = sorted(key for key in self.overrides if key not in shared)
+            if own:
+                raise ConfigError(f"model.{own[0]}: a field of the encoders, not of {self.family} models")
+
+    @property
+    def kind(self) -> str:
+        """The model the family builds: "encoder", "decoder" or "seq2seq" (the registered model's name)."""
+        return "encoder" if self.family is None else model_families()[self.family]
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The overrides given, of both schemas."""
+        return {**self.overrides, **self.transformer}
 
     def elmo_config(self, vocab_size: int) -> Any:
         """The ElmoConfig of `model.elmo` for a word vocabulary of `vocab_size`."""
@@ -100,14 +148,18 @@ class ModelConfig:
 @dataclass
 class TokenizerConfig:
     """``path``: an existing tokenizer directory. Without it, one is trained on the corpus (``kind``,
-    ``vocab_size``, ...) and saved to ``<output_dir>/tokenizer``, or reused from there on later runs."""
+    ``vocab_size``, ``style``, ...; ``bertology.tokenization.train_tokenizer``) and saved to
+    ``<output_dir>/tokenizer``, or reused from there on later runs. ``style`` picks the family's special tokens and
+    framing: ``gpt2`` (byte-level BPE, <|endoftext|>), ``t5`` (Unigram with ``sentinels`` sentinel tokens, T5's
+    100 by default), ``bart``, ``xlnet``, ``bert``, ``roberta``."""
 
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
     vocab_size: int = 8000
-    style: Literal["bert", "roberta", "xlnet"] | None = None
+    style: Literal["bert", "roberta", "xlnet", "gpt2", "bart", "t5"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
+    sentinels: int | None = None  # with style t5 (None: T5's 100)
 
     def __post_init__(self) -> None:
         validate(self, "tokenizer")
@@ -115,6 +167,11 @@ class TokenizerConfig:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
         if self.min_frequency < 0:
             raise ConfigError(f"tokenizer.min_frequency: must be >= 0, got {self.min_frequency}")
+        if self.sentinels is not None and self.sentinels < 1:
+            raise ConfigError(f"tokenizer.sentinels: must be >= 1, got {self.sentinels}")
+        if self.sentinels is not None and self.style != "t5":
+            raise ConfigError(f"tokenizer.sentinels: sentinels are T5's, for a t5-style tokenizer; style is "
+                              f"{self.style!r}")
 
 
 @dataclass
@@ -134,6 +191,10 @@ class DataConfig:
     bucket_window: int = 0
     # Language-tagged corpora mixed by XLM-R's sampling (bertology.data.multilingual), instead of ``corpus``.
     multilingual: MultilingualConfig | None = None
+    # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective.
+    span_corruption: SpanCorruptionConfig | None = None
+    # BART's noise functions (bertology.data.bart_noise): the other way to make them.
+    noise: NoiseConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self, "data")
@@ -289,6 +350,11 @@ class TrainConfig:
         return from_mapping(cls, data, "")
 
 
+# The objective a run of each kind of model trains when the config names none (an encoder: MLM, and NSP, SOP or
+# the span boundary objective as the instances and masking ask).
+DEFAULT_OBJECTIVE = {"decoder": "clm", "seq2seq": "denoise"}
+
+
 @dataclass
 class PretrainConfig:
     """A whole pretraining run (see the module docstring for the sections).
@@ -309,6 +375,8 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         if self.objectives is None and self.model.elmo is not None:
             self.objectives = {"bilm": {}}
+        if self.objectives is None and self.model.kind in DEFAULT_OBJECTIVE:
+            self.objectives = {DEFAULT_OBJECTIVE[self.model.kind]: {}}
         if self.objectives is None:
             self.objectives = {"mlm": {}}
             if self.data.instances.nsp:
@@ -324,6 +392,36 @@ class PretrainConfig:
         # The options as given (null as {}), with their values checked and converted (2 -> 2.0 for a float).
         self.objectives = {name: {key: getattr(built[name], key) for key in (options or {})}
                            for name, options in self.objectives.items()}
+        if self.model.init_from is None:
+            for name, objective in built.items():
+                trains = getattr(objective, "trains", ("encoder",))
+                if self.model.kind not in trains:
+                    raise ConfigError(f"objectives.{name}: trains {' or '.join(trains)} models, but model.family "
+                                      f"{self.model.family or 'bert'} builds a {self.model.kind} model")
+        if self.data.instances.kind == "packed-documents" and "clm" not in self.objectives:
+            raise ConfigError("data.instances.kind: packed-documents rows hold several documents whose boundaries "
+                              "only causal LM keeps (objectives.clm); use doc-sentences or full-sentences")
+        if "clm" in self.objectives and self.data.instances.pairs:
+            raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
+                              f"to packed-documents (or doc-sentences, full-sentences), got "
+                              f"{self.data.instances.kind!r}")
+        if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
+            raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
+                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3}) or data.noise "
+                              "(BART's noise functions, e.g. {text_infilling: {}, sentence_permutation: {}})")
+        for key in ("span_corruption", "noise"):
+            if getattr(self.data, key) is not None and "denoise" not in self.objectives:
+                raise ConfigError(f"data.{key}: makes sources and targets for objectives.denoise, which is not "
+                                  f"among the objectives")
+        if self.data.span_corruption is not None and self.data.noise is not None:
+            raise ConfigError("data.noise: give T5's span corruption (data.span_corruption) or BART's noise "
+                              "(data.noise), not both")
+        if self.data.noise is not None and self.data.instances.kind != "doc-sentences":
+            raise ConfigError(f"data.noise: BART's noise takes one document a row, with its sentences: set "
+                              f"data.instances.kind to doc-sentences, got {self.data.instances.kind!r}")
+        if "denoise" in self.objectives and self.data.instances.kind not in ("doc-sentences", "full-sentences"):
+            raise ConfigError(f"objectives.denoise: corrupts running text: set data.instances.kind to doc-sentences "
+                              f"(or full-sentences), got {self.data.instances.kind!r}")
         if "nsp" in self.objectives and not self.data.instances.nsp:
             raise ConfigError(f"objectives.nsp: next-sentence prediction needs data.instances.kind 'nsp', "
                               f"got {self.data.instances.kind!r}")

@@ -21,8 +21,7 @@ from bertology.errors import ConfigError
 from bertology.training.config import SpeedConfig
 
 if TYPE_CHECKING:
-    from bertology.model.config import EncoderConfig
-    from bertology.model.encoder import EncoderModel, HeadSpec
+    from bertology.model.encoder import HeadSpec
 
 
 @dataclass(frozen=True)
@@ -248,11 +247,11 @@ def load_full_state_dict(module: nn.Module, state: dict[str, torch.Tensor], fsdp
     set_model_state_dict(module, state, options=StateDictOptions(full_state_dict=True))
 
 
-def initialised_model(config: EncoderConfig, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False
-                      ) -> EncoderModel:
-    """``EncoderModel(config, heads)`` (or the registered encoder class whose config class ``config`` is: a
-    ``LongformerModel`` for a ``LongformerConfig``) initialised by ``init_weights`` from a generator seeded with
-    ``seed``.
+def initialised_model(config: Any, heads: Sequence[HeadSpec], seed: int, meta_init: bool = False,
+                      cls: type | None = None) -> Any:
+    """``cls(config, heads)`` initialised by ``init_weights`` from a generator seeded with ``seed``. Without
+    ``cls``: an ``EncoderModel``, or the registered encoder class whose config class ``config`` is (a
+    ``LongformerModel`` for a ``LongformerConfig``); a decoder's class comes with its TransformerConfig.
 
     With ``meta_init`` the modules are built on the meta device (no memory, none of torch's default
     initialisation) and materialised on the CPU (``to_empty``) before ``init_weights``, which sets every parameter:
@@ -261,8 +260,8 @@ def initialised_model(config: EncoderConfig, heads: Sequence[HeadSpec], seed: in
     from bertology.model.encoder import EncoderModel
     from bertology.model.registry import MODELS
 
-    cls = next((entry.cls for entry in MODELS.values() if entry.config_class is type(config)
-                and issubclass(entry.cls, EncoderModel)), EncoderModel)
+    cls = cls or next((entry.cls for entry in MODELS.values() if entry.config_class is type(config)
+                       and issubclass(entry.cls, EncoderModel)), EncoderModel)
     if meta_init:
         with torch.device("meta"):
             model = cls(config, heads)

@@ -163,6 +163,28 @@ def xlnet(transformers, workdir: Path, device: torch.device, g: torch.Generator)
     return record
 
 
+def elmo(transformers, workdir: Path, device: torch.device, g: torch.Generator) -> dict[str, Any]:
+    """A random tiny ELMo (no reference implementation here): the three layers on `device` against the CPU, with
+    the clipped step loop and with the fused LSTM (clipping off)."""
+    from bertology.model.elmo import ElmoModel, batch_to_ids, tiny_config
+
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+    sentences = [words[i % 5:] + words[:i % 7] for i in range(6)]
+    chars, mask = batch_to_ids(sentences)
+    record: dict[str, Any] = {}
+    for name, clips in (("clipped", {}), ("fused", {"cell_clip": None, "proj_clip": None})):
+        torch.manual_seed(0)
+        model = ElmoModel(tiny_config(**clips)).eval()
+        with torch.no_grad():
+            cpu = model(chars, mask, output_hidden_states=True).hidden_states
+            model.to(device)
+            here = model(chars.to(device), mask.to(device), output_hidden_states=True).hidden_states
+        real = mask.bool()
+        record[f"{name}_max_abs_difference_fp32"] = max(
+            (a.cpu()[real] - b[real]).abs().max().item() for a, b in zip(here, cpu))
+    return record
+
+
 def embed_bert(transformers, workdir: Path, device: torch.device, g: torch.Generator) -> dict[str, Any]:
     """`embed` of a random BERT-small-like encoder on `device` against the CPU (fp32), and in bf16 on CUDA: the
     sentence and word vectors of real-looking texts of many lengths."""
@@ -193,7 +215,7 @@ def embed_bert(transformers, workdir: Path, device: torch.device, g: torch.Gener
 
 
 FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {"gpt2": gpt2, "t5": t5, "bart": bart, "longformer": longformer,
-                                                      "xlnet": xlnet, "embed": embed_bert}
+                                                      "xlnet": xlnet, "elmo": elmo, "embed": embed_bert}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -105,10 +105,50 @@ def count(module: nn.Module | None) -> int:
     return sum(p.numel() for p in module.parameters()) if module is not None else 0
 
 
-def describe(model: str | os.PathLike | Pretrained) -> ModelInfo:
+@dataclass(frozen=True)
+class ElmoInfo:
+    """An ELMo model (`bertology.model.elmo`): its sizes, parameter counts and word vocabulary."""
+
+    source: str
+    model: nn.Module
+    tokenizer: object | None
+
+    def format(self) -> str:
+        c, m = self.model.config, self.model
+        clip = ", ".join(f"{name} at {value}" for name, value in (("cell", c.cell_clip), ("projection", c.proj_clip))
+                         if value is not None) or "none"
+        rows = [
+            ("model", self.source),
+            ("family", "elmo (character CNN + forward and backward LSTM language models)"),
+            ("characters", f"{c.max_characters_per_token} a word, embedded in {c.char_embedding_dim}"),
+            ("filters", ", ".join(f"{n} x width {w}" for w, n in c.filters) + f" ({c.num_filters}, "
+             f"{c.char_activation}), {c.num_highway} highway layer(s)"),
+            ("LSTM layers", f"{c.num_layers} a direction, cell {c.cell_size} -> projection {c.projection_dim}"
+             + (", residual" if c.skip_connections else "")),
+            ("clipping", clip),
+            ("output layers", f"{c.num_layers + 1} of {c.hidden_size}"),
+            ("softmax", f"{c.vocab_size} words" if c.vocab_size else "none"),
+            ("task heads", ", ".join(spec.name for spec in m.head_specs) or "none"),
+        ]
+        lines = [f"{key:<16}{value}" for key, value in rows]
+        lines += ["", "parameters"]
+        counts = [("total", count(m)), ("characters", count(m.characters)),
+                  ("forward LSTM", count(m.forward_layers)), ("backward LSTM", count(m.backward_layers)),
+                  ("softmax", count(m.softmax)), ("heads", count(m.heads))]
+        lines += [f"  {key:<14}{value:>14,}" for key, value in counts]
+        words = getattr(self.tokenizer, "words", None)
+        lines += ["", "tokenizer",
+                  f"  words ({len(words)}, {'lower-cased' if self.tokenizer.lowercase else 'cased'})"  # type: ignore
+                  if words is not None else "  none (no word vocabulary in the directory)"]
+        return "\n".join(lines)
+
+
+def describe(model: str | os.PathLike | Pretrained) -> ModelInfo | ElmoInfo:
     """Architecture, parameter counts and tokenizer facts of a model directory or a loaded checkpoint."""
     source = str(model) if not isinstance(model, Pretrained) else "(in memory)"
     pretrained = model if isinstance(model, Pretrained) else load(model)
+    if getattr(pretrained.model.config, "family", None) == "elmo":
+        return ElmoInfo(source, pretrained.model, pretrained.tokenizer)
     encoder_model, config = pretrained.model, pretrained.model.config
     encoder = encoder_model.encoder
     per_layer = [count(layer) for layer in encoder.layers]

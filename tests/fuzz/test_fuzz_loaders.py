@@ -123,3 +123,16 @@ def test_trainer_checkpoint_state(work, model_dir):
     fuzz_file("trainer_state.safetensors", path / "trainer_state.safetensors",
               lambda: read_checkpoint(path, pretrained.model), header=512)
     fuzz_file("trainer_state.json", path / "trainer_state.json", lambda: read_checkpoint(path, pretrained.model))
+
+
+def test_elmo_released_format(work):
+    pytest.importorskip("h5py")
+    from bertology.model import load
+    from bertology.model.elmo import ElmoModel, tiny_config
+    from bertology.model.elmo_format import write_elmo
+
+    model = ElmoModel(tiny_config(projection_dim=4, cell_size=8, filters=[[1, 2], [2, 2]], char_embedding_dim=2))
+    model.init_weights(torch.Generator().manual_seed(0))
+    directory = write_elmo(model, work / "elmo")
+    fuzz_file("weights.hdf5", directory / "weights.hdf5", lambda: load(directory), header=2048)
+    fuzz_file("options.json", directory / "options.json", lambda: load(directory))

@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="OUT.npy (sentence level) or OUT.npz; in corpus mode, a directory")
     parser.add_argument("--level", choices=("sentence", "word", "token"), default="sentence")
     parser.add_argument("--layers", type=layers_argument, default="last",
-                        help="last, sum-last-four, mean, concat, or comma-separated hidden-state indices "
+                        help="last, sum-last-four, mean, concat, mix (the model's scalar mix), or comma-separated "
+                        "hidden-state indices "
                         "(0 = embedding output, -1 = last layer; write --layers=-2,-1 when the list starts with a minus); "
                         "default: last")
     parser.add_argument("--combine", choices=("sum", "mean", "concat"), default=None,

@@ -1,6 +1,7 @@
-"""Corpus readers, pretraining instance creation, masking (token, whole-word, SpanBERT spans), memory-mapped
-shards and XLM-R's multilingual sampling."""
+"""Corpus readers, pretraining instance creation, masking (token, whole-word, SpanBERT spans), BART's noise,
+memory-mapped shards and XLM-R's multilingual sampling."""
 
+from bertology.data.bart_noise import BartNoise, DenoisingBatches, NoiseConfig, NoisedBatch
 from bertology.data.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
 from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset, StepClock
 from bertology.data.instances import (
@@ -26,7 +27,9 @@ from bertology.data.shards import TokenizedCorpus, prepare_corpus, tokenizer_fin
 from bertology.data.span_masking import SpanBatch, SpanBatches
 
 __all__ = [
+    "BartNoise",
     "CORPUS_FORMATS",
+    "DenoisingBatches",
     "DocumentSource",
     "InMemoryDocuments",
     "Instance",
@@ -38,6 +41,8 @@ __all__ = [
     "MaskingConfig",
     "Mixture",
     "MultilingualConfig",
+    "NoiseConfig",
+    "NoisedBatch",
     "PackedInstances",
     "PretrainingBatch",
     "PretrainingDataset",

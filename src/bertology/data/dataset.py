@@ -50,6 +50,8 @@ class InstanceBatch:
     position: int = 0
     # [B, L] the document of every token, for ``packed-documents`` instances (-1 at padding); else None.
     documents: torch.Tensor | None = None
+    # [B, L] bool: the token starts a sentence (packed kinds; sentence permutation reads it); else None.
+    sentence_starts: torch.Tensor | None = None
 
 
 class BatchMaker(Protocol):
@@ -97,6 +99,9 @@ class PackedInstances:
         with_documents = [x.document_ids is not None for x in instances]
         self.document_ids = (np.concatenate([x.document_ids for x in instances]).astype(np.int64)
                              if instances and all(with_documents) else None)
+        with_sentences = [x.sentence_starts is not None for x in instances]
+        self.sentence_starts = (np.concatenate([x.sentence_starts for x in instances]).astype(bool)
+                                if instances and all(with_sentences) else None)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -113,15 +118,20 @@ class PackedInstances:
         word_starts = real & self.word_starts[flat]
         return input_ids, real.astype(np.int64), token_type_ids, word_starts
 
-    def collate_documents(self, indices: np.ndarray) -> np.ndarray | None:
-        """The document ids of ``collate``'s batch ``[B, max length]`` (-1 at padding), None without them."""
-        if self.document_ids is None:
-            return None
+    def _gather(self, values: np.ndarray, indices: np.ndarray, fill: Any) -> np.ndarray:
+        """Per-token ``values`` of ``collate``'s batch ``[B, max length]``, ``fill`` at padding."""
         lengths = self.lengths[indices]
         columns = np.arange(int(lengths.max()))
         real = columns[None, :] < lengths[:, None]
-        flat = np.where(real, self.offsets[indices][:, None] + columns[None, :], 0)
-        return np.where(real, self.document_ids[flat], -1)
+        return np.where(real, values[np.where(real, self.offsets[indices][:, None] + columns[None, :], 0)], fill)
+
+    def collate_documents(self, indices: np.ndarray) -> np.ndarray | None:
+        """The document ids of ``collate``'s batch ``[B, max length]`` (-1 at padding), None without them."""
+        return None if self.document_ids is None else self._gather(self.document_ids, indices, -1)
+
+    def collate_sentences(self, indices: np.ndarray) -> np.ndarray | None:
+        """The sentence starts of ``collate``'s batch ``[B, max length]`` (False at padding), None without them."""
+        return None if self.sentence_starts is None else self._gather(self.sentence_starts, indices, False)
 
 
 @dataclass(frozen=True)
@@ -310,7 +320,9 @@ class PretrainingDataset:
             input_ids, attention_mask, token_type_ids, word_starts = packed.collate(indices, self.special.fill_id)
             labels = torch.from_numpy(packed.random_next[indices].copy()) if self.config.sentence_labels else None
             documents = packed.collate_documents(indices)
+            sentences = packed.collate_sentences(indices)
             yield self.make_batch(InstanceBatch(
                 torch.from_numpy(input_ids), torch.from_numpy(attention_mask), torch.from_numpy(token_type_ids),
                 torch.from_numpy(word_starts), labels, torch.from_numpy(indices.astype(np.int64)), epoch,
-                first + offset, None if documents is None else torch.from_numpy(documents)))
+                first + offset, None if documents is None else torch.from_numpy(documents),
+                None if sentences is None else torch.from_numpy(sentences)))

@@ -1,6 +1,6 @@
 """Pretraining instances from tokenised documents.
 
-Four kinds:
+The kinds:
 
 * ``nsp``: BERT segment pairs with next-sentence prediction, following the logic of BERT's
   ``create_pretraining_data.py``: a target length per document (short with probability ``short_seq_prob``),
@@ -20,6 +20,8 @@ Four kinds:
   ``max_seq_length`` tokens (the last row shorter), a document continuing in the next row where it does not fit.
   Every token carries the id of its document (``Instance.document_ids``), so that attention and next-token
   prediction stay inside each document (``bertology.data.causal``).
+* ``word-stream`` (ELMo): not made here. Documents become streams of words read in windows of ``max_seq_length``
+  words by a bidirectional LM with truncated backpropagation (``bertology.data.word_streams``).
 
 Everything is deterministic given ``(seed, duplicate)``; the document order is shuffled per duplicate.
 """
@@ -40,7 +42,7 @@ from bertology.tokenization.framing import Framing
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
-Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "packed-documents"]
+Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "packed-documents", "word-stream"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
@@ -116,13 +118,15 @@ class InMemoryDocuments:
 
 @dataclass
 class Instance:
-    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials."""
+    """One pretraining sequence framed with its specials; ``word_starts`` is False at specials.
+    ``sentence_starts``: True at the first token of each sentence, for the packed kinds (else None)."""
 
     input_ids: np.ndarray
     token_type_ids: np.ndarray
     word_starts: np.ndarray
     is_random_next: bool | None = None
     document_ids: np.ndarray | None = None  # packed documents: the document of every token
+    sentence_starts: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -255,6 +259,9 @@ def create_instances(
     Raises DataError when the corpus cannot give any (useful) instance, saying why, and TokenizerError when a
     sentence-relation label is asked of a framing without a separator.
     """
+    if config.kind == "word-stream":
+        raise ConfigError("InstanceConfig.kind 'word-stream' makes word streams (bertology.data.word_streams."
+                          "WordStreams), not subword instances")
     if config.sentence_labels and special.sep_id is None:
         raise special.missing("sep", "next-sentence prediction" if config.nsp else "sentence order prediction")
     if config.max_seq_length <= special.overhead(config.pairs) + 1:
@@ -430,7 +437,12 @@ def _pack(documents: list[_Document], config: InstanceConfig, special: Framing, 
     def emit() -> None:
         nonlocal pieces, length
         if pieces:
-            out.append(_build(special, _concat(pieces), None, None))
+            ids, starts = _concat(pieces)
+            instance = _build(special, (ids, starts), None, None)
+            # A sentence (or a piece of a split one) starts at each piece's first token; a separator starts none.
+            firsts = np.concatenate([(np.arange(len(p[0])) == 0) & (p is not separator) for p in pieces])
+            instance.sentence_starts = _build(special, (ids, firsts), None, None).word_starts
+            out.append(instance)
         pieces, length = [], 0
 
     for document in documents:

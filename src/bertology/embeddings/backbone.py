@@ -155,7 +155,14 @@ class EncoderBackbone(torch.nn.Module):
 
 
 def as_backbone(model: Backbone | Pretrained | Model | Encoder, tokenizer: Tokenizer | None) -> Backbone:
-    """`model` itself when it is a `Backbone`, bertology's models wrapped in an `EncoderBackbone`."""
+    """`model` itself when it is a `Backbone`, an ELMo model in an `ElmoBackbone` (it reads words), bertology's other
+    models wrapped in an `EncoderBackbone`."""
+    from bertology.model.elmo import ElmoModel
+
+    if isinstance(model, ElmoModel) or isinstance(model, Pretrained) and isinstance(model.model, ElmoModel):
+        from bertology.embeddings.elmo import ElmoBackbone
+
+        return ElmoBackbone(model, tokenizer)  # type: ignore[arg-type]
     if isinstance(model, (Pretrained, Encoder)) or callable(getattr(model, "layer_states", None)):
         return EncoderBackbone(model, tokenizer)
     if isinstance(model, Backbone):

@@ -69,8 +69,9 @@ def embed(
       comes last). An empty or whitespace-only text has no tokens and no words, and its sentence vector comes from
       its specials alone.
 
-    `layers` picks hidden states (see `select_layers`: "last", "sum-last-four", "mean", "concat", or indices with
-    `combine`). Texts are sorted by length into batches of `batch_size` windows; results come back in input order.
+    `layers` picks hidden states (see `select_layers`: "last", "sum-last-four", "mean", "concat", "mix" (the
+    model's scalar mix), or indices with `combine`). Texts are sorted by length into batches of `batch_size`
+    windows; results come back in input order.
 
     Windows: a window holds `max_length` tokens, specials included (default and upper bound: the backbone's
     `max_length`, capped by the tokenizer's model_max_length). A longer text is split into overlapping windows
@@ -89,7 +90,7 @@ def embed(
     backbone = as_backbone(model, tokenizer)
     tokenizer = _tokenizer(model, backbone, tokenizer)
     where = place(model, device, dtype)
-    selection = select_layers(layers, combine, backbone.num_layers)
+    selection = select_layers(layers, combine, backbone.num_layers, _mix_weights(model, backbone))
     if pooling not in POOLINGS:
         raise ConfigError(f"pooling: unknown {pooling!r}; expected one of {', '.join(POOLINGS)}")
     if sentence not in SENTENCE_POOLINGS:
@@ -377,7 +378,19 @@ class _Collector:
         )
 
 
+def _mix_weights(model: object, backbone: Backbone) -> tuple[float, ...] | None:
+    """gamma * softmax(s) of the model's learned scalar mix (`model.mix`, the extension `scalar_mix`), if any."""
+    inner = model.model if isinstance(model, Pretrained) else model
+    mix = getattr(inner, "mix", None) or getattr(getattr(backbone, "model", None), "mix", None)
+    if mix is None or not callable(getattr(mix, "weights", None)):
+        return None
+    with torch.no_grad():
+        return tuple((mix.gamma * mix.weights()).float().cpu().tolist())
+
+
 def _tokenizer(model: object, backbone: Backbone, tokenizer: Tokenizer | None) -> Tokenizer:
+    if getattr(backbone, "reads_words", False):  # ELMo: the backbone splits words itself (embeddings.elmo)
+        return backbone.tokenizer  # type: ignore[attr-defined]
     if tokenizer is None and isinstance(model, Pretrained):
         tokenizer = model.tokenizer
     if tokenizer is None:

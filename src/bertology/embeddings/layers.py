@@ -17,18 +17,20 @@ from bertology.errors import ConfigError
 
 Combine = Literal["sum", "mean", "concat"]
 COMBINES: tuple[str, ...] = ("sum", "mean", "concat")
-LayerPreset = Literal["last", "sum-last-four", "mean", "concat"]
-LAYER_PRESETS: tuple[str, ...] = ("last", "sum-last-four", "mean", "concat")
+LayerPreset = Literal["last", "sum-last-four", "mean", "concat", "mix"]
+LAYER_PRESETS: tuple[str, ...] = ("last", "sum-last-four", "mean", "concat", "mix")
 # A preset name, one hidden-state index, or several (negative indices count from the last layer: -1 is the last).
 LayerSpec = Union[LayerPreset, int, Sequence[int]]
 
 
 @dataclass(frozen=True)
 class LayerSelection:
-    """Hidden-state indices (0 = embedding output, non-negative, in the order given) and their combination."""
+    """Hidden-state indices (0 = embedding output, non-negative, in the order given) and their combination; with
+    `weights` (the preset "mix"), the weighted sum of every hidden state."""
 
     indices: tuple[int, ...]
-    combine: Combine
+    combine: str  # a Combine, or "mix"
+    weights: tuple[float, ...] | None = None
 
     def width(self, hidden_size: int) -> int:
         return hidden_size * len(self.indices) if self.combine == "concat" else hidden_size
@@ -36,6 +38,8 @@ class LayerSelection:
     def apply(self, hidden_states: Sequence[Tensor]) -> Tensor:
         """[B, L, H] per hidden state -> [B, L, width], computed in float32."""
         chosen = [hidden_states[i].float() for i in self.indices]
+        if self.weights is not None:
+            return sum((w * h for w, h in zip(self.weights[1:], chosen[1:])), self.weights[0] * chosen[0])
         if len(chosen) == 1:
             return chosen[0]
         if self.combine == "concat":
@@ -44,13 +48,16 @@ class LayerSelection:
         return total / len(chosen) if self.combine == "mean" else total
 
 
-def select_layers(layers: LayerSpec, combine: Combine | None, num_layers: int) -> LayerSelection:
+def select_layers(layers: LayerSpec, combine: Combine | None, num_layers: int,
+                  mix: Sequence[float] | None = None) -> LayerSelection:
     """Resolve a layer spec for a model of `num_layers` layers (so hidden states 0..num_layers).
 
     Presets fix their own combination: "last" (the last layer), "sum-last-four" (sum of the last four layers, the
-    usual choice in the word-sense literature), "mean" (mean of all hidden states, the embedding output included)
-    and "concat" (the last four layers side by side, oldest first). `combine` applies only to explicit indices,
-    where it defaults to "mean".
+    usual choice in the word-sense literature), "mean" (mean of all hidden states, the embedding output included),
+    "concat" (the last four layers side by side, oldest first) and "mix" (ELMo's scalar mix, gamma * sum_j
+    softmax(s)_j h_j over all hidden states: `mix` gives the weights gamma * softmax(s)_j of the model's learned
+    mix, the extension `scalar_mix`; without one, equal weights, as "mean"). `combine` applies only to explicit
+    indices, where it defaults to "mean".
     """
     if isinstance(layers, str):
         if layers not in LAYER_PRESETS:
@@ -62,6 +69,12 @@ def select_layers(layers: LayerSpec, combine: Combine | None, num_layers: int) -
         if layers in ("sum-last-four", "concat") and num_layers < 4:
             raise ConfigError(f"layers={layers!r} needs at least 4 layers; this model has {num_layers}")
         last_four = tuple(range(num_layers - 3, num_layers + 1))
+        if layers == "mix":
+            weights = tuple(float(w) for w in mix) if mix is not None else (1.0 / (num_layers + 1),) * (num_layers + 1)
+            if len(weights) != num_layers + 1:
+                raise ConfigError(f"layers='mix': the model's scalar mix has {len(weights)} weights for "
+                                  f"{num_layers + 1} hidden states")
+            return LayerSelection(tuple(range(num_layers + 1)), "mix", weights)
         if layers == "last":
             return LayerSelection((num_layers,), "sum")
         if layers == "sum-last-four":

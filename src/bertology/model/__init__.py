@@ -14,6 +14,7 @@ from bertology.model.registry import register_model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.model.longformer import LongformerConfig, LongformerModel
+from bertology.model.elmo import ElmoConfig, ElmoModel  # after the transformers: registered in this order
 from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 
@@ -23,6 +24,8 @@ __all__ = [
     "BlockSpec",
     "CAUSAL",
     "DecoderModel",
+    "ElmoConfig",
+    "ElmoModel",
     "Seq2SeqModel",
     "TransformerConfig",
     "XLNetConfig",

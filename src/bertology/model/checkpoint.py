@@ -200,6 +200,10 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     if (directory / NATIVE_FILE).is_file():
         return load_native(directory, heads)
     config_path = directory / "config.json"
+    if not config_path.is_file() and (directory / "options.json").is_file() and (directory / "weights.hdf5").is_file():
+        from bertology.model.elmo_format import read_elmo  # ELMo's released format (needs h5py)
+
+        return read_elmo(directory / "options.json", directory / "weights.hdf5")
     if not config_path.is_file():
         inside = sorted(sub.name for sub in directory.iterdir() if sub.is_dir() and not sub.name.startswith(".")
                         and ((sub / "config.json").is_file() or (sub / NATIVE_FILE).is_file()))
@@ -391,10 +395,13 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
     """Load a model directory (transformers' layout or bertology's native one, any supported family, with its heads)
     and its tokenizer."""
     from bertology.tokenization import load_tokenizer  # the tokenizer package imports nothing from the model
+    from bertology.tokenization.words import WordVocabulary
 
     model = load_model(path, heads)
     directory = Path(path)
     tokenizer = None
+    if getattr(model.config, "family", None) == "elmo":  # a word vocabulary (ELMo's softmax), if one is there
+        return Pretrained(model=model, tokenizer=WordVocabulary.find(directory))
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
         from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
 

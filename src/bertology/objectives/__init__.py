@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from bertology.config import build_registered
+from bertology.objectives.bilm import BidirectionalLM
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
 from bertology.objectives.clm import CausalLM
 from bertology.objectives.compose import TrainingLoss
@@ -25,7 +26,7 @@ from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
                                "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
-                               "clm": CausalLM, "denoise": Denoising}
+                               "bilm": BidirectionalLM, "clm": CausalLM, "denoise": Denoising}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -41,6 +42,7 @@ def build_objectives(spec: Mapping[str, Mapping[str, Any] | None]) -> list[Objec
 
 __all__ = [
     "OBJECTIVES",
+    "BidirectionalLM",
     "Batch",
     "CausalLM",
     "Denoising",

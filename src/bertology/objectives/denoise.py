@@ -31,12 +31,14 @@ class Denoising:
     weight: float = 1.0
     name: str = "denoise"
     trains: ClassVar[tuple[str, ...]] = ("seq2seq",)
+    # The lm head's kind: the model family's (the pretrain recipe sets it; BART's carries final_logits_bias).
+    lm_kind: ClassVar[str] = "tied_lm"
 
     def __post_init__(self) -> None:
         check_objective(self)
 
     def heads(self) -> Sequence[HeadSpec]:
-        return (HeadSpec(HEAD, "tied_lm"),)
+        return (HeadSpec(HEAD, self.lm_kind),)
 
     def reads(self, batch: Seq2SeqBatch) -> None:
         return None  # the encoder's every token (cross-attention reads them all)

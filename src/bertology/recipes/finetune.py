@@ -492,6 +492,9 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         dev_path = task.path(data, "dev")
         dev_examples = task.read(dev_path, config.task.limit_dev)
         pretrained = load(config.model)
+        if getattr(pretrained.model.config, "family", None) == "elmo":
+            raise ConfigError(f"model: {config.model} is an ELMo model; fine-tuning on ELMo's features is not "
+                              "implemented yet (docs/ELMO.md): use its word vectors (bertology embed)")
         if pretrained.tokenizer is None:
             raise ConfigError(f"model: {config.model} has no tokenizer files")
         task = for_model(task, pretrained.model)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bertology.data.bart_noise import BartNoise, DenoisingBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
@@ -30,6 +31,7 @@ from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
+from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
 from bertology.model.registry import model_class, model_name
 from bertology.model.transformer import TransformerConfig
@@ -166,6 +168,11 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
             maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
             pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
             return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
+        if config.data.noise is not None:  # BART: the original text from its noised copy
+            noise = BartNoise(config.data.noise, special, max_length=inst.max_seq_length)
+            maker = DenoisingBatches(noise, config.run.seed, dupe_factor)
+            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
         make_batch: Any = masker
@@ -225,6 +232,8 @@ def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> Transfor
                    "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
                    "classifier_dropout": 0.0}
         values.update({key: value for key, value in derived.items() if key not in given})
+    if model.kind == "seq2seq" and values.get("num_decoder_layers") is None:  # config.json states both depths
+        values["num_decoder_layers"] = values["num_layers"]
     for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
         if values[key] != actual:
             raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
@@ -386,6 +395,10 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
         if getattr(objective, "activation", "") is None:
             objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
+        # A language-model head of the kind the family's transformers class has (BART's adds final_logits_bias).
+        lm = family_for_config(model_config).heads.get("lm") if hasattr(objective, "lm_kind") else None
+        if lm is not None:
+            objective.lm_kind = lm.kind  # type: ignore[attr-defined]
     heads = [spec for objective in objectives for spec in objective.heads()]
     derived = _model_from_objectives(config, tokenizer, objectives, heads)
     kind = model_name(pretrained) if config.model.init_from is not None else config.model.kind
@@ -455,6 +468,53 @@ def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objecti
     return None
 
 
+def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.DistEnv | None = None
+                   ) -> tuple[Any, Any, Any, nn.Module]:
+    """An ELMo run's word vocabulary (trained on the training documents into ``<output_dir>/tokenizer/words.txt``,
+    or ``tokenizer.path``'s), its training and held-out word streams and its fresh model (seeded by run.seed; built
+    without drawing from torch's default generator, on the meta device first with ``speed.meta_init``)."""
+    from bertology.data.shards import select_heldout
+    from bertology.data.word_streams import WordStreams
+    from bertology.model.elmo import ElmoModel
+    from bertology.tokenization.words import WORDS_FILE, WordVocabulary
+
+    env = env or D.DistEnv()
+    source = corpus_source(config, env)
+    if source is None:
+        raise ConfigError("data.corpus: no corpus files given")
+    documents = list(source.documents())
+    heldout = select_heldout(len(documents), config.data.heldout_documents, config.run.seed)
+    train_docs = [d for d, held in zip(documents, heldout) if not held]
+    heldout_docs = [d for d, held in zip(documents, heldout) if held]
+    tok = config.tokenizer
+    directory = Path(tok.path) if tok.path is not None else Path(config.run.output_dir) / TOKENIZER_DIR
+
+    def make() -> WordVocabulary:
+        if tok.path is not None or (directory / WORDS_FILE).is_file():
+            return WordVocabulary.load(directory)
+        vocabulary = WordVocabulary.build((s for d in train_docs for s in d), tok.vocab_size, tok.min_frequency,
+                                          bool(tok.lowercase))
+        vocabulary.save(directory)
+        return vocabulary
+
+    vocabulary = _on_rank0_first(env, make)
+    model_config = config.model.elmo_config(vocabulary.vocab_size)
+    window, seed = config.data.instances.max_seq_length, config.run.seed
+    width = model_config.max_characters_per_token
+    train = WordStreams(train_docs, vocabulary, window, seed, width)
+    evaluation = WordStreams(heldout_docs, vocabulary, window, seed, width, shuffle=False) if heldout_docs else None
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    if config.speed.meta_init:  # as distributed.initialised_model: no default initialisation, no default generator
+        with torch.device("meta"):
+            model = ElmoModel(model_config, heads)
+        model.to_empty(device="cpu")
+    else:
+        with torch.random.fork_rng(devices=[]):
+            model = ElmoModel(model_config, heads)
+    model.init_weights(torch.Generator().manual_seed(seed))
+    return vocabulary, train, evaluation, model
+
+
 def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,
              hooks: list[Hook] | None = None, overwrite: bool = False) -> PretrainResult:
     """Run a whole pretraining from ``config``. ``resume``: continue from the latest checkpoint, if any;
@@ -472,11 +532,14 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
             check_output_dir(config.run.output_dir, resume=resume, overwrite=False)
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
-        tokenizer = build_tokenizer(config, env)
-        train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
         objectives = config.build_objectives()
-        train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives)
-        model = build_model(config, tokenizer, objectives)
+        if config.model.elmo is not None:  # word streams of a word vocabulary for a biLM (instances 'word-stream')
+            tokenizer, train_data, eval_data, model = build_elmo_run(config, objectives, env)
+        else:
+            tokenizer = build_tokenizer(config, env)
+            train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
+            train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives)
+            model = build_model(config, tokenizer, objectives)
         trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
         if resume:
             trainer.resume()

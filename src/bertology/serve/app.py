@@ -51,7 +51,8 @@ class EmbedRequest(BaseModel):
                                    "(word and token level) per text, in order")
     level: Literal["sentence", "word", "token"] = "sentence"
     layers: Union[StrictStr, StrictInt, list[StrictInt]] = Field(
-        "last", description="last, sum-last-four, mean, concat, a hidden-state index (0 = embedding output, -1 = "
+        "last", description="last, sum-last-four, mean, concat, mix (the model's scalar mix), a hidden-state index "
+        "(0 = embedding output, -1 = "
         "last layer), a list of indices, or comma-separated indices as in `bertology embed --layers`")
     combine: Literal["sum", "mean", "concat"] | None = Field(
         None, description="how a list of layer indices is combined (default: mean)")

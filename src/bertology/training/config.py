@@ -6,7 +6,8 @@ Sections and what belongs where:
   overrides of the family's config fields (EncoderConfig's, or TransformerConfig's for the decoders and
   encoder-decoders), or ``init_from`` an existing checkpoint.
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
-* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``).
+* ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``), or corrupted
+  into an encoder-decoder's sources and targets (``span_corruption``: T5's; ``noise``: BART's).
 * ``objectives``: ``name -> options`` (``mlm``, ``nsp``, ``sop``, ``span_boundary``, ...); the default is MLM, plus
   NSP for ``nsp`` instances, SOP for ``sop`` instances and the span boundary objective with span masking.
 * ``optim``: everything that shapes the optimisation: batch size, accumulation, learning rate and schedule, clipping.
@@ -41,6 +42,7 @@ from bertology.config import (
     to_mapping,
     validate,
 )
+from bertology.data.bart_noise import NoiseConfig
 from bertology.data.instances import InstanceConfig
 from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
@@ -79,11 +81,25 @@ class ModelConfig:
     preset: str | None = "tiny"
     init_from: str | None = None  # a model directory (HF format) to continue pretraining from
     family: str | None = None
+    # An ELMo biLM instead of a transformer: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes
+    # with preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
+    elmo: dict[str, Any] | None = None
     overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
     transformer: dict[str, Any] = inline(TransformerConfig, exclude=TRANSFORMER_FIELDS_NOT_SET)
 
     def __post_init__(self) -> None:
         validate(self, "model")
+        if self.elmo is not None:
+            if self.family is not None:
+                raise ConfigError(f"model.family: an ELMo model (model.elmo) has no family, got {self.family!r}")
+            given = sorted(key for key, value in self.settings.items() if value is not None)
+            if given:
+                raise ConfigError(f"model.{given[0]}: an ELMo model (model.elmo) takes its settings under model.elmo")
+            if self.preset not in ("tiny", None):
+                raise ConfigError(f"model.preset: ELMo has the preset 'tiny' or none (the released sizes), got "
+                                  f"{self.preset!r}")
+            self.elmo_config(1)
+            return
         if self.preset is not None and self.preset not in PRESET_SIZES:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r}{suggest(self.preset, PRESET_SIZES)}"
                               f"{known_keys(PRESET_SIZES)}")
@@ -114,6 +130,20 @@ class ModelConfig:
         """The overrides given, of both schemas."""
         return {**self.overrides, **self.transformer}
 
+    def elmo_config(self, vocab_size: int) -> Any:
+        """The ElmoConfig of `model.elmo` for a word vocabulary of `vocab_size`."""
+        from bertology.model.elmo import ElmoConfig, tiny_config
+
+        assert self.elmo is not None
+        if "vocab_size" in self.elmo:
+            raise ConfigError("model.elmo.vocab_size: the vocabulary size is the word vocabulary's "
+                              "(tokenizer.vocab_size)")
+        try:
+            base = tiny_config().to_dict() if self.preset == "tiny" else ElmoConfig().to_dict()
+            return ElmoConfig.from_dict({**base, **self.elmo, "vocab_size": vocab_size})
+        except ConfigError as error:
+            raise ConfigError(f"model.elmo: {error}") from None
+
 
 @dataclass
 class TokenizerConfig:
@@ -124,7 +154,7 @@ class TokenizerConfig:
     100 by default), ``bart``, ``xlnet``, ``bert``, ``roberta``."""
 
     path: str | None = None
-    kind: Literal["wordpiece", "bpe", "unigram"] = "wordpiece"
+    kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
     vocab_size: int = 8000
     style: Literal["bert", "roberta", "xlnet", "gpt2", "bart", "t5"] | None = None
     lowercase: bool | None = None
@@ -163,6 +193,8 @@ class DataConfig:
     multilingual: MultilingualConfig | None = None
     # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective.
     span_corruption: SpanCorruptionConfig | None = None
+    # BART's noise functions (bertology.data.bart_noise): the other way to make them.
+    noise: NoiseConfig | None = None
 
     def __post_init__(self) -> None:
         validate(self, "data")
@@ -341,6 +373,8 @@ class PretrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
+        if self.objectives is None and self.model.elmo is not None:
+            self.objectives = {"bilm": {}}
         if self.objectives is None and self.model.kind in DEFAULT_OBJECTIVE:
             self.objectives = {DEFAULT_OBJECTIVE[self.model.kind]: {}}
         if self.objectives is None:
@@ -371,12 +405,20 @@ class PretrainConfig:
             raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
                               f"to packed-documents (or doc-sentences, full-sentences), got "
                               f"{self.data.instances.kind!r}")
-        if "denoise" in self.objectives and self.data.span_corruption is None:
+        if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
             raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
-                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3})")
-        if self.data.span_corruption is not None and "denoise" not in self.objectives:
-            raise ConfigError("data.span_corruption: makes sources and targets for objectives.denoise, which is not "
-                              "among the objectives")
+                              "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3}) or data.noise "
+                              "(BART's noise functions, e.g. {text_infilling: {}, sentence_permutation: {}})")
+        for key in ("span_corruption", "noise"):
+            if getattr(self.data, key) is not None and "denoise" not in self.objectives:
+                raise ConfigError(f"data.{key}: makes sources and targets for objectives.denoise, which is not "
+                                  f"among the objectives")
+        if self.data.span_corruption is not None and self.data.noise is not None:
+            raise ConfigError("data.noise: give T5's span corruption (data.span_corruption) or BART's noise "
+                              "(data.noise), not both")
+        if self.data.noise is not None and self.data.instances.kind != "doc-sentences":
+            raise ConfigError(f"data.noise: BART's noise takes one document a row, with its sentences: set "
+                              f"data.instances.kind to doc-sentences, got {self.data.instances.kind!r}")
         if "denoise" in self.objectives and self.data.instances.kind not in ("doc-sentences", "full-sentences"):
             raise ConfigError(f"objectives.denoise: corrupts running text: set data.instances.kind to doc-sentences "
                               f"(or full-sentences), got {self.data.instances.kind!r}")
@@ -386,6 +428,7 @@ class PretrainConfig:
         if "sop" in self.objectives and self.data.instances.kind != "sop":
             raise ConfigError(f"objectives.sop: sentence-order prediction needs data.instances.kind 'sop', "
                               f"got {self.data.instances.kind!r}")
+        self._check_elmo()
         spans = self.data.masking.spans
         if "span_boundary" in self.objectives and spans is None:
             raise ConfigError("objectives.span_boundary: the span boundary objective needs span masking "
@@ -395,6 +438,24 @@ class PretrainConfig:
             raise ConfigError(f"data.masking.spans.max_words: a span of {spans.max_words} words is longer than a "
                               f"sequence (data.instances.max_seq_length {self.data.instances.max_seq_length} holds "
                               f"at most {room} tokens of text)")
+
+    def _check_elmo(self) -> None:
+        """An ELMo run (model.elmo) is the bilm objective on word streams of a word vocabulary, and only that."""
+        elmo = self.model.elmo is not None
+        parts = {"model.elmo": elmo, "objectives.bilm": "bilm" in self.objectives,
+                 "data.instances.kind 'word-stream'": self.data.instances.kind == "word-stream",
+                 "tokenizer.kind 'word'": self.tokenizer.kind == "word"}
+        if any(parts.values()) and not all(parts.values()):
+            given = [name for name, on in parts.items() if on]
+            missing = [name for name, on in parts.items() if not on]
+            raise ConfigError(f"{given[0]}: ELMo pretraining needs {', '.join(parts)} together; missing "
+                              f"{', '.join(missing)}")
+        if elmo:
+            others = sorted(set(self.objectives) - {"bilm"})
+            if others:
+                raise ConfigError(f"objectives.{others[0]}: an ELMo run trains the bilm objective only")
+            if self.model.init_from is not None:
+                raise ConfigError("model.init_from: ELMo runs start from a fresh model")
 
     def _build_objectives(self) -> dict[str, Any]:
         from bertology.objectives import build_objectives

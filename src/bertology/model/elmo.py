@@ -1,0 +1,602 @@
+"""ELMo (Peters et al. 2018): a character CNN and a forward and a backward LSTM language model.
+
+    x_t   = Proj(Highway^n(relu/tanh(max_k Conv_w(E_char[c_t]))))    the token layer, one vector per word
+    f_1   = LSTM_f1(x),  f_l = LSTM_fl(f_{l-1}) + f_{l-1}              the forward LM (residual from layer 2 on)
+    b_1   = LSTM_b1(x),  b_l = LSTM_bl(b_{l-1}) + b_{l-1}              the backward LM, reading right to left
+    h_0   = [x; x],  h_l = [f_l; b_l]                                  the three output layers (`hidden_states`)
+    P(w_{t+1} | w_<=t) = softmax(W f_L[t] + b),  P(w_{t-1} | w_>=t) = softmax(W b_L[t] + b)   W, b shared
+
+Each LSTM has a memory cell of `cell_size` and a projection of its output to `projection_dim` (the recurrent input
+is the projected state), with the released model's clipping of the cell (`cell_clip`) and of the projected state
+(`proj_clip`). Two code paths compute it: with either clipping on, a step-by-step loop (exact: the clipped cell is
+what the next step reads, which no fused kernel does); with both off, `torch.lstm` with a projection (`proj_size`),
+one fused call per layer and direction. Both read the same parameters, and agree to float rounding (tested).
+Without gradients (inference), a clipped layer runs the fused kernel first and keeps its result when no clip would
+have bitten (the projected states and the cells recomputed from them are checked), else the loop.
+
+Words are given as characters (`word_to_char_ids`, `batch_to_ids`): at most `max_characters_per_token` (50) ids
+per word, the UTF-8 bytes between begin- and end-of-word markers, padded; AllenNLP's convention of 262 ids (256
+bytes, begin/end of sentence, begin/end of word, padding within a word) shifted up by one so that 0 is a padded
+word. `<S>` and `</S>` are the sentence markers' own character sequences.
+
+The word vocabulary's softmax (`word_embeddings`, tied across directions, with its bias in the `tied_lm_bias` head)
+is only for pretraining; a model without one (`vocab_size` 0, as the released weight files) still gives the
+three layers. Features that only a transformer has (heads masks and pruning, attention probabilities, a key/value
+cache) are not offered: `protocol.require_encoder` refuses ELMo models where those are needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bertology.errors import ConfigError, InputError
+from bertology.model.config import config_to_dict
+from bertology.model.dropout import fast_dropout
+from bertology.model.extensions import add_extension
+from bertology.model.heads import HeadInputs, HeadSpec, build_head
+from bertology.model.protocol import check_id_range
+from bertology.model.registry import register_model
+
+# --- characters ---------------------------------------------------------------------------------------------------
+
+NUM_CHARACTERS = 262  # 256 bytes, 5 markers, and 0 for a padded word (every id below is stored + 1)
+BOS_CHAR, EOS_CHAR, BOW_CHAR, EOW_CHAR, PAD_CHAR = 256, 257, 258, 259, 260
+BOS_WORD, EOS_WORD = "<S>", "</S>"
+
+
+def _marker_word(marker: int, length: int) -> list[int]:
+    ids = [PAD_CHAR] * length
+    ids[:3] = [BOW_CHAR, marker, EOW_CHAR]
+    return [c + 1 for c in ids]
+
+
+class CharacterMapper:
+    """Words to character ids. A word of more than `max_characters - 2` UTF-8 bytes is cut to that many (the
+    first time, a warning says so); a word that cannot be encoded as UTF-8 (a lone surrogate) is an InputError
+    naming it."""
+
+    def __init__(self, max_characters: int = 50) -> None:
+        if max_characters < 3:
+            raise ConfigError(f"max_characters_per_token must be >= 3 (begin, end and one byte), got "
+                              f"{max_characters}")
+        self.max_characters = max_characters
+        self.warned = False
+        self.bos = _marker_word(BOS_CHAR, max_characters)
+        self.eos = _marker_word(EOS_CHAR, max_characters)
+
+    def word(self, word: str) -> list[int]:
+        if word == BOS_WORD:
+            return list(self.bos)
+        if word == EOS_WORD:
+            return list(self.eos)
+        try:
+            data = word.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise InputError(f"word {word!r}: character {error.start} ({word[error.start]!r}) is not a Unicode scalar "
+                             "value and has no UTF-8 bytes") from None
+        room = self.max_characters - 2
+        if len(data) > room:
+            if not self.warned:
+                warnings.warn(f"word {word[:20]!r}... is {len(data)} UTF-8 bytes long; ELMo reads at most {room} "
+                              "(max_characters_per_token - 2), so it and any other longer word are truncated",
+                              stacklevel=3)
+                self.warned = True
+            data = data[:room]
+        ids = [BOW_CHAR, *data, EOW_CHAR] + [PAD_CHAR] * (room - len(data))
+        return [c + 1 for c in ids]
+
+    def sentences(self, sentences: Sequence[Sequence[str]], boundaries: bool = True) -> tuple[Tensor, Tensor]:
+        """Right-padded character ids [B, L, max_characters] and the word mask [B, L] of `sentences` (lists of
+        words), each between `<S>` and `</S>` when `boundaries`."""
+        rows = [[self.word(w) for w in ([BOS_WORD, *s, EOS_WORD] if boundaries else s)] for s in sentences]
+        length = max((len(r) for r in rows), default=0)
+        ids = torch.zeros(len(rows), length, self.max_characters, dtype=torch.long)
+        mask = torch.zeros(len(rows), length, dtype=torch.long)
+        for i, row in enumerate(rows):
+            if row:
+                ids[i, :len(row)] = torch.tensor(row)
+                mask[i, :len(row)] = 1
+        return ids, mask
+
+
+def word_to_char_ids(word: str, max_characters: int = 50) -> list[int]:
+    return CharacterMapper(max_characters).word(word)
+
+
+def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = 50,
+                 boundaries: bool = True) -> tuple[Tensor, Tensor]:
+    """Character ids [B, L, max_characters] and mask [B, L] of tokenised sentences (see CharacterMapper)."""
+    return CharacterMapper(max_characters).sentences(sentences, boundaries)
+
+
+# --- config -------------------------------------------------------------------------------------------------------
+
+RELEASED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
+
+
+@dataclass
+class ElmoConfig:
+    """The released "original" ELMo by default (2 x 4096 -> 512, 2048 filters, 2 highway layers)."""
+
+    family: str = "elmo"
+    vocab_size: int = 0  # the word softmax's vocabulary (0: none, as in the released weight files)
+    max_characters_per_token: int = 50
+    char_embedding_dim: int = 16
+    filters: list[list[int]] = field(default_factory=lambda: [list(f) for f in RELEASED_FILTERS])  # [width, count]
+    num_highway: int = 2
+    char_activation: str = "relu"  # relu or tanh, after max-pooling
+    projection_dim: int = 512
+    cell_size: int = 4096
+    num_layers: int = 2
+    cell_clip: float | None = 3.0  # None: no clipping
+    proj_clip: float | None = 3.0
+    skip_connections: bool = True  # the residual connection from the second layer on
+    dropout: float = 0.1  # on each LSTM layer's output and the token layer, in training
+    pad_token_id: int = 0  # the word id of padding in the vocabulary (never predicted)
+    initializer_range: float = 0.02
+    classifier_dropout: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.family != "elmo":
+            raise ConfigError(f"ElmoConfig.family must be 'elmo', got {self.family!r}")
+        for name in ("max_characters_per_token", "char_embedding_dim", "projection_dim", "cell_size", "num_layers"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+        if self.max_characters_per_token < 3:
+            raise ConfigError(f"max_characters_per_token must be >= 3, got {self.max_characters_per_token}")
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 0:
+            raise ConfigError(f"vocab_size must be >= 0, got {self.vocab_size!r}")
+        if not isinstance(self.num_highway, int) or self.num_highway < 0:
+            raise ConfigError(f"num_highway must be >= 0, got {self.num_highway!r}")
+        if self.char_activation not in ("relu", "tanh"):
+            raise ConfigError(f"char_activation must be relu or tanh, got {self.char_activation!r}")
+        try:
+            filters = [[int(w), int(n)] for w, n in self.filters]
+        except (TypeError, ValueError):
+            raise ConfigError(f"filters must be a list of [width, count] pairs, got {self.filters!r}") from None
+        if not filters or any(w < 1 or n < 1 or w > self.max_characters_per_token for w, n in filters):
+            raise ConfigError(f"filters: each [width, count] needs 1 <= width <= max_characters_per_token "
+                              f"({self.max_characters_per_token}) and count >= 1, got {self.filters!r}")
+        self.filters = filters
+        for name in ("cell_clip", "proj_clip"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ConfigError(f"{name} must be > 0 or null, got {value!r}")
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+
+    @property
+    def num_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+    @property
+    def hidden_size(self) -> int:
+        """The width of every output layer: both directions' projections side by side."""
+        return 2 * self.projection_dim
+
+    @property
+    def token_embedding_size(self) -> int:
+        return self.projection_dim
+
+    @property
+    def head_dropout(self) -> float:
+        return self.classifier_dropout if self.classifier_dropout is not None else self.dropout
+
+    @property
+    def clipped(self) -> bool:
+        return self.cell_clip is not None or self.proj_clip is not None
+
+    @property
+    def max_length(self) -> int:
+        return 1 << 30  # an LSTM has no position limit
+
+    def to_dict(self) -> dict[str, Any]:
+        return config_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ElmoConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown elmo config key(s): {', '.join(unknown)}")
+        return cls(**data)
+
+
+def tiny_config(**overrides: Any) -> ElmoConfig:
+    """A small ELMo for tests and CPU pretraining: 4 filter widths, 1 highway, 2 x 256 -> 64."""
+    values: dict[str, Any] = dict(char_embedding_dim=8, filters=[[1, 16], [2, 16], [3, 32], [4, 64]], num_highway=1,
+                                  projection_dim=64, cell_size=256)
+    values.update(overrides)
+    return ElmoConfig(**values)
+
+
+# --- the character encoder -----------------------------------------------------------------------------------------
+
+
+class Highway(nn.Module):
+    """y = g * relu(W_t x + b_t) + (1 - g) * x,  g = sigmoid(W_c x + b_c)  (bilm-tf's form)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.transform = nn.Linear(width, width)
+        self.carry = nn.Linear(width, width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = torch.sigmoid(self.carry(x))
+        return x + gate * (F.relu(self.transform(x)) - x)
+
+
+class CharacterEncoder(nn.Module):
+    """Character ids [N, C] -> token vectors [N, projection_dim]."""
+
+    def __init__(self, config: ElmoConfig) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(NUM_CHARACTERS, config.char_embedding_dim, padding_idx=0)
+        self.convs = nn.ModuleList(nn.Conv1d(config.char_embedding_dim, count, width) for width, count in
+                                   config.filters)
+        self.act = torch.relu if config.char_activation == "relu" else torch.tanh
+        self.highways = nn.ModuleList(Highway(config.num_filters) for _ in range(config.num_highway))
+        self.projection = nn.Linear(config.num_filters, config.projection_dim)
+
+    def forward(self, chars: Tensor) -> Tensor:
+        x = self.embed(chars).transpose(1, 2)  # [N, dim, C]
+        x = torch.cat([self.act(conv(x).amax(-1)) for conv in self.convs], dim=-1)
+        for highway in self.highways:
+            x = highway(x)
+        return self.projection(x)
+
+
+# --- the LSTM with a projected state ---------------------------------------------------------------------------------
+
+
+class ProjectedLSTM(nn.Module):
+    """One LSTM layer, gates in PyTorch's order (input, forget, cell, output), with a projection of the output to
+    `hidden` (the state the next step reads) and optional clipping of the cell and of the projected state."""
+
+    def __init__(self, input_size: int, cell_size: int, hidden: int, cell_clip: float | None,
+                 proj_clip: float | None) -> None:
+        super().__init__()
+        self.input_size, self.cell_size, self.hidden = input_size, cell_size, hidden
+        self.cell_clip, self.proj_clip = cell_clip, proj_clip
+        self.weight_ih = nn.Parameter(torch.empty(4 * cell_size, input_size))
+        self.weight_hh = nn.Parameter(torch.empty(4 * cell_size, hidden))
+        self.bias = nn.Parameter(torch.zeros(4 * cell_size))
+        self.weight_hr = nn.Parameter(torch.empty(hidden, cell_size))
+        self.fused = cell_clip is None and proj_clip is None  # False: the exact step loop (set it to test both)
+        # Without gradients, a clipped layer first runs the fused kernel and keeps its result when no clip would
+        # have bitten (checked: `within_clips`), else it runs the step loop.
+        self.speculate = True
+
+    def forward(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor] | None
+                ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        """x [B, T, in], right-padded to `lengths` [B] (CPU; None: all T real); state (h [B, hidden], c [B, cell]).
+        Returns the outputs [B, T, hidden] (zeros at padding) and the state after each row's last real step."""
+        batch = x.shape[0]
+        if state is None:
+            state = (x.new_zeros(batch, self.hidden), x.new_zeros(batch, self.cell_size))
+        if self.fused:
+            if self.cell_clip is not None or self.proj_clip is not None:
+                raise ConfigError("the fused LSTM cannot clip its cell or state: use the step loop (fused=False)")
+            return self._fused(x, lengths, state)
+        if self.speculate and not torch.is_grad_enabled():
+            result = self._fused(x, lengths, state)
+            if self.within_clips(x, lengths, state, result[0]):
+                return result
+        return self._loop(x, lengths, state)
+
+    @torch.no_grad()
+    def within_clips(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor], out: Tensor) -> bool:
+        """Whether no clip bites on the unclipped run `out` of the fused kernel: then it is the clipped run too.
+        The projected states are `out`; the cells follow from them: every step's gates in one product (each step
+        reads the previous output), then c_t = f_t c_(t-1) + i_t g_t, elementwise, step by step."""
+        real = None if lengths is None else \
+            (torch.arange(x.shape[1])[None] < lengths[:, None]).to(x.device)[..., None]
+        if self.proj_clip is not None and bool((out.abs() > self.proj_clip).any()):
+            return False
+        if self.cell_clip is None:
+            return True
+        previous = torch.cat([state[0][:, None], out[:, :-1]], 1)
+        rows = 3 * self.cell_size  # the input, forget and cell gates (the output gate plays no part in the cell)
+        gates = F.linear(x, self.weight_ih[:rows], self.bias[:rows]) + F.linear(previous, self.weight_hh[:rows])
+        i, f, g = gates.chunk(3, -1)
+        keep, new = torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g)
+        c, cells = state[1], []
+        for t in range(x.shape[1]):
+            c = keep[:, t] * c + new[:, t]
+            cells.append(c)
+        peak = torch.stack(cells, 1) if real is None else torch.stack(cells, 1) * real
+        return bool(peak.abs().amax() <= self.cell_clip) if cells else True
+
+    def _loop(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor]
+              ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        h, c = state
+        projected = F.linear(x, self.weight_ih, self.bias)  # every step's input part at once
+        real = None if lengths is None else \
+            (torch.arange(x.shape[1])[None] < lengths[:, None]).to(x.device)[..., None]
+        outputs = []
+        for t in range(x.shape[1]):
+            gates = projected[:, t] + F.linear(h, self.weight_hh)
+            i, f, g, o = gates.chunk(4, 1)
+            c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            if self.cell_clip is not None:
+                c_next = c_next.clamp(-self.cell_clip, self.cell_clip)
+            h_next = F.linear(torch.sigmoid(o) * torch.tanh(c_next), self.weight_hr)
+            if self.proj_clip is not None:
+                h_next = h_next.clamp(-self.proj_clip, self.proj_clip)
+            if real is not None:
+                h = torch.where(real[:, t], h_next, h)
+                c = torch.where(real[:, t], c_next, c)
+                outputs.append(h_next * real[:, t])
+            else:
+                h, c = h_next, c_next
+                outputs.append(h_next)
+        return torch.stack(outputs, 1), (h, c)
+
+    def _fused(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor]
+               ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        weights = [self.weight_ih, self.weight_hh, self.bias, torch.zeros_like(self.bias), self.weight_hr]
+        h, c = state[0][None].contiguous(), state[1][None].contiguous()
+        with warnings.catch_warnings():  # on CPU torch notes that oneDNN has no projection: the result is the same
+            warnings.filterwarnings("ignore", message="LSTM with projections is not supported with oneDNN")
+            if lengths is None or bool((lengths == x.shape[1]).all()):
+                out, h, c = torch.lstm(x, (h, c), weights, True, 1, 0.0, self.training, False, True)
+                return out, (h[0], c[0])
+            packed = nn.utils.rnn.pack_padded_sequence(x, lengths.clamp(min=1), batch_first=True,
+                                                       enforce_sorted=False)
+            order = packed.sorted_indices
+            out, h, c = torch.lstm(packed.data, packed.batch_sizes, (h[:, order], c[:, order]), weights, True, 1,
+                                   0.0, self.training, False)
+        unpacked, _ = nn.utils.rnn.pad_packed_sequence(
+            nn.utils.rnn.PackedSequence(out, packed.batch_sizes, order, packed.unsorted_indices), batch_first=True,
+            total_length=x.shape[1])
+        back = packed.unsorted_indices
+        unpacked = unpacked * (torch.arange(x.shape[1])[None] < lengths[:, None]).to(x.device)[..., None]
+        empty = (lengths == 0).to(x.device)[:, None]  # a row without words keeps its state
+        return unpacked, (torch.where(empty, state[0], h[0, back]), torch.where(empty, state[1], c[0, back]))
+
+
+def reverse_rows(x: Tensor, lengths: Tensor) -> Tensor:
+    """Each row's first lengths[b] positions in reverse order, padding left in place (its own inverse)."""
+    steps = torch.arange(x.shape[1])[None]
+    index = torch.where(steps < lengths[:, None], lengths[:, None] - 1 - steps, steps).to(x.device)
+    return x.gather(1, index[..., None].expand_as(x))
+
+
+def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Tensor, lengths1: Tensor,
+                lengths2: Tensor, state1: tuple[Tensor, Tensor] | None, state2: tuple[Tensor, Tensor] | None
+                ) -> tuple[tuple[Tensor, tuple[Tensor, Tensor]], tuple[Tensor, tuple[Tensor, Tensor]]]:
+    """Two layers of the same sizes and clipping (a forward and a backward one) stepped together over inputs of
+    the same shape: one batched matrix product per step for both, the exact loop's arithmetic otherwise."""
+    batch, steps = x1.shape[:2]
+    weight_ih = torch.stack([first.weight_ih, second.weight_ih])
+    weight_hh = torch.stack([first.weight_hh, second.weight_hh]).transpose(1, 2)
+    weight_hr = torch.stack([first.weight_hr, second.weight_hr]).transpose(1, 2)
+    bias = torch.stack([first.bias, second.bias])[:, None, None]
+    projected = torch.matmul(torch.stack([x1, x2]), weight_ih.transpose(1, 2)[:, None]) + bias  # [2, B, T, 4c]
+    zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, first.cell_size))
+    h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])
+    c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
+    steps_range = torch.arange(steps)[None]
+    real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]]).to(x1.device)[..., None]
+    cell_clip, proj_clip = first.cell_clip, first.proj_clip
+    outputs = []
+    for t in range(steps):
+        gates = projected[:, :, t] + torch.bmm(h, weight_hh)
+        i, f, g, o = gates.chunk(4, -1)
+        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        if cell_clip is not None:
+            c_next = c_next.clamp(-cell_clip, cell_clip)
+        h_next = torch.bmm(torch.sigmoid(o) * torch.tanh(c_next), weight_hr)
+        if proj_clip is not None:
+            h_next = h_next.clamp(-proj_clip, proj_clip)
+        keep = real[:, :, t]
+        h, c = torch.where(keep, h_next, h), torch.where(keep, c_next, c)
+        outputs.append(h_next * keep)
+    out = torch.stack(outputs, 2)
+    return (out[0], (h[0], c[0])), (out[1], (h[1], c[1]))
+
+
+# --- the model ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ElmoState:
+    """Both directions' LSTM states after a call (what truncated backpropagation carries to the next window):
+    h [2 * layers, B, projection_dim], c [2 * layers, B, cell_size]; forward layers first."""
+
+    h: Tensor
+    c: Tensor
+
+    def detach(self) -> ElmoState:
+        return ElmoState(self.h.detach(), self.c.detach())
+
+
+@dataclass
+class ElmoOutput:
+    last_hidden_state: Tensor  # [B, L, 2p]: the top layer (both directions), or the scalar mix when there is one
+    hidden_states: tuple[Tensor, ...] | None = None  # the token layer [x; x], then each layer's [f; b]
+    forward_top: Tensor | None = None  # [B, L, p]: the forward LM's top layer (what its softmax reads)
+    backward_top: Tensor | None = None  # [B, L, p]: the backward LM's (at the backward input's positions)
+    state: ElmoState | None = None
+    logits: Tensor | None = None
+    head_logits: dict[str, Tensor] = field(default_factory=dict)
+
+
+LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias")
+
+
+class ElmoModel(nn.Module):
+    """The ELMo biLM with heads. Input: character ids [B, L, C] (`input_ids`), the word mask [B, L]."""
+
+    config_class = ElmoConfig
+
+    def __init__(self, config: ElmoConfig, heads: Sequence[HeadSpec] = ()) -> None:
+        super().__init__()
+        self.config = config
+        self.characters = CharacterEncoder(config)
+        p, cell = config.projection_dim, config.cell_size
+
+        def stack() -> nn.ModuleList:
+            return nn.ModuleList(ProjectedLSTM(p, cell, p, config.cell_clip, config.proj_clip)
+                                 for _ in range(config.num_layers))
+
+        self.forward_layers, self.backward_layers = stack(), stack()
+        self.softmax = nn.Embedding(config.vocab_size, p) if config.vocab_size else None
+        self.mix: nn.Module | None = None  # the extension "scalar_mix": heads then read the mix of the three layers
+        self.head_specs = tuple(heads)
+        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
+        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    # --- the Model protocol --------------------------------------------------------------------------------------
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        """The output vocabulary's softmax matrix [vocab, projection_dim] (ELMo reads characters, not word ids)."""
+        if self.softmax is None:
+            raise ConfigError("this ELMo model has no word softmax (vocab_size 0)")
+        return self.softmax
+
+    def blocks(self) -> list[nn.Module]:
+        """No transformer blocks: FSDP shards ELMo as one unit and activation checkpointing leaves it alone."""
+        return []
+
+    def forward_inputs(self, batch: Any) -> dict[str, Any]:
+        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
+                "backward_input_ids": getattr(batch, "backward_input_ids", None),
+                "backward_attention_mask": getattr(batch, "backward_attention_mask", None)}
+
+    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
+        return add_extension(self, where, factory, **options)
+
+    @torch.no_grad()
+    def init_weights(self, generator: torch.Generator | None = None) -> None:
+        """N(0, initializer_range) weights, zero biases; bilm-tf's carry bias of -2 (highways start near the
+        identity) and a forget-gate bias of 1."""
+        std = self.config.initializer_range
+        for name, parameter in self.named_parameters():
+            if name.endswith("bias") or name.endswith(".scalars"):
+                parameter.zero_()
+            elif name.endswith(".gamma"):
+                parameter.fill_(1.0)
+            else:
+                parameter.normal_(0.0, std, generator=generator)
+        self.characters.embed.weight[0].zero_()
+        for highway in self.characters.highways:
+            highway.carry.bias.fill_(-2.0)
+        cell = self.config.cell_size
+        for layer in (*self.forward_layers, *self.backward_layers):
+            layer.bias[cell:2 * cell].fill_(1.0)
+
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
+                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+        """The three output layers [B, L, 2 * projection_dim]: the token layer twice, then each biLSTM layer."""
+        out = self(input_ids, attention_mask, output_hidden_states=True)
+        assert out.hidden_states is not None
+        return out.hidden_states
+
+    # --- the computation -----------------------------------------------------------------------------------------
+    def check_chars(self, input_ids: Tensor, attention_mask: Tensor | None, what: str) -> Tensor:
+        width = self.config.max_characters_per_token
+        if input_ids.dim() != 3 or input_ids.shape[-1] != width:
+            raise InputError(f"{what} must be character ids [batch, words, {width}] (bertology.model.elmo."
+                             f"batch_to_ids), got shape {tuple(input_ids.shape)}")
+        check_id_range(input_ids, NUM_CHARACTERS, f"{what} (character ids)")
+        if attention_mask is None:
+            return input_ids.ne(0).any(-1).long()
+        if attention_mask.shape != input_ids.shape[:2]:
+            raise InputError(f"attention_mask {tuple(attention_mask.shape)} must be [batch, words] "
+                             f"{tuple(input_ids.shape[:2])}")
+        return attention_mask
+
+    def tokens(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The token layer [B, L, p] (zeros at padding): the character CNN runs on the real words only."""
+        real = attention_mask.bool()
+        out = torch.zeros(*input_ids.shape[:2], self.config.projection_dim, device=input_ids.device,
+                          dtype=self.characters.projection.weight.dtype)
+        out[real] = self.characters(input_ids[real])
+        return out
+
+    def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None
+               ) -> tuple[list[Tensor], list[Tensor], ElmoState]:
+        """Both directions' layers: the forward LM over `fx` [B, L, p], the backward LM over `bx` from each row's
+        end. Returns each layer's outputs per direction (in the input's order) and the final state."""
+        bx = reverse_rows(bx, blengths)
+        layers = self.config.num_layers
+        forward, backward, hs, cs = [], [], [[], []], [[], []]
+        for index in range(layers):
+            fl, bl = self.forward_layers[index], self.backward_layers[index]
+            initial = [None, None] if state is None else \
+                [(state.h[d * layers + index], state.c[d * layers + index]) for d in range(2)]
+            if not fl.fused and not bl.fused and fx.shape == bx.shape and torch.is_grad_enabled():
+                (fy, fstate), (by, bstate) = paired_loop(fl, bl, fx, bx, flengths, blengths, *initial)
+            else:
+                fy, fstate = fl(fx, flengths, initial[0])
+                by, bstate = bl(bx, blengths, initial[1])
+            if index > 0 and self.config.skip_connections:
+                fy, by = fy + fx, by + bx
+            for d, (h, c) in enumerate((fstate, bstate)):
+                hs[d].append(h)
+                cs[d].append(c)
+            forward.append(fy)
+            backward.append(reverse_rows(by, blengths))
+            fx = fast_dropout(fy, self.config.dropout, self.training)
+            bx = fast_dropout(by, self.config.dropout, self.training)
+        return forward, backward, ElmoState(torch.stack(hs[0] + hs[1]), torch.stack(cs[0] + cs[1]))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+                backward_input_ids: Tensor | None = None, backward_attention_mask: Tensor | None = None,
+                state: ElmoState | None = None, output_hidden_states: bool = False) -> ElmoOutput:
+        """Both LMs over the words `input_ids` [B, L, C]. `state`: the LSTMs' state to start from (the previous
+        window's, `ElmoOutput.state`; None: zeros). `backward_input_ids` (truncated backpropagation through a
+        document in both directions): the backward LM reads these words instead (a window of the document read
+        from its end); the output layers then exist only per direction (`forward_top`, `backward_top`)."""
+        attention_mask = self.check_chars(input_ids, attention_mask, "input_ids")
+        x = self.tokens(input_ids, attention_mask)
+        lengths = attention_mask.sum(1).cpu()
+        x_in = fast_dropout(x, self.config.dropout, self.training)
+        if backward_input_ids is None:
+            bx, bx_in, blengths = x, x_in, lengths
+        else:
+            backward_attention_mask = self.check_chars(backward_input_ids, backward_attention_mask,
+                                                       "backward_input_ids")
+            bx = self.tokens(backward_input_ids, backward_attention_mask)
+            blengths = backward_attention_mask.sum(1).cpu()
+            bx_in = fast_dropout(bx, self.config.dropout, self.training)
+        forward, backward, new_state = self.bilstm(x_in, lengths, bx_in, blengths, state)
+        if backward_input_ids is not None:
+            return ElmoOutput(last_hidden_state=forward[-1], forward_top=forward[-1], backward_top=backward[-1],
+                              state=new_state)
+        states = (torch.cat([x, x], -1), *(torch.cat(pair, -1) for pair in zip(forward, backward)))
+        hidden = self.mix(states) if self.mix is not None else states[-1]
+        out = ElmoOutput(last_hidden_state=hidden, hidden_states=states if output_hidden_states else None,
+                         forward_top=forward[-1], backward_top=backward[-1], state=new_state)
+        task_heads = [spec for spec in self.head_specs if spec.kind not in LM_HEAD_KINDS]
+        if task_heads:
+            softmax = self.softmax.weight if self.softmax is not None else hidden.new_zeros(0)
+            inputs = HeadInputs(hidden=hidden, attention_mask=attention_mask, word_embeddings=softmax)
+            for spec in task_heads:
+                out.head_logits[spec.name] = self.heads[spec.name](inputs)
+            out.logits = out.head_logits[task_heads[0].name]
+        return out
+
+    def lm_logits(self, states: Tensor, head: str = "lm") -> Tensor:
+        """Word logits of LM states [..., p] through the softmax shared by both directions (head `head`)."""
+        if head not in self.heads:
+            raise ConfigError(f"this ELMo model has no LM head {head!r}; it has {', '.join(self.heads) or 'none'}")
+        rows = states.reshape(-1, states.shape[-1])
+        mask = rows.new_ones(rows.shape[0], dtype=torch.long)
+        logits = self.heads[head](HeadInputs(hidden=rows, attention_mask=mask,
+                                             word_embeddings=self.word_embeddings.weight))
+        return logits.reshape(*states.shape[:-1], -1)
+
+
+register_model("elmo", ElmoModel)

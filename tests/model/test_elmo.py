@@ -1,0 +1,232 @@
+"""ELMo: characters, the character CNN + biLSTM, its three layers, the fused and the exact LSTM paths, carried state,
+heads and the scalar mix, the native format."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import bertology
+from bertology.errors import ConfigError, InputError
+from bertology.model import HeadSpec, save_model
+from bertology.model.elmo import (
+    CharacterMapper,
+    ElmoConfig,
+    ElmoModel,
+    ElmoState,
+    batch_to_ids,
+    tiny_config,
+    word_to_char_ids,
+)
+from bertology.model.protocol import Model, require_encoder
+
+SENTENCES = [["The", "cat", "sat", "."], ["Über", "naïve", "tests"], ["a"]]
+
+
+def model(std: float = 0.3, heads=(HeadSpec("lm", "tied_lm_bias"),), **overrides) -> ElmoModel:
+    torch.manual_seed(0)
+    built = ElmoModel(tiny_config(vocab_size=40, dropout=0.0, **overrides), heads)
+    built.init_weights(torch.Generator().manual_seed(1))
+    with torch.no_grad():  # larger weights than the initialisation's, so that every nonlinearity and clip matters
+        for name, parameter in built.named_parameters():
+            if "weight" in name:
+                parameter.normal_(0.0, std, generator=torch.Generator().manual_seed(len(name)))
+    return built.eval()
+
+
+def test_character_ids_follow_the_released_convention():
+    ids = word_to_char_ids("ab")
+    assert len(ids) == 50
+    assert ids[:4] == [259, 98, 99, 260] and set(ids[4:]) == {261}  # begin, bytes, end, padding; all + 1
+    assert word_to_char_ids("<S>")[:3] == [259, 257, 260] and word_to_char_ids("</S>")[:3] == [259, 258, 260]
+    assert word_to_char_ids("é")[1:3] == [0xC3 + 1, 0xA9 + 1]  # UTF-8 bytes
+    chars, mask = batch_to_ids(SENTENCES)
+    assert chars.shape == (3, 6, 50) and mask.tolist()[2] == [1, 1, 1, 0, 0, 0]
+    assert chars[2, 3:].eq(0).all()  # padded words are all 0
+
+
+def test_long_words_are_truncated_with_one_warning():
+    mapper = CharacterMapper(10)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        long = mapper.word("x" * 30)
+        mapper.word("y" * 30)
+    assert len(caught) == 1 and "truncated" in str(caught[0].message)
+    assert long == [259] + [ord("x") + 1] * 8 + [260]
+
+
+def test_characters_outside_the_byte_range_are_refused():
+    with pytest.raises(InputError, match="has no UTF-8 bytes"):
+        word_to_char_ids("ok\ud800")
+    elmo = model()
+    chars, mask = batch_to_ids(SENTENCES)
+    chars[0, 1, 3] = 262
+    with pytest.raises(InputError, match=r"character ids\) must lie in \[0, 262\)"):
+        elmo(chars, mask)
+    with pytest.raises(InputError, match=r"\[batch, words, 50\]"):
+        elmo(chars[..., :20], mask)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="filters"):
+        ElmoConfig(filters=[[60, 4]])
+    with pytest.raises(ConfigError, match="cell_clip"):
+        ElmoConfig(cell_clip=-1.0)
+    with pytest.raises(ConfigError, match="unknown elmo config key"):
+        ElmoConfig.from_dict({"cells": 3})
+
+
+def test_three_layers_token_layer_twice_then_each_bilstm_layer():
+    elmo = model()
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        out = elmo(chars, mask, output_hidden_states=True)
+        states = elmo.layer_states(chars, mask)
+    assert len(states) == 3 and all(s.shape == (3, 6, 128) for s in states)
+    assert torch.equal(states[0][..., :64], states[0][..., 64:])
+    assert torch.equal(out.last_hidden_state, states[2])
+    assert torch.equal(states[2][..., :64], out.forward_top) and torch.equal(states[2][..., 64:], out.backward_top)
+    assert states[1][mask == 0].eq(0).all()
+    # Each row alone (no padding) gives the same vectors: padding and batch neighbours change nothing.
+    for row, sentence in enumerate(SENTENCES):
+        alone, alone_mask = batch_to_ids([sentence])
+        with torch.no_grad():
+            single = elmo.layer_states(alone, alone_mask)
+        n = alone.shape[1]
+        for layer in range(3):
+            torch.testing.assert_close(single[layer][0], states[layer][row, :n], atol=1e-4, rtol=1e-4)
+    assert isinstance(elmo, Model)
+    with pytest.raises(ConfigError, match="needs a bidirectional encoder"):
+        require_encoder(elmo, "head pruning")
+
+
+def test_forward_is_causal_and_backward_anticausal():
+    elmo = model()
+    chars, mask = batch_to_ids([["one", "two", "three", "four"]])
+    changed = chars.clone()
+    changed[0, 3] = torch.tensor(word_to_char_ids("other"))  # the word at position 3 (after <S>: "three")
+    with torch.no_grad():
+        a, b = elmo(chars, mask), elmo(changed, mask)
+    assert torch.equal(a.forward_top[0, :3], b.forward_top[0, :3])  # the forward LM has not read it yet
+    assert not torch.allclose(a.forward_top[0, 3], b.forward_top[0, 3])
+    assert torch.equal(a.backward_top[0, 4:], b.backward_top[0, 4:])  # nor has the backward LM, from the right
+    assert not torch.allclose(a.backward_top[0, 3], b.backward_top[0, 3])
+
+
+def test_fused_lstm_equals_the_step_loop_without_clipping():
+    elmo = model(cell_clip=None, proj_clip=None)
+    assert all(layer.fused for layer in elmo.forward_layers)
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        fused = elmo(chars, mask, output_hidden_states=True)
+        for layer in (*elmo.forward_layers, *elmo.backward_layers):
+            layer.fused = False
+        loop = elmo(chars, mask, output_hidden_states=True)
+    for a, b in zip(fused.hidden_states, loop.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.state.h, loop.state.h, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fused.state.c, loop.state.c, atol=1e-5, rtol=1e-5)
+
+
+def test_clipping_bounds_the_cell_and_the_projection():
+    clipped = model(std=1.5, cell_clip=0.5, proj_clip=0.25)
+    assert not any(layer.fused for layer in clipped.forward_layers)
+    free = model(std=1.5, cell_clip=None, proj_clip=None)
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        out, unclipped = clipped(chars, mask), free(chars, mask)
+    assert out.state.c.abs().max() <= 0.5 and unclipped.state.c.abs().max() > 0.5
+    assert out.state.h.abs().max() <= 0.25
+    with pytest.raises(ConfigError, match="cannot clip"):
+        clipped.forward_layers[0].fused = True
+        clipped(chars, mask)
+
+
+@pytest.mark.parametrize("clip", [None, 3.0])
+def test_state_carried_across_windows_equals_one_pass(clip):
+    """Truncated backpropagation's windows: the forward LM reads the document in order, the backward LM from its end,
+    each starting from the state the previous window left; together they equal one pass over the whole."""
+    elmo = model(cell_clip=clip, proj_clip=clip)
+    words = "a b c d e f g h".split()
+    chars, mask = batch_to_ids([words], boundaries=False)
+    with torch.no_grad():
+        whole = elmo(chars, mask)
+        first = elmo(chars[:, :4], backward_input_ids=chars[:, 4:])
+        second = elmo(chars[:, 4:], backward_input_ids=chars[:, :4], state=first.state)
+    torch.testing.assert_close(torch.cat([first.forward_top, second.forward_top], 1), whole.forward_top)
+    torch.testing.assert_close(torch.cat([second.backward_top, first.backward_top], 1), whole.backward_top)
+    assert isinstance(second.state, ElmoState) and second.state.h.shape == (4, 1, 64)
+
+
+def test_heads_scalar_mix_and_native_format(tmp_path):
+    elmo = model(heads=(HeadSpec("lm", "tied_lm_bias"), HeadSpec("tags", "token", num_labels=5)))
+    mix = elmo.add_extension("mix", "scalar_mix")
+    with torch.no_grad():
+        mix.scalars.copy_(torch.tensor([0.5, -1.0, 2.0]))
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        out = elmo(chars, mask, output_hidden_states=True)
+    weights = torch.tensor([0.5, -1.0, 2.0]).softmax(0)
+    expected = sum(w * h for w, h in zip(weights, out.hidden_states))
+    torch.testing.assert_close(out.last_hidden_state, expected)
+    assert out.logits.shape == (3, 6, 5) and "lm" not in out.head_logits
+    assert elmo.lm_logits(out.forward_top).shape == (3, 6, 40)
+    save_model(elmo, tmp_path / "elmo")
+    loaded = bertology.load(tmp_path / "elmo").model
+    assert isinstance(loaded, ElmoModel) and loaded.config == elmo.config
+    with torch.no_grad():
+        again = loaded(chars, mask)
+    assert torch.equal(again.logits, out.logits)
+
+
+def test_both_directions_stepped_together_equal_each_alone():
+    from bertology.model.elmo import ProjectedLSTM, paired_loop
+
+    torch.manual_seed(0)
+    layers = [ProjectedLSTM(6, 10, 4, cell_clip=0.5, proj_clip=0.3) for _ in range(2)]
+    for layer in layers:
+        for parameter in layer.parameters():
+            torch.nn.init.normal_(parameter, 0.0, 0.8)
+    x1, x2 = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
+    lengths1, lengths2 = torch.tensor([5, 2, 0]), torch.tensor([5, 5, 3])
+    states = [(torch.randn(3, 4), torch.randn(3, 10)), None]
+    together = paired_loop(*layers, x1, x2, lengths1, lengths2, *states)
+    for layer, x, lengths, state, (out, (h, c)) in zip(layers, (x1, x2), (lengths1, lengths2), states, together):
+        alone, (h_alone, c_alone) = layer(x, lengths, state)
+        torch.testing.assert_close(out, alone)
+        torch.testing.assert_close(h, h_alone)
+        torch.testing.assert_close(c, c_alone)
+    assert torch.equal(together[0][1][0][2], states[0][0][2])  # a row without words keeps its state
+
+
+@pytest.mark.parametrize("std, bites", [(0.05, False), (1.5, True)])
+def test_inference_keeps_the_fused_run_only_when_no_clip_bites(std, bites, monkeypatch):
+    from bertology.model.elmo import ProjectedLSTM
+
+    elmo = model(std=std, cell_clip=0.5, proj_clip=0.25)
+    chars, mask = batch_to_ids(SENTENCES)
+    with torch.no_grad():
+        for layer in (*elmo.forward_layers, *elmo.backward_layers):
+            layer.speculate = False
+        exact = elmo(chars, mask, output_hidden_states=True)
+        for layer in (*elmo.forward_layers, *elmo.backward_layers):
+            layer.speculate = True
+        loops = []
+        original = ProjectedLSTM._loop
+        monkeypatch.setattr(ProjectedLSTM, "_loop", lambda self, *a: loops.append(1) or original(self, *a))
+        fast = elmo(chars, mask, output_hidden_states=True)
+    assert bool(loops) == bites  # the step loop ran only where a clip bit
+    for a, b in zip(exact.hidden_states, fast.hidden_states):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(exact.state.c, fast.state.c, atol=1e-5, rtol=1e-5)
+
+
+def test_info_describes_an_elmo_model():
+    from bertology.info import describe
+    from bertology.model.checkpoint import Pretrained
+
+    text = describe(Pretrained(model(), None)).format()
+    assert "cell 256 -> projection 64, residual" in text and "softmax         40 words" in text
+    assert "backward LSTM" in text and "none (no word vocabulary in the directory)" in text

@@ -108,3 +108,30 @@ def test_the_command_prints_each_models_loss(models, tmp_path, capsys):
     assert main(["longformer", "mlm-loss", "--model", str(models / "short"), "--text",
                  str(tmp_path / "missing.txt")]) == 2
     assert "--text" in capsys.readouterr().err
+
+
+def test_bad_input_names_the_option(models, tmp_path, capsys):
+    from bertology.data.masking import MaskingConfig
+
+    short = load(models / "short")
+    texts = ["the cat sat on the mat"]
+    with pytest.raises(ConfigError, match="masking: .*whole_word"):
+        mask_documents(short.tokenizer, texts, 4, masking=MaskingConfig(whole_word=True))
+    documents = mask_documents(short.tokenizer, texts, 4)
+    bare = load(models / "base")  # no masked-LM head
+    with pytest.raises(ConfigError, match="no masked-LM head"):
+        long_document_mlm_loss(bare, documents)
+    # another tokenizer splits the text otherwise: not the same masked tokens
+    other = load(save_tiny_model(tmp_path / "other-base", ["th", "e", "cat", "s", "at"], vocab_size=30))
+    model = EncoderModel(other.model.config, [HeadSpec("mlm", "masked_lm")])
+    model.init_weights(torch.Generator().manual_seed(0))
+    Pretrained(model, other.tokenizer).save(tmp_path / "other")
+    (tmp_path / "book.txt").write_text("the cat sat on the mat and the dog ran", encoding="utf-8")
+    (tmp_path / "latin.txt").write_bytes("the café".encode("latin-1"))
+    capsys.readouterr()
+    assert main(["longformer", "mlm-loss", "--model", str(models / "short"), "--model", str(tmp_path / "other"),
+                 "--text", str(tmp_path / "book.txt")]) == 2
+    assert f"--model {tmp_path / 'other'}: its tokenizer splits the texts otherwise" in capsys.readouterr().err
+    assert main(["longformer", "mlm-loss", "--model", str(models / "short"), "--text",
+                 str(tmp_path / "latin.txt")]) == 2
+    assert "--encoding" in capsys.readouterr().err

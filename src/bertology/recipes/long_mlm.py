@@ -105,7 +105,7 @@ def long_document_mlm_loss(pretrained: Pretrained, documents: MaskedDocuments, *
     length = min(window or model.config.max_length, model.config.max_length)
     capacity = length - specials
     if capacity < 1:
-        raise ConfigError(f"window (--window): {length} tokens leave no room after the {specials} special tokens")
+        raise ConfigError(f"window: {length} tokens leave no room after the {specials} special tokens")
     step = stride or max(1, capacity // 2)
     was_training = model.training
     model.eval()

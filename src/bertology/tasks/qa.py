@@ -1,4 +1,5 @@
-"""SQuAD v1.1 extractive question answering as a fine-tuning task (``squad``).
+"""SQuAD v1.1 extractive question answering as a fine-tuning task (``squad``), and ``squad-article``
+(:class:`SquadArticleTask`): every question with its whole article as the context, for long models.
 
 Files and splits. ``path(data, split)`` gives the file to read: with a folder holding the official
 ``train-v1.1.json`` and ``dev-v1.1.json``, that split's file; with a folder holding one SQuAD JSON file (the shared

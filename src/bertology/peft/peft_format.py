@@ -1,7 +1,9 @@
 """LoRA in Hugging Face peft's files: `adapter_config.json` and `adapter_model.safetensors`, named for the transformers
-model that bertology's checkpoint tables map the encoder to (bertology.model.checkpoint.name_map). For BERT with a
+model that bertology's checkpoint tables map the model to (bertology.model.convert's entries). For BERT with a
 classifier, `encoder.layers.0.query.lora_A` is `base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.weight`,
 and trained modules that are not LoRA (the heads) are `modules_to_save`, stored under their transformers names.
+GPT-2's Conv1D modules store weights transposed (peft's fan_in_fan_out; LoRA's A and B are the same either way), and
+its fused `c_attn` holds LoRA on our query/key/value as one block-structured pair (`fused_pair`, `split_fused`).
 
 Only the file format is shared with peft: bertology never imports it.
 """
@@ -110,6 +112,16 @@ def target_modules(targeted: set[str], every_module: set[str]) -> list[str]:
     return short if matched == targeted else sorted(targeted)
 
 
+def peft_architecture(model: Model) -> str | None:
+    """transformers' class that peft would wrap for `model` (its family's, for its heads), or None when transformers
+    has none (an encoder-decoder's encoder with a head of BART's family, a family of bertology's own)."""
+    try:
+        return family_for_config(model.config).architecture_name(tuple(h.name for h in model.head_specs),
+                                                                  model_name(model))
+    except CheckpointError:
+        return None
+
+
 def task_type_of(model: Model) -> str | None:
     """peft's task type for `model` by its primary head (none for a head peft has no task for)."""
     if not model.head_specs:
@@ -150,6 +162,9 @@ def save_lora_peft(model: Model, directory: str | os.PathLike, base_model_name_o
     of different rank, alpha or dropout, Conv1D and nn.Linear targets in one model (peft has one fan_in_fan_out),
     a trainable parameter transformers keeps outside a module (BART's final_logits_bias buffer) or inside a module
     that also has LoRA."""
+    if peft_architecture(model) is None:
+        raise ConfigError(f"peft's LoRA files name the modules of transformers' model; transformers has no class for "
+                          f"this {type(model).__name__} with heads {[h.name for h in model.head_specs]}")
     others = [where for where, (factory, _) in model.extensions.items() if factory != LORA]
     if others:
         raise ConfigError(f"peft's LoRA format holds LoRA layers only; the model also has {', '.join(others)}")

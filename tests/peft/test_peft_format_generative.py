@@ -93,6 +93,10 @@ CASES = {  # family, transformers class, targets, layers, train_heads, (task_typ
                         ("SEQ_CLS", None, ["score"], 2)),
     "t5-lm-cross": ("t5", "T5ForConditionalGeneration", ("query", "value", "cross_key", "ffn_out"), None, True,
                     ("SEQ_2_SEQ_LM", None, None, 2)),
+    "t5-gated-lm": ("t5", "T5ForConditionalGeneration", ("ffn_gate", "cross_out"), [1, 2], True,
+                    ("SEQ_2_SEQ_LM", ["decoder.block.0.layer.1.EncDecAttention.o",  # the encoder has no cross
+                                      "decoder.block.0.layer.2.DenseReluDense.wi_0",
+                                      "encoder.block.1.layer.1.DenseReluDense.wi_0"], None, 2)),
     "bart-lm": ("bart", "BartForConditionalGeneration", ("query", "value", "cross_query"), None, False,
                 ("SEQ_2_SEQ_LM", None, None, 2)),
     "bart-classifier": ("bart", "BartForSequenceClassification", ("value", "ffn_in"), [0, 3], True,
@@ -103,7 +107,8 @@ CASES = {  # family, transformers class, targets, layers, train_heads, (task_typ
 @pytest.mark.parametrize("case", CASES)
 def test_peft_reads_what_bertology_writes(tmp_path, case):
     family, architecture, targets, layers, train_heads, expected = CASES[case]
-    base_dir = saved_base(tmp_path / "base", family, architecture)
+    extra = {"feed_forward_proj": "gated-gelu"} if "gated" in case else {}
+    base_dir = saved_base(tmp_path / "base", family, architecture, **extra)
     model = bertology.load(base_dir).model
     fresh = getattr(transformers, architecture).from_pretrained(base_dir)
     lm = "Conditional" in architecture

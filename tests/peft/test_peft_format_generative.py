@@ -206,3 +206,32 @@ def test_a_bad_record_of_a_fused_pair_is_named(tmp_path):
     save_file(load_file(weights), weights, metadata={"format": "pt", "bertology.fused_lora": json.dumps(record)})
     with pytest.raises(CheckpointError, match="the record of fused module transformer.h.0.attn.c_attn"):
         load_lora_peft(base_dir, tmp_path / "a")
+
+
+def test_folded_lora_saves_in_transformers_layout(tmp_path):
+    from bertology.model import save_model
+    from bertology.peft import fold_lora
+
+    base_dir = saved_base(tmp_path / "base", "gpt2", "GPT2LMHeadModel")
+    model = bertology.load(base_dir).model
+    apply_lora(model, rank=2, alpha=4, targets=("query", "value", "ffn_out"))
+    perturb_trainable(model)
+    expected = logits(model, "gpt2")
+    save_model(fold_lora(model), tmp_path / "folded")  # c_attn holds the folded query and value again
+    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "folded")
+    torch.testing.assert_close(logits(hf, "gpt2"), expected, atol=TOL, rtol=0)
+
+
+def test_a_model_transformers_has_no_class_for_is_named(tmp_path):
+    from bertology.model import HeadSpec
+    from bertology.model.transformer import EncoderStackModel
+    from bertology.peft import peft_architecture
+
+    seq2seq = bertology.load(saved_base(tmp_path / "base", "bart", "BartModel")).model
+    assert peft_architecture(seq2seq) == "BartModel"
+    encoder = EncoderStackModel(seq2seq.config, [HeadSpec("token_classifier", "token", num_labels=3)])
+    assert peft_architecture(encoder) is None  # BART's encoder with a token classifier: no transformers class
+    apply_lora(encoder, rank=2, alpha=2, targets=("query",))
+    with pytest.raises(ConfigError, match="transformers has no class for this EncoderStackModel with heads "
+                                          "\\['token_classifier'\\]"):
+        save_lora_peft(encoder, tmp_path / "a")

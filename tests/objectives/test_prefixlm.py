@@ -20,7 +20,7 @@ from bertology.errors import ConfigError, InputError
 from bertology.model import HeadSpec
 from bertology.model.attention import CAUSAL, attention, packed_attention
 from bertology.model.packing import Layout
-from bertology.model.transformer import DecoderModel
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
 from bertology.objectives.base import Passes
 from bertology.objectives.prefixlm import PrefixLM
 from bertology.tokenization.framing import Framing
@@ -233,3 +233,29 @@ def test_the_shipped_config_runs(tmp_path):
     assert rows[-1]["kind"] == "eval" and rows[-1]["lm_loss"] > 0
     assert json.loads((tmp_path / "run" / "model" / "config.json").read_text())["architectures"] == \
         ["GPT2LMHeadModel"]
+
+
+def test_generation_reads_the_prompt_as_the_prefix():
+    from bertology import generate
+
+    model = decoder(seed=2)
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 64, (2, 6), generator=g)
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])  # a decoder's prompts padded on the left
+    ids[1, :2] = 0
+    out = generate(model, ids, mask, max_new_tokens=5, prefix_lm=True, eos_token_id=[])
+    # By definition: each step the whole sequence again, the prompt as the prefix, the new tokens causal after it.
+    expected, full_mask = ids, mask
+    with torch.no_grad():
+        for _ in range(5):
+            prefix = torch.cat([mask, torch.zeros(2, expected.shape[1] - 6, dtype=torch.long)], 1).bool()
+            logits = model(expected, full_mask, lm_prefix=prefix, packed=False).logits[:, -1]
+            expected = torch.cat([expected, logits.argmax(-1, keepdim=True)], 1)
+            full_mask = torch.cat([full_mask, torch.ones(2, 1, dtype=torch.long)], 1)
+        causal = model(ids, mask, packed=False).logits[:, -1]
+        bidirectional = model(ids, mask, lm_prefix=mask.bool(), packed=False).logits[:, -1]
+    assert torch.equal(out, expected)
+    assert not torch.allclose(causal, bidirectional, atol=1e-4)  # the prompt's last token sees the whole prompt
+    seq2seq = Seq2SeqModel(tiny_config(vocab_size=64), [HeadSpec("lm", "tied_lm")])
+    with pytest.raises(ConfigError, match="prefix_lm: a decoder's option .* this model is a Seq2SeqModel"):
+        generate(seq2seq, ids, mask, prefix_lm=True)

@@ -1,9 +1,11 @@
 """Training throughput on CPU: bertology's trainer step against transformers' BertForMaskedLM, same batches (and,
 with ``--objectives``, ELECTRA against ElectraForPreTraining + ElectraForMaskedLM, SpanBERT, ALBERT MLM + SOP
-against AlbertForPreTraining).
+against AlbertForPreTraining, GPT-2's causal LM against GPT2LMHeadModel, T5's span corruption against
+T5ForConditionalGeneration, BART reconstructing masked rows against BartForConditionalGeneration).
 
     python benchmarks/training.py                        # tiny, mini, small; print the table
     python benchmarks/training.py --objectives electra,albert-sop   # only those rows
+    python benchmarks/training.py --models tiny small --objectives gpt2-clm,t5-spans,bart-masked
     python benchmarks/training.py --write                # ... and rewrite the "## Training" section of RESULTS.md
     python benchmarks/training.py --models tiny --batches 2 --repeats 1   # a quick look
     python benchmarks/training.py --models mini --profile   # where each side's step spends its time
@@ -63,7 +65,7 @@ from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
-OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop")
+OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "gpt2-clm", "t5-spans", "bart-masked")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SEQ_LEN = 128
 LR = 1e-4
@@ -638,6 +640,174 @@ def measure_albert(name: str, batches: Batches, tokenizer, warmup: int, repeats:
                 check.loss_gap, check.norm_gap, check.optimizer)]
 
 
+# --- GPT-2, T5 and BART: causal LM and denoising on the same paragraphs -----------------------------------------
+
+# objective -> (family, transformers class, the run config's objective and data sections)
+GENERATIVE = {
+    "gpt2-clm": ("gpt2", "GPT2LMHeadModel",
+                 {"objectives": {"clm": {}}, "data": {"instances": {"kind": "packed-documents"}}}),
+    "t5-spans": ("t5", "T5ForConditionalGeneration",
+                 {"objectives": {"denoise": {}}, "data": {"instances": {"kind": "doc-sentences"},
+                                                          "span_corruption": {}}}),
+    "bart-masked": ("bart", "BartForConditionalGeneration",
+                    {"objectives": {"denoise": {}}, "data": {"instances": {"kind": "doc-sentences"},
+                                                             "noise": {"token_masking": {}}}}),
+}
+
+
+def generative_model(name: str, family: str, tokenizer, workdir: Path):
+    """bertology's model of ``family`` at the preset ``name`` (the size rule of ``bertology pretrain``: hidden / 64
+    heads, a 4 x hidden feed-forward; the family's fixed facts; dropout 0.1) with its language-model head, the same
+    weights every call, saved in transformers' layout; BART's final_logits_bias is frozen (transformers keeps it as
+    a buffer)."""
+    from bertology.recipes.pretrain import transformer_config
+    from bertology.model.transformer import DecoderModel, Seq2SeqModel
+
+    sections = GENERATIVE[next(o for o, (f, _, _) in GENERATIVE.items() if f == family)][2]
+    run = {"model": {"family": family, "preset": name}, **sections}
+    config = transformer_config(PretrainConfig.from_dict(run), tokenizer)
+    objectives = PretrainConfig.from_dict(run).build_objectives()
+    for objective in objectives:
+        if hasattr(type(objective), "lm_kind"):  # the denoise head as the family stores it
+            objective.lm_kind = "tied_lm_bias" if family == "bart" else "tied_lm"
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    model = (DecoderModel if family == "gpt2" else Seq2SeqModel)(config, heads)
+    model.init_weights(torch.Generator().manual_seed(0))
+    if family == "bart":
+        model.heads["lm"].bias.requires_grad_(False)
+    directory = workdir / f"{name}-{family}-start"
+    save_model(model, directory)
+    return model, objectives, run, directory
+
+
+def generative_batches(family: str, plain: Batches, tokenizer, decoder_start: int | None, seed: int) -> Batches:
+    """A workload's rows as the objective's batches, identical on both sides. GPT-2: the rows themselves, every real
+    position predicting the next token (transformers: labels = the ids, -100 at padding). T5: each row corrupted by
+    bertology's span corruption (15 %, mean span 3; the vocabulary's [unused0] .. [unused98] stand in for the
+    sentinels), the source to the encoder and the short target (sentinels and spans) to the decoder. BART: the
+    collator's masked ids (15 %, 80/10/10) to the encoder and the original row to the decoder."""
+    from bertology.data.seq2seq import seq2seq_batch
+    from bertology.data.span_corruption import SpanCorruptionConfig, corrupt
+    from bertology.data.span_masking import row_key_generator
+    from bertology.objectives.clm import lm_batch
+
+    def padded(rows: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), tokenizer.pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)], mask[i, :len(r)] = torch.as_tensor(r), 1
+        return ids, mask
+
+    sentinels = np.arange(99, 0, -1)
+    hf, ours, lengths, predicted = [], [], [], []
+    for b, batch in enumerate(plain.hf):
+        original = torch.where(batch["labels"] != -100, batch["labels"], batch["input_ids"])
+        mask = batch["attention_mask"]
+        if family == "gpt2":
+            ours.append(lm_batch(original, mask))
+            hf.append({"input_ids": original, "attention_mask": mask, "labels": original.masked_fill(mask == 0, -100)})
+            lengths.append(plain.lengths[b])
+            predicted.append(len(ours[-1].lm_labels))
+            continue
+        if family == "t5":
+            pairs = [corrupt(original[i, :n].numpy(), SpanCorruptionConfig(), sentinels,
+                             row_key_generator(seed * 100_003 + b * 1_000 + i))
+                     for i, n in enumerate(plain.lengths[b])]
+            source, source_mask = padded([p[0] for p in pairs])
+            target, target_mask = padded([p[1] for p in pairs])
+        else:
+            source, source_mask, target, target_mask = batch["input_ids"], mask, original, mask
+        assert decoder_start is not None
+        ours.append(seq2seq_batch(source, source_mask, target, target_mask, decoder_start))
+        hf.append({"input_ids": source, "attention_mask": source_mask, "decoder_input_ids": ours[-1].decoder_input_ids,
+                   "decoder_attention_mask": target_mask, "labels": target.masked_fill(target_mask == 0, -100)})
+        lengths.append(source_mask.sum(1).tolist() + target_mask.sum(1).tolist())
+        predicted.append(len(ours[-1].lm_labels))
+    return Batches(plain.name, hf, ours, lengths, predicted)
+
+
+def generative_flops(config, family: str, batches: Batches, executed: bool = False) -> float:
+    """3 x the forward's matmul FLOPs: every block's projections and feed-forward (gated: one more input matrix) on
+    its tokens, self-attention's Q K^T and P V over whole rows (causal ones counted whole), the decoder's
+    cross-attention (queries and output on its tokens, keys and values on the source's), and the vocabulary
+    projection at the predicted tokens (``executed``: what transformers runs, every padded position through the
+    stacks and the vocabulary projection at every decoder position)."""
+    h, inner, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    width = config.num_heads * config.head_dim
+    block = 2 * (3 * h * width + width * h + (3 if config.gated_ffn else 2) * h * inner)
+
+    def stack(lengths: list[int], memory: list[int] | None, layers: int) -> float:
+        total = sum(lengths) * block + sum(4 * n * n * width for n in lengths)
+        if memory is not None:
+            total += sum(lengths) * 4 * h * width + sum(memory) * 4 * h * width
+            total += sum(4 * n * m * width for n, m in zip(lengths, memory))
+        return layers * total
+
+    out = 0.0
+    for batch, lengths, predicted in zip(batches.hf, batches.lengths, batches.masked, strict=True):
+        if family == "gpt2":
+            rows = [batch["input_ids"].shape[1]] * len(lengths) if executed else lengths
+            out += stack(rows, None, config.num_layers) + 2 * h * v * (sum(rows) if executed else predicted)
+            continue
+        count = batch["input_ids"].shape[0]
+        if executed:
+            source = [batch["input_ids"].shape[1]] * count
+            target = [batch["decoder_input_ids"].shape[1]] * count
+        else:
+            source, target = lengths[:count], lengths[count:]
+        out += (stack(source, None, config.num_layers) + stack(target, source, config.decoder_depth)
+                + 2 * h * v * (sum(target) if executed else predicted))
+    return 3 * out
+
+
+def check_generative_loss(model, objectives, directory: Path, architecture: str, batches: Batches) -> float:
+    """Largest |loss difference| of the two models on the batches with dropout off, before any step."""
+    import transformers
+
+    theirs = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").eval()
+    model.eval()
+    worst = 0.0
+    with torch.no_grad():
+        for hf, ours in zip(batches.hf, batches.ours, strict=True):
+            out = objectives[0](Passes(model, ours, None), ours)
+            worst = max(worst, abs(float(out.loss_sum) / len(ours.lm_labels) - float(theirs(**hf).loss)))
+    model.train()
+    return worst
+
+
+def measure_generative(name: str, objective: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
+                       workdir: Path, seed: int) -> list[Row]:
+    family, architecture, run = GENERATIVE[objective]
+    rows = []
+    for plain in workload:
+        model, objectives, run, directory = generative_model(name, family, tokenizer, workdir)
+        batches = generative_batches(family, plain, tokenizer, model.config.decoder_start_token_id, seed)
+        start_gap = check_generative_loss(model, objectives, directory, architecture, batches)
+        fresh, fresh_objectives, _, _ = generative_model(name, family, tokenizer, workdir)
+        check = check_steps(pretrain_step(fresh, fresh_objectives, run, workdir, f"bertology-{family}-check",
+                                          dropout=False, with_loss=True),
+                            transformers_step(directory, architecture, dropout=False), batches)
+        sides = {"bertology": functools.partial(run_pass, pretrain_step(model, objectives, run, workdir,
+                                                                        f"bertology-{family}-run"), batches.ours),
+                 "transformers": functools.partial(run_pass, transformers_step(directory, architecture), batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        flops = generative_flops(model.config, family, batches)
+        tokens = sum(sum(r) for r in batches.lengths)
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        padded = sum(b["input_ids"].numel() + (b["decoder_input_ids"].numel() if "decoder_input_ids" in b else 0)
+                     for b in batches.hf)
+        rows.append(Row(f"{name} {architecture.removesuffix('LMHeadModel').removesuffix('ForConditionalGeneration')} "
+                        f"{objective.split('-')[1]}", batches.name, 1 - tokens / padded, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        generative_flops(model.config, family, batches, executed=True) / flops,
+                        check.loss_gap, check.norm_gap, check.optimizer))
+        print(f"  {name:6s} {objective:11s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers "
+              f"{theirs:8.0f} tok/s  x{ours / theirs:.2f}  ({check}; loss before them {start_gap:.1e})",
+              file=sys.stderr, flush=True)
+    return rows
+
+
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
@@ -771,6 +941,19 @@ def objective_notes(rows: list[Row]) -> str:
             f'{SEQ_LEN}": bertology\'s own sentence-order instances (two consecutive segments of one document, '
             f'swapped half the time, 10 % shorter targets) cut from runs of eight consecutive Gutenberg paragraphs, '
             f'masked by the same collator (80/10/10), with the same segment ids and SOP labels on both sides.')
+    if any(r.model.endswith((" GPT2 clm", " T5 spans", " Bart masked")) for r in rows):
+        notes.append(
+            "GPT-2, T5 and BART rows: bertology's decoder and encoder-decoder at the preset's depth and width (as "
+            "`bertology pretrain` sizes them: hidden / 64 heads, a 4 x hidden feed-forward, the family's norms and "
+            "biases, dropout 0.1) with their tied language-model heads, against `GPT2LMHeadModel`, "
+            "`T5ForConditionalGeneration` and `BartForConditionalGeneration` loaded from bertology's saved weights "
+            "(BART's `final_logits_bias` frozen on bertology's side: transformers keeps it as a buffer). The same "
+            "rows as above: GPT-2 predicts every next token of a row (causal LM, objective `clm`); T5 reads each "
+            "row span-corrupted by bertology's span corruption (15 %, mean span 3; [unused0] .. [unused98] stand in "
+            "for sentinels) and predicts the short target (objective `denoise`); BART reads the collator's masked "
+            "rows (15 %, 80/10/10) and predicts the original (objective `denoise`). Tokens per second count the "
+            "real tokens of sources and targets; transformers computes vocabulary logits at every decoder "
+            "position, bertology only at the predicted ones, and transformers' decoder runs on padding.")
     if any(" SpanBERT" in r.model for r in rows):
         notes.append("SpanBERT rows: bertology trains MLM + SBO on span-masked ids; transformers has no SBO, so its "
                      "side is `BertForMaskedLM`'s MLM on the identical ids (its loss gap is the MLM loss before any "
@@ -849,7 +1032,10 @@ def main() -> int:
                              "against ElectraForPreTraining + ElectraForMaskedLM (generator a quarter as wide, "
                              "shared embeddings, loss MLM_gen + 50 RTD); spanbert: span masking, MLM + SBO, against "
                              "BertForMaskedLM's MLM on the same span-masked ids; albert-sop: MLM + SOP on sentence "
-                             "pairs, factorised embeddings and one shared layer, against AlbertForPreTraining")
+                             "pairs, factorised embeddings and one shared layer, against AlbertForPreTraining; "
+                             "gpt2-clm, t5-spans, bart-masked: causal LM on the rows against GPT2LMHeadModel, T5 "
+                             "span corruption against T5ForConditionalGeneration, masked rows reconstructed "
+                             "against BartForConditionalGeneration")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -905,6 +1091,10 @@ def main() -> int:
                 rows += measure_spanbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
             if "albert-sop" in args.objectives:
                 rows += measure_albert(name, pairs[0], tokenizer, args.warmup, args.repeats, Path(tmp))
+            for objective in GENERATIVE:
+                if objective in args.objectives:
+                    rows += measure_generative(name, objective, workload, tokenizer, args.warmup, args.repeats,
+                                               Path(tmp), args.seed)
     after = load_average()
     peak_after = common.matmul_peak_gflops()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)

@@ -119,8 +119,10 @@ class Stepper:
     The first call reads the whole prefix (a decoder's prompt, an encoder-decoder's start token); each later call
     one new token per row. `reorder(rows)` keeps the cache rows `rows` (beam search's surviving hypotheses)."""
 
-    def __init__(self, model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attention_mask: Tensor) -> None:
+    def __init__(self, model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attention_mask: Tensor,
+                 prefix_lm: bool = False) -> None:
         self.model = model
+        self.prefix_lm = prefix_lm
         self.caches: list[Any] | None = None
         self.memory: Tensor | None = None
         self.memory_mask: Tensor | None = None
@@ -141,7 +143,11 @@ class Stepper:
             self.mask = torch.cat([self.mask, self.mask.new_ones(rows, 1)], 1)
         last = torch.stack([torch.arange(rows, device=ids.device), ids.new_full((rows,), length - 1)], 1)
         if self.memory is None:
-            out = self.model(ids, self.mask, past_key_values=self.caches, use_cache=True, masked_positions=last)
+            # A prefix LM reads its prompt as the prefix, in both directions (the cache then holds those keys and
+            # values; each new token sees them all and the tokens before it, as in training).
+            prefix = self.mask.bool() if self.prefix_lm and self.caches is None else None
+            out = self.model(ids, self.mask, past_key_values=self.caches, use_cache=True, masked_positions=last,
+                             lm_prefix=prefix)
         else:
             out = self.model(attention_mask=self.memory_mask, decoder_input_ids=ids, decoder_attention_mask=self.mask,
                              encoder_outputs=self.memory, past_key_values=self.caches, use_cache=True,
@@ -324,6 +330,7 @@ def generate(
     pad_token_id: int | None = None,
     seed: int | None = None,
     num_return_sequences: int = 1,
+    prefix_lm: bool = False,
 ) -> Tensor:
     """Generate up to `max_new_tokens` tokens after each prompt of `input_ids` [B, L] (`attention_mask` [B, L], 1 =
     real token; a decoder's prompts padded on the left). Returns [B, L'] token ids on the model's device: prompt +
@@ -332,8 +339,9 @@ def generate(
     `pad_token_id` (default the config's). `num_beams` > 1: beam search; `do_sample`: sampling with `temperature`,
     `top_k`, `top_p`, from a torch.Generator seeded with `seed` (None: torch's global generator).
     `num_return_sequences` (beam search, at most `num_beams`): the best finished hypotheses of each prompt, best
-    first, as consecutive rows [B * num_return_sequences, L'] (transformers' layout). The model runs in
-    eval mode (restored afterwards)."""
+    first, as consecutive rows [B * num_return_sequences, L'] (transformers' layout). `prefix_lm`: a decoder
+    trained as a prefix LM (objective `prefixlm`) reads the prompt as its prefix, in both directions. The model runs
+    in eval mode (restored afterwards)."""
     model = generation_model(model_or_pretrained)
     config = model.config
     settings = Settings(
@@ -344,6 +352,9 @@ def generate(
         pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
         seed=seed, num_return_sequences=num_return_sequences)
     settings.check_vocabulary(config.vocab_size)
+    if prefix_lm and not isinstance(model, DecoderModel):
+        raise ConfigError(f"prefix_lm: a decoder's option (its prompt read in both directions); this model is a "
+                          f"{type(model).__name__}, whose encoder reads the input in both directions already")
     device = model.embeddings.weight.device
     input_ids = torch.as_tensor(input_ids).to(device=device, dtype=torch.long)
     attention_mask = (torch.ones_like(input_ids) if attention_mask is None
@@ -353,7 +364,7 @@ def generate(
     training = model.training
     model.eval()
     try:
-        step = Stepper(model, input_ids, attention_mask)
+        step = Stepper(model, input_ids, attention_mask, prefix_lm)
         if settings.num_beams > 1:
             return beam_search(step, settings)
         return greedy_or_sample(step, settings, generator)

@@ -89,6 +89,16 @@ def test_one_generated_text_per_input_as_the_api_gives(argv, options, which, gpt
         assert all(line.startswith(text) and len(line) > len(text) for line, text in zip(lines, TEXTS))
 
 
+def test_a_prefix_lm_reads_the_prompt_both_ways(gpt2_dir, t5_dir, capsys):
+    directory, model, tok = gpt2_dir
+    code, out, err = run(capsys, "--model", directory, "--max-new-tokens", "6", "--prefix-lm", *TEXTS)
+    assert code == 0, err
+    expected = expected_texts(model, tok, True, max_new_tokens=6, prefix_lm=True)
+    assert out.split("\n")[:-1] == [text.replace("\r", "\\r").replace("\n", "\\n") for text in expected]
+    code, out, err = run(capsys, "--model", t5_dir[0], "--prefix-lm", TEXTS[0])
+    assert code == 2 and "prefix_lm: a decoder's option" in err
+
+
 def test_the_same_seed_prints_the_same_samples(gpt2_dir, capsys):
     directory = gpt2_dir[0]
     argv = ("--model", directory, "--do-sample", "--seed", "9", "--max-new-tokens", "10", *TEXTS)

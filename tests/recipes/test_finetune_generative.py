@@ -170,9 +170,55 @@ def test_ner_on_gpt2_and_on_barts_encoder(conll, models, tmp_path, style):
             ["GPT2ForTokenClassification"]
 
 
+LORA_TARGETS = {"gpt2": "[query, value, ffn_in]", "t5": "[query, value, cross_query, cross_value]"}
+
+
+@pytest.mark.parametrize("style, architecture", [("gpt2", "GPT2ForSequenceClassification"),
+                                                 ("t5", "T5ForConditionalGeneration")])
+def test_lora_through_the_cli_and_peft_reads_the_adapter(glue, models, tmp_path, capsys, style, architecture):
+    out = tmp_path / "run"
+    assert main(["finetune", "--task", "sst2", "--model", str(models[style]), "--out", str(out), "--data", str(glue),
+                 "--set", "strategy.kind=lora", "--set", "strategy.rank=4", "--set",
+                 f"strategy.targets={LORA_TARGETS[style]}", "--set", "task.epochs=4", "--set", "optim.lr=1e-2",
+                 "--set", "optim.batch_size=16", "--set", "run.progress=false", "--set", "speed.threads=1",
+                 "--set", "speed.prefetch=0"]) == 0
+    assert "fine-tuned 40 steps (trainable parameters: " in capsys.readouterr().err
+    evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in evals if r["kind"] == "eval"]
+    assert losses[-1] < losses[0]
+    base, tuned = load(models[style]).model, load(out / "model").model
+    assert set(tuned.extensions) and all(factory == "lora" for factory, _ in tuned.extensions.values())
+    tuned_state = tuned.state_dict()
+    for name, tensor in base.state_dict().items():  # the base weights as they were; only LoRA (and a new head) moved
+        assert torch.equal(tuned_state[name], tensor), name
+    # The peft adapter written beside the model gives our logits on transformers' model.
+    peft = pytest.importorskip("peft")
+    adapter = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
+    assert adapter["task_type"] == ("SEQ_CLS" if style == "gpt2" else "SEQ_2_SEQ_LM")
+    hf = peft.PeftModel.from_pretrained(getattr(transformers, architecture).from_pretrained(models[style]),
+                                        out / "peft_adapter").eval()
+    ours = load(out / "model")
+    rows = [e.ids for e in ours.tokenizer.encode_batch(["the film was good", "bad", "a very dull plot"]).encodings]
+    width = max(map(len, rows))
+    ids = torch.tensor([row + [ours.tokenizer.pad_id] * (width - len(row)) for row in rows])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
+    args = {"input_ids": ids, "attention_mask": mask}
+    if style == "t5":
+        args["decoder_input_ids"] = torch.tensor([[0, 5, 7], [0, 9, 3], [0, 4, 4]])
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model.eval()(**args).logits, hf(**args).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_strategies_that_do_not_apply_are_named(glue, models, tmp_path):
-    with pytest.raises(ConfigError, match="strategy.kind: lora is for encoders .*this model is a DecoderModel"):
-        finetune(config(glue, models["gpt2"], tmp_path / "a", strategy="lora"))
+    with pytest.raises(ConfigError, match="strategy.targets: expected some of query, .*, got \\['cross_qury'\\]"):
+        FinetuneConfig.from_dict({"model": str(models["gpt2"]), "task": {"name": "sst2", "data": str(glue)},
+                                  "strategy": {"kind": "lora", "targets": ["cross_qury"]}})
+    with pytest.raises(ConfigError, match="lora targets: this model's \\(chosen\\) blocks have no projection "
+                                          "'cross_query'"):
+        finetune(FinetuneConfig.from_dict({
+            "model": str(models["gpt2"]), "task": {"name": "sst2", "data": str(glue), "epochs": 1},
+            "strategy": {"kind": "lora", "targets": ["cross_query"]},
+            "run": {"output_dir": str(tmp_path / "a"), "progress": False}, "speed": {"threads": 1, "prefetch": 0}}))
     with pytest.raises(ConfigError, match="strategy.kind: scalar-mix is for encoders .*a Seq2SeqModel"):
         finetune(config(glue, models["bart"], tmp_path / "b", strategy="scalar-mix"))
     with pytest.raises(ConfigError, match=r"strategy.kind: frozen leaves nothing to train: the task's heads \(lm\)"):

@@ -141,7 +141,8 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
     ({"model": {"family": "bert"}}, "objectives.clm: trains decoder models, but model.family bert builds an? encoder"),
     ({"model": {"type_vocab_size": 2}}, "model.type_vocab_size: a field of the encoders, not of gpt2 models"),
     ({"model": {"family": "bert"}, "objectives": {"mlm": {}}},
-     "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal LM keeps"),
+     "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal and prefix "
+     "LM keep"),
     ({"tokenizer": "wordpiece"}, "model: gpt2 models read texts framed as gpt2 does .* but the tokenizer is "
                                  "bert-style .*: set tokenizer.style: gpt2"),
 ])

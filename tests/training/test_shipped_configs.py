@@ -22,9 +22,10 @@ def test_there_are_shipped_configs():
 def test_shipped_config_loads(path):
     config = load_config(path)
     # Every pretraining objective predicts tokens: MLM itself, within ELECTRA's generator and distillation, XLNet's
-    # permutation LM, ELMo's biLM, the next token (a decoder) or the corrupted spans (an encoder-decoder).
+    # permutation LM, ELMo's biLM, the next token (a decoder, also after a prefix) or the corrupted spans (an
+    # encoder-decoder).
     assert config.optim.total_steps > 0 and config.objectives and set(config.objectives) & {
-        "mlm", "electra", "distill", "plm", "bilm", "clm", "denoise"}
+        "mlm", "electra", "distill", "plm", "bilm", "clm", "prefixlm", "denoise"}
     assert config.data.instances.max_seq_length <= 512
 
 

@@ -31,6 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=None,
                         help="sampling: only from the most probable tokens holding probability P (0 < P <= 1)")
     parser.add_argument("--seed", type=int, default=None, help="sampling: the random seed (default: unseeded)")
+    parser.add_argument("--prefix-lm", action="store_true",
+                        help="a decoder trained as a prefix LM: read the prompt in both directions")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -68,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         sequences = generate(model, input_ids=input_ids, attention_mask=attention_mask,
                              max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, do_sample=args.do_sample,
                              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             length_penalty=args.length_penalty, early_stopping=args.early_stopping, seed=args.seed)
+                             length_penalty=args.length_penalty, early_stopping=args.early_stopping, seed=args.seed,
+                             prefix_lm=args.prefix_lm)
     eos = model.config.eos_token_id
     for prompt, row in zip(prompts, sequences.cpu().tolist()):
         new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token

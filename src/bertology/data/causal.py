@@ -1,16 +1,22 @@
-"""Causal-LM batches: the batch maker of decoder pretraining (GPT-2).
+"""Causal-LM and prefix-LM batches: the batch makers of decoder pretraining (GPT-2).
 
 Instances of kind ``packed-documents`` (``bertology.data.instances``) fill every row with documents laid end to
 end; the batch keeps each token's document id, so that the model attends only within a document
 (``bertology.model.packing``: each document is a sequence of the packed layout, its positions counted from 0) and
 a position predicts the next token only when that token is of the same document (``objectives.clm.lm_batch``).
-Other instance kinds give one document part per row. Nothing is random: a batch is a function of its instances.
+Other instance kinds give one document part per row. A causal-LM batch is a function of its instances; a prefix-LM
+batch's splits are keyed by seed, instance and epoch, so it is a pure function of them too.
 """
 
 from __future__ import annotations
 
+import torch
+
 from bertology.data.dataset import InstanceBatch
+from bertology.data.masking import masking_seeds
+from bertology.data.span_masking import row_key_generator
 from bertology.objectives.clm import LMBatch, lm_batch
+from bertology.objectives.prefixlm import PrefixLMBatch
 
 
 class CausalBatches:
@@ -20,3 +26,28 @@ class CausalBatches:
 
     def __call__(self, instances: InstanceBatch) -> LMBatch:
         return lm_batch(instances.input_ids, instances.attention_mask, instances.documents, instances.instance_ids)
+
+
+class PrefixLMBatches:
+    """Collated instances -> prefix-LM batches (``objectives.prefixlm``): each row of n real tokens (n >= 2) is
+    split at s, uniform over 1 .. n - 1 (at least one prefix and one continuation token), from the row's key
+    (``masking_seeds``: seed, instance, epoch; a new split every epoch); tokens before s are the prefix, and only the
+    next-token targets at or after s remain (within documents, as for causal LM). A row of one token has no target."""
+
+    needs_position = False
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def __call__(self, instances: InstanceBatch) -> PrefixLMBatch:
+        lm = lm_batch(instances.input_ids, instances.attention_mask, instances.documents, instances.instance_ids)
+        keys = masking_seeds(self.seed, instances.instance_ids.numpy(), instances.epoch, 1, dynamic=True).tolist()
+        lengths = instances.attention_mask.sum(1).tolist()
+        split = torch.tensor([1 + int(row_key_generator(key).integers(n - 1)) if n >= 2 else n
+                              for key, n in zip(keys, lengths)], dtype=torch.long)
+        columns = torch.arange(instances.input_ids.shape[1])[None, :]
+        prefix = (columns < split[:, None]) & instances.attention_mask.bool()
+        rows, cols = lm.masked_positions.unbind(1)
+        keep = cols + 1 >= split[rows]
+        return PrefixLMBatch(lm.input_ids, lm.attention_mask, lm.masked_positions[keep], lm.lm_labels[keep], prefix,
+                             split, instances.documents, instances.instance_ids)

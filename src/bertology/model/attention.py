@@ -3,8 +3,8 @@
     a = softmax(Q K^T * scale + bias + mask) V, per head
 
 What a query may see is one `MaskPolicy` (bidirectional, causal, a sliding window) combined with per-batch facts:
-key padding, document ids of a packed stream, global tokens (Longformer) and an arbitrary boolean mask (XLNet's
-permutations). `bias` is an additive score bias (T5's relative positions); keys and values may be longer than the
+key padding, document ids of a packed stream, global tokens (Longformer), a prefix LM's prefix (its tokens see each
+other in both directions under a causal policy) and an arbitrary boolean mask (XLNet's permutations). `bias` is an additive score bias (T5's relative positions); keys and values may be longer than the
 queries (a key/value cache, memory, cross-attention), the queries then sitting at the end (`query_offset`).
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
@@ -80,13 +80,18 @@ def sliding_window(left: int, right: int | None = None) -> MaskPolicy:
 
 def combined_mask(policy: MaskPolicy, num_queries: int, num_keys: int, device: torch.device, *,
                   query_offset: int = 0, key_mask: Tensor | None = None, documents: Tensor | None = None,
-                  global_tokens: Tensor | None = None, mask: Tensor | None = None) -> Tensor | None:
+                  global_tokens: Tensor | None = None, mask: Tensor | None = None,
+                  lm_prefix: Tensor | None = None) -> Tensor | None:
     """The boolean [B or 1, 1, Lq, Lk] mask (True = may attend) that the policy and the per-batch facts give, or None
     when every query sees every key. `key_mask` [B, Lk] (real keys), `documents` [B, Lk] (document id of each key;
     the queries' are the last Lq), `global_tokens` [B, Lk] (tokens that see and are seen by all, before the key
-    mask applies), `mask` broadcastable to [B, heads, Lq, Lk]."""
+    mask applies), `mask` broadcastable to [B, heads, Lq, Lk], `lm_prefix` [B, Lk] (a prefix LM's prefix: a prefix
+    query also sees every prefix key, whatever the policy; documents and key padding still apply)."""
     allowed = policy.allowed(num_queries, num_keys, query_offset, device)
     allowed = allowed[None, None] if allowed is not None else None
+    if lm_prefix is not None and allowed is not None:
+        p = lm_prefix.bool()
+        allowed = allowed | (p[:, None, query_offset:, None] & p[:, None, None, :])
 
     def both(extra: Tensor) -> None:
         nonlocal allowed
@@ -109,7 +114,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
               bias: Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
               need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
               head_scale: Tensor | None = None, query_offset: int | None = None,
-              global_qkv: GlobalQKV | None = None) -> tuple[Tensor, Tensor | None]:
+              global_qkv: GlobalQKV | None = None, lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d]; returns (output [B, heads, Lq, d], the
     probabilities [B, heads, Lq, Lk] when `need_weights`). `query_offset` defaults to Lk - Lq (queries are the last
     positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores.
@@ -117,17 +122,19 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
     `global_qkv` (with `global_tokens`, queries and keys of one length): the global tokens' rows attend with these
     queries, keys and values instead (Longformer's separate projections), to every real key. A window narrower
     than the sequence runs blocked (`windowed_attention`), linear in the length, where nothing it lacks is asked
-    for (probabilities, documents, a boolean mask, a bias, a prefix, a key/value cache)."""
+    for (probabilities, documents, a boolean mask, a bias, a prefix, a key/value cache, a prefix LM's prefix).
+    `lm_prefix` [B, Lk]: see `combined_mask`."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     offset = num_keys - num_queries if query_offset is None else query_offset
     left, right = policy.bounds
     if (0 <= left and 0 <= right and left + right + 1 < num_keys and num_queries == num_keys and offset == 0
-            and documents is None and mask is None and bias is None and prefix is None and not need_weights):
+            and documents is None and mask is None and bias is None and prefix is None and not need_weights
+            and lm_prefix is None):
         out = windowed_attention(q, k, v, left, right, key_mask=key_mask, global_tokens=global_tokens,
                                  global_qkv=global_qkv, scale=scale, dropout=dropout)
         return (out * head_scale.to(out.dtype)[:, None, None] if head_scale is not None else out), None
     out, probs = dense_attention(q, k, v, policy, key_mask, documents, global_tokens, mask, bias, scale, dropout,
-                                 need_weights, prefix, head_scale, offset)
+                                 need_weights, prefix, head_scale, offset, lm_prefix)
     if global_qkv is not None and global_tokens is not None:
         if num_queries != num_keys:
             raise ValueError("global_qkv needs as many queries as keys")
@@ -139,11 +146,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTI
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, policy: MaskPolicy, key_mask: Tensor | None,
                     documents: Tensor | None, global_tokens: Tensor | None, mask: Tensor | None, bias: Tensor | None,
                     scale: float | None, dropout: float, need_weights: bool, prefix: tuple[Tensor, Tensor] | None,
-                    head_scale: Tensor | None, offset: int) -> tuple[Tensor, Tensor | None]:
+                    head_scale: Tensor | None, offset: int,
+                    lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """`attention` with the whole [Lq, Lk] mask at once."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
     allowed = combined_mask(policy, num_queries, num_keys, q.device, query_offset=offset, key_mask=key_mask,
-                            documents=documents, global_tokens=global_tokens, mask=mask)
+                            documents=documents, global_tokens=global_tokens, mask=mask, lm_prefix=lm_prefix)
     if bias is not None or (allowed is not None and (policy.restricts or documents is not None or mask is not None)):
         # An additive mask with the dtype's lowest value instead of -inf: a query that may see nothing (padding
         # under a causal or document mask) gets a uniform row instead of NaN, which would leak into the keys'
@@ -353,10 +361,13 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
                      bias: BiasFn | None = None, scale: float | None = None, dropout: float = 0.0,
                      need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
                      head_scale: Tensor | None = None, kernel: str = "auto", global_tokens: Tensor | None = None,
-                     global_qkv: GlobalQKV | None = None) -> tuple[Tensor, list[Tensor | None]]:
+                     global_qkv: GlobalQKV | None = None, lm_prefix: Tensor | None = None
+                     ) -> tuple[Tensor, list[Tensor | None]]:
     """Attention within each sequence of a packed stream: q, k, v [T, heads, d] -> ([T, heads, d], per-group
     probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`). `global_tokens` [T]
     and `global_qkv` ([T, heads, d] each): Longformer's global tokens and their projections (see `attention`).
+    `lm_prefix` [T] bool: a prefix LM's prefix tokens (see `combined_mask`), which the variable-length kernels cannot
+    express: the group loop then runs, each group with its boolean mask.
 
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
     CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
@@ -364,7 +375,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
     if kernel == "auto":
         kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
-                               or head_scale is not None or global_tokens is not None, q.dtype, scale, q.shape[-1])
+                               or head_scale is not None or global_tokens is not None or lm_prefix is not None,
+                               q.dtype, scale, q.shape[-1])
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -396,6 +408,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         rows = slice(start, start + count * length)
         q_g, k_g, v_g = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
         g_g = global_tokens[rows].view(count, length) if global_tokens is not None else None
+        p_g = lm_prefix[rows].view(count, length) if lm_prefix is not None else None
         qkv_g: GlobalQKV | None = None
         if isinstance(global_qkv, GlobalProjections):
             qkv_g = global_qkv.group(rows, count, length)
@@ -404,7 +417,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
             qkv_g = (gq, gk, gv)
         o, probs = attention(q_g, k_g, v_g, policy=policy, bias=bias(length, length) if bias is not None else None,
                              scale=scale, dropout=dropout, need_weights=need_weights, prefix=prefix,
-                             head_scale=head_scale, global_tokens=g_g, global_qkv=qkv_g)
+                             head_scale=head_scale, global_tokens=g_g, global_qkv=qkv_g, lm_prefix=p_g)
         outs.append(o.transpose(1, 2).reshape(count * length, heads, head_dim))
         probs_by_group.append(probs)
     out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens

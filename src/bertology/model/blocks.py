@@ -143,7 +143,8 @@ class Block(nn.Module):
                 need_weights: bool = False, queries: Tensor | None = None, head_scale: Tensor | None = None, *,
                 policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: KVCache | None = None, global_tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                cache: KVCache | None = None, global_tokens: Tensor | None = None,
+                lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
         cache, L_keys counts the cached positions too).
 
@@ -153,7 +154,8 @@ class Block(nn.Module):
         (`bias` a tensor when padded, a function of the lengths when packed). `memory` [B, M, H] with
         `memory_mask` [B, M]: what cross-attention reads. `cache`: keys and values of earlier positions (decoding).
         `global_tokens` (packed [T] or padded [B, L], bool): tokens that attend to and are attended by every token,
-        their rows with the global projections when the block has them (Longformer)."""
+        their rows with the global projections when the block has them (Longformer). `lm_prefix` (packed [T] or
+        padded [B, L_keys], bool): a prefix LM's prefix, whose tokens see each other in both directions."""
         if queries is not None and layout is None:
             raise InputError("queries select packed tokens: they need the packed layout")
         pre = self.spec.pre_norm
@@ -161,7 +163,7 @@ class Block(nn.Module):
         z = self.attn_norm(x) if pre else x
         if queries is None:
             a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache,
-                                           global_tokens)
+                                           global_tokens, lm_prefix)
         else:
             a, probs = self.attention_at(z, layout, queries, head_scale), None
         h = self.attention_residual(rows, a)
@@ -239,7 +241,8 @@ class Block(nn.Module):
 
     def self_attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
                        head_scale: Tensor | None, policy: MaskPolicy, bias: Tensor | BiasFn | None,
-                       cache: KVCache | None, global_tokens: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                       cache: KVCache | None, global_tokens: Tensor | None = None,
+                       lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         heads, head_dim = self.num_heads, self.head_dim
         p = self.attention_dropout if self.training else 0.0
         scale = self.spec.attention_scale
@@ -260,7 +263,7 @@ class Block(nn.Module):
                 qkv_g = (gq, gk, gv)
             out, probs = attention(q, k, v, policy=policy, key_mask=key_mask, bias=bias, scale=scale, dropout=p,
                                    need_weights=need_weights, prefix=prefix, head_scale=head_scale,
-                                   global_tokens=global_tokens, global_qkv=qkv_g)
+                                   global_tokens=global_tokens, global_qkv=qkv_g, lm_prefix=lm_prefix)
             return out.transpose(1, 2).flatten(2), probs
         if cache is not None:
             raise InputError("a key/value cache needs the padded layout")
@@ -272,7 +275,7 @@ class Block(nn.Module):
         out, probs_by_group = packed_attention(
             q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads, head_dim), layout,
             policy=policy, bias=bias, scale=scale, dropout=p, need_weights=need_weights, prefix=prefix,
-            head_scale=head_scale, global_tokens=global_tokens, global_qkv=packed_g)
+            head_scale=head_scale, global_tokens=global_tokens, global_qkv=packed_g, lm_prefix=lm_prefix)
         return out.reshape(-1, heads * head_dim), (
             scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 

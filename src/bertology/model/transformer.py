@@ -178,13 +178,14 @@ class Stack(nn.Module):
 
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
-                output_hidden_states: bool = False,
-                documents: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                output_hidden_states: bool = False, documents: Tensor | None = None,
+                lm_prefix: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
         positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
         the hidden states (after the embeddings, then after every block; the last one after the final norm).
         `documents` [B, L] (packed documents, see `bertology.model.packing`): each document attends within itself
-        and counts its positions from 0."""
+        and counts its positions from 0. `lm_prefix` [B, past + L] bool (a causal stack only): a prefix LM's prefix,
+        whose tokens see each other in both directions (bertology.model.attention.combined_mask)."""
         length = embedded.shape[1]
         past = caches[0].length if caches else 0
         if attention_mask.shape[1] != past + length:
@@ -192,6 +193,9 @@ class Stack(nn.Module):
                              f"the input adds {length}")
         if documents is not None and (not packed or caches is not None):
             raise InputError("documents (packed documents) need the packed layout, without a key/value cache")
+        if lm_prefix is not None and lm_prefix.shape != attention_mask.shape:
+            raise InputError(f"lm_prefix has shape {tuple(lm_prefix.shape)}; it marks the positions of the attention "
+                             f"mask, {tuple(attention_mask.shape)}")
         x = embedded
         if self.positions is not None:
             if past + length > self.config.max_length:
@@ -206,6 +210,8 @@ class Stack(nn.Module):
         layout = Layout(attention_mask, documents) if packed and caches is None else None
         if layout is not None:
             x = layout.pack(x)
+            if lm_prefix is not None:
+                lm_prefix = layout.pack(lm_prefix)
             bias = ((lambda q, k: self.relative(q, k)[None]) if self.relative is not None else None)
             key_mask = None
         else:
@@ -215,7 +221,7 @@ class Stack(nn.Module):
         hidden_states = [to_padded(x)] if output_hidden_states else None
         for index, block in enumerate(self.layers):
             x, _ = block(x, layout, key_mask, policy=self.policy, bias=bias, memory=memory, memory_mask=memory_mask,
-                         cache=caches[index] if caches is not None else None)
+                         cache=caches[index] if caches is not None else None, lm_prefix=lm_prefix)
             if hidden_states is not None:
                 hidden_states.append(to_padded(x))
         if self.final_norm is not None:
@@ -294,9 +300,10 @@ class DecoderModel(TransformerModel):
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                   "masked_positions": getattr(batch, "masked_positions", None)}
-        documents = getattr(batch, "documents", None)
-        if documents is not None:  # packed documents (bertology.data.causal)
-            inputs["documents"] = documents
+        for name in ("documents", "lm_prefix"):  # packed documents, a prefix LM's prefix (bertology.data.causal)
+            value = getattr(batch, name, None)
+            if value is not None:
+                inputs[name] = value
         return inputs
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
@@ -312,14 +319,15 @@ class DecoderModel(TransformerModel):
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
                 packed: bool = True, last_layer_at: Tensor | None = None,
-                documents: Tensor | None = None) -> ModelOutput:
+                documents: Tensor | None = None, lm_prefix: Tensor | None = None) -> ModelOutput:
         """`attention_mask` [B, past + L] covers the cached positions too (as transformers'). `labels` [B, L]: the
         loss of predicting token t + 1 at position t (-100 ignored). `masked_positions` [N, 2]: logits only there.
         With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given).
         `last_layer_at`: where the caller reads the last layer (the Model protocol lets a model skip the rest); a
         language model reads nearly every position, so this one computes them all. `documents` [B, L]: several
         documents packed in each row (see `Stack.forward`); `labels` then ignore the boundaries only if the caller
-        sets the first label of each document to -100."""
+        sets the first label of each document to -100. `lm_prefix` [B, past + L] bool: a prefix LM's prefix, seen in
+        both directions by its own tokens (causal after it)."""
         check_ids(input_ids, self.config.vocab_size)
         caches = past_key_values
         if use_cache and caches is None:
@@ -329,7 +337,8 @@ class DecoderModel(TransformerModel):
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
                                         device=input_ids.device)
         hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
-                                             output_hidden_states=output_hidden_states, documents=documents)
+                                             output_hidden_states=output_hidden_states, documents=documents,
+                                             lm_prefix=lm_prefix)
         out = ModelOutput(last_hidden_state=hidden, hidden_states=hidden_states,
                           past_key_values=caches if use_cache else None)
         self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions)

@@ -21,12 +21,14 @@ from bertology.objectives.fill_mask import Prediction, fill_mask
 from bertology.objectives.mlm import MaskedLM, mlm_loss
 from bertology.objectives.nsp import NextSentence, nsp_loss
 from bertology.objectives.plm import PermutationLM
+from bertology.objectives.prefixlm import PrefixLM
 from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
 OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
                                "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
-                               "bilm": BidirectionalLM, "clm": CausalLM, "denoise": Denoising}
+                               "bilm": BidirectionalLM, "clm": CausalLM, "denoise": Denoising,
+                               "prefixlm": PrefixLM}
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and
@@ -51,6 +53,7 @@ __all__ = [
     "MaskedLM",
     "NextSentence",
     "PermutationLM",
+    "PrefixLM",
     "SentenceOrder",
     "SpanBoundary",
     "Objective",

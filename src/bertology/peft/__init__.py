@@ -12,7 +12,7 @@ the extension factories ("lora", "bottleneck_adapter", "prefix") that native che
 from bertology.peft.adapters import Adapter, apply_adapters
 from bertology.peft.common import Trainable, freeze_base, trainable_parameters
 from bertology.peft.lora import LoRALinear, apply_lora, fold_lora, merge_lora, unmerge_lora
-from bertology.peft.peft_format import load_lora_peft, save_lora_peft
+from bertology.peft.peft_format import load_lora_peft, peft_architecture, save_lora_peft
 from bertology.peft.prefix import Prefix, apply_prefix
 from bertology.peft.scalar_mix import ScalarMix, scalar_mix_for
 from bertology.peft.trained import load_trained, save_trained
@@ -31,6 +31,7 @@ __all__ = [
     "load_lora_peft",
     "load_trained",
     "merge_lora",
+    "peft_architecture",
     "save_lora_peft",
     "save_trained",
     "scalar_mix_for",

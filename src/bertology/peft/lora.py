@@ -26,7 +26,6 @@ from bertology.model.protocol import Model
 from bertology.peft.common import (Trainable, block_paths, check_positive, check_positive_int, check_probability,
                                    freeze_base, layer_indices, trainable_parameters)
 
-# The layer's projections LoRA can wrap (bertology.model.encoder.EncoderLayer).
 # The projections of a block LoRA may wrap (those a block has: cross-attention and the gate only in some families).
 PROJECTIONS: tuple[str, ...] = ("query", "key", "value", "attn_out", "cross_query", "cross_key", "cross_value",
                                  "cross_out", "ffn_in", "ffn_gate", "ffn_out")
@@ -131,12 +130,16 @@ def apply_lora(model: Model, rank: int = 8, alpha: float = 8.0, dropout: float =
         raise ConfigError(f"lora targets: {list(targets)} names a projection twice")
     paths = block_paths(model)
     chosen = layer_indices(model, layers, "lora layers")
+    # An encoder-decoder's encoder blocks have no cross-attention: a target goes to the chosen blocks that have it.
+    has = {(i, t): isinstance(getattr(model.get_submodule(paths[i]), t, None), nn.Linear)
+           for i in chosen for t in targets}
     for target in targets:
-        if not isinstance(getattr(model.get_submodule(paths[chosen[0]]), target, None), nn.Linear):
-            raise ConfigError(f"lora targets: this model's blocks have no projection {target!r}")
+        if not any(has[i, target] for i in chosen):
+            raise ConfigError(f"lora targets: this model's (chosen) blocks have no projection {target!r}")
     for index in chosen:
         for target in targets:
-            model.add_extension(f"{paths[index]}.{target}", FACTORY, rank=rank, alpha=alpha, dropout=dropout)
+            if has[index, target]:
+                model.add_extension(f"{paths[index]}.{target}", FACTORY, rank=rank, alpha=alpha, dropout=dropout)
     freeze_base(model, train_heads, also_train)
     share = trainable_parameters(model)
     if verbose:

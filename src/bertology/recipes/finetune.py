@@ -42,7 +42,7 @@ from bertology.model.config import EncoderConfig
 from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import Model
-from bertology.model.transformer import EncoderStackModel, Seq2SeqModel
+from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.base import FinetuneTask, get_task
@@ -135,28 +135,45 @@ class StrategyConfig:
             raise ConfigError(f"strategy.alpha: must be > 0, got {self.alpha}")
         if not 0 <= self.dropout < 1:
             raise ConfigError(f"strategy.dropout: must be in [0, 1), got {self.dropout}")
-        known = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out")
+        known = ("query", "key", "value", "attn_out", "cross_query", "cross_key", "cross_value", "cross_out",
+                 "ffn_in", "ffn_gate", "ffn_out")
         unknown = [t for t in self.targets if t not in known]
         if unknown or not self.targets:
             raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
 
 
+# Models LoRA fine-tunes: the encoders, decoders and encoder-decoders built of the shared blocks.
+LORA_MODELS = (EncoderModel, DecoderModel, Seq2SeqModel, EncoderStackModel)
+LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias", "lm")
+
+
 def check_strategy(strategy: StrategyConfig, model: Model) -> None:
-    """LoRA (written beside the model in peft's files) and the scalar mix of the layers are made for encoders; the
-    other strategies train any model."""
-    if strategy.kind in ("lora", "scalar-mix") and not isinstance(model, EncoderModel):
-        raise ConfigError(f"strategy.kind: {strategy.kind} is for encoders (BERT family); this model is a "
-                          f"{type(model).__name__}: use full, frozen, adapters or prefix")
+    """The scalar mix of the layers is made for encoders, LoRA for the models of the shared blocks (encoders,
+    GPT-2, BART, T5); the other strategies train any model."""
+    if strategy.kind == "scalar-mix" and not isinstance(model, EncoderModel):
+        raise ConfigError(f"strategy.kind: scalar-mix is for encoders (BERT family); this model is a "
+                          f"{type(model).__name__}: use full, frozen, lora, adapters or prefix")
+    if strategy.kind == "lora" and not isinstance(model, LORA_MODELS):
+        raise ConfigError(f"strategy.kind: lora is for the encoders, decoders and encoder-decoders of the shared "
+                          f"blocks; this model is a {type(model).__name__}: use full, frozen, adapters or prefix")
 
 
-def apply_strategy(model: EncoderModel, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
-    """Freeze and extend ``model`` as ``strategy`` says; returns the trainable share."""
+def apply_strategy(model: Model, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
+    """Freeze and extend ``model`` as ``strategy`` says; returns the trainable share. Under LoRA a decoder's or an
+    encoder-decoder's language-model head (the checkpoint's own vocabulary projection) stays frozen, as peft's
+    CAUSAL_LM and SEQ_2_SEQ_LM adapters leave it; a task's new heads train."""
     from bertology.peft import apply_adapters, apply_lora, apply_prefix, freeze_base, trainable_parameters
 
     also = ("encoder.pooler.",) if fresh_pooler else ()
     if strategy.kind == "lora":
-        return apply_lora(model, strategy.rank, strategy.alpha, strategy.dropout, tuple(strategy.targets),
-                          also_train=also)
+        share = apply_lora(model, strategy.rank, strategy.alpha, strategy.dropout, tuple(strategy.targets),
+                           also_train=also)
+        if not isinstance(model, EncoderModel):
+            for spec in model.head_specs:
+                if spec.kind in LM_HEAD_KINDS:
+                    model.heads[spec.name].requires_grad_(False)
+            share = trainable_parameters(model)
+        return share
     if strategy.kind == "adapters":
         return apply_adapters(model, strategy.bottleneck, also_train=also)
     if strategy.kind == "prefix":
@@ -535,9 +552,10 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             model.load_state_dict(best.model.state_dict())
             Pretrained(model, tokenizer).save(model_dir)
             if config.strategy.kind == "lora":  # the adapter as Hugging Face peft reads it, beside our own format
-                from bertology.peft import save_lora_peft
+                from bertology.peft import peft_architecture, save_lora_peft
 
-                save_lora_peft(model, out / PEFT_ADAPTER_DIR, base_model_name_or_path=config.model)
+                if peft_architecture(model) is not None:  # transformers has a class for the model (not BART's
+                    save_lora_peft(model, out / PEFT_ADAPTER_DIR, base_model_name_or_path=config.model)  # encoder)
             kept = out / BEST_DIR / task.predictions_file
             if kept.is_file():  # predicted when the best model was evaluated
                 with atomic_write(out / task.predictions_file, "wb") as handle:

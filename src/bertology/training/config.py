@@ -398,13 +398,18 @@ class PretrainConfig:
                 if self.model.kind not in trains:
                     raise ConfigError(f"objectives.{name}: trains {' or '.join(trains)} models, but model.family "
                                       f"{self.model.family or 'bert'} builds a {self.model.kind} model")
-        if self.data.instances.kind == "packed-documents" and "clm" not in self.objectives:
+        causal = [name for name in ("clm", "prefixlm") if name in self.objectives]
+        if self.data.instances.kind == "packed-documents" and not causal:
             raise ConfigError("data.instances.kind: packed-documents rows hold several documents whose boundaries "
-                              "only causal LM keeps (objectives.clm); use doc-sentences or full-sentences")
-        if "clm" in self.objectives and self.data.instances.pairs:
-            raise ConfigError(f"objectives.clm: next-token prediction reads running text: set data.instances.kind "
-                              f"to packed-documents (or doc-sentences, full-sentences), got "
+                              "only causal and prefix LM keep (objectives.clm, objectives.prefixlm); use "
+                              "doc-sentences or full-sentences")
+        if causal and self.data.instances.pairs:
+            raise ConfigError(f"objectives.{causal[0]}: next-token prediction reads running text: set "
+                              f"data.instances.kind to packed-documents (or doc-sentences, full-sentences), got "
                               f"{self.data.instances.kind!r}")
+        if len(causal) > 1:
+            raise ConfigError("objectives.prefixlm: makes its own batches (a split per row); train it or "
+                              "objectives.clm, not both")
         if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
             raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
                               "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3}) or data.noise "

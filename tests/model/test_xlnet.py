@@ -257,3 +257,27 @@ def test_bad_inputs_name_the_argument():
         model(torch.randint(0, 30, (3, 4)))
     with pytest.raises(InputError, match=r"input_ids must lie in \[0, 30\)"):
         model(ids + 30)
+
+
+def test_attention_probabilities_match_transformers(tmp_path):
+    """output_attentions: the content stream's probabilities per layer (left padding, segments, then a memory)
+    equal transformers' attentions; with target_mapping they are refused, naming the reason."""
+    hf, model = saved(tmp_path, "Model")
+    ids, mask, types = left_padded()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, output_attentions=True,
+                      use_mems=True)
+        out = model(ids, mask, token_type_ids=types, output_attentions=True, use_mems=True)
+        assert len(out.attentions) == len(expected.attentions) == 2
+        for ours, theirs in zip(out.attentions, expected.attentions):
+            assert ours.shape == (4, 2, 9, 9)
+            close(ours, theirs)
+        following = torch.randint(6, VOCAB, (4, 5))
+        expected = hf(input_ids=following, mems=expected.mems, output_attentions=True)
+        out = model(following, mems=out.mems, output_attentions=True)
+    for ours, theirs in zip(out.attentions, expected.attentions):
+        assert ours.shape == (4, 2, 5, 6 + 5)  # mem_len 6, then the input
+        close(ours, theirs)
+    perm, mapping = permutation_inputs(4, 9, 2)
+    with pytest.raises(InputError, match="output_attentions gives the content stream's probabilities"):
+        model(ids, perm_mask=perm, target_mapping=mapping, output_attentions=True)

@@ -59,8 +59,9 @@ def sentence_reads(head: HeadSpec, batch: TaskBatch) -> Tensor | None:
 
 @dataclass
 class TaskBatch:
-    """A padded batch of encoded examples (on the right, or on the left for a left-padding tokenizer); ``labels`` are class ids (long) or scores (float), None when the
-    examples are unlabelled; ``example_ids`` index the examples as given."""
+    """A padded batch of encoded examples (on the right, or on the left for a left-padding tokenizer); ``labels``
+    are class ids (long) or scores (float), None when the examples are unlabelled; ``example_ids`` index the
+    examples as given."""
 
     input_ids: Tensor
     attention_mask: Tensor

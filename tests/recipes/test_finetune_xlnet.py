@@ -41,9 +41,10 @@ def model_dir(tmp_path_factory):
     return save_family_model(tmp_path_factory.mktemp("xlnet"), "xlnet", TEXTS)
 
 
-def config(data, model, out, task="sst2", epochs=6, lr=3e-3, max_length=None):
+def config(data, model, out, task="sst2", epochs=6, lr=3e-3, max_length=None, pooling="cls"):
     return FinetuneConfig.from_dict({
-        "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs, "max_length": max_length},
+        "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs, "max_length": max_length,
+                                      "pooling": pooling},
         "optim": {"batch_size": 16, "lr": lr, "warmup_ratio": 0.1},
         "run": {"output_dir": str(out), "log_every": 10, "progress": False},
         "speed": {"threads": 1, "prefetch": 0}})
@@ -86,6 +87,10 @@ def test_sst2_reads_the_last_token_and_transformers_gives_the_same_logits(model_
     assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
                  str(tmp_path / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
     assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
+    # The mean of the real tokens' vectors (left padding excluded) instead of the summary token.
+    mean = finetune(config(tmp_path, model_dir, tmp_path / "mean", pooling="mean"))
+    assert mean.best["value"] > 80, mean.best
+    assert [h.kind for h in load(tmp_path / "mean" / "model").model.head_specs] == ["mean_pooled"]
 
 
 def test_ner_tags_the_names_and_transformers_gives_the_same_logits(model_dir, tmp_path):

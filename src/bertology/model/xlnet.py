@@ -308,7 +308,7 @@ class XLNetModel(nn.Module):
               device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """(content, query) [B or 1, L, M + L], True where a query may attend, or None when all may. A key is
         hidden by padding, by `perm_mask` (1: may not attend) and, with "uni", when it comes later; the memory is
-        always visible. The content stream always sees itself."""
+        visible unless `attention_mask` covers it too ([B, M + L]). The content stream always sees itself."""
         num_keys = memory + length
         blocked: Tensor | None = None
         if self.config.attn_type == "uni":
@@ -319,13 +319,19 @@ class XLNetModel(nn.Module):
                 blocked = blocked | (k < q - memory)
             blocked = blocked[None]
         data: Tensor | None = None
+        hidden_memory: Tensor | None = None
         if attention_mask is not None:
+            if attention_mask.shape[1] == num_keys and memory:  # the memory's columns first
+                hidden_memory = (attention_mask[:, :memory] < 1)[:, None, :]
+                attention_mask = attention_mask[:, memory:]
             data = (attention_mask < 1)[:, None, :]
         if perm_mask is not None:
             data = perm_mask > 0 if data is None else data | (perm_mask > 0)
         if data is not None:
             if memory:
-                data = torch.cat([data.new_zeros(*data.shape[:2], memory), data], -1)
+                before = data.new_zeros(*data.shape[:2], memory) if hidden_memory is None \
+                    else hidden_memory.expand(-1, data.shape[1], -1)
+                data = torch.cat([before, data], -1)
             blocked = data if blocked is None else blocked | data
         if blocked is None:
             return None, None
@@ -359,10 +365,21 @@ class XLNetModel(nn.Module):
         memory = current if previous is None else torch.cat([previous, current], 0)
         return (memory[-keep:] if keep else memory).detach()
 
+    def memory_mask(self, previous: Tensor | None, attention_mask: Tensor) -> Tensor:
+        """The [B, M'] mask of the next memory (1: a real token) as `cache` builds that memory from an input whose
+        mask is `attention_mask` [B, L] after a memory whose mask is `previous` [B, M] (None: no memory)."""
+        reuse, keep = self.config.reuse_len, self.config.mem_len
+        current = attention_mask[:, :reuse] if reuse else attention_mask
+        mask = current if previous is None else torch.cat([previous.to(current.dtype), current], 1)
+        return mask[:, -keep:] if keep else mask
+
     def check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                      perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None) -> None:
         check_ids(input_ids, self.config.vocab_size)
         batch, length = input_ids.shape
+        memory = mems[0].shape[0] if mems else 0
+        if attention_mask is not None and memory and tuple(attention_mask.shape) == (batch, memory + length):
+            attention_mask = attention_mask[:, memory:]  # [B, M + L]: the memory's visibility first
         for name, value, shape in (("attention_mask", attention_mask, (batch, length)),
                                    ("token_type_ids", token_type_ids, (batch, length)),
                                    ("perm_mask", perm_mask, (batch, length, length))):
@@ -398,7 +415,8 @@ class XLNetModel(nn.Module):
                 use_mems: bool | None = None, labels: Tensor | None = None,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
                 output_attentions: bool = False) -> XLNetOutput:
-        """`attention_mask` [B, L] (0: padding) covers the input, not the memory. `perm_mask` [B, L, L]: 1 where
+        """`attention_mask` [B, L] (0: padding) covers the input; [B, M + L] the memory too (0: a memory position
+        hidden, e.g. from another document). `perm_mask` [B, L, L]: 1 where
         query i may not see token j. `target_mapping` [B, P, L]: the P positions the query stream predicts (one-hot
         rows); without it only the content stream runs. `mems`: each layer's memory from an earlier call, [M, B, H].
         `use_mems` (default: the config's use_mems_train or use_mems_eval) returns the next memory. `labels`
@@ -447,7 +465,8 @@ class XLNetModel(nn.Module):
                              hidden_states=tuple(states) if states is not None else None,
                              attentions=tuple(probabilities) if probabilities is not None else None)
         if self.head_specs:
-            mask = attention_mask if g is None and attention_mask is not None else out.new_ones(out.shape[:2])
+            mask = attention_mask[:, -length:] if g is None and attention_mask is not None \
+                else out.new_ones(out.shape[:2])
             inputs = HeadInputs(hidden=out, attention_mask=mask, word_embeddings=self.embeddings.weight,
                                 masked_positions=masked_positions, input_ids=input_ids if g is None else None)
             for spec in self.head_specs:

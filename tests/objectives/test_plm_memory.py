@@ -188,3 +188,18 @@ def test_xlnet_settings_on_other_models_are_refused(tmp_path) -> None:
     raw["model"]["reuse_len"] = 8
     with pytest.raises(ConfigError, match="model.reuse_len: a field of XLNet models .*, not of bert models"):
         pretrain(build(raw))
+
+
+def test_shipped_memory_config_runs_on_brown(tmp_path) -> None:
+    from test_plm import BROWN, ROOT
+
+    from bertology.model import load_model
+    from pretrain_helpers import run_shipped_config_briefly
+
+    if not BROWN.is_dir():
+        pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 5)]
+    config = ROOT / "configs" / "xlnet-tiny-memory.yaml"
+    assert run_shipped_config_briefly(config, tmp_path / "run", corpus, heldout=1) == 0
+    model = load_model(tmp_path / "run" / "model")
+    assert isinstance(model, XLNetModel) and (model.config.mem_len, model.config.reuse_len) == (256, 126)

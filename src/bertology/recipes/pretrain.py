@@ -164,8 +164,7 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
         if makers:
             make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
             if inst.kind == "segment-stream":  # XLNet with memory: rows continue their documents batch after batch
-                return SegmentStreams(corpus, special, inst.max_seq_length, make, config.run.seed,  # type: ignore
-                                      shuffle=dupe_factor == inst.dupe_factor)
+                return SegmentStreams(corpus, special, inst.max_seq_length, make, config.run.seed)  # type: ignore
             return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
         if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
             room = inst.max_seq_length - special.overhead(False)

@@ -70,8 +70,8 @@ def family_tokenizer(style: str, texts: list[str]):
 
 
 def save_family_model(directory: Path, style: str, texts: list[str], positions: int = 64) -> Path:
-    """A tiny random GPT-2, BART, T5 or XLNet (its LM head model) built and saved by transformers, with a tokenizer trained on `texts`, as a
-    bertology model directory (loaded from transformers' files, saved with the tokenizer)."""
+    """A tiny random GPT-2, BART, T5 or XLNet (its LM head model) built and saved by transformers, with a tokenizer
+    trained on `texts`, as a bertology model directory (loaded from transformers' files, saved with the tokenizer)."""
     import transformers
 
     from bertology.model import load_model

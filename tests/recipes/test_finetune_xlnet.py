@@ -172,3 +172,23 @@ def test_squad_learns_and_transformers_simple_qa_gives_the_same_logits(model_dir
     assert main(["predict", "--model", str(out / "model"), "--task", "squad", "--input", str(gold),
                  "--output", str(tmp_path / "p.json"), "--max-length", "40"]) == 0
     assert json.loads((tmp_path / "p.json").read_text()) == json.loads((out / "dev_predictions.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["adapters", "prefix"])
+def test_adapters_and_prefixes_train_save_and_predict_on_xlnet(model_dir, tmp_path, kind):
+    rng = np.random.default_rng(2)
+    (tmp_path / "SST-2").mkdir()
+    for split, n in (("train", 32), ("dev", 16)):
+        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
+        (tmp_path / "SST-2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+    out = tmp_path / "run"
+    run = config(tmp_path, model_dir, out, epochs=1)
+    run.strategy.kind = kind
+    result = finetune(run)
+    assert 0 < result.trainable.trainable < result.trainable.total
+    reloaded = load(out / "model")  # bertology's native format: the extensions are rebuilt
+    assert reloaded.model.extensions
+    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
+                 str(tmp_path / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
+    assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()

@@ -40,8 +40,10 @@ class SegmentStreams:
         if self.room < 1:
             raise DataError(f"data.instances.max_seq_length: {max_seq_length} tokens leave no room for text beside "
                             f"{special.overhead(False)} special tokens")
-        lengths = [sum(len(s) for s in source.document(d)) for d in range(len(source))]
-        self.segments = np.array([-(-n // self.room) for n in lengths], dtype=np.int64)  # per document
+        counted = getattr(source, "document_lengths", None)  # shards know their documents' lengths
+        lengths = np.asarray(counted() if counted is not None else
+                             [sum(len(s) for s in source.document(d)) for d in range(len(source))], dtype=np.int64)
+        self.segments = -(-lengths // self.room)  # per document
         if not self.segments.sum():
             raise DataError("no documents with text to make segment streams from")
         self._plan: tuple[tuple[int, int], np.ndarray, np.ndarray] | None = None

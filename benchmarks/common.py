@@ -163,10 +163,10 @@ def model_flops(config: EncoderConfig, lengths: list[int]) -> float:
     (2 x 2 x len^2 x hidden per sequence and layer), plus the pooler on each [CLS]."""
     h, inner, e = config.hidden_size, config.intermediate_size, config.token_embedding_size
     per_layer = 4 * h * h + 2 * h * inner  # qkv (3 h^2) + output (h^2) + feed-forward in and out
-    per_token = config.num_layers * per_layer + (e * h if config.embedding_size is not None else 0)
+    per_token = config.num_layers * per_layer + (e * h if getattr(config, "embedding_size", None) is not None else 0)
     tokens = sum(lengths)
     attention = config.num_layers * sum(4 * n * n * h for n in lengths)
-    pooler = 2 * h * h * len(lengths) if config.pooler else 0
+    pooler = 2 * h * h * len(lengths) if getattr(config, "pooler", False) else 0
     return 2 * per_token * tokens + attention + pooler
 
 

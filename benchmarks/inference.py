@@ -1,5 +1,6 @@
 """Inference throughput on CPU: bertology against transformers' BertModel (SDPA attention) on the same weights and
-the same real-text batches, plus ONNX Runtime and CTranslate2 where they are installed.
+the same real-text batches, plus ONNX Runtime and CTranslate2 where they are installed; XLNet (xlnet-tiny,
+xlnet-mini: XLNet of the preset's shape) against transformers' XLNetModel on the same batches, without memory.
 
     python benchmarks/inference.py                       # every model, print the tables
     python benchmarks/inference.py --write               # ... and rewrite the "## Inference" section of RESULTS.md
@@ -38,7 +39,7 @@ from bertology.io import atomic_write  # noqa: E402
 from bertology.model import load_model, preset  # noqa: E402
 from bertology.tokenization import load_tokenizer  # noqa: E402
 
-MODELS = ("tiny", "mini", "small", "base", "minilm")
+MODELS = ("tiny", "mini", "small", "base", "minilm", "xlnet-tiny", "xlnet-mini")
 PEER_MODELS = ("base", "minilm")  # ONNX Runtime and CTranslate2 run at these sizes only (export and conversion cost)
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -57,16 +58,25 @@ def real_rows(padded: torch.Tensor, batch: TextBatch) -> torch.Tensor:
 
 def bertology_runner(directory: Path) -> Runner:
     model = load_model(directory).eval()
+    options = {"use_mems": False} if model.config.family == "xlnet" else {}
 
     def run(b: TextBatch):
-        return model(b.input_ids, b.attention_mask, b.token_type_ids)
+        return model(b.input_ids, b.attention_mask, token_type_ids=b.token_type_ids, **options)
 
     return Runner("bertology", run, lambda b: real_rows(run(b).last_hidden_state, b))
 
 
 def transformers_runner(directory: Path) -> Runner:
-    from transformers import BertModel
+    from transformers import BertModel, XLNetModel
 
+    if (directory / "xlnet").is_file():  # XLNet has no SDPA path in transformers: its own attention
+        model = XLNetModel.from_pretrained(directory).eval()
+
+        def run_xlnet(b: TextBatch):
+            return model(input_ids=b.input_ids, attention_mask=b.attention_mask, token_type_ids=b.token_type_ids,
+                         use_mems=False)
+
+        return Runner("transformers (XLNetModel)", run_xlnet, lambda b: real_rows(run_xlnet(b).last_hidden_state, b))
     model = BertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
 
     def run(b: TextBatch):
@@ -146,6 +156,16 @@ def model_directory(name: str, workdir: Path) -> Path:
     """A transformers checkpoint directory: MiniLM's own, or a seeded random BERT preset saved into `workdir`."""
     if name == "minilm":
         return common.minilm_dir()
+    if name.startswith("xlnet-"):
+        from transformers import XLNetConfig, XLNetModel
+
+        c = preset(name.removeprefix("xlnet-"))
+        torch.manual_seed(0)
+        XLNetModel(XLNetConfig(vocab_size=c.vocab_size, d_model=c.hidden_size, n_layer=c.num_layers,
+                               n_head=c.num_heads, d_inner=c.intermediate_size, ff_activation=c.hidden_act,
+                               mem_len=None)).save_pretrained(workdir)
+        (workdir / "xlnet").touch()  # a mark for transformers_runner
+        return workdir
     from transformers import BertConfig, BertModel
 
     c = preset(name)
@@ -256,7 +276,9 @@ def main(argv: list[str] | None = None) -> None:
             f"Unpadded: {len(uniform)} x 32 x 128 Gutenberg text, no padding.",
             f"All runs: torch.inference_mode, eval, fp32, {args.threads} threads, {args.warmup} warm-up calls, "
             f"median of {args.repeats} passes over all batches. Random-weight presets are BERT (vocab 30522) "
-            "with seed 0; MiniLM is all-MiniLM-L6-v2.", ""]
+            "with seed 0; MiniLM is all-MiniLM-L6-v2; xlnet-tiny and xlnet-mini are random XLNets of the tiny and "
+            "mini presets' shapes (seed 0) fed the same batches (right-padded, masked), without memory; their "
+            "% of peak counts the BERT-shaped FLOPs (not the relative-position terms).", ""]
     notes: set[str] = set()
     with torch.inference_mode():
         for name in models:

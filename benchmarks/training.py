@@ -1,7 +1,8 @@
 """Training throughput on CPU: bertology's trainer step against transformers' BertForMaskedLM, same batches (and,
 with ``--objectives``, ELECTRA against ElectraForPreTraining + ElectraForMaskedLM, SpanBERT, ALBERT MLM + SOP
-against AlbertForPreTraining, GPT-2's causal LM against GPT2LMHeadModel, T5's span corruption against
-T5ForConditionalGeneration, BART reconstructing masked rows against BartForConditionalGeneration).
+against AlbertForPreTraining, XLNet's permutation LM against XLNetLMHeadModel, GPT-2's causal LM against
+GPT2LMHeadModel, T5's span corruption against T5ForConditionalGeneration, BART reconstructing masked rows against
+BartForConditionalGeneration).
 
     python benchmarks/training.py                        # tiny, mini, small; print the table
     python benchmarks/training.py --objectives electra,albert-sop   # only those rows
@@ -65,7 +66,7 @@ from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
-OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "gpt2-clm", "t5-spans", "bart-masked")
+OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "xlnet-plm", "gpt2-clm", "t5-spans", "bart-masked")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SEQ_LEN = 128
 LR = 1e-4
@@ -182,9 +183,13 @@ def bertology_step(model: EncoderModel, workdir: Path, dropout: bool = True, wit
 
 
 def transformers_optimizer(named: list[tuple[str, torch.nn.Parameter]]):
-    """Fused AdamW with weight decay off biases and LayerNorms (transformers' Trainer's groups), constant rate."""
-    decay = [p for n, p in named if p.ndim >= 2 and "LayerNorm" not in n]
-    no_decay = [p for n, p in named if not (p.ndim >= 2 and "LayerNorm" not in n)]
+    """Fused AdamW with weight decay off biases and LayerNorms (transformers' Trainer's groups), constant rate.
+    XLNet's query-stream start ``mask_emb`` ([1, 1, d], a vector, 1-D in bertology) does not decay either."""
+    def decays(name: str, p: torch.nn.Parameter) -> bool:
+        return p.ndim >= 2 and "LayerNorm" not in name and "mask_emb" not in name
+
+    decay = [p for n, p in named if decays(n, p)]
+    no_decay = [p for n, p in named if not decays(n, p)]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
                                    {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6, fused=True)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -197,7 +202,8 @@ def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dr
     gradient norm before clipping."""
     import transformers
 
-    model = getattr(transformers, architecture).from_pretrained(directory, attn_implementation="sdpa").train(dropout)
+    sdpa = {} if architecture.startswith("XLNet") else {"attn_implementation": "sdpa"}  # XLNet: its own attention
+    model = getattr(transformers, architecture).from_pretrained(directory, **sdpa).train(dropout)
     optimizer, scheduler = transformers_optimizer(list(model.named_parameters()))
 
     def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -805,6 +811,86 @@ def measure_generative(name: str, objective: str, workload: list[Batches], token
         print(f"  {name:6s} {objective:11s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers "
               f"{theirs:8.0f} tok/s  x{ours / theirs:.2f}  ({check}; loss before them {start_gap:.1e})",
               file=sys.stderr, flush=True)
+
+
+# --- XLNet: permutation LM (K = 6, spans of up to 5 words), the same perm_mask, target_mapping and labels ------
+XLNET_K = 6
+
+
+def xlnet_batches(batches: Batches, tokenizer, seed: int) -> tuple[list, list[dict[str, torch.Tensor]]]:
+    """The workload's rows (unmasked ids) as permutation-LM batches made by bertology's `permutation_batch` (words
+    from WordPiece's '##' marks; [CLS] and [SEP] the functional tokens), in both libraries' forms."""
+    from bertology.objectives.plm import PermutationConfig, permutation_batch
+
+    continuation = torch.tensor([tokenizer.id_to_token(i).startswith("##") for i in range(tokenizer.vocab_size)])
+    ours, hf = [], []
+    for number, batch in enumerate(batches.hf):
+        ids = torch.where(batch["labels"] == -100, batch["input_ids"], batch["labels"])  # the text before masking
+        made = permutation_batch(ids, batch["attention_mask"], batch["token_type_ids"], ~continuation[ids],
+                                 (tokenizer.cls_id, tokenizer.sep_id), PermutationConfig(k=XLNET_K),
+                                 torch.Generator().manual_seed(seed + number))
+        ours.append(made)
+        hf.append({"input_ids": made.input_ids, "attention_mask": made.attention_mask,
+                   "token_type_ids": made.token_type_ids, "perm_mask": made.perm_mask,
+                   "target_mapping": made.target_mapping, "labels": made.labels})
+    return ours, hf
+
+
+def xlnet_config(name: str, vocab_size: int, pad_id: int):
+    from bertology.model.xlnet import XLNetConfig
+
+    c = preset(name)
+    return XLNetConfig(vocab_size=vocab_size, hidden_size=c.hidden_size, num_layers=c.num_layers,
+                       num_heads=c.num_heads, intermediate_size=c.intermediate_size, hidden_act=c.hidden_act,
+                       pad_token_id=pad_id, mem_len=None)
+
+
+def measure_xlnet(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int, workdir: Path,
+                  seed: int) -> list[Row]:
+    from bertology.model.xlnet import XLNetModel
+    from bertology.objectives.plm import PermutationLM
+
+    config = xlnet_config(name, tokenizer.vocab_size, tokenizer.pad_id)
+    run_config = {"objectives": {"plm": {"k": XLNET_K}}, "data": {"instances": {"kind": "doc-sentences"}},
+                  "tokenizer": {"style": "xlnet", "kind": "unigram"}}
+
+    def build() -> XLNetModel:
+        model = XLNetModel(config, PermutationLM().heads())
+        model.init_weights(torch.Generator().manual_seed(0))
+        return model
+
+    rows = []
+    for batches in workload:
+        ours, hf = xlnet_batches(batches, tokenizer, seed)
+        model = build()
+        directory = workdir / f"{name}-xlnet-start"
+        save_model(model, directory)  # XLNetLMHeadModel
+        check = check_steps(pretrain_step(build(), [PermutationLM(k=XLNET_K)], run_config, workdir,
+                                          "bertology-xlnet-check", dropout=False, with_loss=True),
+                            transformers_step(directory, "XLNetLMHeadModel", dropout=False),
+                            dataclasses.replace(batches, ours=ours, hf=hf))
+        step = pretrain_step(model, [PermutationLM(k=XLNET_K)], run_config, workdir, "bertology-xlnet-run")
+        sides = {"bertology": functools.partial(run_pass, step, ours),
+                 "transformers": functools.partial(run_pass, transformers_step(directory, "XLNetLMHeadModel"), hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        tokens = batches.real_tokens
+        # Useful FLOPs: the content stream at every real token (BERT-shaped), the query stream and the tied
+        # vocabulary head at the targets only, 3 x for forward and backward.
+        h, v = config.hidden_size, config.vocab_size
+        targets = [int((b.labels != -100).sum()) for b in ours]
+        per_target = config.num_layers * (4 * h * h + 2 * h * config.intermediate_size) * 2 + 2 * h * v
+        flops = 3 * sum(common.model_flops(config, lengths) + per_target * n
+                        for lengths, n in zip(batches.lengths, targets, strict=True))
+        executed = 0.0  # transformers: both streams at every padded position, the head at the targets
+        for batch, n in zip(hf, targets, strict=True):
+            count, width = batch["input_ids"].shape
+            executed += 3 * (2 * common.model_flops(config, [width] * count) + 2 * h * v * n)
+        ours_rate, theirs_rate = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        print(f"  {name:6s} XLNet   {batches.name:18s} bertology {ours_rate:8.0f} tok/s  transformers "
+              f"{theirs_rate:8.0f} tok/s  x{ours_rate / theirs_rate:.2f}  ({check})", file=sys.stderr, flush=True)
+        rows.append(Row(f"xlnet-{name} PLM", batches.name, batches.padding_share, ours_rate, theirs_rate,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9, executed / flops,
+                        check.loss_gap, check.norm_gap, check.optimizer))
     return rows
 
 
@@ -954,6 +1040,16 @@ def objective_notes(rows: list[Row]) -> str:
             "rows (15 %, 80/10/10) and predicts the original (objective `denoise`). Tokens per second count the "
             "real tokens of sources and targets; transformers computes vocabulary logits at every decoder "
             "position, bertology only at the predicted ones, and transformers' decoder runs on padding.")
+
+
+    if any(" PLM" in r.model for r in rows):
+        notes.append(f"XLNet rows: permutation LM (K = {XLNET_K}, whole-word spans of up to 5 words, [CLS] and [SEP] "
+                     "ordered but never predicted) on an XLNet of the preset's shape (vocabulary and text as above, "
+                     "relative positions, no memory), the same perm_mask, target_mapping and labels (made by "
+                     "bertology's permutation_batch from the unmasked rows) given to bertology's trainer step and to "
+                     "transformers' `XLNetLMHeadModel` from the same weights. bertology runs the query stream at the "
+                     "targets only and skips the last layer's content stream; transformers runs both streams at "
+                     "every position.")
     if any(" SpanBERT" in r.model for r in rows):
         notes.append("SpanBERT rows: bertology trains MLM + SBO on span-masked ids; transformers has no SBO, so its "
                      "side is `BertForMaskedLM`'s MLM on the identical ids (its loss gap is the MLM loss before any "
@@ -1035,7 +1131,9 @@ def main() -> int:
                              "pairs, factorised embeddings and one shared layer, against AlbertForPreTraining; "
                              "gpt2-clm, t5-spans, bart-masked: causal LM on the rows against GPT2LMHeadModel, T5 "
                              "span corruption against T5ForConditionalGeneration, masked rows reconstructed "
-                             "against BartForConditionalGeneration")
+                             "against BartForConditionalGeneration; "
+                             "xlnet-plm: XLNet's permutation LM (K = 6) on the same rows, against "
+                             "XLNetLMHeadModel with the same perm_mask, target_mapping and labels")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -1095,6 +1193,8 @@ def main() -> int:
                 if objective in args.objectives:
                     rows += measure_generative(name, objective, workload, tokenizer, args.warmup, args.repeats,
                                                Path(tmp), args.seed)
+            if "xlnet-plm" in args.objectives:
+                rows += measure_xlnet(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()
     peak_after = common.matmul_peak_gflops()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)

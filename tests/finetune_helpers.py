@@ -34,15 +34,24 @@ def save_tiny_model(directory: Path, words: Iterable[str], vocab_size: int = 40)
 
 
 def family_tokenizer(style: str, texts: list[str]):
-    """A byte-level BPE (gpt2, bart) or Unigram (t5, with three sentinels) tokenizer of the family's framing,
-    trained in memory on `texts`."""
+    """A byte-level BPE (gpt2, bart) or Unigram (t5, with three sentinels; xlnet, with its seven specials first)
+    tokenizer of the family's framing, trained in memory on `texts`."""
     import tokenizers
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     from bertology.tokenization import Tokenizer
     from framing_helpers import specials
 
-    if style == "t5":
+    if style == "xlnet":  # a Unigram model of the texts' words and letters (the trainer keeps letters alone here)
+        words = sorted({word for text in texts for word in text.split()})
+        letters = sorted({letter for word in words for letter in word})
+        pieces = ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>", "\u2581", *letters,
+                  *(f"\u2581{word}" for word in words)]
+        backend = tokenizers.Tokenizer(models.Unigram([(piece, -1.0) for piece in pieces], unk_id=0))
+        backend.pre_tokenizer = pre_tokenizers.Metaspace()
+        backend.decoder = decoders.Metaspace()
+        backend.add_special_tokens(pieces[:7])
+    elif style == "t5":
         backend = tokenizers.Tokenizer(models.Unigram())
         backend.pre_tokenizer = pre_tokenizers.Metaspace()
         backend.decoder = decoders.Metaspace()
@@ -61,8 +70,8 @@ def family_tokenizer(style: str, texts: list[str]):
 
 
 def save_family_model(directory: Path, style: str, texts: list[str], positions: int = 64) -> Path:
-    """A tiny random GPT-2, BART or T5 built and saved by transformers, with a tokenizer trained on `texts`, as a
-    bertology model directory (loaded from transformers' files, saved with the tokenizer)."""
+    """A tiny random GPT-2, BART, T5 or XLNet (its LM head model) built and saved by transformers, with a tokenizer
+    trained on `texts`, as a bertology model directory (loaded from transformers' files, saved with the tokenizer)."""
     import transformers
 
     from bertology.model import load_model
@@ -80,6 +89,10 @@ def save_family_model(directory: Path, style: str, texts: list[str], positions: 
             decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=positions,
             pad_token_id=framing.pad_id, bos_token_id=framing.cls_id, eos_token_id=framing.sep_id,
             decoder_start_token_id=framing.sep_id, forced_bos_token_id=None))
+    elif style == "xlnet":
+        hf = transformers.XLNetLMHeadModel(transformers.XLNetConfig(
+            vocab_size=vocab, d_model=32, n_layer=2, n_head=2, d_inner=64, pad_token_id=framing.pad_id,
+            bos_token_id=1, eos_token_id=2, mem_len=None))
     else:
         hf = transformers.T5ForConditionalGeneration(transformers.T5Config(
             vocab_size=vocab, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,

@@ -60,3 +60,18 @@ def test_state_fingerprint_hashes_name_dtype_shape_and_bytes():
 def test_something_not_a_model_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="expected a loaded model .bertology.load., got PosixPath"):
         fingerprint(tmp_path)
+
+
+def test_an_xlnet_has_one_fingerprint_in_both_layouts_and_without_its_head(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.XLNetConfig(vocab_size=40, d_model=16, n_layer=1, n_head=2, d_inner=16)
+    transformers.XLNetLMHeadModel(config).save_pretrained(tmp_path / "hf")
+    lm = load(tmp_path / "hf")
+    lm.save(tmp_path / "native", format="native")
+    body = transformers.XLNetModel.from_pretrained(tmp_path / "hf")
+    body.save_pretrained(tmp_path / "body")
+    assert fingerprint(lm) == fingerprint(load(tmp_path / "native")) == fingerprint(load(tmp_path / "body"))
+    with torch.no_grad():
+        lm.model.layers[0].content_bias[0, 0] += 1e-3
+    assert fingerprint(lm) != fingerprint(load(tmp_path / "body"))

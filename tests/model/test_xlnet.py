@@ -257,3 +257,58 @@ def test_bad_inputs_name_the_argument():
         model(torch.randint(0, 30, (3, 4)))
     with pytest.raises(InputError, match=r"input_ids must lie in \[0, 30\)"):
         model(ids + 30)
+
+
+def test_attention_probabilities_match_transformers(tmp_path):
+    """output_attentions: the content stream's probabilities per layer (left padding, segments, then a memory)
+    equal transformers' attentions; with target_mapping they are refused, naming the reason."""
+    hf, model = saved(tmp_path, "Model")
+    ids, mask, types = left_padded()
+    with torch.no_grad():
+        expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types, output_attentions=True,
+                      use_mems=True)
+        out = model(ids, mask, token_type_ids=types, output_attentions=True, use_mems=True)
+        assert len(out.attentions) == len(expected.attentions) == 2
+        for ours, theirs in zip(out.attentions, expected.attentions):
+            assert ours.shape == (4, 2, 9, 9)
+            close(ours, theirs)
+        following = torch.randint(6, VOCAB, (4, 5))
+        expected = hf(input_ids=following, mems=expected.mems, output_attentions=True)
+        out = model(following, mems=out.mems, output_attentions=True)
+    for ours, theirs in zip(out.attentions, expected.attentions):
+        assert ours.shape == (4, 2, 5, 6 + 5)  # mem_len 6, then the input
+        close(ours, theirs)
+    perm, mapping = permutation_inputs(4, 9, 2)
+    with pytest.raises(InputError, match="output_attentions gives the content stream's probabilities"):
+        model(ids, perm_mask=perm, target_mapping=mapping, output_attentions=True)
+
+
+def test_an_attention_mask_over_the_memory_hides_it_per_row(tmp_path):
+    """attention_mask [B, M + L]: ones equal the input's mask alone (transformers' memory, always seen); a row whose
+    memory is all hidden gives what that row gives without memory (both streams); memory_mask follows cache."""
+    _, model = saved(tmp_path, "LMHeadModel", mem_len=5, reuse_len=4)
+    ids, mask, types = left_padded((7, 7, 7, 7))
+    with torch.no_grad():
+        first = model(ids, mask, token_type_ids=types, use_mems=True)
+        following = torch.randint(6, VOCAB, (4, 6))
+        perm, mapping = permutation_inputs(4, 6, 2)
+        inputs = dict(token_type_ids=torch.ones_like(following), perm_mask=perm, target_mapping=mapping,
+                      use_mems=True)
+        seen = model(following, mems=first.mems, **inputs)
+        ones = model(following, torch.ones(4, 4 + 6), mems=first.mems, **inputs)
+        hidden = torch.ones(4, 4 + 6)
+        hidden[1, :4] = 0
+        reset = model(following, hidden, mems=first.mems, **inputs)
+        alone = model(following, **inputs)
+    close(ones.logits, seen.logits)
+    close(reset.logits[1], alone.logits[1])
+    close(reset.logits[[0, 2, 3]], seen.logits[[0, 2, 3]])
+    assert (seen.logits[1] - alone.logits[1]).abs().max() > 1e-4  # the memory mattered
+    # The next memory's mask: the first reuse_len positions appended, the last mem_len kept.
+    assert [m.shape[0] for m in first.mems] == [4, 4] and seen.mems[0].shape[0] == 5
+    previous = model.memory_mask(None, mask)
+    assert previous.tolist() == mask[:, :4].tolist()
+    assert model.memory_mask(previous, torch.ones(4, 6)).tolist() == \
+        torch.cat([mask[:, 1:4], torch.ones(4, 2, dtype=mask.dtype)], 1).tolist()
+    with pytest.raises(InputError, match="attention_mask must be"):
+        model(following, torch.ones(4, 3), mems=first.mems)

@@ -250,9 +250,12 @@ def test_model_section_is_encoder_config_fields():
 
     assert config.model.preset == "mini" and config.model.family == "electra"
     assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu"}
-    # Every EncoderConfig and TransformerConfig field but ``extra`` is a key of the section, written flat (``elmo``
-    # holds an ELMo's).
-    settable = {f.name for cls in (EncoderConfig, TransformerConfig) for f in dataclasses.fields(cls)} - {"extra"}
+    from bertology.model.xlnet import XLNetConfig
+
+    # Every EncoderConfig, TransformerConfig and XLNetConfig field but ``extra`` is a key of the section, written
+    # flat (``elmo`` holds an ELMo's).
+    settable = {f.name for cls in (EncoderConfig, TransformerConfig, XLNetConfig)
+                for f in dataclasses.fields(cls)} - {"extra"}
     assert set(config.to_dict()["model"]) == settable | {"preset", "init_from", "elmo"}
     decoder = load_config(None, ["model.family=gpt2", "model.hidden_size=64", "model.gated_ffn=true",
                                  "data.instances.kind=packed-documents"])

@@ -14,7 +14,9 @@ Per head (layer x head, 0-based; heads a pruned model no longer has are NaN):
   frequent offset head - dependent).
 
 Sentences are the treebank's own words (pre-split, so word ids are exact); sentences longer than the model's
-positions are skipped and counted.
+positions are skipped and counted. The heads are those of a BERT-family encoder (its layer plan: ALBERT's shared
+layers, pruned heads) or of XLNet (its content stream; its relative positions make the probabilities of real
+tokens the same whichever side the padding is on, so batches are padded on the right here too).
 """
 
 from __future__ import annotations
@@ -87,8 +89,7 @@ def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, 
     if batch_size < 1:
         raise DataError(f"batch_size must be positive, got {batch_size}")
     config = model.config
-    plan = model.encoder.plan
-    kept = [config.kept_heads(index) for index in plan]  # per layer call, the heads it has (original numbering)
+    kept, pruned = head_layout(model)  # per layer call, the heads it has (original numbering)
     flat_heads = [(call, head) for call, heads in enumerate(kept) for head in heads]
     max_length = config.max_length
     punct = punctuation_ids(tokenizer)
@@ -125,12 +126,29 @@ def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, 
             types[row, :len(e.ids)] = torch.tensor(e.type_ids)
             mask[row, :len(e.ids)] = 1
         with torch.no_grad(), where.autocast():
-            out = model(ids.to(device), mask.to(device), types.to(device), output_attentions=True)
+            out = model(ids.to(device), mask.to(device), token_type_ids=types.to(device), output_attentions=True)
         # [B, all heads, L, L]: the layers' heads side by side, in the order of flat_heads.
         probs = torch.cat([a.float().cpu() for a in out.attentions], 1)
         skipped_arcs += _accumulate(totals, probs, ids, mask, chunk, punct, sep_id, cls_id, relation_index)
-    return _numbers(totals, flat_heads, len(plan), config.num_heads, config.pruned_heads, encoded, sentences,
+    return _numbers(totals, flat_heads, len(kept), config.num_heads, pruned, encoded, sentences,
                     skipped_long, skipped_arcs, min_relation_count)
+
+
+def head_layout(model: Any) -> tuple[list[list[int]], dict[int, list[int]]]:
+    """Per layer call, the heads it has (original numbering), and the pruned heads: a BERT-family encoder's plan,
+    or every head of every XLNet layer; another model (no attention probabilities to read) is unavailable."""
+    from bertology.model.encoder import EncoderModel
+    from bertology.model.xlnet import XLNetModel
+
+    config = model.config
+    if isinstance(model, EncoderModel):
+        return [config.kept_heads(index) for index in model.encoder.plan], config.pruned_heads
+    if isinstance(model, XLNetModel):
+        return [list(range(config.num_heads)) for _ in range(config.num_layers)], {}
+    from bertology.analysis.report import AnalysisUnavailable
+
+    raise AnalysisUnavailable(f"attention heads are read from a BERT-family encoder or XLNet; this model is a "
+                              f"{type(model).__name__}")
 
 
 def _accumulate(totals: _Totals, probs: Tensor, ids: Tensor, mask: Tensor, chunk: list, punct: Tensor,

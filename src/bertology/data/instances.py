@@ -22,6 +22,8 @@ The kinds:
   prediction stay inside each document (``bertology.data.causal``).
 * ``word-stream`` (ELMo): not made here. Documents become streams of words read in windows of ``max_seq_length``
   words by a bidirectional LM with truncated backpropagation (``bertology.data.word_streams``).
+* ``segment-stream`` (XLNet with memory): not made here. Documents become consecutive segments that each batch row
+  reads in order, so that the model's memory carries from one batch to the next (``bertology.data.segment_streams``).
 
 Everything is deterministic given ``(seed, duplicate)``; the document order is shuffled per duplicate.
 """
@@ -42,7 +44,8 @@ from bertology.tokenization.framing import Framing
 
 Style = Literal["bert", "roberta"]
 STYLES: tuple[str, ...] = get_args(Style)
-Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "packed-documents", "word-stream"]
+Kind = Literal["nsp", "segment-pair", "sop", "full-sentences", "doc-sentences", "packed-documents", "word-stream",
+               "segment-stream"]
 KINDS: tuple[str, ...] = get_args(Kind)
 
 # Keeps the instance stream apart from the other streams derived from the same user seed (see dataset.py).
@@ -262,6 +265,9 @@ def create_instances(
     if config.kind == "word-stream":
         raise ConfigError("InstanceConfig.kind 'word-stream' makes word streams (bertology.data.word_streams."
                           "WordStreams), not subword instances")
+    if config.kind == "segment-stream":
+        raise ConfigError("InstanceConfig.kind 'segment-stream' makes segment streams (bertology.data."
+                          "segment_streams.SegmentStreams), not instances")
     if config.sentence_labels and special.sep_id is None:
         raise special.missing("sep", "next-sentence prediction" if config.nsp else "sentence order prediction")
     if config.max_seq_length <= special.overhead(config.pairs) + 1:

@@ -29,19 +29,23 @@ def state_fingerprint(state: dict[str, Tensor], skip: set[str] | frozenset[str] 
 
 def fingerprint(model: Union[Pretrained, EncoderModel], tokenizer: Any = None) -> str:
     """SHA-256 of what decides a model's vectors: the encoder's config (dropout and initialisation left out), the
-    encoder's tensors (names, dtypes, shapes, bytes; heads left out: they do not change the encoder's outputs) and the tokenizer's definition (a `Pretrained`'s own, else `tokenizer`, else none).
-    Equal for the same weights saved in transformers' layout and bertology's native one."""
+    encoder's tensors (names, dtypes, shapes, bytes; heads left out: they do not change the encoder's outputs; for
+    a model other than a BERT-family encoder, XLNet say, every tensor but its heads') and the tokenizer's definition
+    (a `Pretrained`'s own, else `tokenizer`, else none). Equal for the same weights saved in transformers' layout
+    and bertology's native one."""
     if isinstance(model, Pretrained):
         tokenizer = model.tokenizer if tokenizer is None else tokenizer
         model = model.model
-    if not isinstance(model, EncoderModel):
+    if not isinstance(model, torch.nn.Module) or not hasattr(getattr(model, "config", None), "to_dict"):
         raise ConfigError(f"expected a loaded model (bertology.load), got {type(model).__name__}")
     config = model.config.to_dict()
     for key in EVAL_IRRELEVANT:
         config.pop(key, None)
     digest = hashlib.sha256()
     digest.update(json.dumps(config, sort_keys=True, default=str).encode())
-    digest.update(state_fingerprint(model.encoder.state_dict()).encode())
+    body = model.encoder.state_dict() if isinstance(model, EncoderModel) else {
+        name: value for name, value in model.state_dict().items() if not name.startswith("heads.")}
+    digest.update(state_fingerprint(body).encode())
     if tokenizer is None:
         digest.update(b"-")
     else:

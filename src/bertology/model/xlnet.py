@@ -125,6 +125,7 @@ class XLNetOutput:
     loss: Tensor | None = None  # mean cross-entropy of `labels` (when given)
     mems: list[Tensor] | None = None  # per layer [M, B, H], transformers' layout
     hidden_states: tuple[Tensor, ...] | None = None  # the content stream: embeddings, then every layer's output
+    attentions: tuple[Tensor, ...] | None = None  # the content stream's probabilities per layer [B, heads, L, M + L]
 
 
 @dataclass
@@ -166,11 +167,13 @@ class XLNetLayer(Block):
 
     def forward(self, h: Tensor, g: Tensor | None, content_mask: Tensor | None,  # type: ignore[override]
                 positions: Tensor, segments: Tensor | None, memory: Tensor | None,
-                targets: Targets | None = None, content: bool = True) -> tuple[Tensor, Tensor | None]:
+                targets: Targets | None = None, content: bool = True,
+                probabilities: list[Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         """h [B, L, H]; g [B, P, H] (the query stream at `targets`) or None; content_mask [B or 1, L, M + L]
         (True: may attend); positions [B or 1, R, H] (encoded distances); segments [B, L, M + L] (True: another
         segment); memory [B, M, H]. Without `content` the content stream's output is not computed (the last
-        layer's, when only the query stream is read): h comes back as it came."""
+        layer's, when only the query stream is read): h comes back as it came. The content stream's attention
+        probabilities are appended to `probabilities` when it is given."""
         keys_from = h if memory is None else torch.cat([memory, h], 1)
         q, k, v = self.project(keys_from)
         q = self.heads_first(q[:, keys_from.shape[1] - h.shape[1]:])
@@ -178,20 +181,25 @@ class XLNetLayer(Block):
         r = self.heads_first(self.position(positions))
         h_out = h
         if content or g is None:
-            a = self.relative_attention(q, k, v, r, segments, content_mask)
+            a, probs = self.relative_attention(q, k, v, r, segments, content_mask,
+                                               need_weights=probabilities is not None)
+            if probabilities is not None:
+                probabilities.append(probs)
             h_out = self.feed_forward_residual(self.attention_residual(h, a.transpose(1, 2).flatten(2)))
         if g is None or targets is None:
             return h_out, None
         a_g = self.relative_attention(self.heads_first(self.query(g)), k, v, r, targets.segments, targets.mask,
-                                      targets.columns) * targets.present
+                                      targets.columns)[0] * targets.present
         g_out = self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
         return h_out, g_out
 
     def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
-                           allowed: Tensor | None, columns: Tensor | None = None) -> Tensor:
+                           allowed: Tensor | None, columns: Tensor | None = None,
+                           need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """[B, heads, Q, d] attention output of queries q over keys k and values v with relative position and
-        segment terms added to the scores. The queries are the last Q positions of the keys, or, given `columns`
-        [B, 1, Q, K] (the distance column each query reads for each key), wherever those say (the targets)."""
+        segment terms added to the scores (and the probabilities [B, heads, Q, K] with `need_weights`). The queries
+        are the last Q positions of the keys, or, given `columns` [B, 1, Q, K] (the distance column each query reads
+        for each key), wherever those say (the targets)."""
         scale = 1 / math.sqrt(self.head_dim)
         by_distance = (q + self.position_bias[:, None]) @ r.transpose(-1, -2)  # [B, heads, Q, R]
         if columns is None:
@@ -201,10 +209,9 @@ class XLNetLayer(Block):
         if segments is not None:
             by_segment = torch.einsum("bnid,snd->bnis", q + self.segment_bias[:, None], self.segment_embeddings)
             bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
-        out, _ = attention(q + self.content_bias[:, None], k, v, mask=allowed[:, None] if allowed is not None else None,
-                           bias=bias * scale, scale=scale, dropout=self.attention_dropout if self.training else 0.0,
-                           prefix=self.prefix_states())
-        return out
+        return attention(q + self.content_bias[:, None], k, v, mask=allowed[:, None] if allowed is not None else None,
+                         bias=bias * scale, scale=scale, dropout=self.attention_dropout if self.training else 0.0,
+                         prefix=self.prefix_states(), need_weights=need_weights)
 
 
 class SequenceSummaryHead(nn.Module):
@@ -301,7 +308,7 @@ class XLNetModel(nn.Module):
               device: torch.device) -> tuple[Tensor | None, Tensor | None]:
         """(content, query) [B or 1, L, M + L], True where a query may attend, or None when all may. A key is
         hidden by padding, by `perm_mask` (1: may not attend) and, with "uni", when it comes later; the memory is
-        always visible. The content stream always sees itself."""
+        visible unless `attention_mask` covers it too ([B, M + L]). The content stream always sees itself."""
         num_keys = memory + length
         blocked: Tensor | None = None
         if self.config.attn_type == "uni":
@@ -312,13 +319,19 @@ class XLNetModel(nn.Module):
                 blocked = blocked | (k < q - memory)
             blocked = blocked[None]
         data: Tensor | None = None
+        hidden_memory: Tensor | None = None
         if attention_mask is not None:
+            if attention_mask.shape[1] == num_keys and memory:  # the memory's columns first
+                hidden_memory = (attention_mask[:, :memory] < 1)[:, None, :]
+                attention_mask = attention_mask[:, memory:]
             data = (attention_mask < 1)[:, None, :]
         if perm_mask is not None:
             data = perm_mask > 0 if data is None else data | (perm_mask > 0)
         if data is not None:
             if memory:
-                data = torch.cat([data.new_zeros(*data.shape[:2], memory), data], -1)
+                before = data.new_zeros(*data.shape[:2], memory) if hidden_memory is None \
+                    else hidden_memory.expand(-1, data.shape[1], -1)
+                data = torch.cat([before, data], -1)
             blocked = data if blocked is None else blocked | data
         if blocked is None:
             return None, None
@@ -352,10 +365,21 @@ class XLNetModel(nn.Module):
         memory = current if previous is None else torch.cat([previous, current], 0)
         return (memory[-keep:] if keep else memory).detach()
 
+    def memory_mask(self, previous: Tensor | None, attention_mask: Tensor) -> Tensor:
+        """The [B, M'] mask of the next memory (1: a real token) as `cache` builds that memory from an input whose
+        mask is `attention_mask` [B, L] after a memory whose mask is `previous` [B, M] (None: no memory)."""
+        reuse, keep = self.config.reuse_len, self.config.mem_len
+        current = attention_mask[:, :reuse] if reuse else attention_mask
+        mask = current if previous is None else torch.cat([previous.to(current.dtype), current], 1)
+        return mask[:, -keep:] if keep else mask
+
     def check_inputs(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                      perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None) -> None:
         check_ids(input_ids, self.config.vocab_size)
         batch, length = input_ids.shape
+        memory = mems[0].shape[0] if mems else 0
+        if attention_mask is not None and memory and tuple(attention_mask.shape) == (batch, memory + length):
+            attention_mask = attention_mask[:, memory:]  # [B, M + L]: the memory's visibility first
         for name, value, shape in (("attention_mask", attention_mask, (batch, length)),
                                    ("token_type_ids", token_type_ids, (batch, length)),
                                    ("perm_mask", perm_mask, (batch, length, length))):
@@ -389,13 +413,19 @@ class XLNetModel(nn.Module):
                 token_type_ids: Tensor | None = None, perm_mask: Tensor | None = None,
                 target_mapping: Tensor | None = None, mems: Sequence[Tensor] | None = None,
                 use_mems: bool | None = None, labels: Tensor | None = None,
-                masked_positions: Tensor | None = None, output_hidden_states: bool = False) -> XLNetOutput:
-        """`attention_mask` [B, L] (0: padding) covers the input, not the memory. `perm_mask` [B, L, L]: 1 where
+                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> XLNetOutput:
+        """`attention_mask` [B, L] (0: padding) covers the input; [B, M + L] the memory too (0: a memory position
+        hidden, e.g. from another document). `perm_mask` [B, L, L]: 1 where
         query i may not see token j. `target_mapping` [B, P, L]: the P positions the query stream predicts (one-hot
         rows); without it only the content stream runs. `mems`: each layer's memory from an earlier call, [M, B, H].
         `use_mems` (default: the config's use_mems_train or use_mems_eval) returns the next memory. `labels`
-        [B, P or L]: the cross-entropy of the primary head's logits (-100 ignored)."""
+        [B, P or L]: the cross-entropy of the primary head's logits (-100 ignored). `output_attentions`: the content
+        stream's attention probabilities per layer, [B, heads, L, M + L] (not with `target_mapping`)."""
         self.check_inputs(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems)
+        if output_attentions and target_mapping is not None:
+            raise InputError("output_attentions gives the content stream's probabilities; with target_mapping the "
+                             "query stream runs at the targets only: call without target_mapping")
         config = self.config
         if use_mems is None:
             use_mems = config.use_mems_train if self.training else config.use_mems_eval
@@ -418,6 +448,7 @@ class XLNetModel(nn.Module):
             targets = self.targets(target_mapping, query_mask, segments, memory, positions.shape[1], h.dtype)
         new_mems: list[Tensor] = []
         states = [h] if output_hidden_states else None
+        probabilities: list[Tensor] | None = [] if output_attentions else None
         for index, layer in enumerate(self.layers):
             previous = mems[index] if mems else None
             if use_mems:
@@ -425,14 +456,17 @@ class XLNetModel(nn.Module):
             # The last layer's content stream is read only when no query stream runs, or for the hidden states.
             content = g is None or states is not None or index < len(self.layers) - 1
             h, g = layer(h, g, content_mask, positions, segments,
-                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets, content)
+                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets, content,
+                         probabilities)
             if states is not None:
                 states.append(h)
         out = fast_dropout(g if g is not None else h, dropout, self.training)
         result = XLNetOutput(last_hidden_state=out, mems=new_mems if use_mems else None,
-                             hidden_states=tuple(states) if states is not None else None)
+                             hidden_states=tuple(states) if states is not None else None,
+                             attentions=tuple(probabilities) if probabilities is not None else None)
         if self.head_specs:
-            mask = attention_mask if g is None and attention_mask is not None else out.new_ones(out.shape[:2])
+            mask = attention_mask[:, -length:] if g is None and attention_mask is not None \
+                else out.new_ones(out.shape[:2])
             inputs = HeadInputs(hidden=out, attention_mask=mask, word_embeddings=self.embeddings.weight,
                                 masked_positions=masked_positions, input_ids=input_ids if g is None else None)
             for spec in self.head_specs:

@@ -1,5 +1,7 @@
-"""Fill-mask: the masked-LM head's most probable tokens at each mask token of a text; for an encoder-decoder, the
-most probable generated fillings (beam search, any length): T5's sentinel spans, BART's whole denoised text."""
+"""Fill-mask: the masked-LM head's most probable tokens at each mask token of a text; for XLNet, its language-model
+head's through the permutation mask (each mask predicted from the rest of the text, not from the other masks); for
+an encoder-decoder, the most probable generated fillings (beam search, any length): T5's sentinel spans, BART's whole
+denoised text."""
 
 from __future__ import annotations
 
@@ -40,16 +42,23 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
     (max(top_k, 4) beams, no length penalty) and keeps the ``top_k`` best finished hypotheses: with T5's sentinels
     (``<extra_id_0>`` ...) in ``text`` it generates ``<extra_id_0> span <extra_id_1> span ...`` and returns, for
     each sentinel of the text in order, every hypothesis' span; with BART's ``<mask>`` it generates the whole text
-    and returns one list, the ``top_k`` texts."""
+    and returns one list, the ``top_k`` texts.
+
+    XLNet predicts every ``<mask>`` with its query stream (``target_mapping`` one row per mask) under a
+    ``perm_mask`` that hides every mask from every position: each mask is predicted from the text around it, and
+    independently of the other masks, as transformers' ``XLNetLMHeadModel`` computes it with those inputs."""
+    from bertology.model.xlnet import XLNetModel
+
     if isinstance(model, Seq2SeqModel):
         return fill_spans(model, tokenizer, text, top_k, device=device, dtype=dtype, max_new_tokens=max_new_tokens)
     if isinstance(model, DecoderModel):
         raise CheckpointError("fill-mask needs a masked-LM encoder (BERT, RoBERTa, ...) or an encoder-decoder "
                               "(T5's sentinels, BART's <mask>); this is a decoder-only model (DecoderModel, e.g. "
                               "GPT-2), which predicts only the next token: use `bertology generate`")
-    if "mlm" not in model.heads:
-        raise CheckpointError("fill-mask needs a model with a masked-LM head; this one has "
-                              f"{', '.join(model.heads) or 'no head'}")
+    head = "lm" if isinstance(model, XLNetModel) else "mlm"
+    if head not in model.heads:
+        raise CheckpointError(f"fill-mask needs a model with a {'language-model' if head == 'lm' else 'masked-LM'} "
+                              f"head; this one has {', '.join(model.heads) or 'no head'}")
     check_top_k(top_k)
     framing = tokenizer.framing
     framing.require("mask", "fill-mask")
@@ -62,20 +71,26 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
     positions = (ids[0] == tokenizer.mask_id).nonzero().squeeze(1)
     if positions.numel() == 0:  # the mask token's text was there but the tokenizer split it
         raise BertologyError(f"the tokenizer did not keep {mask!r} as one token in {text!r}")
-    limit = model.encoder.max_length  # fewer than max_position_embeddings with RoBERTa's position offset
+    limit = model.config.max_length  # fewer than max_position_embeddings with RoBERTa's position offset
     if ids.shape[1] > limit:
         raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
     where = place(model, device, dtype)
     was_training = model.training
     model.eval()
     try:
-        index = torch.stack([torch.zeros_like(positions), positions], dim=1)
+        inputs = where.inputs(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids]))
         with where.autocast():
-            out = model(*where.inputs(ids, torch.ones_like(ids), torch.tensor([encoding.type_ids])),
-                        masked_positions=where.inputs(index)[0])
+            if head == "lm":
+                perm_mask, target_mapping = where.inputs(*permutation_inputs(ids.shape[1], positions))
+                out = model(inputs[0], inputs[1], token_type_ids=inputs[2], perm_mask=perm_mask,
+                            target_mapping=target_mapping, use_mems=False)
+                logits = out.head_logits[head][0]
+            else:
+                index = torch.stack([torch.zeros_like(positions), positions], dim=1)
+                logits = model(*inputs, masked_positions=where.inputs(index)[0]).head_logits[head]
     finally:
         model.train(was_training)
-    probs = to_cpu(out.head_logits["mlm"]).float().softmax(-1)
+    probs = to_cpu(logits).float().softmax(-1)
     top = probs.topk(min(top_k, probs.shape[-1]), dim=-1)
     frame = torch.tensor([i for i in (framing.cls_id, framing.sep_id, framing.pad_id) if i is not None])
     results: list[list[Prediction]] = []
@@ -89,6 +104,17 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
             candidates.append(Prediction(tokenizer.id_to_token(token_id) or "", token_id, p, sequence))
         results.append(candidates)
     return results
+
+
+def permutation_inputs(length: int, masks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """XLNet's inputs predicting the positions ``masks`` of a text of ``length`` tokens from the others:
+    ``perm_mask`` [1, L, L] (1: position i may not see token j) hiding every mask from every position, and
+    ``target_mapping`` [1, masks, L] one-hot at each mask."""
+    hidden = torch.zeros(length)
+    hidden[masks] = 1.0
+    perm_mask = hidden.expand(1, length, length).clone()
+    target_mapping = torch.nn.functional.one_hot(masks, length).float()[None]
+    return perm_mask, target_mapping
 
 
 def check_top_k(top_k: int) -> None:

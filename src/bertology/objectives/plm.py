@@ -12,7 +12,14 @@ own content.
 
 `permutation_batch` builds `perm_mask` [B, L, L] (1: query i may not see token j), `target_mapping` [B, P, L] and the
 labels [B, P] with tensor operations only, on the batch's device; `PermutationBatches` is its `BatchMaker` over
-pretraining instances, keyed by (seed, instances, epoch); `PermutationLM` the objective on the tied `lm` head."""
+pretraining instances, keyed by (seed, instances, epoch); `PermutationLM` the objective on the tied `lm` head.
+
+Memory (Transformer-XL's recurrence): on segment streams (`bertology.data.segment_streams`, batches with `reset`)
+each row continues the text of the same row of the previous batch, and the objective runs the model with the
+memory the previous batch left (`mems`, detached: no gradient crosses a segment's edge, and the model's `mem_len`
+and `reuse_len` say what is kept), hidden where a row starts a new document (an attention mask over the memory).
+The training memory and its mask are buffers of this module, so they are saved in every checkpoint and a resumed
+run continues bit for bit; evaluation keeps a memory of its own."""
 
 from __future__ import annotations
 
@@ -24,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from bertology.config import validate
 from bertology.errors import ConfigError
@@ -75,12 +82,14 @@ class PermutationBatch:
     target_mapping: Tensor
     labels: Tensor
     num_targets: Tensor
+    reset: Tensor | None = None  # [B] on segment streams: True where a row starts a document (its memory hidden)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PermutationBatch:
         moved = (t.to(device, non_blocking=non_blocking) for t in (
             self.input_ids, self.attention_mask, self.token_type_ids, self.perm_mask, self.target_mapping,
             self.labels))
-        return PermutationBatch(*moved, num_targets=self.num_targets)
+        reset = None if self.reset is None else self.reset.to(device, non_blocking=non_blocking)
+        return PermutationBatch(*moved, num_targets=self.num_targets, reset=reset)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -164,11 +173,12 @@ class PermutationBatches:
                                  instances.word_starts, self.special_ids, self.config, generator)
 
 
-@dataclass
-class PermutationLM:
+@dataclass(eq=False)
+class PermutationLM(nn.Module):
     """XLNet's objective on the tied `lm` head with its bias (XLNetLMHeadModel's `lm_loss`); `k`, `max_span` and
-    `num_predict` configure its batches (`PermutationConfig`, `batch_maker`). Stats: `lm_units` (predicted tokens),
-    `lm_loss_sum`, `lm_correct`."""
+    `num_predict` configure its batches (`PermutationConfig`, `batch_maker`). On segment streams it carries the
+    memory from batch to batch (see the module docstring). Stats: `lm_units` (predicted tokens), `lm_loss_sum`,
+    `lm_correct`."""
 
     weight: float = 1.0
     k: float = 6.0
@@ -177,7 +187,13 @@ class PermutationLM:
     name: str = "lm"
 
     def __post_init__(self) -> None:
+        nn.Module.__init__(self)
         check_objective(self)
+        # The memory the next training batch reads: [layers, M, B, H] and its mask [B, M] (sized on first use and
+        # on loading a checkpoint; empty off segment streams).
+        self.register_buffer("memory", torch.zeros(0))
+        self.register_buffer("memory_mask", torch.zeros(0, dtype=torch.long))
+        self.eval_memory: tuple[Tensor, Tensor] | None = None
         try:
             self.permutation = PermutationConfig(self.k, self.max_span, self.num_predict)
         except ConfigError as error:
@@ -196,15 +212,48 @@ class PermutationLM:
         return (HeadSpec(self.name, "tied_lm_bias"),)
 
     def reads(self, batch: PermutationBatch) -> Tensor | None:
+        if getattr(batch, "reset", None) is not None:
+            return torch.zeros(0, 2, dtype=torch.long)  # a pass of its own, with the memory
         return None  # the query stream at the target slots
 
     def units(self, batch: PermutationBatch) -> Tensor:
         return batch.num_targets.to(torch.int64).cpu()
 
-    def __call__(self, passes: Passes, batch: PermutationBatch) -> ObjectiveOutput:
-        logits = passes.shared.head_logits[self.name]
+    def _memory(self, batch: PermutationBatch) -> tuple[list[Tensor] | None, Tensor]:
+        """The memory this batch reads (None: none yet) and the attention mask over it and the input."""
+        assert batch.reset is not None
+        state = ((self.memory, self.memory_mask) if self.memory.numel() else None) if self.training \
+            else self.eval_memory
+        if state is None or state[0].shape[2] != batch.reset.shape[0]:
+            return None, batch.attention_mask  # the first batch (or a new batch size: a new stream)
+        memory, mask = state
+        mask = mask * (~batch.reset).to(mask.dtype)[:, None]  # hidden where a row starts a document
+        return list(memory.unbind(0)), torch.cat([mask, batch.attention_mask.to(mask.dtype)], 1)
+
+    def forward(self, passes: Passes, batch: PermutationBatch) -> ObjectiveOutput:
+        if getattr(batch, "reset", None) is None:
+            logits = passes.shared.head_logits[self.name]
+        else:
+            model = passes.model
+            mems, attention_mask = self._memory(batch)
+            inputs = {**model.forward_inputs(batch), "attention_mask": attention_mask}
+            out = passes.run(**inputs, mems=mems, use_mems=True)
+            previous = attention_mask[:, :-batch.attention_mask.shape[1]] if mems is not None else None
+            state = (torch.stack(out.mems).detach(), model.memory_mask(previous, batch.attention_mask).detach())
+            if self.training:
+                self.memory, self.memory_mask = state
+            else:
+                self.eval_memory = state
+            logits = out.head_logits[self.name]
         used = batch.labels != -100
         return token_prediction(self.name, logits[used], batch.labels[used])
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any) -> None:
+        for name in ("memory", "memory_mask"):  # the saved memory's shape is the one to continue from
+            saved = state_dict.get(prefix + name)
+            if isinstance(saved, Tensor):
+                setattr(self, name, torch.zeros(saved.shape, dtype=saved.dtype, device=getattr(self, name).device))
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
         return token_prediction_summary(self.name, totals)

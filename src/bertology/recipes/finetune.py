@@ -260,7 +260,7 @@ def _data(config: FinetuneConfig) -> str:
     return config.task.data
 
 
-SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token")
+SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token", "summary_last")
 
 
 def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False

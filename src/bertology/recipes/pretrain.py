@@ -24,6 +24,7 @@ from bertology.data.bart_noise import BartNoise, DenoisingBatches
 from bertology.data.corpus import CorpusSource
 from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
+from bertology.data.segment_streams import SegmentStreams
 from bertology.data.seq2seq import Seq2SeqBatches
 from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
@@ -162,6 +163,8 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
         if makers:
             make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
+            if inst.kind == "segment-stream":  # XLNet with memory: rows continue their documents batch after batch
+                return SegmentStreams(corpus, special, inst.max_seq_length, make, config.run.seed)  # type: ignore
             return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
         if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
             room = inst.max_seq_length - special.overhead(False)
@@ -358,16 +361,22 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         pretrained = load_model(model.init_from)
         if not isinstance(pretrained, XLNetModel):
             raise ConfigError(f"model.init_from: {model.init_from} holds a {type(pretrained).__name__}, not an XLNet")
-        xlnet_config = pretrained.config
+        try:
+            xlnet_config = dataclasses.replace(pretrained.config, **model.xlnet)
+        except ConfigError as error:
+            raise ConfigError(f"model.{error}") from None
     else:
         shape = preset(model.preset) if model.preset is not None else EncoderConfig()
         values = {key: getattr(shape, key) for key in XLNET_KEYS}
         values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
-        values.update(model.overrides)
+        if config.data.instances.kind == "segment-stream":  # the memory: the previous segments' text
+            values.update(reuse_len=config.data.instances.max_seq_length - tokenizer.framing.overhead(False))
+        values.update({**model.overrides, **model.xlnet})
         try:
             xlnet_config = XLNetConfig(**values)
         except ConfigError as error:
-            raise ConfigError(f"model: {error}") from None
+            raise ConfigError(f"model.{error}") from None
+    check_memory(config, xlnet_config)
     for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
         if getattr(xlnet_config, key) != actual:
             raise TokenizerError(f"model.{key} is {getattr(xlnet_config, key)} but the tokenizer's is {actual}: the "
@@ -379,11 +388,29 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     return built
 
 
+def check_memory(config: PretrainConfig, xlnet: XLNetConfig) -> None:
+    """On segment streams the memory carries over: mem_len at least 1 (a bounded memory), reuse_len at most a
+    segment's length."""
+    if config.data.instances.kind != "segment-stream":
+        return
+    if not xlnet.mem_len:
+        raise ConfigError(f"model.mem_len: segment streams carry the memory from batch to batch; it needs a length "
+                          f">= 1 (the positions kept), got {xlnet.mem_len!r}")
+    length = config.data.instances.max_seq_length
+    if xlnet.reuse_len is not None and xlnet.reuse_len > length:
+        raise ConfigError(f"model.reuse_len: {xlnet.reuse_len} is longer than a segment "
+                          f"(data.instances.max_seq_length {length}); it is how many of a segment's first positions "
+                          f"become memory")
+
+
 def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Any:
     """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
     ``model.init_from``, a pretrained one. An xlnet-style tokenizer or the plm objective builds an XLNet."""
     if tokenizer.style == "xlnet" or any(isinstance(o, PermutationLM) for o in objectives):
         return xlnet_model(config, tokenizer, objectives)
+    if config.model.xlnet:
+        raise ConfigError(f"model.{sorted(config.model.xlnet)[0]}: a field of XLNet models (an xlnet-style "
+                          f"tokenizer), not of {config.model.family or 'bert'} models")
     if config.model.init_from is not None:
         source = config.model.init_from
         pretrained = load_model(source)

@@ -1,7 +1,7 @@
 """The HTTP service: a FastAPI app over one loaded model (see `bertology.serve.create_app`).
 
-Endpoints: `POST /v1/embed`, `POST /v1/fill-mask` (a masked-LM's tokens, an encoder-decoder's generated spans),
-`GET /health`, `GET /metrics` (Prometheus text format), and
+Endpoints: `POST /v1/embed`, `POST /v1/fill-mask` (a masked-LM's tokens, XLNet's through its permutation mask, an
+encoder-decoder's generated spans), `GET /health`, `GET /metrics` (Prometheus text format), and
 FastAPI's OpenAPI schema at `/openapi.json` (interactive at `/docs`). Every response that is not a success is a
 JSON object `{"detail": message}` (plus `"field"` when one field of the request is at fault).
 """
@@ -301,8 +301,11 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
 
 
 def can_fill(model: Any) -> bool:
-    """A masked-LM head, or an encoder-decoder whose first head is a language model (it generates the spans)."""
-    if "mlm" in model.heads:
+    """A masked-LM head, XLNet's language-model head (through the permutation mask), or an encoder-decoder whose
+    first head is a language model (it generates the spans)."""
+    from bertology.model.xlnet import XLNetModel
+
+    if "mlm" in model.heads or (isinstance(model, XLNetModel) and "lm" in model.heads):
         return True
     return isinstance(model, Seq2SeqModel) and bool(model.head_specs) \
         and head_reads(model.head_specs[0].kind) == "masked_positions"

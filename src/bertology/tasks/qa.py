@@ -27,7 +27,8 @@ framed as the tokenizer frames a pair: ``[CLS] question [SEP] chunk [SEP]`` with
 Labels (training and the held-out loss). An answer's characters ``[start, end)`` map to the context tokens whose
 offsets overlap them: the first token ending after ``start`` and the last token starting before ``end``. A window
 is labelled with the answer's start and end positions when the answer lies wholly inside it, else both point at
-position 0 (the [CLS] token), as BERT does; the first answer of a question is the one trained on.
+the classification token (BERT's [CLS] at position 0, XLNet's ``<cls>`` last: ``question <sep> chunk <sep> <cls>``,
+padded on the left), as BERT and XLNet do; the first answer of a question is the one trained on.
 
 Prediction. The ``qa`` head (the family's ``*ForQuestionAnswering`` layer ``qa_outputs``: a ``token`` head with two
 outputs, start and end) scores every position of every window. Per window the ``n_best`` (20) start and end
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,8 @@ def write_squad_json(path: str | Path, examples: Sequence[QAExample]) -> None:
 @dataclass(frozen=True)
 class PairFrame:
     """How the tokenizer frames a (question, context) pair: the special ids before the question, between the two
-    and after the context, and the segment ids of every part; read off the tokenizer's own pair template."""
+    and after the context, and the segment ids of every part; read off the tokenizer's own pair template.
+    ``null``: where a window without the answer points: 0 (the first special token) or -1 (the last one)."""
 
     before: tuple[int, ...]
     middle: tuple[int, ...]
@@ -135,6 +137,7 @@ class PairFrame:
     after_types: tuple[int, ...]
     question_type: int
     context_type: int
+    null: int = 0
 
     @classmethod
     def of(cls, tokenizer: Tokenizer) -> PairFrame:
@@ -146,12 +149,12 @@ class PairFrame:
                 or second != list(range(second[0], second[-1] + 1)) or first[-1] > second[0]:
             raise ConfigError(f"{tokenizer!r}: its pair template is not 'specials question specials context "
                               f"specials' (sequence ids {seq})")
-        if first[0] == 0:
-            raise ConfigError(f"{tokenizer!r}: its pair template puts no special token first (sequence ids {seq}); "
-                              f"extractive QA labels a window without the answer at that position")
+        if first[0] == 0 and second[-1] == len(seq) - 1:
+            raise ConfigError(f"{tokenizer!r}: its pair template puts no special token first or last (sequence ids "
+                              f"{seq}); extractive QA labels a window without the answer at that token")
         a, b, c, d = first[0], first[-1] + 1, second[0], second[-1] + 1
         return cls(tuple(ids[:a]), tuple(ids[b:c]), tuple(ids[d:]), tuple(types[:a]), tuple(types[b:c]),
-                   tuple(types[d:]), types[a], types[c])
+                   tuple(types[d:]), types[a], types[c], 0 if a else -1)
 
     @property
     def specials(self) -> int:
@@ -243,15 +246,24 @@ class QAWindows(EncodedExamples):
                 types.append(window_types)
                 where.append((q, start, stop, content))
                 inside = span is not None and start <= span[0] and span[1] < stop
-                labels.append((content + span[0] - start, content + span[1] - start) if inside else (0, 0))
+                null = frame.null % len(window)
+                labels.append((content + span[0] - start, content + span[1] - start) if inside else (null, null))
             num_windows[q] = len(ids) - first_window[q]
         encoded = cls(ids, types, torch.tensor(labels, dtype=torch.long), tokenizer.pad_id, shuffle=shuffle,
-                      seed=seed, **options)
+                      seed=seed, padding_side=tokenizer.framing.padding_side, **options)
         table = np.asarray(where, dtype=np.int64)
         encoded.question, encoded.start, encoded.stop, encoded.content = (table[:, i].copy() for i in range(4))
         encoded.first_window, encoded.num_windows = first_window, num_windows
         encoded.context_offsets, encoded.answer_span = offsets_of, answer_span
         return encoded
+
+    def collate(self, rows: np.ndarray) -> TaskBatch:
+        """The windows' batch; under left padding the answer positions move with the tokens."""
+        batch = super().collate(rows)
+        if batch.labels is None or self.padding_side == "right":
+            return batch
+        shift = torch.from_numpy(self.shift(rows, batch.input_ids.shape[1]))
+        return replace(batch, labels=batch.labels + shift[:, None])
 
     @property
     def num_questions(self) -> int:
@@ -341,9 +353,10 @@ def window_logits(model: Model, windows: EncodedExamples, batch_size: int = 64, 
             batch = batch.to(device)
             logits = model(**model.forward_inputs(batch)).head_logits[head]
             logits = logits.float().cpu().numpy()
+            shifts = windows.shift(rows, logits.shape[1])
             for r, w in enumerate(rows):
                 begin, end = int(windows.offsets[w]), int(windows.offsets[w + 1])
-                out[begin:end] = logits[r, :end - begin]
+                out[begin:end] = logits[r, shifts[r]:shifts[r] + end - begin]
     finally:
         model.train(was_training)
     return out

@@ -2,7 +2,9 @@
 deterministic, resumable batch source; the classification and regression objectives; prediction in input order.
 
 A pair is encoded as the tokenizer frames it (``[CLS] a [SEP] b [SEP]`` with segment ids 0/1 for BERT,
-``<s> a </s></s> b </s>`` for RoBERTa) and truncated longest-first to ``max_length``. The classifier reads the
+``<s> a </s></s> b </s>`` for RoBERTa, ``a <sep> b <sep> <cls>`` for XLNet) and truncated longest-first to
+``max_length``; a batch is padded on the tokenizer's side (XLNet's left, so that its classifier reads ``<cls>`` at
+the last position, as transformers' does). The classifier reads the
 [CLS] position through the family's own head (BERT/ALBERT: the pooler and a linear layer; RoBERTa, ELECTRA,
 DistilBERT: dense-activation-linear on the first token), so a fine-tuned model saves in the transformers layout
 of ``*ForSequenceClassification``.
@@ -57,8 +59,9 @@ def sentence_reads(head: HeadSpec, batch: TaskBatch) -> Tensor | None:
 
 @dataclass
 class TaskBatch:
-    """A right-padded batch of encoded examples; ``labels`` are class ids (long) or scores (float), None when the
-    examples are unlabelled; ``example_ids`` index the examples as given."""
+    """A padded batch of encoded examples (on the right, or on the left for a left-padding tokenizer); ``labels``
+    are class ids (long) or scores (float), None when the examples are unlabelled; ``example_ids`` index the
+    examples as given."""
 
     input_ids: Tensor
     attention_mask: Tensor
@@ -83,10 +86,14 @@ class EncodedExamples:
     Training order (``shuffle=True``): a permutation seeded by ``(seed, epoch)``, dealt round-robin to ranks, then
     sorted by length within windows of ``bucket_window`` batches whose order is shuffled again, so batches pad
     little and stay random; a batch is a pure function of (epoch, index, rank, world size), so runs resume exactly.
-    Without ``shuffle`` (evaluation, prediction) examples are batched in order of length: the least padding."""
+    Without ``shuffle`` (evaluation, prediction) examples are batched in order of length: the least padding.
+    ``padding_side`` "left" puts the padding before the tokens (XLNet); ``shift`` gives each row's offset then."""
 
     def __init__(self, ids: Sequence[Sequence[int]], type_ids: Sequence[Sequence[int]], labels: Tensor | None,
-                 pad_id: int, *, shuffle: bool = True, seed: int = 0, bucket_window: int = 50) -> None:
+                 pad_id: int, *, shuffle: bool = True, seed: int = 0, bucket_window: int = 50,
+                 padding_side: str = "right") -> None:
+        if padding_side not in ("right", "left"):
+            raise ConfigError(f"padding_side: expected 'right' or 'left', got {padding_side!r}")
         if len(ids) != len(type_ids) or (labels is not None and len(labels) != len(ids)):
             raise DataError(f"EncodedExamples: {len(ids)} id rows, {len(type_ids)} type-id rows and "
                             f"{None if labels is None else len(labels)} labels")
@@ -102,6 +109,7 @@ class EncodedExamples:
         self.shuffle = shuffle
         self.seed = seed
         self.bucket_window = bucket_window
+        self.padding_side = padding_side
 
     @classmethod
     def from_texts(cls, tokenizer: Tokenizer, texts: Sequence[str], pairs: Sequence[str] | None = None,
@@ -116,7 +124,7 @@ class EncodedExamples:
             batch = tokenizer.encode_batch(part, pair_part, max_length=max_length)
             ids.extend(e.ids for e in batch.encodings)
             types.extend(e.type_ids for e in batch.encodings)
-        return cls(ids, types, labels, tokenizer.pad_id, **options)
+        return cls(ids, types, labels, tokenizer.pad_id, padding_side=tokenizer.framing.padding_side, **options)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -153,12 +161,22 @@ class EncodedExamples:
         plan = self._order(epoch, batch_size, rank, world_size, drop_last)
         return (self.collate(rows) for rows in plan[start_batch:])
 
-    def collate(self, rows: np.ndarray) -> TaskBatch:
+    def shift(self, rows: np.ndarray, width: int) -> np.ndarray:
+        """Per row, the column of its first token in a batch ``width`` wide: the padding before it (0 on the
+        right)."""
+        return width - self.lengths[rows] if self.padding_side == "left" else np.zeros(len(rows), dtype=np.int64)
+
+    def layout(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(real, flat)`` [rows, width]: True at the rows' tokens, and each token's index into the flat arrays
+        (0 at padding)."""
         lengths = self.lengths[rows]
         width = int(lengths.max())
-        columns = np.arange(width)
-        real = columns[None, :] < lengths[:, None]
-        flat = np.where(real, self.offsets[rows][:, None] + columns[None, :], 0)
+        token = np.arange(width)[None, :] - self.shift(rows, width)[:, None]
+        real = (token >= 0) & (token < lengths[:, None])
+        return real, np.where(real, self.offsets[rows][:, None] + token, 0)
+
+    def collate(self, rows: np.ndarray) -> TaskBatch:
+        real, flat = self.layout(rows)
         input_ids = np.where(real, self.flat_ids[flat], self.pad_id)
         type_ids = np.where(real, self.flat_types[flat], 0)
         index = torch.from_numpy(rows.astype(np.int64))

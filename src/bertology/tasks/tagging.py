@@ -236,8 +236,7 @@ class TokenExamples(EncodedExamples):
         batch = super().collate(rows)
         if self.flat_labels is None:
             return batch
-        real = batch.attention_mask.numpy().astype(bool)
-        flat = np.where(real, self.offsets[rows][:, None] + np.arange(real.shape[1])[None, :], 0)
+        real, flat = self.layout(rows)
         return replace(batch, labels=torch.from_numpy(np.where(real, self.flat_labels[flat], IGNORE)))
 
 
@@ -262,7 +261,8 @@ def encode_tagged(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], lab
     tagged = bool(sentences) and all(s.tags is not None for s in sentences)
     rows = [token_labels(c, sentences[c.sentence].tags, labels, label_all_subwords)  # type: ignore[arg-type]
             for c in chunks] if tagged else None
-    return TokenExamples(chunks, [len(s) for s in sentences], rows, tokenizer.pad_id, **options)
+    return TokenExamples(chunks, [len(s) for s in sentences], rows, tokenizer.pad_id,
+                         padding_side=tokenizer.framing.padding_side, **options)
 
 
 # --------------------------------------------------------------------------------------------------- objective
@@ -317,9 +317,11 @@ def predict_word_labels(model: Model, examples: TokenExamples, batch_size: int =
             batch = batch.to(device)
             logits = model(**model.forward_inputs(batch)).head_logits[head]
             best = logits.argmax(-1).cpu().numpy()
-            for row, index in enumerate(batch.example_ids.cpu().tolist()):
+            rows = batch.example_ids.cpu().numpy()
+            for row, (index, shift) in enumerate(zip(rows.tolist(), examples.shift(rows, best.shape[1]).tolist())):
                 chunk = examples.chunks[index]
-                out[chunk.sentence][chunk.first_word:chunk.first_word + chunk.num_words] = best[row, chunk.starts]
+                out[chunk.sentence][chunk.first_word:chunk.first_word + chunk.num_words] = \
+                    best[row, chunk.starts + shift]
     finally:
         model.train(was_training)
     assert all((labels >= 0).all() for labels in out), "a word without a prediction"

@@ -50,6 +50,7 @@ from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig
 from bertology.model.transformer import TransformerConfig
+from bertology.model.xlnet import XLNetConfig
 
 # EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files;
 # ``family`` is a key of its own (it chooses the schema of the others).
@@ -57,6 +58,8 @@ ENCODER_FIELDS_NOT_SET = ("extra", "family")
 # TransformerConfig fields set in ``ModelConfig.transformer``: those EncoderConfig lacks (the shared ones, such as
 # hidden_size, are read from ``overrides`` for every family).
 TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(EncoderConfig)))
+# XLNetConfig fields set in ``ModelConfig.xlnet``: XLNet's own (attention type, memory, ...).
+XLNET_FIELDS_NOT_SET = (*TRANSFORMER_FIELDS_NOT_SET, *(f.name for f in dataclasses.fields(TransformerConfig)))
 
 
 def model_families() -> dict[str, str]:
@@ -75,7 +78,8 @@ class ModelConfig:
     overrides of the family's config fields, written flat in the section (``model: {family: gpt2, preset: mini,
     hidden_size: 256}``) and checked against the fields and types of EncoderConfig (``overrides``; the fields both
     configs have, such as hidden_size, are kept here for every family) or TransformerConfig (``transformer``: the
-    decoders' own fields, such as num_decoder_layers or gated_ffn). Unset fields come from the preset, then the
+    decoders' own fields, such as num_decoder_layers or gated_ffn) or XLNetConfig (``xlnet``: XLNet's own, such as
+    mem_len and reuse_len, for a run with an xlnet-style tokenizer). Unset fields come from the preset, then the
     family's; ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
 
     preset: str | None = "tiny"
@@ -86,6 +90,7 @@ class ModelConfig:
     elmo: dict[str, Any] | None = None
     overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
     transformer: dict[str, Any] = inline(TransformerConfig, exclude=TRANSFORMER_FIELDS_NOT_SET)
+    xlnet: dict[str, Any] = inline(XLNetConfig, exclude=XLNET_FIELDS_NOT_SET)
 
     def __post_init__(self) -> None:
         validate(self, "model")
@@ -119,6 +124,9 @@ class ModelConfig:
             own = sorted(key for key in self.overrides if key not in shared)
             if own:
                 raise ConfigError(f"model.{own[0]}: a field of the encoders, not of {self.family} models")
+        if self.xlnet and self.family is not None:
+            raise ConfigError(f"model.{sorted(self.xlnet)[0]}: a field of XLNet models (an xlnet-style tokenizer), "
+                              f"not of {self.family} models")
 
     @property
     def kind(self) -> str:
@@ -128,7 +136,7 @@ class ModelConfig:
     @property
     def settings(self) -> dict[str, Any]:
         """The overrides given, of both schemas."""
-        return {**self.overrides, **self.transformer}
+        return {**self.overrides, **self.transformer, **self.xlnet}
 
     def elmo_config(self, vocab_size: int) -> Any:
         """The ElmoConfig of `model.elmo` for a word vocabulary of `vocab_size`."""
@@ -398,6 +406,9 @@ class PretrainConfig:
                 if self.model.kind not in trains:
                     raise ConfigError(f"objectives.{name}: trains {' or '.join(trains)} models, but model.family "
                                       f"{self.model.family or 'bert'} builds a {self.model.kind} model")
+        if self.data.instances.kind == "segment-stream" and "plm" not in self.objectives:
+            raise ConfigError("data.instances.kind: segment-stream carries XLNet's memory from batch to batch, for "
+                              "the permutation LM (objectives.plm); use doc-sentences or full-sentences")
         causal = [name for name in ("clm", "prefixlm") if name in self.objectives]
         if self.data.instances.kind == "packed-documents" and not causal:
             raise ConfigError("data.instances.kind: packed-documents rows hold several documents whose boundaries "

@@ -68,6 +68,16 @@ def bio_labels(types: Sequence[str]) -> LabelSet:
     return LabelSet(("O", *(f"{prefix}-{kind}" for kind in types for prefix in "BI")))
 
 
+def bio_constraints(labels: LabelSet) -> tuple[Tensor, Tensor]:
+    """The valid moves of BIO tags: ``allowed[i, j]`` (tag j may follow tag i: ``I-X`` only after ``B-X`` or
+    ``I-X``) and ``allowed_start[j]`` (no ``I-`` tag first); what a CRF tagger's Viterbi decoding keeps to."""
+    names = labels.names
+    inside = [name[2:] if name.startswith("I-") else None for name in names]
+    allowed = torch.tensor([[kind is None or (prev in (f"B-{kind}", f"I-{kind}")) for kind in inside]
+                            for prev in names])
+    return allowed, torch.tensor([kind is None for kind in inside])
+
+
 def token_classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
     """The token-classification head of the model's family, as transformers' ``*ForTokenClassification``; for a
     family without one, a linear layer on every token (kind "token")."""

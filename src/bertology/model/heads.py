@@ -8,6 +8,7 @@ kind each family uses for each task, and the weight names, are data in the check
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -381,4 +382,5 @@ class EosTokenHead(nn.Module):
 register_head("tied_lm_bias", TiedLMBiasHead, reads="masked_positions")
 register_head("eos_token", EosTokenHead)
 
-from bertology.model import crf as _crf  # noqa: E402,F401  (registers "bilstm_crf", which builds on the above)
+# The BiLSTM-CRF tagger (kind "bilstm_crf") lives in its own module, which builds on the above and registers it.
+importlib.import_module("bertology.model.crf")

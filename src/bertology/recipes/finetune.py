@@ -75,7 +75,10 @@ class TaskConfig:
     max_length: int | None = None  # tokens per example, specials included; None: the task's default
     # Sentence tasks: the classifier reads [CLS] through the family's own head ("cls": saved in the transformers
     # layout) or the mean of the real tokens' vectors ("mean": a linear layer on it, saved in the native format).
-    pooling: Literal["cls", "mean"] = "cls"
+    pooling: Literal["cls", "mean", "max"] = "cls"
+    # Tagging tasks: a linear layer on every token ("linear": the family's *ForTokenClassification), or a 2-layer
+    # BiLSTM and a linear-chain CRF decoded by Viterbi ("bilstm-crf", bertology.model.crf; saved in the native format).
+    tagger: Literal["linear", "bilstm-crf"] = "linear"
     epochs: float = 3.0
     max_steps: int | None = None
     limit_train: int | None = None
@@ -246,16 +249,26 @@ def _data(config: FinetuneConfig) -> str:
 SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token")
 
 
-def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False
-               ) -> list[HeadSpec]:
-    """The task's heads, with a sentence classifier reading the mean of the tokens (``pooling="mean"``), or, under a
-    scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix: dense-tanh-linear takes its place)."""
+def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False,
+               tagger: str = "linear") -> list[HeadSpec]:
+    """The task's heads, with a sentence classifier reading the mean or the max of the tokens (``pooling="mean"``,
+    ``"max"``), or, under a scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix:
+    dense-tanh-linear takes its place); with ``tagger="bilstm-crf"`` the token classifier is a BiLSTM-CRF."""
+    from bertology.tasks.tagging import TOKEN_CLASSIFIER
+
     heads = task.heads(config)
-    if pooling == "mean":
-        if not any(h.kind in SENTENCE_HEAD_KINDS for h in heads):
-            raise ConfigError(f"task.pooling: 'mean' applies to sentence tasks; {task.name} has no sentence "
+    if tagger == "bilstm-crf":
+        if not any(h.name == TOKEN_CLASSIFIER for h in heads):
+            raise ConfigError(f"task.tagger: 'bilstm-crf' applies to tagging tasks; {task.name} has no token "
+                              f"classifier (heads: {', '.join(h.name for h in heads)})")
+        heads = [HeadSpec(h.name, "bilstm_crf", h.num_labels) if h.name == TOKEN_CLASSIFIER else h for h in heads]
+    if pooling in ("mean", "max"):
+        if not any(h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") for h in heads):
+            raise ConfigError(f"task.pooling: {pooling!r} applies to sentence tasks; {task.name} has no sentence "
                               f"classifier (heads: {', '.join(h.kind for h in heads)})")
-        return [HeadSpec(h.name, "mean_pooled", h.num_labels) if h.kind in SENTENCE_HEAD_KINDS else h for h in heads]
+        kind = f"{pooling}_pooled"
+        return [HeadSpec(h.name, kind, h.num_labels) if h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") else h
+                for h in heads]
     if scalar_mix:
         return [HeadSpec(h.name, "first_token", h.num_labels, "tanh") if h.kind == "pooled" else h for h in heads]
     return heads
@@ -293,13 +306,13 @@ def kept_head(pretrained: Model, spec: HeadSpec) -> HeadSpec | None:
 
 
 def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: str = "cls",
-                scalar_mix: bool = False) -> tuple[Model, bool]:
+                scalar_mix: bool = False, tagger: str = "linear") -> tuple[Model, bool]:
     """The pretrained model (an encoder, a decoder or an encoder-decoder: ``model_class``) with the task's fresh
     heads (and a fresh scalar mix), and whether a pooler was added (freshly initialised: a head of the family needs
     one and the checkpoint has none). A head the checkpoint has as the task wants it (a cloze task's masked-LM head,
     a text-to-text task's language-model head) keeps its weights."""
     config = pretrained.model.config
-    heads = task_heads(task, config, pooling, scalar_mix)
+    heads = task_heads(task, config, pooling, scalar_mix, tagger)
     heads = [kept_head(pretrained.model, spec) or spec for spec in heads]
     fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
     if fresh_pooler:
@@ -513,7 +526,7 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
         check_strategy(config.strategy, pretrained.model)
         model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
-                                          config.strategy.kind == "scalar-mix")
+                                          config.strategy.kind == "scalar-mix", config.task.tagger)
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
         if trainable.trainable == 0:
             raise ConfigError(f"strategy.kind: {config.strategy.kind} leaves nothing to train: the task's heads "

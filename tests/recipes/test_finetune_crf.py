@@ -13,7 +13,7 @@ from bertology.recipes.finetune import FinetuneConfig, finetune, predict_file, t
 from bertology.tasks import read_conll
 from bertology.tasks.base import get_task
 from bertology.tasks.metrics import evaluate_files
-from finetune_helpers import save_tiny_model
+from finetune_helpers import save_tiny_model, toy_conll
 
 
 @pytest.fixture(scope="module")
@@ -78,24 +78,6 @@ def test_the_tagger_option_is_for_tagging_tasks(tmp_path):
     with pytest.raises(ConfigError, match="task.tagger"):
         FinetuneConfig.from_dict({"model": "m", "task": {"name": "conll2003", "tagger": "crf"}})
     assert [h.kind for h in task_heads(get_task("sst2"), config, pooling="max")] == ["max_pooled"]
-
-
-def toy_conll(root, seed=0, sizes=(("eng.train", 160), ("eng.testa", 40))):
-    """CoNLL-2003-style files where fixed words are entities: 'Paris'/'Berlin' LOC, 'John Smith' a two-word PER."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    root.mkdir(parents=True, exist_ok=True)
-    for name, n in sizes:
-        lines = ["-DOCSTART- -X- O O", ""]
-        for _ in range(n):
-            words = [(w, "O") for w in rng.choice(["the", "a", "visit", "to", "met", "in", "said"], 4)]
-            entity = [[("Paris", "I-LOC")], [("Berlin", "I-LOC")], [("John", "I-PER"), ("Smith", "I-PER")]][
-                int(rng.integers(3))]
-            at = int(rng.integers(len(words) + 1))
-            lines += [f"{w} X X {t}" for w, t in words[:at] + entity + words[at:]] + [""]
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
 
 
 def test_the_crf_tagger_learns_toy_entities(tmp_path):

@@ -24,6 +24,7 @@ run has nothing left to resume. ``--resume`` on a finished run only completes th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import shutil
@@ -40,6 +41,7 @@ from bertology.io import atomic_directory, atomic_write, check_output_file
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
 from bertology.model.convert import family_for_config
+from bertology.model.elmo import ElmoModel
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import Model
 from bertology.model.transformer import EncoderStackModel, Seq2SeqModel
@@ -144,9 +146,18 @@ class StrategyConfig:
             raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
 
 
+ELMO_STRATEGIES = ("full", "frozen", "scalar-mix")
+
+
 def check_strategy(strategy: StrategyConfig, model: Model) -> None:
     """LoRA (written beside the model in peft's files) and the scalar mix of the layers are made for encoders; the
-    other strategies train any model."""
+    other strategies train any model. An ELMo model (no transformer blocks to adapt) trains fully, frozen (its top
+    layer as features) or frozen under the scalar mix of its three layers (ELMo's recipe)."""
+    if isinstance(model, ElmoModel):
+        if strategy.kind not in ELMO_STRATEGIES:
+            raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which an ELMo model does not "
+                              f"have: use scalar-mix (ELMo's recipe: its frozen layers mixed), frozen or full")
+        return
     if strategy.kind in ("lora", "scalar-mix") and not isinstance(model, EncoderModel):
         raise ConfigError(f"strategy.kind: {strategy.kind} is for encoders (BERT family); this model is a "
                           f"{type(model).__name__}: use full, frozen, adapters or prefix")
@@ -312,6 +323,8 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
     one and the checkpoint has none). A head the checkpoint has as the task wants it (a cloze task's masked-LM head,
     a text-to-text task's language-model head) keeps its weights."""
     config = pretrained.model.config
+    if isinstance(pretrained.model, ElmoModel):  # a task needs no word softmax: the fine-tuned model drops it
+        config = dataclasses.replace(config, vocab_size=0, extra=dict(config.extra))
     heads = task_heads(task, config, pooling, scalar_mix, tagger)
     heads = [kept_head(pretrained.model, spec) or spec for spec in heads]
     fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
@@ -325,7 +338,8 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
         model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
     fresh = ("heads.", *(f"{where}." for where in model.extensions))  # the task's heads, the mix, span typing
-    body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith("heads.")}
+    dropped = ("heads.", "softmax.") if isinstance(model, ElmoModel) else ("heads.",)
+    body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith(dropped)}
     wanted = {name for name in model.state_dict() if not name.startswith(fresh)}
     missing = sorted(wanted - set(body))
     unexpected = sorted(set(body) - wanted)
@@ -443,6 +457,26 @@ class WatchedSource:
                 bar.update(1)
 
 
+def task_tokenizer(pretrained: Pretrained, where: str) -> Any:
+    """What the task's encoder reads text with: the model's tokenizer, or for a model that reads words as characters
+    (ELMo) a ``bertology.tasks.words.WordTokenizer`` (with the model's word vocabulary, when it has one, for its
+    lower-casing; a ConfigError naming ``where`` when a subword model has no tokenizer files."""
+    if isinstance(pretrained.model, ElmoModel):
+        from bertology.tasks.words import WordTokenizer
+
+        return WordTokenizer(pretrained.model.config.max_characters_per_token, pretrained.tokenizer)
+    if pretrained.tokenizer is None:
+        raise ConfigError(f"{where} has no tokenizer files")
+    return pretrained.tokenizer
+
+
+def model_inputs(encoded: BatchSource, tokenizer: Any) -> BatchSource:
+    """The encoded examples as the model reads them: for a ``WordTokenizer``'s, batches of characters."""
+    from bertology.tasks.words import CharacterBatches, WordTokenizer
+
+    return CharacterBatches(encoded, tokenizer.types) if isinstance(tokenizer, WordTokenizer) else encoded
+
+
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
                  max_length: int | None = None, batch_size: int = 64, dtype: str = "float32",
                  device: str | torch.device | None = None) -> int:
@@ -459,8 +493,7 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     where = placement(device, dtype, int8=True)  # before the model is loaded
     check_output_file(output_path)  # and the output: not a directory, not below a file
     pretrained = where.move(with_dtype(load(model_dir), dtype))
-    if pretrained.tokenizer is None:
-        raise ConfigError(f"{model_dir}: no tokenizer files")
+    tokenizer = task_tokenizer(pretrained, str(model_dir))
     task = for_model(task, pretrained.model)
     wanted = task.heads(pretrained.model.config)
     have = {spec.name: spec for spec in pretrained.model.head_specs}
@@ -474,8 +507,8 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     read_input = getattr(task, "read_input", None)  # a tagger also reads words without tags
     examples = read_input(Path(input_path)) if read_input is not None else task.read(Path(input_path))
     length = max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
-    encoded = task.encode(pretrained.tokenizer, examples, min(length, pretrained.model.config.max_length),
-                          train=False)
+    encoded = model_inputs(task.encode(tokenizer, examples, min(length, pretrained.model.config.max_length),
+                                       train=False), tokenizer)
     with where.autocast():
         predictions = task.predict(pretrained.model, encoded, examples, batch_size)
     task.write(Path(output_path), predictions, examples)
@@ -505,17 +538,13 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         dev_path = task.path(data, "dev")
         dev_examples = task.read(dev_path, config.task.limit_dev)
         pretrained = load(config.model)
-        if getattr(pretrained.model.config, "family", None) == "elmo":
-            raise ConfigError(f"model: {config.model} is an ELMo model; fine-tuning on ELMo's features is not "
-                              "implemented yet (docs/ELMO.md): use its word vectors (bertology embed)")
-        if pretrained.tokenizer is None:
-            raise ConfigError(f"model: {config.model} has no tokenizer files")
+        tokenizer = task_tokenizer(pretrained, f"model: {config.model}")
         task = for_model(task, pretrained.model)
-        tokenizer = pretrained.tokenizer
         wanted = config.task.max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
         max_length = min(wanted, pretrained.model.config.max_length)
-        train = task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed)
-        dev = task.encode(tokenizer, dev_examples, max_length, train=False)
+        train = model_inputs(task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed),
+                             tokenizer)
+        dev = model_inputs(task.encode(tokenizer, dev_examples, max_length, train=False), tokenizer)
         per_epoch = train.num_batches(0, config.optim.batch_size, env.rank, env.world_size)
         if per_epoch == 0:
             raise ConfigError(f"optim.batch_size: {config.optim.batch_size} x {env.world_size} is more than the "

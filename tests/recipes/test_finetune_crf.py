@@ -92,3 +92,16 @@ def test_the_crf_tagger_learns_toy_entities(tmp_path):
         "speed": {"threads": 1, "prefetch": 0}})
     result = finetune(config)
     assert result.best["value"] > 90, result.best
+
+
+def test_the_cli_sets_the_tagger(tmp_path, capsys):
+    from bertology.cli.main import main
+
+    root = toy_conll(tmp_path / "conll", sizes=(("eng.train", 16), ("eng.testa", 4)))
+    model_dir = save_tiny_model(tmp_path / "base", ["Paris", "Berlin", "John", "Smith", "the", "a", "visit", "to",
+                                                    "met", "in", "said"], vocab_size=60)
+    assert main(["finetune", "--task", "conll2003", "--model", str(model_dir), "--out", str(tmp_path / "run"),
+                 "--data", str(root), "--tagger", "bilstm-crf", "--max-steps", "1", "--set", "run.progress=false",
+                 "--set", "speed.threads=1", "--set", "optim.batch_size=8"]) == 0
+    assert json.loads((tmp_path / "run" / "run_config.json").read_text())["task"]["tagger"] == "bilstm-crf"
+    assert load(tmp_path / "run" / "model").model.head_specs[0].kind == "bilstm_crf"

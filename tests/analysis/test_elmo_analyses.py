@@ -76,3 +76,14 @@ def test_an_elmo_fingerprint_is_its_bilm_and_its_splitting_rule(elmo_dir, tmp_pa
     with torch.no_grad():
         changed.forward_layers[1].weight_hr.add_(1e-3)
     assert fingerprint(changed) != fingerprint(pretrained.model)
+
+
+def test_analyze_lists_the_attention_analyses_as_not_for_elmo(elmo_dir, tmp_path):
+    from bertology.analysis.report import build_report
+
+    result = build_report(elmo_dir, tmp_path / "report", only="attention,importance", data_dir=tmp_path)
+    assert not result.sections
+    assert {s.name: s.reason for s in result.skipped} == {
+        name: "an ELMo model has no attention heads (a character CNN and LSTMs)" for name in ("attention",
+                                                                                            "importance")}
+    assert (tmp_path / "report" / "report.html").is_file()

@@ -132,3 +132,34 @@ def test_a_frozen_bilm_runs_without_gradients_or_dropout_under_a_training_mix():
         assert not a.requires_grad
     first.last_hidden_state.sum().backward()  # the mix above it trains
     assert model.mix.scalars.grad is not None and model.mix.gamma.grad is not None
+
+
+def test_an_elmo_tagging_run_resumes_from_its_checkpoint(elmo_dir, tmp_path, monkeypatch):
+    """Killed after its final files, before the clean-up: --resume reads the last checkpoint (ELMo, its mix and the
+    BiLSTM-CRF, in the native format, with words.txt) back and writes the same model again."""
+    import shutil
+
+    from bertology.recipes import finetune as recipe
+
+    conll = toy_conll(tmp_path / "conll", sizes=(("eng.train", 32), ("eng.testa", 8)))
+    out = tmp_path / "run"
+
+    def config():
+        return _config(elmo_dir, "conll2003", conll, out, task={"tagger": "bilstm-crf", "epochs": 2},
+                       run={"checkpoint_every": 2})
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(recipe, "drop_working_copies", killed)
+        with pytest.raises(KeyboardInterrupt):
+            finetune(config())
+    assert (out / "checkpoints" / "step-0000004" / "words.txt").is_file()
+    reference = bertology.load(out / "model").model.state_dict()
+    shutil.rmtree(out / "model")
+    (out / "best.json").unlink()
+    again = finetune(config(), resume=True)
+    assert again.steps == 4 and not (out / "checkpoints").exists()
+    restored = bertology.load(out / "model").model.state_dict()
+    assert restored.keys() == reference.keys() and all(torch.equal(restored[k], reference[k]) for k in reference)

@@ -15,7 +15,7 @@ FORMATS = (
      "conlleval's input: each token's columns, the gold tag and the predicted tag (6 columns for CoNLL-2003's "
      "4-column files), a blank line after each sentence; for a file of words only (conll2003), 'word tag' lines"),
     ("conll2003-spans", "a tsv with a header line: sentence_id<TAB>start<TAB>end<TAB>predicted<TAB>gold"),
-    ("squad", "the official SQuAD v1.1 predictions JSON: {question id: answer text}"),
+    ("squad, squad-article", "the official SQuAD v1.1 predictions JSON: {question id: answer text}"),
 )
 
 
@@ -40,13 +40,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--model", required=True, metavar="DIR", help="the fine-tuned model directory")
     parser.add_argument("--task", required=True,
-                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad")
+                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad, squad-article "
+                        "(SQuAD, each question reading its whole article)")
     parser.add_argument("--input", required=True, metavar="FILE",
                         help="a file in the layout the task reads (conll2003: or words only, one a line)")
     parser.add_argument("--output", required=True, metavar="FILE",
                         help="where the predictions go, in the task's format (below)")
     parser.add_argument("--max-length", type=int, metavar="N",
-                        help="tokens per example; use the run's task.max_length (default: the task's, 128 or 384)")
+                        help="tokens per example; use the run's task.max_length (default: the task's: 128, 384, squad-article's 4096; at most the model's)")
     parser.add_argument("--batch-size", type=int, default=64, metavar="N", help="examples per batch (default 64)")
     add_device_arguments(parser, int8=True, int8_help="the encoder layers' linear maps in int8, faster on CPU")
     parser.set_defaults(func=run)

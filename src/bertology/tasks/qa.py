@@ -1,4 +1,5 @@
-"""SQuAD v1.1 extractive question answering as a fine-tuning task (``squad``).
+"""SQuAD v1.1 extractive question answering as a fine-tuning task (``squad``), and ``squad-article``
+(:class:`SquadArticleTask`): every question with its whole article as the context, for long models.
 
 Files and splits. ``path(data, split)`` gives the file to read: with a folder holding the official
 ``train-v1.1.json`` and ``dev-v1.1.json``, that split's file; with a folder holding one SQuAD JSON file (the shared
@@ -66,7 +67,7 @@ from bertology.model.protocol import Model
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, classification_summary
 from bertology.tasks import metrics
 from bertology.tasks.base import register_task
-from bertology.tasks.examples import QAExample
+from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.readers import read_squad, split_squad_by_article
 from bertology.tasks.sequence import EncodedExamples, TaskBatch
 from bertology.tokenization import Tokenizer
@@ -506,3 +507,55 @@ class SquadTask:
 
 
 register_task(SquadTask())
+
+
+# ------------------------------------------------------------------------------------------- whole articles
+ARTICLE_SEPARATOR = "\n\n"  # between the paragraphs of a joined article
+
+
+def whole_articles(examples: Sequence[QAExample]) -> list[QAExample]:
+    """Each question with its whole article as the context: the article's paragraphs (its questions' contexts, in
+    the order they first occur) joined by :data:`ARTICLE_SEPARATOR`, every answer's start moved to the same
+    characters of the joined text. Articles are told apart by title; the questions keep their order."""
+    paragraphs: dict[str, dict[str, int]] = {}
+    for example in examples:
+        paragraphs.setdefault(example.title, {}).setdefault(example.context, 0)
+    articles: dict[str, str] = {}
+    for title, contexts in paragraphs.items():
+        at = 0
+        for context in contexts:
+            contexts[context] = at
+            at += len(context) + len(ARTICLE_SEPARATOR)
+        articles[title] = ARTICLE_SEPARATOR.join(contexts)
+    joined = []
+    for example in examples:
+        shift = paragraphs[example.title][example.context]
+        answers = [Answer(a.text, a.start + shift) for a in example.answers]
+        joined.append(QAExample(example.id, example.question, articles[example.title], answers, example.title))
+    return joined
+
+
+class SquadArticleTask(SquadTask):
+    """SQuAD v1.1 with the whole article as every question's context (``squad-article``; :func:`whole_articles`),
+    split by article as ``squad`` is. A model reads the article in windows of ``task.max_length`` tokens (at most
+    its own length) overlapping by half: a short model many windows of a few hundred tokens, a Longformer (its
+    question tokens global, as transformers' question-answering class makes them) one window of up to 4,096
+    tokens or a few. Predictions, scores and the written files are ``squad``'s (the official EM and F1)."""
+
+    max_length = 4096
+
+    def __init__(self, name: str = "squad-article", **options: Any) -> None:
+        super().__init__(name, **options)
+
+    def read(self, path: Path, limit: int | None = None) -> list[QAExample]:
+        examples = whole_articles(super().read(path))  # every paragraph of an article, then the first questions
+        return examples if limit is None else examples[:limit]
+
+    def encode(self, tokenizer: Tokenizer, examples: Sequence[QAExample], max_length: int, *, train: bool,
+               seed: int = 0) -> QAWindows:
+        # a step of half the capacity whatever the length (window_step caps doc_stride there)
+        return QAWindows.encode(tokenizer, examples, max_length, max_query_length=self.max_query_length,
+                                doc_stride=max_length, shuffle=train, seed=seed)
+
+
+register_task(SquadArticleTask())

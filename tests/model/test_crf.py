@@ -112,6 +112,7 @@ class _Config:
     hidden_size, head_dropout = 8, 0.0
 
 
+@torch.no_grad()
 def test_the_head_reads_the_real_tokens_whatever_the_padding():
     torch.manual_seed(0)
     head = build_head(_Config(), HeadSpec("token_classifier", "bilstm_crf", num_labels=5)).eval()

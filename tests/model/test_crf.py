@@ -130,3 +130,14 @@ def test_the_head_reads_the_real_tokens_whatever_the_padding():
     assert tags.shape == (1, 3) and mask.all()
     with pytest.raises(InputError, match=r"CRF: emissions must be \[batch, words, 5\]"):
         head.crf.log_partition(torch.zeros(1, 2, 4), torch.ones(1, 2, dtype=torch.bool))
+
+
+@torch.no_grad()
+def test_the_bilstm_max_sentence_head_reads_only_the_real_tokens():
+    torch.manual_seed(0)
+    head = build_head(_Config(), HeadSpec("classifier", "bilstm_max", num_labels=3)).eval()
+    hidden, noise = torch.randn(2, 4, 8), torch.randn(2, 2, 8)
+    alone = head(HeadInputs(hidden, torch.ones(2, 4, dtype=torch.long), torch.zeros(0)))
+    left = head(HeadInputs(torch.cat([noise, hidden], 1), torch.tensor([[0, 0, 1, 1, 1, 1]] * 2), torch.zeros(0)))
+    assert alone.shape == (2, 3)
+    torch.testing.assert_close(left, alone)

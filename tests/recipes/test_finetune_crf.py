@@ -78,6 +78,9 @@ def test_the_tagger_option_is_for_tagging_tasks(tmp_path):
     with pytest.raises(ConfigError, match="task.tagger"):
         FinetuneConfig.from_dict({"model": "m", "task": {"name": "conll2003", "tagger": "crf"}})
     assert [h.kind for h in task_heads(get_task("sst2"), config, pooling="max")] == ["max_pooled"]
+    assert [h.kind for h in task_heads(get_task("sst2"), config, pooling="bilstm-max")] == ["bilstm_max"]
+    with pytest.raises(ConfigError, match="task.pooling: 'bilstm-max' applies to sentence tasks"):
+        task_heads(get_task("conll2003"), config, pooling="bilstm-max")
 
 
 def test_the_crf_tagger_learns_toy_entities(tmp_path):

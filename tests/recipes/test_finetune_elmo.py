@@ -74,9 +74,10 @@ def test_sst2_on_elmos_mixed_layers_learns_and_the_model_predicts_again(elmo_dir
             torch.testing.assert_close(trained.state_dict()[name], value, rtol=0, atol=0)
     predict_file(out / "model", "sst2", glue / "SST-2" / "dev.tsv", tmp_path / "pred.tsv")
     assert (tmp_path / "pred.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
-    # Max pooling of the mixed words, the other sentence head.
-    maxed = finetune(_config(elmo_dir, "sst2", glue, tmp_path / "max", task={"pooling": "max", "epochs": 1}))
-    assert [h.kind for h in bertology.load(maxed.model_dir).model.head_specs] == ["max_pooled"]
+    # Max pooling of the mixed words, and a BiLSTM over them then the max, the other sentence heads.
+    for pooling, kind in (("max", "max_pooled"), ("bilstm-max", "bilstm_max")):
+        other = finetune(_config(elmo_dir, "sst2", glue, tmp_path / pooling, task={"pooling": pooling, "epochs": 1}))
+        assert [h.kind for h in bertology.load(other.model_dir).model.head_specs] == [kind]
 
 
 def test_ner_with_the_bilstm_crf_on_elmo(elmo_dir, tmp_path, monkeypatch):

@@ -1,5 +1,6 @@
 """A linear-chain CRF and the BiLSTM-CRF tagger head (kind "bilstm_crf"): the NER setup of Peters et al. (2018)
-(after Lample et al. 2016 and Peters et al. 2017), usable on any model's features.
+(after Lample et al. 2016 and Peters et al. 2017), usable on any model's features; and the BiLSTM-max sentence
+classifier (kind "bilstm_max") on the same BiLSTM over the real tokens.
 
 A tag sequence y_1..y_n of a sentence with emission scores e_t (one row of T scores per word) scores
 
@@ -115,6 +116,19 @@ class LinearChainCRF(nn.Module):
         return torch.stack(path[::-1], dim=1)
 
 
+def bilstm(lstm: nn.LSTM, hidden: Tensor, keep: Tensor, dropout: float, training: bool) -> tuple[Tensor, Tensor]:
+    """`lstm` (batch first) over the tokens `keep` [B, L] of `hidden` [B, L, H], moved to the front of each row
+    (whichever side the padding was on), dropped out and packed: outputs [B, W, out] (zeros past a row's tokens)
+    and their mask [B, W]."""
+    words, real = compact(hidden, keep)
+    lengths = real.sum(1).clamp(min=1).cpu()
+    words = fast_dropout(words, dropout, training)
+    packed = nn.utils.rnn.pack_padded_sequence(words, lengths, batch_first=True, enforce_sorted=False)
+    out, _ = lstm(packed)
+    out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=words.shape[1])
+    return out, real
+
+
 class BiLSTMCRFHead(nn.Module):
     """Kind "bilstm_crf": a 2-layer BiLSTM over the real tokens' hidden states, then emission scores per token, and
     a linear-chain CRF over the tags (`crf`); see the module docstring."""
@@ -130,12 +144,7 @@ class BiLSTMCRFHead(nn.Module):
 
     def forward(self, inputs: HeadInputs) -> Tensor:
         h, keep = inputs.hidden, inputs.attention_mask.bool()
-        words, real = compact(h, keep)  # the real tokens first, whichever side the padding was on
-        lengths = real.sum(1).clamp(min=1).cpu()
-        words = fast_dropout(words, self.dropout, self.training)
-        packed = nn.utils.rnn.pack_padded_sequence(words, lengths, batch_first=True, enforce_sorted=False)
-        out, _ = self.lstm(packed)
-        out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=words.shape[1])
+        out, real = bilstm(self.lstm, h, keep, self.dropout, self.training)
         emissions = self.out(fast_dropout(out, self.dropout, self.training))
         # Back to the token positions (padding scores 0).
         full = emissions.new_zeros(*h.shape[:2], emissions.shape[-1])
@@ -151,3 +160,25 @@ class BiLSTMCRFHead(nn.Module):
 
 
 register_head("bilstm_crf", BiLSTMCRFHead)
+
+
+class BiLSTMMaxHead(nn.Module):
+    """Kind "bilstm_max": a sentence classifier that reads the words, not their average (InferSent's encoder): a
+    1-layer BiLSTM of `hidden_size // 2` per direction over the real tokens, the element-wise max of its outputs,
+    dropout and a linear layer."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        width = max(1, config.hidden_size // 2)
+        self.dropout = config.head_dropout
+        self.lstm = nn.LSTM(config.hidden_size, width, batch_first=True, bidirectional=True)
+        self.out = nn.Linear(2 * width, spec.num_labels)
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        out, real = bilstm(self.lstm, inputs.hidden, inputs.attention_mask.bool(), self.dropout, self.training)
+        pooled = out.masked_fill(~real[..., None], float("-inf")).amax(1)
+        pooled = torch.where(torch.isfinite(pooled), pooled, 0.0)  # a row without tokens reads zeros
+        return self.out(fast_dropout(pooled, self.dropout, self.training))
+
+
+register_head("bilstm_max", BiLSTMMaxHead)

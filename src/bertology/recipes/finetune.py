@@ -77,7 +77,8 @@ class TaskConfig:
     max_length: int | None = None  # tokens per example, specials included; None: the task's default
     # Sentence tasks: the classifier reads [CLS] through the family's own head ("cls": saved in the transformers
     # layout) or the mean of the real tokens' vectors ("mean": a linear layer on it, saved in the native format).
-    pooling: Literal["cls", "mean", "max"] = "cls"
+    # "max": their element-wise max; "bilstm-max": a BiLSTM over them, then the max (bertology.model.crf).
+    pooling: Literal["cls", "mean", "max", "bilstm-max"] = "cls"
     # Tagging tasks: a linear layer on every token ("linear": the family's *ForTokenClassification), or a 2-layer
     # BiLSTM and a linear-chain CRF decoded by Viterbi ("bilstm-crf", bertology.model.crf; saved in the native format).
     tagger: Literal["linear", "bilstm-crf"] = "linear"
@@ -273,11 +274,11 @@ def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", 
             raise ConfigError(f"task.tagger: 'bilstm-crf' applies to tagging tasks; {task.name} has no token "
                               f"classifier (heads: {', '.join(h.name for h in heads)})")
         heads = [HeadSpec(h.name, "bilstm_crf", h.num_labels) if h.name == TOKEN_CLASSIFIER else h for h in heads]
-    if pooling in ("mean", "max"):
+    if pooling in ("mean", "max", "bilstm-max"):
         if not any(h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") for h in heads):
             raise ConfigError(f"task.pooling: {pooling!r} applies to sentence tasks; {task.name} has no sentence "
                               f"classifier (heads: {', '.join(h.kind for h in heads)})")
-        kind = f"{pooling}_pooled"
+        kind = {"mean": "mean_pooled", "max": "max_pooled", "bilstm-max": "bilstm_max"}[pooling]
         return [HeadSpec(h.name, kind, h.num_labels) if h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") else h
                 for h in heads]
     if scalar_mix:

@@ -101,3 +101,21 @@ def save_family_model(directory: Path, style: str, texts: list[str], positions: 
     hf.save_pretrained(directory / "hf")
     Pretrained(load_model(directory / "hf"), tokenizer).save(directory / "model")
     return directory / "model"
+
+
+def toy_conll(root, seed=0, sizes=(("eng.train", 160), ("eng.testa", 40))):
+    """CoNLL-2003-style files where fixed words are entities: 'Paris'/'Berlin' LOC, 'John Smith' a two-word PER."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for name, n in sizes:
+        lines = ["-DOCSTART- -X- O O", ""]
+        for _ in range(n):
+            words = [(w, "O") for w in rng.choice(["the", "a", "visit", "to", "met", "in", "said"], 4)]
+            entity = [[("Paris", "I-LOC")], [("Berlin", "I-LOC")], [("John", "I-PER"), ("Smith", "I-PER")]][
+                int(rng.integers(3))]
+            at = int(rng.integers(len(words) + 1))
+            lines += [f"{w} X X {t}" for w, t in words[:at] + entity + words[at:]] + [""]
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root

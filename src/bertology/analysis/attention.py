@@ -380,6 +380,11 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
                    model_dir: str | None = None, show_progress: bool = False) -> Section:
     """The report's attention section on UD English-EWT dev (`data_dir/ud-english-ewt`); 500 sentences (100 with
     `quick`)."""
+    from bertology.analysis.report import AnalysisUnavailable
+    from bertology.model.elmo import ElmoModel
+
+    if isinstance(pretrained.model, ElmoModel):
+        raise AnalysisUnavailable("an ELMo model has no attention heads (a character CNN and LSTMs)")
     ud = Path(data_dir) / "ud-english-ewt"
     if not ud.is_dir():
         raise FileNotFoundError(f"{ud}: UD English-EWT is not there")

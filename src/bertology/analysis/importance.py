@@ -438,6 +438,11 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
                    model_dir: str | None = None, task: str | None = None, show_progress: bool = False) -> Section:
     """Head importance and the pruning curve: on `task` (a fine-tuned classifier; GLUE under `data_dir/glue`), or
     with the masked-LM head on UD English-EWT dev texts; otherwise there is nothing to take a gradient of."""
+    from bertology.analysis.report import AnalysisUnavailable
+    from bertology.model.elmo import ElmoModel
+
+    if isinstance(pretrained.model, ElmoModel):
+        raise AnalysisUnavailable("an ELMo model has no attention heads (a character CNN and LSTMs)")
     model = pretrained.model
     out = Path(out_dir) / "importance"
     examples = 64 if quick else 256

@@ -27,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="override a config value, e.g. --set optim.lr=3e-5 (repeatable; values are YAML)")
     parser.add_argument("--max-steps", type=int, metavar="N", help="at most N optimizer steps")
     parser.add_argument("--limit-train", type=int, metavar="N", help="train on the first N examples only")
+    parser.add_argument("--tagger", choices=("linear", "bilstm-crf"),
+                        help="a tagging task's head: a linear layer on every token (default), or a BiLSTM and a "
+                        "linear-chain CRF decoded by Viterbi (task.tagger)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's outputs in --out")
     parser.add_argument("--keep-checkpoint", action="store_true",
@@ -47,6 +50,8 @@ def run(args: argparse.Namespace) -> int:
         settings.append(f"task.max_steps={args.max_steps}")
     if args.limit_train is not None:
         settings.append(f"task.limit_train={args.limit_train}")
+    if args.tagger is not None:
+        settings.append(f"task.tagger={args.tagger}")
     if args.keep_checkpoint:
         settings.append("run.keep_checkpoint=true")
     config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))

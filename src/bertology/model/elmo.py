@@ -27,9 +27,10 @@ cache) are not offered: `protocol.require_encoder` refuses ELMo models where tho
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -191,6 +192,12 @@ class ElmoConfig:
     @property
     def head_dropout(self) -> float:
         return self.classifier_dropout if self.classifier_dropout is not None else self.dropout
+
+    @property
+    def sentence_head(self) -> str:
+        """The sentence classifier a task puts on ELMo, which has no [CLS] to read: a linear layer on the mean of
+        the words' vectors (``task.pooling: max`` for their max)."""
+        return "mean_pooled"
 
     @property
     def clipped(self) -> bool:
@@ -496,6 +503,11 @@ class ElmoModel(nn.Module):
         for layer in (*self.forward_layers, *self.backward_layers):
             layer.bias[cell:2 * cell].fill_(1.0)
 
+    def bilm_parameters(self) -> Iterator[nn.Parameter]:
+        """The biLM's own parameters: the character encoder's and the LSTMs' (not the softmax, heads or mix)."""
+        for part in (self.characters, self.forward_layers, self.backward_layers):
+            yield from part.parameters()
+
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         """The three output layers [B, L, 2 * projection_dim]: the token layer twice, then each biLSTM layer."""
@@ -525,10 +537,12 @@ class ElmoModel(nn.Module):
         out[real] = self.characters(input_ids[real])
         return out
 
-    def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None
-               ) -> tuple[list[Tensor], list[Tensor], ElmoState]:
+    def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None,
+               dropping: bool | None = None) -> tuple[list[Tensor], list[Tensor], ElmoState]:
         """Both directions' layers: the forward LM over `fx` [B, L, p], the backward LM over `bx` from each row's
-        end. Returns each layer's outputs per direction (in the input's order) and the final state."""
+        end. Returns each layer's outputs per direction (in the input's order) and the final state. `dropping`:
+        dropout between the layers (None: in training)."""
+        dropping = self.training if dropping is None else dropping
         bx = reverse_rows(bx, blengths)
         layers = self.config.num_layers
         forward, backward, hs, cs = [], [], [[], []], [[], []]
@@ -548,8 +562,8 @@ class ElmoModel(nn.Module):
                 cs[d].append(c)
             forward.append(fy)
             backward.append(reverse_rows(by, blengths))
-            fx = fast_dropout(fy, self.config.dropout, self.training)
-            bx = fast_dropout(by, self.config.dropout, self.training)
+            fx = fast_dropout(fy, self.config.dropout, dropping)
+            bx = fast_dropout(by, self.config.dropout, dropping)
         return forward, backward, ElmoState(torch.stack(hs[0] + hs[1]), torch.stack(cs[0] + cs[1]))
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
@@ -560,18 +574,23 @@ class ElmoModel(nn.Module):
         document in both directions): the backward LM reads these words instead (a window of the document read
         from its end); the output layers then exist only per direction (`forward_top`, `backward_top`)."""
         attention_mask = self.check_chars(input_ids, attention_mask, "input_ids")
-        x = self.tokens(input_ids, attention_mask)
-        lengths = attention_mask.sum(1).cpu()
-        x_in = fast_dropout(x, self.config.dropout, self.training)
-        if backward_input_ids is None:
-            bx, bx_in, blengths = x, x_in, lengths
-        else:
-            backward_attention_mask = self.check_chars(backward_input_ids, backward_attention_mask,
-                                                       "backward_input_ids")
-            bx = self.tokens(backward_input_ids, backward_attention_mask)
-            blengths = backward_attention_mask.sum(1).cpu()
-            bx_in = fast_dropout(bx, self.config.dropout, self.training)
-        forward, backward, new_state = self.bilstm(x_in, lengths, bx_in, blengths, state)
+        # A frozen biLM (no parameter of it trains: the frozen-feature strategies) is a fixed feature extractor: it
+        # runs without gradients and without its dropout; the mix and the heads above it still train.
+        frozen = not any(p.requires_grad for p in self.bilm_parameters())
+        dropping = self.training and not frozen
+        with torch.no_grad() if frozen else contextlib.nullcontext():
+            x = self.tokens(input_ids, attention_mask)
+            lengths = attention_mask.sum(1).cpu()
+            x_in = fast_dropout(x, self.config.dropout, dropping)
+            if backward_input_ids is None:
+                bx, bx_in, blengths = x, x_in, lengths
+            else:
+                backward_attention_mask = self.check_chars(backward_input_ids, backward_attention_mask,
+                                                           "backward_input_ids")
+                bx = self.tokens(backward_input_ids, backward_attention_mask)
+                blengths = backward_attention_mask.sum(1).cpu()
+                bx_in = fast_dropout(bx, self.config.dropout, dropping)
+            forward, backward, new_state = self.bilstm(x_in, lengths, bx_in, blengths, state, dropping)
         if backward_input_ids is not None:
             return ElmoOutput(last_hidden_state=forward[-1], forward_top=forward[-1], backward_top=backward[-1],
                               state=new_state)

@@ -8,6 +8,7 @@ kind each family uses for each task, and the weight names, are data in the check
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -168,6 +169,16 @@ class MeanPooledHead(nn.Module):
         return self.out(fast_dropout(mean, self.dropout, self.training))
 
 
+class MaxPooledHead(MeanPooledHead):
+    """Dropout then a linear layer on the element-wise max of the real tokens' vectors (kind "max_pooled")."""
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h = inputs.hidden
+        pooled = h.masked_fill(~inputs.attention_mask.bool().unsqueeze(-1), float("-inf")).amax(1)
+        pooled = torch.where(torch.isfinite(pooled), pooled, 0.0)  # a row without real tokens reads zeros
+        return self.out(fast_dropout(pooled, self.dropout, self.training))
+
+
 class TokenMLPHead(nn.Module):
     """dense -> act -> one logit per token: ELECTRA's replaced-token discriminator."""
 
@@ -271,6 +282,7 @@ register_head("masked_lm", MaskedLMHead, reads="masked_positions")
 register_head("pooled", LinearHead, reads="pooler")
 register_head("first_token", FirstTokenHead, reads="first_token")
 register_head("mean_pooled", MeanPooledHead)
+register_head("max_pooled", MaxPooledHead)
 register_head("token", TokenLinearHead)
 register_head("token_mlp", TokenMLPHead)
 register_head("span", SpanHead)
@@ -369,3 +381,6 @@ class EosTokenHead(nn.Module):
 
 register_head("tied_lm_bias", TiedLMBiasHead, reads="masked_positions")
 register_head("eos_token", EosTokenHead)
+
+# The BiLSTM-CRF tagger (kind "bilstm_crf") lives in its own module, which builds on the above and registers it.
+importlib.import_module("bertology.model.crf")

@@ -24,6 +24,7 @@ run has nothing left to resume. ``--resume`` on a finished run only completes th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import shutil
@@ -40,6 +41,7 @@ from bertology.io import atomic_directory, atomic_write, check_output_file
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
 from bertology.model.convert import family_for_config
+from bertology.model.elmo import ElmoModel
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import Model
 from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel
@@ -75,7 +77,11 @@ class TaskConfig:
     max_length: int | None = None  # tokens per example, specials included; None: the task's default
     # Sentence tasks: the classifier reads [CLS] through the family's own head ("cls": saved in the transformers
     # layout) or the mean of the real tokens' vectors ("mean": a linear layer on it, saved in the native format).
-    pooling: Literal["cls", "mean"] = "cls"
+    # "max": their element-wise max; "bilstm-max": a BiLSTM over them, then the max (bertology.model.crf).
+    pooling: Literal["cls", "mean", "max", "bilstm-max"] = "cls"
+    # Tagging tasks: a linear layer on every token ("linear": the family's *ForTokenClassification), or a 2-layer
+    # BiLSTM and a linear-chain CRF decoded by Viterbi ("bilstm-crf", bertology.model.crf; saved in the native format).
+    tagger: Literal["linear", "bilstm-crf"] = "linear"
     epochs: float = 3.0
     max_steps: int | None = None
     limit_train: int | None = None
@@ -145,11 +151,18 @@ class StrategyConfig:
 # Models LoRA fine-tunes: the encoders, decoders and encoder-decoders built of the shared blocks.
 LORA_MODELS = (EncoderModel, DecoderModel, Seq2SeqModel, EncoderStackModel)
 LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias", "lm")
+ELMO_STRATEGIES = ("full", "frozen", "scalar-mix")
 
 
 def check_strategy(strategy: StrategyConfig, model: Model) -> None:
     """The scalar mix of the layers is made for encoders, LoRA for the models of the shared blocks (encoders,
-    GPT-2, BART, T5); the other strategies train any model."""
+    GPT-2, BART, T5); the other strategies train any model. An ELMo model (no transformer blocks to adapt) trains
+    fully, frozen (its top layer as features) or frozen under the scalar mix of its three layers (ELMo's recipe)."""
+    if isinstance(model, ElmoModel):
+        if strategy.kind not in ELMO_STRATEGIES:
+            raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which an ELMo model does not "
+                              f"have: use scalar-mix (ELMo's recipe: its frozen layers mixed), frozen or full")
+        return
     if strategy.kind == "scalar-mix" and not isinstance(model, EncoderModel):
         raise ConfigError(f"strategy.kind: scalar-mix is for encoders (BERT family); this model is a "
                           f"{type(model).__name__}: use full, frozen, lora, adapters or prefix")
@@ -263,16 +276,26 @@ def _data(config: FinetuneConfig) -> str:
 SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token", "summary_last")
 
 
-def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False
-               ) -> list[HeadSpec]:
-    """The task's heads, with a sentence classifier reading the mean of the tokens (``pooling="mean"``), or, under a
-    scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix: dense-tanh-linear takes its place)."""
+def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False,
+               tagger: str = "linear") -> list[HeadSpec]:
+    """The task's heads, with a sentence classifier reading the mean or the max of the tokens (``pooling="mean"``,
+    ``"max"``), or, under a scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix:
+    dense-tanh-linear takes its place); with ``tagger="bilstm-crf"`` the token classifier is a BiLSTM-CRF."""
+    from bertology.tasks.tagging import TOKEN_CLASSIFIER
+
     heads = task.heads(config)
-    if pooling == "mean":
-        if not any(h.kind in SENTENCE_HEAD_KINDS for h in heads):
-            raise ConfigError(f"task.pooling: 'mean' applies to sentence tasks; {task.name} has no sentence "
+    if tagger == "bilstm-crf":
+        if not any(h.name == TOKEN_CLASSIFIER for h in heads):
+            raise ConfigError(f"task.tagger: 'bilstm-crf' applies to tagging tasks; {task.name} has no token "
+                              f"classifier (heads: {', '.join(h.name for h in heads)})")
+        heads = [HeadSpec(h.name, "bilstm_crf", h.num_labels) if h.name == TOKEN_CLASSIFIER else h for h in heads]
+    if pooling in ("mean", "max", "bilstm-max"):
+        if not any(h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") for h in heads):
+            raise ConfigError(f"task.pooling: {pooling!r} applies to sentence tasks; {task.name} has no sentence "
                               f"classifier (heads: {', '.join(h.kind for h in heads)})")
-        return [HeadSpec(h.name, "mean_pooled", h.num_labels) if h.kind in SENTENCE_HEAD_KINDS else h for h in heads]
+        kind = {"mean": "mean_pooled", "max": "max_pooled", "bilstm-max": "bilstm_max"}[pooling]
+        return [HeadSpec(h.name, kind, h.num_labels) if h.kind in (*SENTENCE_HEAD_KINDS, "mean_pooled") else h
+                for h in heads]
     if scalar_mix:
         return [HeadSpec(h.name, "first_token", h.num_labels, "tanh") if h.kind == "pooled" else h for h in heads]
     return heads
@@ -310,13 +333,15 @@ def kept_head(pretrained: Model, spec: HeadSpec) -> HeadSpec | None:
 
 
 def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: str = "cls",
-                scalar_mix: bool = False) -> tuple[Model, bool]:
+                scalar_mix: bool = False, tagger: str = "linear") -> tuple[Model, bool]:
     """The pretrained model (an encoder, a decoder or an encoder-decoder: ``model_class``) with the task's fresh
     heads (and a fresh scalar mix), and whether a pooler was added (freshly initialised: a head of the family needs
     one and the checkpoint has none). A head the checkpoint has as the task wants it (a cloze task's masked-LM head,
     a text-to-text task's language-model head) keeps its weights."""
     config = pretrained.model.config
-    heads = task_heads(task, config, pooling, scalar_mix)
+    if isinstance(pretrained.model, ElmoModel):  # a task needs no word softmax: the fine-tuned model drops it
+        config = dataclasses.replace(config, vocab_size=0, extra=dict(config.extra))
+    heads = task_heads(task, config, pooling, scalar_mix, tagger)
     heads = [kept_head(pretrained.model, spec) or spec for spec in heads]
     fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
     if fresh_pooler:
@@ -329,7 +354,8 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
         model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
     fresh = ("heads.", *(f"{where}." for where in model.extensions))  # the task's heads, the mix, span typing
-    body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith("heads.")}
+    dropped = ("heads.", "softmax.") if isinstance(model, ElmoModel) else ("heads.",)
+    body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith(dropped)}
     wanted = {name for name in model.state_dict() if not name.startswith(fresh)}
     missing = sorted(wanted - set(body))
     unexpected = sorted(set(body) - wanted)
@@ -447,6 +473,26 @@ class WatchedSource:
                 bar.update(1)
 
 
+def task_tokenizer(pretrained: Pretrained, where: str) -> Any:
+    """What the task's encoder reads text with: the model's tokenizer, or for a model that reads words as characters
+    (ELMo) a ``bertology.tasks.words.WordTokenizer`` (with the model's word vocabulary, when it has one, for its
+    lower-casing; a ConfigError naming ``where`` when a subword model has no tokenizer files."""
+    if isinstance(pretrained.model, ElmoModel):
+        from bertology.tasks.words import WordTokenizer
+
+        return WordTokenizer(pretrained.model.config.max_characters_per_token, pretrained.tokenizer)
+    if pretrained.tokenizer is None:
+        raise ConfigError(f"{where} has no tokenizer files")
+    return pretrained.tokenizer
+
+
+def model_inputs(encoded: BatchSource, tokenizer: Any) -> BatchSource:
+    """The encoded examples as the model reads them: for a ``WordTokenizer``'s, batches of characters."""
+    from bertology.tasks.words import CharacterBatches, WordTokenizer
+
+    return CharacterBatches(encoded, tokenizer.types) if isinstance(tokenizer, WordTokenizer) else encoded
+
+
 def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, output_path: str | Path,
                  max_length: int | None = None, batch_size: int = 64, dtype: str = "float32",
                  device: str | torch.device | None = None) -> int:
@@ -463,8 +509,7 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     where = placement(device, dtype, int8=True)  # before the model is loaded
     check_output_file(output_path)  # and the output: not a directory, not below a file
     pretrained = where.move(with_dtype(load(model_dir), dtype))
-    if pretrained.tokenizer is None:
-        raise ConfigError(f"{model_dir}: no tokenizer files")
+    tokenizer = task_tokenizer(pretrained, str(model_dir))
     task = for_model(task, pretrained.model)
     wanted = task.heads(pretrained.model.config)
     have = {spec.name: spec for spec in pretrained.model.head_specs}
@@ -478,8 +523,8 @@ def predict_file(model_dir: str | Path, task_name: str, input_path: str | Path, 
     read_input = getattr(task, "read_input", None)  # a tagger also reads words without tags
     examples = read_input(Path(input_path)) if read_input is not None else task.read(Path(input_path))
     length = max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
-    encoded = task.encode(pretrained.tokenizer, examples, min(length, pretrained.model.config.max_length),
-                          train=False)
+    encoded = model_inputs(task.encode(tokenizer, examples, min(length, pretrained.model.config.max_length),
+                                       train=False), tokenizer)
     with where.autocast():
         predictions = task.predict(pretrained.model, encoded, examples, batch_size)
     task.write(Path(output_path), predictions, examples)
@@ -509,17 +554,13 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         dev_path = task.path(data, "dev")
         dev_examples = task.read(dev_path, config.task.limit_dev)
         pretrained = load(config.model)
-        if getattr(pretrained.model.config, "family", None) == "elmo":
-            raise ConfigError(f"model: {config.model} is an ELMo model; fine-tuning on ELMo's features is not "
-                              "implemented yet (docs/ELMO.md): use its word vectors (bertology embed)")
-        if pretrained.tokenizer is None:
-            raise ConfigError(f"model: {config.model} has no tokenizer files")
+        tokenizer = task_tokenizer(pretrained, f"model: {config.model}")
         task = for_model(task, pretrained.model)
-        tokenizer = pretrained.tokenizer
         wanted = config.task.max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
         max_length = min(wanted, pretrained.model.config.max_length)
-        train = task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed)
-        dev = task.encode(tokenizer, dev_examples, max_length, train=False)
+        train = model_inputs(task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed),
+                             tokenizer)
+        dev = model_inputs(task.encode(tokenizer, dev_examples, max_length, train=False), tokenizer)
         per_epoch = train.num_batches(0, config.optim.batch_size, env.rank, env.world_size)
         if per_epoch == 0:
             raise ConfigError(f"optim.batch_size: {config.optim.batch_size} x {env.world_size} is more than the "
@@ -530,7 +571,7 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
         check_strategy(config.strategy, pretrained.model)
         model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
-                                          config.strategy.kind == "scalar-mix")
+                                          config.strategy.kind == "scalar-mix", config.task.tagger)
         trainable = apply_strategy(model, config.strategy, fresh_pooler)
         if trainable.trainable == 0:
             raise ConfigError(f"strategy.kind: {config.strategy.kind} leaves nothing to train: the task's heads "

@@ -44,6 +44,9 @@ def classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
     """The sequence-classification head of the model's family, as transformers builds it (``num_labels`` 1 is
     regression)."""
     table = HEADS.get(config.family, {})
+    own = getattr(config, "sentence_head", None)  # a model without a [CLS] token (ELMo) names its own
+    if CLASSIFIER not in table and own is not None:
+        return HeadSpec(CLASSIFIER, own, num_labels=num_labels)
     if CLASSIFIER not in table:
         raise ConfigError(f"the {config.family} family has no sequence classifier (its heads: "
                           f"{', '.join(table) or 'none'}); an encoder-decoder without one runs GLUE as text-to-text")

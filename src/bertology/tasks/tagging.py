@@ -41,6 +41,7 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
 from bertology.model.config import EncoderConfig
+from bertology.model.crf import compact
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
@@ -66,6 +67,16 @@ DOCSTART = "-DOCSTART-"
 def bio_labels(types: Sequence[str]) -> LabelSet:
     """``O`` then ``B-T``, ``I-T`` for each type in order: the label ids of a BIO tagger."""
     return LabelSet(("O", *(f"{prefix}-{kind}" for kind in types for prefix in "BI")))
+
+
+def bio_constraints(labels: LabelSet) -> tuple[Tensor, Tensor]:
+    """The valid moves of BIO tags: ``allowed[i, j]`` (tag j may follow tag i: ``I-X`` only after ``B-X`` or
+    ``I-X``) and ``allowed_start[j]`` (no ``I-`` tag first); what a CRF tagger's Viterbi decoding keeps to."""
+    names = labels.names
+    inside = [name[2:] if name.startswith("I-") else None for name in names]
+    allowed = torch.tensor([[kind is None or (prev in (f"B-{kind}", f"I-{kind}")) for kind in inside]
+                            for prev in names])
+    return allowed, torch.tensor([kind is None for kind in inside])
 
 
 def token_classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
@@ -303,25 +314,78 @@ class TokenClassification:
         return classification_summary(self.name, totals)
 
 
+@dataclass
+class CRFTagging:
+    """The negative log-likelihood of the gold tags under a BiLSTM-CRF head (kind "bilstm_crf",
+    ``bertology.model.crf``), over each row's labelled tokens in order (a word's first subword); the units are the
+    labelled tokens. Stats as ``TokenClassification``'s, ``_correct`` counting the Viterbi path's right tags."""
+
+    head: HeadSpec
+    weight: float = 1.0
+    name: str = TOKEN_CLASSIFIER
+
+    def __post_init__(self) -> None:
+        check_objective(self)
+
+    def heads(self) -> Sequence[HeadSpec]:
+        return (self.head,)
+
+    def reads(self, batch: TaskBatch) -> None:
+        return None
+
+    def units(self, batch: TaskBatch) -> Tensor:
+        if batch.labels is None:
+            return torch.tensor(0, dtype=torch.int64)
+        return (batch.labels != IGNORE).sum()
+
+    def __call__(self, passes: Passes, batch: TaskBatch) -> ObjectiveOutput:
+        if batch.labels is None:
+            raise DataError(f"objective {self.name!r} needs token labels; the batch has none")
+        crf = passes.model.heads[self.name].crf
+        labelled = batch.labels != IGNORE
+        scores, mask = compact(passes.shared.head_logits[self.name], labelled)
+        tags, _ = compact(batch.labels, labelled)
+        tags = tags.masked_fill(~mask, 0)
+        loss = -crf.log_likelihood(scores, tags, mask).sum()
+        correct = ((crf.viterbi(scores, mask) == tags) & mask).sum()
+        return ObjectiveOutput(loss, {f"{self.name}_units": mask.sum(), f"{self.name}_loss_sum": loss.detach(),
+                                      f"{self.name}_correct": correct})
+
+    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
+        return classification_summary(self.name, totals)
+
+
 @torch.no_grad()
-def predict_word_labels(model: Model, examples: TokenExamples, batch_size: int = 64,
-                        head: str = TOKEN_CLASSIFIER) -> list[np.ndarray]:
-    """Per sentence, the argmax label id of each word at its first subword (padding-free forward in eval mode,
-    batches in order of length), the chunks of a long sentence put back together."""
+def predict_word_labels(model: Model, examples: TokenExamples, batch_size: int = 64, head: str = TOKEN_CLASSIFIER,
+                        constraints: tuple[Tensor, Tensor] | None = None) -> list[np.ndarray]:
+    """Per sentence, the label id of each word at its first subword (padding-free forward in eval mode, batches in
+    order of length), the chunks of a long sentence put back together: the argmax, or with a CRF head (one with a
+    ``decode`` method) the Viterbi path over each chunk's words, kept to ``constraints`` (``bio_constraints``)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    decode = getattr(model.heads[head], "decode", None)
     out = [np.full(n, -1, dtype=np.int64) for n in examples.words]
     try:
         for batch in examples.batches(0, batch_size, drop_last=False):
             batch = batch.to(device)
             logits = model(**model.forward_inputs(batch)).head_logits[head]
-            best = logits.argmax(-1).cpu().numpy()
-            rows = batch.example_ids.cpu().numpy()
-            for row, (index, shift) in enumerate(zip(rows.tolist(), examples.shift(rows, best.shape[1]).tolist())):
-                chunk = examples.chunks[index]
-                out[chunk.sentence][chunk.first_word:chunk.first_word + chunk.num_words] = \
-                    best[row, chunk.starts + shift]
+            example_ids = batch.example_ids.cpu().numpy()
+            rows = [examples.chunks[index] for index in example_ids.tolist()]
+            shifts = examples.shift(example_ids, logits.shape[1]).tolist()  # left padding moves a row's tokens
+            if decode is None:
+                best = logits.argmax(-1).cpu().numpy()
+                words = [best[row, chunk.starts + shift] for row, (chunk, shift) in enumerate(zip(rows, shifts))]
+            else:
+                at = torch.zeros(logits.shape[:2], dtype=torch.bool)
+                for row, (chunk, shift) in enumerate(zip(rows, shifts)):
+                    at[row, torch.from_numpy(chunk.starts + shift)] = True
+                moves = None if constraints is None else [c.to(device) for c in constraints]
+                tags, _ = decode(logits, at.to(device), *(moves or ()))
+                best = tags.cpu().numpy()
+                words = [best[row, :chunk.num_words] for row, chunk in enumerate(rows)]
+            for chunk, tags_of_words in zip(rows, words):
+                out[chunk.sentence][chunk.first_word:chunk.first_word + chunk.num_words] = tags_of_words
     finally:
         model.train(was_training)
     assert all((labels >= 0).all() for labels in out), "a word without a prediction"
@@ -401,7 +465,12 @@ class TaggingTask:
     def heads(self, config: EncoderConfig) -> list[HeadSpec]:
         return [token_classifier_head(config, len(self.labels))]
 
-    def objectives(self, heads: Sequence[HeadSpec]) -> list[TokenClassification]:
+    def objectives(self, heads: Sequence[HeadSpec]) -> list[TokenClassification | CRFTagging]:
+        if heads[0].kind == "bilstm_crf":
+            if self.label_all_subwords:
+                raise ConfigError(f"{self.name}: a CRF tagger reads the words' first subwords only; it cannot be "
+                                  "trained with label_all_subwords")
+            return [CRFTagging(heads[0])]
         return [TokenClassification(heads[0])]
 
     def encode(self, tokenizer: Tokenizer, examples: Sequence[TaggedSentence], max_length: int, *, train: bool,
@@ -414,7 +483,8 @@ class TaggingTask:
         if encoded.words != [len(s) for s in examples]:
             raise DataError(f"{self.name}: the encoded examples are not these sentences")
         names = self.labels.names
-        return [[names[i] for i in ids.tolist()] for ids in predict_word_labels(model, encoded, batch_size)]
+        return [[names[i] for i in ids.tolist()] for ids in
+                predict_word_labels(model, encoded, batch_size, constraints=bio_constraints(self.labels))]
 
     def scores(self, predictions: Sequence[Sequence[str]], examples: Sequence[TaggedSentence]) -> dict[str, float]:
         result = metrics.conlleval([list(zip(s.tags or (), p, strict=True)) for s, p in

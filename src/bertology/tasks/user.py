@@ -52,7 +52,9 @@ from bertology.tasks.sequence import (
     predict_logits,
 )
 from bertology.tasks.tagging import (
+    CRFTagging,
     TokenClassification,
+    bio_constraints,
     bio_labels,
     conlleval_lines,
     encode_tagged,
@@ -190,7 +192,7 @@ class UserTask:
 
     def objectives(self, heads: Sequence[HeadSpec]) -> list[Objective]:
         if self.kind == "tagging":
-            return [TokenClassification(heads[0])]
+            return [CRFTagging(heads[0]) if heads[0].kind == "bilstm_crf" else TokenClassification(heads[0])]
         return [SequenceRegression(heads[0]) if self.kind == "regression" else SequenceClassification(heads[0])]
 
     def _label_tensor(self, examples: Sequence[TextExample]) -> torch.Tensor | None:
@@ -217,7 +219,8 @@ class UserTask:
             if getattr(encoded, "words", None) != [len(s) for s in examples]:
                 raise DataError(f"{self.name}: the encoded examples are not these sentences")
             return [[labels.names[i] for i in ids.tolist()]  # type: ignore[union-attr]
-                    for ids in predict_word_labels(model, encoded, batch_size)]  # type: ignore[arg-type]
+                    for ids in predict_word_labels(model, encoded, batch_size,  # type: ignore[arg-type]
+                                                   constraints=bio_constraints(labels))]  # type: ignore[arg-type]
         logits = predict_logits(model, encoded, batch_size=batch_size)
         if labels is None:
             return [float(v) for v in logits[:, 0].tolist()]

@@ -273,7 +273,7 @@ def encode_tagged(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], lab
     rows = [token_labels(c, sentences[c.sentence].tags, labels, label_all_subwords)  # type: ignore[arg-type]
             for c in chunks] if tagged else None
     return TokenExamples(chunks, [len(s) for s in sentences], rows, tokenizer.pad_id,
-                         padding_side=tokenizer.framing.padding_side, **options)
+                         padding_side=tokenizer.padding_side, **options)
 
 
 # --------------------------------------------------------------------------------------------------- objective

@@ -172,6 +172,11 @@ class Tokenizer:
         return self.framing.pad_id
 
     @property
+    def padding_side(self) -> str:
+        """Where batches of this tokenizer's rows are padded: "right", or "left" (XLNet)."""
+        return self.framing.padding_side
+
+    @property
     def mask_id(self) -> int | None:
         return self.framing.mask_id
 

@@ -811,6 +811,7 @@ def measure_generative(name: str, objective: str, workload: list[Batches], token
         print(f"  {name:6s} {objective:11s} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers "
               f"{theirs:8.0f} tok/s  x{ours / theirs:.2f}  ({check}; loss before them {start_gap:.1e})",
               file=sys.stderr, flush=True)
+    return rows
 
 
 # --- XLNet: permutation LM (K = 6, spans of up to 5 words), the same perm_mask, target_mapping and labels ------

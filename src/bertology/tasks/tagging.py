@@ -315,28 +315,10 @@ class TokenClassification:
 
 
 @dataclass
-class CRFTagging:
+class CRFTagging(TokenClassification):
     """The negative log-likelihood of the gold tags under a BiLSTM-CRF head (kind "bilstm_crf",
     ``bertology.model.crf``), over each row's labelled tokens in order (a word's first subword); the units are the
     labelled tokens. Stats as ``TokenClassification``'s, ``_correct`` counting the Viterbi path's right tags."""
-
-    head: HeadSpec
-    weight: float = 1.0
-    name: str = TOKEN_CLASSIFIER
-
-    def __post_init__(self) -> None:
-        check_objective(self)
-
-    def heads(self) -> Sequence[HeadSpec]:
-        return (self.head,)
-
-    def reads(self, batch: TaskBatch) -> None:
-        return None
-
-    def units(self, batch: TaskBatch) -> Tensor:
-        if batch.labels is None:
-            return torch.tensor(0, dtype=torch.int64)
-        return (batch.labels != IGNORE).sum()
 
     def __call__(self, passes: Passes, batch: TaskBatch) -> ObjectiveOutput:
         if batch.labels is None:
@@ -350,9 +332,6 @@ class CRFTagging:
         correct = ((crf.viterbi(scores, mask) == tags) & mask).sum()
         return ObjectiveOutput(loss, {f"{self.name}_units": mask.sum(), f"{self.name}_loss_sum": loss.detach(),
                                       f"{self.name}_correct": correct})
-
-    def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
-        return classification_summary(self.name, totals)
 
 
 @torch.no_grad()

@@ -30,6 +30,15 @@ class Prediction:
     token_ids: tuple[int, ...] = ()
 
 
+def check_fits(model: Any, ids: torch.Tensor) -> int:
+    """The model's longest input (fewer than max_position_embeddings with RoBERTa's position offset); an error when
+    the [1, L] `ids` are longer."""
+    limit = model.config.max_length
+    if ids.shape[1] > limit:
+        raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    return limit
+
+
 @torch.no_grad()
 def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
               device: str | torch.device | None = None, dtype: str = "float32",
@@ -71,9 +80,7 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
     positions = (ids[0] == tokenizer.mask_id).nonzero().squeeze(1)
     if positions.numel() == 0:  # the mask token's text was there but the tokenizer split it
         raise BertologyError(f"the tokenizer did not keep {mask!r} as one token in {text!r}")
-    limit = model.config.max_length  # fewer than max_position_embeddings with RoBERTa's position offset
-    if ids.shape[1] > limit:
-        raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    check_fits(model, ids)
     where = place(model, device, dtype)
     was_training = model.training
     model.eval()
@@ -154,9 +161,7 @@ def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, de
         names = ", ".join(repr(tokenizer.id_to_token(m)) for m in marks[:2]) + (", ..." if len(marks) > 2 else "")
         raise BertologyError(f"no {'sentinel' if pattern else 'mask'} token in the input: write {names} where a "
                              f"span should be filled (e.g. {example!r})")
-    limit = model.config.max_length
-    if ids.shape[1] > limit:
-        raise BertologyError(f"the input is {ids.shape[1]} tokens long; the model takes at most {limit}")
+    limit = check_fits(model, ids)
     where = place(model, device, dtype)
     was_training = model.training
     model.eval()

@@ -78,3 +78,34 @@ def run_shipped_config_briefly(config: Path, output_dir: Path, corpus: list[Path
     for setting in settings:
         argv += ["--set", setting]
     return main(argv)
+
+
+class Crash(Exception):
+    """Raised by a hook to stop a run between steps (the resume tests)."""
+
+
+def assert_resume_is_bitwise(make_raw: Any, tmp_path: Path, crash_at: int = 5) -> None:
+    """Train `make_raw(output_dir)` (a raw run config) once through; train it again, stopped by an exception after
+    step `crash_at` and resumed from its last checkpoint: the two final models are bitwise equal."""
+    import torch
+    from safetensors.torch import load_file
+
+    from bertology.recipes.pretrain import pretrain
+
+    pretrain(build(make_raw(tmp_path / "reference")))
+
+    def crash(trainer: Any, report: Any) -> None:
+        if report.step == crash_at:
+            raise Crash()
+
+    try:
+        pretrain(build(make_raw(tmp_path / "stopped")), hooks=[crash])
+    except Crash:
+        pass
+    else:
+        raise AssertionError(f"the run was not stopped at step {crash_at}")
+    pretrain(build(make_raw(tmp_path / "stopped")), resume=True)
+    ours = load_file(tmp_path / "stopped" / "model" / "model.safetensors")
+    theirs = load_file(tmp_path / "reference" / "model" / "model.safetensors")
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[key], theirs[key]) for key in ours)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from bertology.data.shards import prepare_corpus
 from bertology.errors import ConfigError
 from bertology.tokenization import load_tokenizer, train_tokenizer
-from pretrain_helpers import build, run_shipped_config_briefly, tiny_config, write_corpus
+from pretrain_helpers import assert_resume_is_bitwise, build, run_shipped_config_briefly, tiny_config, write_corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
@@ -89,27 +89,9 @@ def test_the_batches_are_noised_documents_and_their_originals(bart_assets, tmp_p
     assert torch.equal(batch.lm_labels, batch.labels[batch.labels != -100])
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_resumed_bart_run_is_bitwise_identical(bart_assets, tmp_path):
-    from bertology.recipes.pretrain import pretrain
-
     extra = dict(optim={"total_steps": 6, "grad_accumulation": 2}, run={"checkpoint_every": 2, "eval_every": 0})
-    pretrain(build(raw_config(bart_assets, tmp_path / "reference", **extra)))
-
-    def crash(trainer, report):
-        if report.step == 5:
-            raise _Crash()
-
-    with pytest.raises(_Crash):
-        pretrain(build(raw_config(bart_assets, tmp_path / "stopped", **extra)), hooks=[crash])
-    pretrain(build(raw_config(bart_assets, tmp_path / "stopped", **extra)), resume=True)
-    ours = load_file(tmp_path / "stopped" / "model" / "model.safetensors")
-    theirs = load_file(tmp_path / "reference" / "model" / "model.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    assert_resume_is_bitwise(lambda output_dir: raw_config(bart_assets, output_dir, **extra), tmp_path, crash_at=5)
 
 
 @pytest.mark.parametrize("change,message", [

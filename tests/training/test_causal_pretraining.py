@@ -17,7 +17,7 @@ from bertology.data.dataset import PretrainingDataset
 from bertology.data.instances import InMemoryDocuments, InstanceConfig, create_instances
 from bertology.errors import ConfigError, TokenizerError
 from bertology.tokenization.framing import Framing
-from pretrain_helpers import build, make_assets, run_shipped_config_briefly, tiny_config
+from pretrain_helpers import assert_resume_is_bitwise, build, make_assets, run_shipped_config_briefly, tiny_config
 
 ROOT = Path(__file__).resolve().parents[2]
 BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
@@ -112,27 +112,9 @@ def test_gpt2_pretrains_saves_loads_and_reports_perplexity(gpt2_assets, tmp_path
         torch.testing.assert_close(loaded.model.eval()(ids).logits, hf(ids).logits, atol=1e-5, rtol=1e-5)
 
 
-class _Crash(Exception):
-    pass
-
-
 def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
-    from bertology.recipes.pretrain import pretrain
-
     extra = dict(optim={"total_steps": 6, "grad_accumulation": 2}, run={"checkpoint_every": 2, "eval_every": 0})
-    pretrain(build(raw_config(gpt2_assets, tmp_path / "reference", **extra)))
-
-    def crash(trainer, report):
-        if report.step == 5:
-            raise _Crash()
-
-    with pytest.raises(_Crash):
-        pretrain(build(raw_config(gpt2_assets, tmp_path / "stopped", **extra)), hooks=[crash])
-    pretrain(build(raw_config(gpt2_assets, tmp_path / "stopped", **extra)), resume=True)
-    ours = load_file(tmp_path / "stopped" / "model" / "model.safetensors")
-    theirs = load_file(tmp_path / "reference" / "model" / "model.safetensors")
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[key], theirs[key]) for key in ours)
+    assert_resume_is_bitwise(lambda output_dir: raw_config(gpt2_assets, output_dir, **extra), tmp_path, crash_at=5)
 
 
 @pytest.mark.parametrize("change,message", [

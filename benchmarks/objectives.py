@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -80,7 +82,7 @@ FINETUNE = {  # one recipe per task for every pretrained model; one evaluation, 
     "sst2": {"data": DATA / "glue", "limit_train": 20000, "epochs": 1, "max_length": 64, "lr": 3e-4},
     "conll2003": {"data": DATA / "conll2003", "limit_train": 8000, "epochs": 2, "max_length": 128, "lr": 5e-4},
 }
-METRIC = {"sst2": "accuracy", "conll2003": "f1"}
+METRIC = {"sst2": "accuracy", "conll2003": "f1", "squad": "f1"}
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -95,9 +97,76 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
+# --- The architectures suite (docs/ARCHITECTURES.md): an MLM encoder, a causal decoder (GPT-2), a prefix LM, T5's
+# span corruption and BART's text infilling + sentence permutation, each of about BERT-tiny's parameter count (the
+# encoder-decoders have one encoder and one decoder layer: with 2 + 2 they would have 37 % more parameters), on
+# the same corpus (one 8k tokenizer of each kind trained on it: `prepare`), the same recipe and the same calibrated
+# budget, fine-tuned on SST-2 and SQuAD (part A, split by article: extractive for the encoder and the decoders,
+# generated for the encoder-decoders). Positions: 256 (pretraining rows are 128 tokens; SQuAD reads 256).
+PREPARED = ROOT / "runs" / "architectures-data"  # the tokenizers and shards, one set per tokenizer kind
+# name -> (tokenizer kind, special-token style); 8,000 tokens each, lowercased, trained on the corpus. The same
+# byte-level BPE (the same merges) with RoBERTa's and BART's specials (<s> A </s></s> B </s>) or GPT-2's (none);
+# T5's Unigram with its 100 sentinels for span corruption.
+TOKENIZERS = {"bpe": ("bpe", "bart"), "gpt2": ("bpe", "gpt2"), "t5": ("unigram", "t5")}
+CORPUS = [str(DATA / "gutenberg-nltk" / "*.txt"), f"brown:{DATA / 'brown-nltk'}"]
+
+
+def prepared(name: str) -> dict:
+    return {"tokenizer": {"path": str(PREPARED / f"tokenizer-{name}")},
+            "data": {"shards": str(PREPARED / f"shards-{name}")}}
+
+
+def decoder(objective: str) -> dict:
+    return merge(prepared("gpt2"), {"model": {"family": "gpt2"},
+                                    "data": {"instances": {"kind": "packed-documents"}},
+                                    "objectives": {objective: {}}})
+
+
+ARCHITECTURES = {
+    # RoBERTa counts its two unused position rows in max_position_embeddings: 258 reads 256 tokens
+    "mlm": merge(prepared("bpe"), {"model": {"family": "roberta", "max_position_embeddings": 258}}),
+    "clm": decoder("clm"),
+    "prefixlm": decoder("prefixlm"),
+    "t5": merge(prepared("t5"), {
+        "model": {"family": "t5", "num_layers": 1, "num_decoder_layers": 1},
+        "data": {"instances": {"kind": "doc-sentences"},
+                 "span_corruption": {"noise_density": 0.15, "mean_noise_span_length": 3.0}},
+        "objectives": {"denoise": {}}}),
+    "bart": merge(prepared("bpe"), {
+        "model": {"family": "bart", "num_layers": 1, "num_decoder_layers": 1},
+        "data": {"instances": {"kind": "doc-sentences"},
+                 "noise": {"text_infilling": {"rate": 0.3, "poisson_lambda": 3.0},
+                           "sentence_permutation": {"rate": 1.0}}},
+        "objectives": {"denoise": {}}}),
+}
+ARCHITECTURE_BASE = {"model": {"max_position_embeddings": 256}, "speed": {"threads": 1}}
+ARCHITECTURE_FINETUNE = {
+    "sst2": {"data": DATA / "glue", "limit_train": 8000, "epochs": 1, "max_length": 64, "lr": 3e-4},
+    "squad": {"data": DATA / "squad", "limit_train": None, "epochs": 2, "max_length": 256, "lr": 5e-4},
+}
+
+
+@dataclass(frozen=True)
+class Suite:
+    runs: str  # the default output directory
+    base: dict
+    entries: dict
+    references: list
+    finetune: dict
+    threads: int
+
+
+SUITES = {
+    "objectives": Suite("runs/objectives", BASE, OBJECTIVES, REFERENCES, FINETUNE, 2),
+    "architectures": Suite("runs/architectures", merge(BASE, ARCHITECTURE_BASE), ARCHITECTURES, [RANDOM],
+                           ARCHITECTURE_FINETUNE, 1),
+}
+SUITE = SUITES["objectives"]
+
+
 def run_config(name: str, steps: int, out: Path) -> dict:
-    extra = TEACHER_CONFIG if name == TEACHER else OBJECTIVES[name]
-    config = merge(BASE, extra)
+    extra = TEACHER_CONFIG if name == TEACHER else SUITE.entries[name]
+    config = merge(SUITE.base, extra)
     config["optim"] = {**config["optim"], "total_steps": steps}
     config["run"] = {**config["run"], "output_dir": str(out)}
     if "distill" in config["objectives"]:
@@ -129,9 +198,30 @@ def seconds_per_step(metrics: Path) -> float:
     return statistics.median(windows)
 
 
+def pretrained_names() -> list[str]:
+    """What `calibrate` and `pretrain` run by default: the suite's entries (and the distillation teacher, first)."""
+    return [TEACHER, *SUITE.entries] if "distill" in SUITE.entries else list(SUITE.entries)
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """The architectures suite's tokenizers (one of each kind, 8,000 tokens, lowercased, trained on the corpus) and
+    their shards, with the same 10 documents held out (docs/PRETRAINING.md's split)."""
+    for name, (kind, style) in TOKENIZERS.items():
+        tokenizer, shards = PREPARED / f"tokenizer-{name}", PREPARED / f"shards-{name}"
+        bertology = [sys.executable, "-m", "bertology"]
+        read = ["--format", "text", "--encoding", "latin-1"]
+        if not tokenizer.exists():
+            subprocess.run([*bertology, "tokenizer", "train", *CORPUS, *read, "--kind", kind, "--style", style,
+                            "--lowercase", "--vocab-size", "8000", "--out", str(tokenizer), "--quiet"],
+                           check=True, cwd=ROOT)
+        if not shards.exists():
+            subprocess.run([*bertology, "data", "prepare", *CORPUS, *read, "--tokenizer", str(tokenizer),
+                            "--out", str(shards), "--heldout-documents", "0.02", "--seed", "0"], check=True, cwd=ROOT)
+
+
 def calibrate(args: argparse.Namespace) -> None:
     timings = {}
-    for name in [TEACHER, *OBJECTIVES]:
+    for name in args.only or pretrained_names():
         if name == "distill" and not (RUNS / TEACHER / "model").exists():
             # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
             pretrain(TEACHER, 1, RUNS / TEACHER)
@@ -148,7 +238,7 @@ def pretrain_all(args: argparse.Namespace) -> None:
         timings_path.write_text(Path(args.timings).read_text())
     timings = json.loads(timings_path.read_text())
     budget = args.budget_minutes * 60
-    names = args.only or [TEACHER, *OBJECTIVES]
+    names = args.only or pretrained_names()
     plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in names}
     plan_path = RUNS / "plan.json"
     earlier = json.loads(plan_path.read_text()) if plan_path.exists() else {}
@@ -179,7 +269,7 @@ def random_encoder(out: Path) -> None:
 def finetune_one(name: str, task: str, seed: int) -> dict:
     from bertology.recipes.finetune import FinetuneConfig, finetune
 
-    spec = FINETUNE[task]
+    spec = SUITE.finetune[task]
     out = RUNS / "finetune" / f"{name}-{task}-s{seed}"
     config = FinetuneConfig.from_dict({
         "model": str(RUNS / name / "model"),
@@ -188,12 +278,13 @@ def finetune_one(name: str, task: str, seed: int) -> dict:
         "optim": {"batch_size": 32, "lr": spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
         "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
                 "keep_last": 1},
-        "speed": {"threads": 2, "prefetch": 2},
+        "speed": {"threads": SUITE.threads, "prefetch": 2},
     })
     started = time.perf_counter()
     result = finetune(config, overwrite=True)
     return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],
-            "value": result.dev_metrics[METRIC[task]], "seconds": time.perf_counter() - started}
+            "value": result.dev_metrics[METRIC[task]], "dev": result.dev_metrics,
+            "seconds": time.perf_counter() - started}
 
 
 def finetune_all(args: argparse.Namespace) -> None:
@@ -205,7 +296,7 @@ def finetune_all(args: argparse.Namespace) -> None:
         random_encoder(RUNS / RANDOM)
     for seed in SEEDS:  # seed-major: a partial run already has one seed of everything
         for task in args.tasks:
-            for name in args.only or REFERENCES + list(OBJECTIVES):
+            for name in args.only or [*SUITE.references, *SUITE.entries]:
                 if (name, task, seed) in done or not (RUNS / name / "model").exists():
                     continue
                 row = finetune_one(name, task, seed)
@@ -222,57 +313,83 @@ def heldout(name: str) -> dict:
     return evals[-1] if evals else {}
 
 
+COLUMNS = {"sst2": [("accuracy", "SST-2 dev acc.")], "conll2003": [("f1", "CoNLL-2003 dev F1")],
+           "squad": [("exact_match", "SQuAD dev EM"), ("f1", "SQuAD dev F1")]}
+HELDOUT = {"mlm_accuracy": "", "generator_accuracy": " (generator)", "lm_accuracy": " (next token)",
+           "denoise_accuracy": " (target token)"}  # the held-out accuracy each objective logs
+
+
+def parameters(name: str) -> int:
+    """The pretrained model's parameter count, heads included (a tied head counted once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted((RUNS / name / "model").glob("*.safetensors")):
+        with safe_open(str(file), "pt") as weights:
+            total += sum(math.prod(weights.get_slice(key).get_shape()) for key in weights.keys())
+    return total
+
+
 def table(args: argparse.Namespace) -> None:
     plan = json.loads((RUNS / "plan.json").read_text())
     timings = json.loads((RUNS / "seconds_per_step.json").read_text())
     rows = [json.loads(line) for line in (RUNS / "finetune.jsonl").read_text().splitlines()]
+    columns = [(task, metric, title) for task in SUITE.finetune for metric, title in COLUMNS[task]]
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
-    print("| objective | s / step | steps | held-out MLM acc. | SST-2 dev acc. | CoNLL-2003 dev F1 |")
-    print("|---|---|---|---|---|---|")
-    for name in REFERENCES + list(OBJECTIVES):
+    print(f"| model | parameters | s / step | steps | held-out acc. % | {' | '.join(c[2] for c in columns)} |")
+    print(f"|---|---:|---:|---:|---:|{'---:|' * len(columns)}")
+    for name in [*SUITE.references, *SUITE.entries]:
         if not any(r["model"] == name for r in rows):
             continue
         cells = []
-        for task in FINETUNE:
-            values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
+        for task, metric, _ in columns:
+            values = [r["dev"][metric] if "dev" in r else r["value"] for r in rows
+                      if r["model"] == name and r["task"] == task]
             if not values:
                 cells.append("-")
                 continue
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             cells.append(f"{statistics.mean(values):.2f} ± {spread:.2f} ({len(values)})")
         last = heldout(name) if name != RANDOM else {}
-        if "mlm_accuracy" in last:
-            mlm_cell = f"{100 * last['mlm_accuracy']:.1f}"
-        elif "generator_accuracy" in last:  # ELECTRA: its generator's, with 15 % of the targets left visible
-            mlm_cell = f"{100 * last['generator_accuracy']:.1f} (generator)"
-        else:
-            mlm_cell = "-"
+        key = next((key for key in HELDOUT if key in last), None)
+        accuracy = f"{100 * last[key]:.1f}{HELDOUT[key]}" if key else "-"
         seconds = f"{timings[name]:.3f}" if name in timings else "-"
-        print(f"| {name} | {seconds} | {plan['steps'].get(name, 0)} | {mlm_cell} | {' | '.join(cells)} |")
+        print(f"| {name} | {parameters(name):,} | {seconds} | {plan['steps'].get(name, 0):,} | {accuracy} | "
+              f"{' | '.join(cells)} |")
 
 
 def main() -> None:
-    global RUNS
+    global RUNS, SUITE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["calibrate", "pretrain", "finetune", "table"])
+    parser.add_argument("phase", choices=["prepare", "calibrate", "pretrain", "finetune", "table"])
+    parser.add_argument("--suite", choices=list(SUITES), default="objectives",
+                        help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="pretrain: a run-config setting for every run of this call (e.g. optim.lr=3e-3)")
-    parser.add_argument("--tasks", nargs="*", default=list(FINETUNE))
+    parser.add_argument("--tasks", nargs="*", help="finetune: the tasks (default: the suite's)")
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
-    parser.add_argument("--out", default=str(RUNS.relative_to(ROOT)),
-                        help="the runs' directory (default runs/objectives); calibrate reads and writes it too")
+    parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
+                                      "calibrate reads and writes it too")
     args = parser.parse_args()
-    RUNS = ROOT / args.out
+    SUITE = SUITES[args.suite]
+    RUNS = ROOT / (args.out or SUITE.runs)
+    args.tasks = args.tasks or list(SUITE.finetune)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    for path in (TOKENIZER, SHARDS):
+    if SUITE.threads == 1:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+    configs = [merge(SUITE.base, extra) for extra in SUITE.entries.values()]
+    needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
+    for path in needed if args.phase != "prepare" else ():
         if not path.exists():
             raise SystemExit(f"{path} is missing: prepare it as docs/PRETRAINING.md says (BERT-mini on Gutenberg "
-                             f"+ Brown)")
+                             f"+ Brown), or with the phase `prepare` for --suite architectures")
     RUNS.mkdir(parents=True, exist_ok=True)
-    {"calibrate": calibrate, "pretrain": pretrain_all, "finetune": finetune_all, "table": table}[args.phase](args)
+    phases = {"prepare": prepare, "calibrate": calibrate, "pretrain": pretrain_all, "finetune": finetune_all,
+              "table": table}
+    phases[args.phase](args)
 
 
 if __name__ == "__main__":

@@ -20,9 +20,10 @@ from bertology.model.transformer import DecoderModel, TransformerConfig  # noqa:
 
 TOL = 1e-5
 VOCAB, PAD = 61, 1
-ARCHITECTURES = ["Model", "LMHeadModel", "ForSequenceClassification", "ForTokenClassification"]
+ARCHITECTURES = ["Model", "LMHeadModel", "ForSequenceClassification", "ForTokenClassification",
+                 "ForQuestionAnswering"]
 HEADS = {"Model": (), "LMHeadModel": ("lm",), "ForSequenceClassification": ("classifier",),
-         "ForTokenClassification": ("token_classifier",)}
+         "ForTokenClassification": ("token_classifier",), "ForQuestionAnswering": ("qa",)}
 
 
 @pytest.fixture(autouse=True)
@@ -98,6 +99,9 @@ def test_every_architecture_loads_with_transformers_outputs(tmp_path, suffix, si
     elif suffix == "ForSequenceClassification":
         assert out.logits.shape == (4, 3)
         torch.testing.assert_close(out.logits, expected.logits, atol=TOL, rtol=TOL)
+    elif suffix == "ForQuestionAnswering":  # one [B, L, 2] head: start and end
+        assert_real_close(out.logits[..., 0], expected.start_logits, mask)
+        assert_real_close(out.logits[..., 1], expected.end_logits, mask)
     else:
         assert_real_close(out.logits, expected.logits, mask)
 
@@ -116,7 +120,7 @@ def test_saved_back_transformers_loads_the_same_model(tmp_path, suffix):
     assert back.config.n_inner is None and back.config.pad_token_id == PAD and back.config.n_head == 3
     ids, mask = padded_batch("right")
     expected, got = hf_outputs(hf, ids, mask), hf_outputs(back, ids, mask)
-    key = "last_hidden_state" if suffix == "Model" else "logits"
+    key = {"Model": "last_hidden_state", "ForQuestionAnswering": "start_logits"}.get(suffix, "logits")
     assert torch.equal(getattr(got, key), getattr(expected, key))
 
 

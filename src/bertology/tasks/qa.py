@@ -149,12 +149,14 @@ class PairFrame:
                 or second != list(range(second[0], second[-1] + 1)) or first[-1] > second[0]:
             raise ConfigError(f"{tokenizer!r}: its pair template is not 'specials question specials context "
                               f"specials' (sequence ids {seq})")
-        if first[0] == 0 and second[-1] == len(seq) - 1:
+        a, b, c, d = first[0], first[-1] + 1, second[0], second[-1] + 1
+        if a == 0 and d == len(seq) and b < c:
             raise ConfigError(f"{tokenizer!r}: its pair template puts no special token first or last (sequence ids "
                               f"{seq}); extractive QA labels a window without the answer at that token")
-        a, b, c, d = first[0], first[-1] + 1, second[0], second[-1] + 1
+        # GPT-2 frames nothing: a window without the answer points at its first token, as transformers' run_qa.py
+        # does for a tokenizer without a classification token.
         return cls(tuple(ids[:a]), tuple(ids[b:c]), tuple(ids[d:]), tuple(types[:a]), tuple(types[b:c]),
-                   tuple(types[d:]), types[a], types[c], 0 if a else -1)
+                   tuple(types[d:]), types[a], types[c], 0 if a or d == len(seq) else -1)
 
     @property
     def specials(self) -> int:

@@ -263,14 +263,26 @@ class TransformerModel(nn.Module):
         x = self.embeddings(input_ids)
         return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
+    def mixed_states(self, out: ModelOutput, keep_states: bool) -> Tensor:
+        """What the heads read: the mix of `out.hidden_states` under a scalar mix (`self.mix`, a decoder's or an
+        encoder stack's; dropped from `out` unless the caller asked for them), else the last hidden state."""
+        if self.mix is None:
+            return out.last_hidden_state
+        assert out.hidden_states is not None
+        mixed = self.mix(out.hidden_states)
+        if not keep_states:
+            out.hidden_states = None
+        return mixed
+
     def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None,
-                  input_ids: Tensor | None = None) -> None:
+                  input_ids: Tensor | None = None, hidden: Tensor | None = None) -> None:
+        """The heads on `hidden` (default: the last hidden state)."""
         if not self.head_specs:
             return
         word = self.embeddings.weight * self.config.logit_scale if self.config.logit_scale != 1.0 \
             else self.embeddings.weight
-        inputs = HeadInputs(hidden=out.last_hidden_state, attention_mask=attention_mask, word_embeddings=word,
-                            masked_positions=masked_positions, input_ids=input_ids)
+        inputs = HeadInputs(hidden=out.last_hidden_state if hidden is None else hidden, attention_mask=attention_mask,
+                            word_embeddings=word, masked_positions=masked_positions, input_ids=input_ids)
         for spec in self.head_specs:
             out.head_logits[spec.name] = self.heads[spec.name](inputs)
         out.logits = out.head_logits[self.head_specs[0].name]
@@ -293,6 +305,9 @@ class DecoderModel(TransformerModel):
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
         self.decoder = Stack(config, config.num_layers, causal=True, cross_attention=False)
+        # An optional mix of the embedding output and every block's output (ELMo's scalar mix, the extension
+        # "scalar_mix" at "mix"): the heads then read it instead of the last state.
+        self.mix: nn.Module | None = None
 
     def blocks(self) -> list[nn.Module]:
         return list(self.decoder.layers)
@@ -337,11 +352,12 @@ class DecoderModel(TransformerModel):
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
                                         device=input_ids.device)
         hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
-                                             output_hidden_states=output_hidden_states, documents=documents,
-                                             lm_prefix=lm_prefix)
+                                             output_hidden_states=output_hidden_states or self.mix is not None,
+                                             documents=documents, lm_prefix=lm_prefix)
         out = ModelOutput(last_hidden_state=hidden, hidden_states=hidden_states,
                           past_key_values=caches if use_cache else None)
-        self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions)
+        self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions,
+                       hidden=self.mixed_states(out, output_hidden_states))
         if labels is not None and out.logits is not None and masked_positions is None:
             out.loss = lm_loss(out.logits[:, :-1], labels[:, 1:])
         return out
@@ -442,6 +458,7 @@ class EncoderStackModel(TransformerModel):
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
         self.encoder = Stack(config, config.num_layers, causal=False, cross_attention=False)
+        self.mix: nn.Module | None = None  # as DecoderModel's, over the encoder's states
 
     def blocks(self) -> list[nn.Module]:
         return list(self.encoder.layers)
@@ -463,9 +480,9 @@ class EncoderStackModel(TransformerModel):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         hidden, states = self.encoder(self.embed(input_ids), attention_mask, packed=packed,
-                                      output_hidden_states=output_hidden_states)
+                                      output_hidden_states=output_hidden_states or self.mix is not None)
         out = ModelOutput(last_hidden_state=hidden, hidden_states=states)
-        self.run_heads(out, attention_mask, masked_positions)
+        self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 
 

@@ -121,7 +121,9 @@ class StrategyConfig:
     ``adapters``: bottleneck adapters after attention and feed-forward (``bottleneck``) plus the head; ``prefix``:
     ``prefix_length`` learned keys and values per layer plus the head; ``scalar-mix``: ELMo's recipe, a frozen
     encoder whose heads read gamma * sum_j softmax(s)_j h_j over the embedding output and every layer (a sentence
-    classifier then reads the mix at [CLS] through dense-tanh-linear, or its mean with ``task.pooling: mean``). A
+    classifier then reads the mix at [CLS] through dense-tanh-linear, or its mean with ``task.pooling: mean``); the
+    same over a GPT-2 decoder's states (its classifier reads the mix at the last real token) or, for tagging, an
+    encoder-decoder's encoder's (an encoder-decoder's own heads read its decoder: no mix). A
     pooler that the checkpoint lacked (and the head needs) trains too."""
 
     kind: Literal["full", "frozen", "lora", "adapters", "prefix", "scalar-mix"] = "full"
@@ -151,21 +153,28 @@ class StrategyConfig:
 # Models LoRA fine-tunes: the encoders, decoders and encoder-decoders built of the shared blocks.
 LORA_MODELS = (EncoderModel, DecoderModel, Seq2SeqModel, EncoderStackModel)
 LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias", "lm")
+# Models whose heads read one stack's hidden states, which a scalar mix can replace (an encoder-decoder's heads read
+# its decoder, which cross-attends to the encoder's last state: no mix).
+MIX_MODELS = (EncoderModel, DecoderModel, EncoderStackModel)
 ELMO_STRATEGIES = ("full", "frozen", "scalar-mix")
 
 
-def check_strategy(strategy: StrategyConfig, model: Model) -> None:
-    """The scalar mix of the layers is made for encoders, LoRA for the models of the shared blocks (encoders,
-    GPT-2, BART, T5); the other strategies train any model. An ELMo model (no transformer blocks to adapt) trains
-    fully, frozen (its top layer as features) or frozen under the scalar mix of its three layers (ELMo's recipe)."""
+def check_strategy(strategy: StrategyConfig, model: Model, fine_tuned: type | None = None) -> None:
+    """The scalar mix of the layers is made for the models whose heads read one stack (`fine_tuned`, the class
+    ``model_class`` fine-tunes, default the model's: an encoder, a decoder, an encoder-decoder's encoder alone for
+    tagging), LoRA for the models of the shared blocks (encoders, GPT-2, BART, T5); the other strategies train any
+    model. An ELMo model (no transformer blocks to adapt) trains fully, frozen (its top layer as features) or frozen
+    under the scalar mix of its three layers (ELMo's recipe)."""
     if isinstance(model, ElmoModel):
         if strategy.kind not in ELMO_STRATEGIES:
             raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which an ELMo model does not "
                               f"have: use scalar-mix (ELMo's recipe: its frozen layers mixed), frozen or full")
         return
-    if strategy.kind == "scalar-mix" and not isinstance(model, EncoderModel):
-        raise ConfigError(f"strategy.kind: scalar-mix is for encoders (BERT family); this model is a "
-                          f"{type(model).__name__}: use full, frozen, lora, adapters or prefix")
+    fine_tuned = fine_tuned or type(model)
+    if strategy.kind == "scalar-mix" and not issubclass(fine_tuned, MIX_MODELS):
+        raise ConfigError(f"strategy.kind: scalar-mix is for encoders, decoders and an encoder-decoder's encoder "
+                          f"alone (tagging); this model is a {fine_tuned.__name__}, whose heads read its decoder: "
+                          f"use full, frozen, lora, adapters or prefix")
     if strategy.kind == "lora" and not isinstance(model, LORA_MODELS):
         raise ConfigError(f"strategy.kind: lora is for the encoders, decoders and encoder-decoders of the shared "
                           f"blocks; this model is a {type(model).__name__}: use full, frozen, adapters or prefix")
@@ -569,7 +578,7 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         config.optim.total_steps = min(steps, config.task.max_steps or steps)
         if config.run.eval_every == 0:
             config.run.eval_every = max(1, per_epoch // config.optim.grad_accumulation)
-        check_strategy(config.strategy, pretrained.model)
+        check_strategy(config.strategy, pretrained.model, model_class(pretrained.model, task))
         model, fresh_pooler = build_model(pretrained, task, config.run.seed, config.task.pooling,
                                           config.strategy.kind == "scalar-mix", config.task.tagger)
         trainable = apply_strategy(model, config.strategy, fresh_pooler)

@@ -126,7 +126,7 @@ ARCHITECTURES = {
     # RoBERTa counts its two unused position rows in max_position_embeddings: 258 reads 256 tokens
     "mlm": merge(prepared("bpe"), {"model": {"family": "roberta", "max_position_embeddings": 258}}),
     "clm": decoder("clm"),
-    "prefixlm": decoder("prefixlm"),
+    "prefixlm": merge(decoder("prefixlm"), {"model": {"prefix_lm": True}}),  # fine-tuned on inputs seen whole
     "t5": merge(prepared("t5"), {
         "model": {"family": "t5", "num_layers": 1, "num_decoder_layers": 1},
         "data": {"instances": {"kind": "doc-sentences"},

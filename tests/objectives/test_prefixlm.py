@@ -81,8 +81,8 @@ def test_the_mask_is_its_definition_padded_and_packed():
     torch.testing.assert_close(whole * rows, reference(q, k, v, same) * rows, atol=1e-6, rtol=0)
 
 
-def decoder(seed=0):
-    model = DecoderModel(tiny_config(vocab_size=64, num_layers=2), [HeadSpec("lm", "tied_lm")])
+def decoder(seed=0, **overrides):
+    model = DecoderModel(tiny_config(vocab_size=64, num_layers=2, **overrides), [HeadSpec("lm", "tied_lm")])
     model.init_weights(torch.Generator().manual_seed(seed))
     return model.eval()
 
@@ -218,6 +218,10 @@ def test_prefixlm_pretrains_and_resumes_bitwise(tmp_path):
     config["objectives"] = {"prefixlm": {}, "clm": {}}
     with pytest.raises(ConfigError, match="objectives.prefixlm: makes its own batches .*not both"):
         build(config)
+    config["objectives"] = {"clm": {}}
+    config["model"]["prefix_lm"] = True
+    with pytest.raises(ConfigError, match="model.prefix_lm: a prefix LM reads an input in both directions"):
+        build(config)
     config["objectives"] = {"prefixlm": {}}
     config["data"]["instances"]["kind"] = "nsp"
     with pytest.raises(ConfigError, match="objectives.prefixlm: next-token prediction reads running text"):
@@ -231,8 +235,9 @@ def test_the_shipped_config_runs(tmp_path):
     assert run_shipped_config_briefly(ROOT / "configs" / "prefixlm-tiny.yaml", tmp_path / "run", corpus) == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["lm_loss"] > 0
-    assert json.loads((tmp_path / "run" / "model" / "config.json").read_text())["architectures"] == \
-        ["GPT2LMHeadModel"]
+    # transformers' GPT-2 has no prefix LM: the model is kept in bertology's format
+    saved = json.loads((tmp_path / "run" / "model" / "bertology.json").read_text())
+    assert saved["model"] == "decoder" and saved["config"]["prefix_lm"] is True
 
 
 def test_generation_reads_the_prompt_as_the_prefix():
@@ -259,3 +264,28 @@ def test_generation_reads_the_prompt_as_the_prefix():
     seq2seq = Seq2SeqModel(tiny_config(vocab_size=64), [HeadSpec("lm", "tied_lm")])
     with pytest.raises(ConfigError, match="prefix_lm: a decoder's option .* this model is a Seq2SeqModel"):
         generate(seq2seq, ids, mask, prefix_lm=True)
+
+
+def test_a_prefix_lm_reads_a_whole_input_both_ways_and_keeps_it_in_its_native_checkpoint(tmp_path):
+    from bertology import generate
+    from bertology.model import load_model, save_model
+
+    plain, prefix_lm = decoder(seed=4), decoder(seed=4, prefix_lm=True)
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(3, 64, (2, 7), generator=g)
+    mask = torch.tensor([[1] * 7, [1] * 5 + [0] * 2])
+    with torch.no_grad():
+        whole = plain(ids, mask, lm_prefix=mask.bool()).logits
+        torch.testing.assert_close(prefix_lm(ids, mask).logits, whole)  # fine-tuning reads the input as the prefix
+        split = mask.bool() & (torch.arange(7) < 3)
+        torch.testing.assert_close(prefix_lm(ids, mask, lm_prefix=split).logits,  # training's own split wins
+                                   plain(ids, mask, lm_prefix=split).logits)
+    left = torch.tensor([[1] * 7, [0, 0] + [1] * 5])  # a decoder's prompts padded on the left
+    assert torch.equal(generate(prefix_lm, ids, left, max_new_tokens=4, eos_token_id=[]),
+                       generate(plain, ids, left, max_new_tokens=4, eos_token_id=[], prefix_lm=True))
+    save_model(prefix_lm, tmp_path / "model")
+    assert (tmp_path / "model" / "bertology.json").is_file()  # transformers' GPT-2 has no prefix LM
+    back = load_model(tmp_path / "model").eval()
+    assert back.config.prefix_lm is True
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids, mask).logits, whole)

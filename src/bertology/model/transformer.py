@@ -73,6 +73,10 @@ class TransformerConfig:
     decoder_start_token_id: int | None = None
     # BART: given neither decoder_input_ids nor labels, the decoder reads input_ids shifted right behind the start
     shifted_decoder_inputs: bool = False
+    # A prefix LM (DecoderModel; the T5 paper's): an input read with no cache yet and no `lm_prefix` given is all
+    # prefix, seen in both directions (fine-tuning on a whole input, a prompt before generation); tokens fed after
+    # it through the cache are causal. Training passes its own split (`lm_prefix`).
+    prefix_lm: bool = False
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -351,6 +355,8 @@ class DecoderModel(TransformerModel):
         if attention_mask is None:
             attention_mask = torch.ones(input_ids.shape[0], past + input_ids.shape[1], dtype=torch.long,
                                         device=input_ids.device)
+        if self.config.prefix_lm and lm_prefix is None and past == 0:
+            lm_prefix = attention_mask.bool()
         hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
                                              output_hidden_states=output_hidden_states or self.mix is not None,
                                              documents=documents, lm_prefix=lm_prefix)

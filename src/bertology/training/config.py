@@ -421,6 +421,9 @@ class PretrainConfig:
         if len(causal) > 1:
             raise ConfigError("objectives.prefixlm: makes its own batches (a split per row); train it or "
                               "objectives.clm, not both")
+        if causal == ["clm"] and self.model.transformer.get("prefix_lm"):
+            raise ConfigError("model.prefix_lm: a prefix LM reads an input in both directions, which would show "
+                              "objectives.clm the tokens it predicts; train it with objectives.prefixlm")
         if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
             raise ConfigError("objectives.denoise: needs sources and targets: set data.span_corruption (T5's span "
                               "corruption, e.g. {noise_density: 0.15, mean_noise_span_length: 3}) or data.noise "

@@ -157,7 +157,7 @@ FAMILY = CheckpointFamily(
     },
     fixed={"positions": "learned", "norm": "layernorm", "pre_norm": True, "final_norm": True, "embedding_norm": False,
            "gated_ffn": False, "bias": True, "attention_head_size": None, "attention_scale": None,
-           "embedding_scale": 1.0, "logit_scale": 1.0, "position_offset": 0},
+           "embedding_scale": 1.0, "logit_scale": 1.0, "position_offset": 0, "prefix_lm": False},
     model="decoder",
     config_class=TransformerConfig,
     word_embeddings="embeddings.weight",

@@ -295,10 +295,16 @@ def finetune_all(args: argparse.Namespace) -> None:
         done = {(r["model"], r["task"], r["seed"]) for r in map(json.loads, path.read_text().splitlines())}
     if not (RUNS / RANDOM / "model").exists():
         random_encoder(RUNS / RANDOM)
+    claims = RUNS / "finetune" / "claims"  # a run is claimed by the first process to reach it (remove the folder
+    claims.mkdir(parents=True, exist_ok=True)  # to redo the runs of a killed process)
     for seed in SEEDS:  # seed-major: a partial run already has one seed of everything
         for task in args.tasks:
             for name in args.only or [*SUITE.references, *SUITE.entries]:
                 if (name, task, seed) in done or not (RUNS / name / "model").exists():
+                    continue
+                try:  # several processes share the runs (each started with the same arguments)
+                    (claims / f"{name}-{task}-s{seed}").open("x").close()
+                except FileExistsError:
                     continue
                 row = finetune_one(name, task, seed)
                 print(json.dumps(row), flush=True)

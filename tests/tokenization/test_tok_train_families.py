@@ -64,6 +64,7 @@ def test_byte_level_bpe_of_gpt2_and_bart_loads_in_their_classes(tmp_path, style,
     if style == "gpt2":  # nothing added around a text; <|endoftext|> is its one special token
         assert ours.encode("the cat").ids == ours.backend.encode("the cat").ids
         assert hf.eos_token == hf.bos_token == "<|endoftext|>" == ours.backend.id_to_token(0)
+        assert hf.pad_token == "<|endoftext|>" and ours.pad_id == 0  # a task's batches need a padding id
     else:
         assert ours.encode("the cat").ids[0] == hf.bos_token_id == 0
 

@@ -3,6 +3,7 @@ corpus files or an iterator of strings."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import unicodedata
@@ -124,6 +125,8 @@ def train_tokenizer(
     if sentinels:  # numbered down from the end: <extra_id_0> last
         backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(sentinels))])
     specials: SpecialTokenTexts = default_specials(style, kind)
+    if style == "gpt2":  # GPT-2 has no padding token: its batches pad with <|endoftext|> (the attention mask
+        specials = dataclasses.replace(specials, pad=specials.unk)  # hides it), named as pad_token on disk
     return Tokenizer(backend, style=style, specials=specials, model_max_length=model_max_length)
 
 

@@ -343,8 +343,9 @@ def table(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in (RUNS / "finetune.jsonl").read_text().splitlines()]
     columns = [(task, metric, title) for task in SUITE.finetune for metric, title in COLUMNS[task]]
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
-    print(f"| model | parameters | s / step | steps | held-out acc. % | {' | '.join(c[2] for c in columns)} |")
-    print(f"|---|---:|---:|---:|---:|{'---:|' * len(columns)}")
+    print(f"| model | parameters | s / step | steps | tokens read | held-out acc. % | "
+          f"{' | '.join(c[2] for c in columns)} |")
+    print(f"|---|---:|---:|---:|---:|---:|{'---:|' * len(columns)}")
     for name in [*SUITE.references, *SUITE.entries]:
         if not any(r["model"] == name for r in rows):
             continue
@@ -361,8 +362,9 @@ def table(args: argparse.Namespace) -> None:
         key = next((key for key in HELDOUT if key in last), None)
         accuracy = f"{100 * last[key]:.1f}{HELDOUT[key]}" if key else "-"
         seconds = f"{timings[name]:.3f}" if name in timings else "-"
-        print(f"| {name} | {parameters(name):,} | {seconds} | {plan['steps'].get(name, 0):,} | {accuracy} | "
-              f"{' | '.join(cells)} |")
+        tokens = f"{last['tokens']:,}" if "tokens" in last else "-"  # the tokens of the batches (inputs)
+        print(f"| {name} | {parameters(name):,} | {seconds} | {plan['steps'].get(name, 0):,} | {tokens} | "
+              f"{accuracy} | {' | '.join(cells)} |")
 
 
 def main() -> None:

@@ -267,16 +267,21 @@ def random_encoder(out: Path) -> None:
     Pretrained(build_model(config, tokenizer, build_objectives(config.objectives)), tokenizer).save(out / "model")
 
 
-def finetune_one(name: str, task: str, seed: int) -> dict:
+def results_tag(lr: float | None) -> str:
+    """The suffix of the runs made with another fine-tuning learning rate than the recipe's (`--lr`)."""
+    return f"-lr{lr:g}" if lr is not None else ""
+
+
+def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
     from bertology.recipes.finetune import FinetuneConfig, finetune
 
     spec = SUITE.finetune[task]
-    out = RUNS / "finetune" / f"{name}-{task}-s{seed}"
+    out = RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
     config = FinetuneConfig.from_dict({
         "model": str(RUNS / name / "model"),
         "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
                  "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"]},
-        "optim": {"batch_size": 32, "lr": spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
+        "optim": {"batch_size": 32, "lr": lr or spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
         "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
                 "keep_last": 1},
         "speed": {"threads": SUITE.threads, "prefetch": 2},
@@ -289,15 +294,15 @@ def finetune_one(name: str, task: str, seed: int) -> dict:
 
 
 def finetune_all(args: argparse.Namespace) -> None:
-    path = RUNS / "finetune.jsonl"
+    path = RUNS / f"finetune{results_tag(args.lr)}.jsonl"
     done = set()
     if path.exists():
         done = {(r["model"], r["task"], r["seed"]) for r in map(json.loads, path.read_text().splitlines())}
     if not (RUNS / RANDOM / "model").exists():
         random_encoder(RUNS / RANDOM)
-    claims = RUNS / "finetune" / "claims"  # a run is claimed by the first process to reach it (remove the folder
+    claims = RUNS / "finetune" / f"claims{results_tag(args.lr)}"  # a run is claimed by the first process to reach it (remove the folder
     claims.mkdir(parents=True, exist_ok=True)  # to redo the runs of a killed process)
-    for seed in SEEDS:  # seed-major: a partial run already has one seed of everything
+    for seed in args.seeds:  # seed-major: a partial run already has one seed of everything
         for task in args.tasks:
             for name in args.only or [*SUITE.references, *SUITE.entries]:
                 if (name, task, seed) in done or not (RUNS / name / "model").exists():
@@ -306,7 +311,7 @@ def finetune_all(args: argparse.Namespace) -> None:
                     (claims / f"{name}-{task}-s{seed}").open("x").close()
                 except FileExistsError:
                     continue
-                row = finetune_one(name, task, seed)
+                row = finetune_one(name, task, seed, args.lr)
                 print(json.dumps(row), flush=True)
                 with path.open("a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -340,7 +345,7 @@ def parameters(name: str) -> int:
 def table(args: argparse.Namespace) -> None:
     plan = json.loads((RUNS / "plan.json").read_text())
     timings = json.loads((RUNS / "seconds_per_step.json").read_text())
-    rows = [json.loads(line) for line in (RUNS / "finetune.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (RUNS / f"finetune{results_tag(args.lr)}.jsonl").read_text().splitlines()]
     columns = [(task, metric, title) for task in SUITE.finetune for metric, title in COLUMNS[task]]
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
     print(f"| model | parameters | s / step | steps | tokens read | held-out acc. % | "
@@ -379,6 +384,9 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="pretrain: a run-config setting for every run of this call (e.g. optim.lr=3e-3)")
     parser.add_argument("--tasks", nargs="*", help="finetune: the tasks (default: the suite's)")
+    parser.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS), help="finetune: the seeds")
+    parser.add_argument("--lr", type=float, help="finetune, table: this learning rate for every task instead of "
+                                                 "the recipe's (its runs and results kept apart)")
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
     parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
                                       "calibrate reads and writes it too")

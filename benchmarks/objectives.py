@@ -1,7 +1,10 @@
 """The pretraining objectives side by side on one budget: MLM, MLM+NSP, MLM+SOP, SpanBERT, ELECTRA and DistilBERT-
 style distillation, each pretraining the same BERT-tiny-sized encoder (2 layers, 128 wide) on the same corpus
 (Gutenberg + Brown, one 8k WordPiece tokenizer, one set of shards) for the same wall-clock budget, then fine-tuned
-the same way on SST-2 and CoNLL-2003 with three seeds each. docs/OBJECTIVES.md holds the results.
+the same way on SST-2 and CoNLL-2003 with three seeds each. docs/OBJECTIVES.md holds the results. With
+`--suite architectures` the same phases compare an MLM encoder, a GPT-2 causal LM, a prefix LM, T5's span
+corruption and BART's denoising (about 1.5 M parameters each; `prepare` first makes their tokenizers and shards),
+fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md.
 
     python benchmarks/objectives.py calibrate   # seconds per step of each objective (run it on an idle machine)
     python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps

@@ -328,6 +328,60 @@ def heldout(name: str) -> dict:
     return evals[-1] if evals else {}
 
 
+PROMPT = "{text} it was"  # SST-2 prompted: the label word the language model finds likelier next
+LABEL_WORDS = (" bad", " good")  # SST-2's labels 0 and 1, one token each in the decoders' BPE
+SHOTS = 4  # labelled training phrases before each dev phrase, drawn anew for each seed (two of each label)
+
+
+def prompt_all(args: argparse.Namespace) -> None:
+    """The decoders prompted as language models on SST-2's dev phrases, zero-shot and with SHOTS demonstrations
+    (seeds 0, 1, 2), no training: a phrase is classified by the likelier of LABEL_WORDS after PROMPT. A prefix LM
+    reads the prompt as its prefix (its `prefix_lm` setting)."""
+    import random
+
+    import torch
+
+    from bertology.model import load
+    from bertology.tasks.readers import read_glue
+
+    torch.set_num_threads(SUITE.threads)
+    train = list(read_glue("sst2", DATA / "glue" / "SST-2" / "train.tsv"))
+    dev = list(read_glue("sst2", DATA / "glue" / "SST-2" / "dev.tsv"))
+    by_label = {label: [e for e in train if e.label == label] for label in ("0", "1")}
+    rows = []
+    for name in args.only or ["clm", "prefixlm"]:
+        pretrained = load(RUNS / name / "model")
+        model, tokenizer = pretrained.model.eval(), pretrained.tokenizer
+        words = [tokenizer.encode(word).ids for word in LABEL_WORDS]
+        if any(len(ids) != 1 for ids in words):
+            raise SystemExit(f"{name}: the label words {LABEL_WORDS} are not one token each ({words})")
+        for shots, seed in [(0, 0), *((SHOTS, seed) for seed in args.seeds)]:
+            rng = random.Random(seed)
+            correct = 0
+            for start in range(0, len(dev), 32):
+                texts = []
+                for example in dev[start:start + 32]:
+                    shown = [*rng.sample(by_label["0"], shots // 2), *rng.sample(by_label["1"], shots // 2)]
+                    rng.shuffle(shown)
+                    context = "".join(PROMPT.format(text=e.text.strip()) + LABEL_WORDS[int(e.label)] + ". "
+                                      for e in shown)
+                    texts.append(context + PROMPT.format(text=example.text.strip()))
+                encoded = [tokenizer.encode(text).ids[-model.config.max_length:] for text in texts]
+                width = max(map(len, encoded))  # left-padded: every prompt ends at the last column
+                ids = torch.tensor([[tokenizer.pad_id] * (width - len(e)) + e for e in encoded])
+                mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+                with torch.no_grad():
+                    last = torch.stack([torch.arange(len(texts)), torch.full((len(texts),), width - 1)], 1)
+                    logits = model(ids, mask, masked_positions=last).logits
+                choice = logits[:, [words[0][0], words[1][0]]].argmax(1).tolist()
+                correct += sum(c == int(e.label) for c, e in zip(choice, dev[start:start + 32]))
+            row = {"model": name, "shots": shots, "seed": seed, "accuracy": 100 * correct / len(dev)}
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    with (RUNS / "prompt.jsonl").open("w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
 COLUMNS = {"sst2": [("accuracy", "SST-2 dev acc.")], "conll2003": [("f1", "CoNLL-2003 dev F1")],
            "squad": [("exact_match", "SQuAD dev EM"), ("f1", "SQuAD dev F1")]}
 HELDOUT = {"mlm_accuracy": "", "generator_accuracy": " (generator)", "lm_accuracy": " (next token)",
@@ -378,7 +432,7 @@ def table(args: argparse.Namespace) -> None:
 def main() -> None:
     global RUNS, SUITE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["prepare", "calibrate", "pretrain", "finetune", "table"])
+    parser.add_argument("phase", choices=["prepare", "calibrate", "pretrain", "finetune", "prompt", "table"])
     parser.add_argument("--suite", choices=list(SUITES), default="objectives",
                         help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
@@ -408,7 +462,7 @@ def main() -> None:
                              f"+ Brown), or with the phase `prepare` for --suite architectures")
     RUNS.mkdir(parents=True, exist_ok=True)
     phases = {"prepare": prepare, "calibrate": calibrate, "pretrain": pretrain_all, "finetune": finetune_all,
-              "table": table}
+              "prompt": prompt_all, "table": table}
     phases[args.phase](args)
 
 

@@ -81,3 +81,22 @@ def test_gpt2_fine_tunes_extractively_and_transformers_reads_the_same_logits(que
     real = mask.bool()
     torch.testing.assert_close(logits[..., 0][real], theirs.start_logits[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits[..., 1][real], theirs.end_logits[real], atol=1e-5, rtol=1e-5)
+
+
+def test_a_gpt2_tokenizer_naming_no_padding_token_still_pads_task_batches(questions, gpt2):
+    """transformers' GPT-2 tokenizer files name no pad token: task batches pad with id 0 (the mask hides it)."""
+    import dataclasses
+
+    from bertology.tasks.sequence import EncodedExamples
+    from bertology.tokenization import Tokenizer
+
+    named = load(gpt2).tokenizer
+    bare = Tokenizer(named.backend, style="gpt2", specials=dataclasses.replace(named.specials, pad=None))
+    assert bare.pad_id is None and bare.fill_id == 0
+    windows = QAWindows.encode(bare, questions[:3], 48, max_query_length=16, doc_stride=8)
+    sentences = EncodedExamples.from_texts(bare, ["the cat", "a much longer text than that"], max_length=16,
+                                           shuffle=False)
+    for encoded in (windows, sentences):
+        batch = next(encoded.batches(0, 8, drop_last=False))
+        assert batch.input_ids.dtype == torch.long and (batch.attention_mask == 0).any()
+        assert (batch.input_ids[batch.attention_mask == 0] == 0).all()

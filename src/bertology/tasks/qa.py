@@ -251,7 +251,7 @@ class QAWindows(EncodedExamples):
                 null = frame.null % len(window)
                 labels.append((content + span[0] - start, content + span[1] - start) if inside else (null, null))
             num_windows[q] = len(ids) - first_window[q]
-        encoded = cls(ids, types, torch.tensor(labels, dtype=torch.long), tokenizer.pad_id, shuffle=shuffle,
+        encoded = cls(ids, types, torch.tensor(labels, dtype=torch.long), tokenizer.fill_id, shuffle=shuffle,
                       seed=seed, padding_side=tokenizer.padding_side, **options)
         table = np.asarray(where, dtype=np.int64)
         encoded.question, encoded.start, encoded.stop, encoded.content = (table[:, i].copy() for i in range(4))

@@ -127,7 +127,7 @@ class EncodedExamples:
             batch = tokenizer.encode_batch(part, pair_part, max_length=max_length)
             ids.extend(e.ids for e in batch.encodings)
             types.extend(e.type_ids for e in batch.encodings)
-        return cls(ids, types, labels, tokenizer.pad_id, padding_side=tokenizer.padding_side, **options)
+        return cls(ids, types, labels, tokenizer.fill_id, padding_side=tokenizer.padding_side, **options)
 
     def __len__(self) -> int:
         return len(self.lengths)

@@ -193,7 +193,7 @@ def encode_spans(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], type
     used = sorted({r[0] for r in rows})
     renumber = {old: new for new, old in enumerate(used)}
     table = np.array([(renumber[c], s, e, label) for c, s, e, label in rows], dtype=np.int64)
-    return SpanExamples([chunks[i] for i in used], table, True, tokenizer.pad_id, **options)
+    return SpanExamples([chunks[i] for i in used], table, True, tokenizer.fill_id, **options)
 
 
 # --------------------------------------------------------------------------------------------------- objective

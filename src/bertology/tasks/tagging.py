@@ -272,7 +272,7 @@ def encode_tagged(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], lab
     tagged = bool(sentences) and all(s.tags is not None for s in sentences)
     rows = [token_labels(c, sentences[c.sentence].tags, labels, label_all_subwords)  # type: ignore[arg-type]
             for c in chunks] if tagged else None
-    return TokenExamples(chunks, [len(s) for s in sentences], rows, tokenizer.pad_id,
+    return TokenExamples(chunks, [len(s) for s in sentences], rows, tokenizer.fill_id,
                          padding_side=tokenizer.padding_side, **options)
 
 

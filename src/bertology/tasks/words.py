@@ -34,6 +34,7 @@ class WordTokenizer:
 
     pad_token, unk_token = PAD, UNK
     pad_id = 0
+    fill_id = 0
     padding_side = "right"
 
     def __init__(self, max_characters: int, vocabulary: WordVocabulary | None = None) -> None:

@@ -172,6 +172,12 @@ class Tokenizer:
         return self.framing.pad_id
 
     @property
+    def fill_id(self) -> int:
+        """The id a padded batch puts at its padding: the pad token, else 0 (a GPT-2 tokenizer names none; the
+        attention mask hides the padding, so any id will do)."""
+        return self.framing.fill_id
+
+    @property
     def padding_side(self) -> str:
         """Where batches of this tokenizer's rows are padded: "right", or "left" (XLNet)."""
         return self.framing.padding_side

@@ -49,6 +49,7 @@ from bertology.training.checkpoint import (
     save_checkpoint,
 )
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
+from bertology.training.graphs import CapturedSteps, check_static_objectives, static_batch
 from bertology.training.optim import build_optimizer, build_scheduler
 
 if TYPE_CHECKING:
@@ -197,6 +198,14 @@ class Trainer:
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)
         self.fsdp = speed.fsdp
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
+        self.graphs: CapturedSteps | None = None
+        if speed.cuda_graphs:
+            if self.device.type != "cuda":
+                raise ConfigError(f"speed.cuda_graphs: needs a CUDA device; this run's is {self.device}")
+            if self.env.distributed:
+                raise ConfigError("speed.cuda_graphs: runs in one process; turn it off under torchrun")
+            check_static_objectives(self.loss_module.objectives)
+            self.graphs = CapturedSteps(self._micro_step, self.device)
         # With the fused AdamW a step whose loss or gradient is not finite is skipped on the device (the kernel's
         # found_inf), and the host reads that flag only at the next log, evaluation or checkpoint (see _guard):
         # no host synchronisation inside a step. Other optimizers read it after every step.
@@ -257,6 +266,16 @@ class Trainer:
                 yield epoch, index, item
             epoch, batch = epoch + 1, 0
 
+    def _training_batch(self, batch: Batch) -> Batch:
+        """A training micro-batch on the device: with CUDA graphs, given static shapes first (on the host)."""
+        if self.graphs is None:
+            return self._device_batch(batch)
+        static = static_batch(batch, self.config.speed.graph_bucket,
+                              getattr(self.model.config, "max_length", batch.input_ids.shape[1]))
+        moved = self._device_batch(static)
+        moved.layout.max_seqlen = moved.layout.seq_len  # a bound the kernels take as a constant of the graph
+        return moved
+
     def _device_batch(self, batch: Batch) -> Batch:
         if self.device.type == "cpu":
             return batch
@@ -298,7 +317,7 @@ class Trainer:
         try:
             while self.state.step < total:
                 micro = [next(stream) for _ in range(accum)]
-                batches = [self._device_batch(b) for _, _, b in micro]
+                batches = [self._training_batch(b) for _, _, b in micro]
                 # Counted on the batches as read (host memory), summed as a tensor: read once per log.
                 tokens = torch.stack([b.attention_mask.sum() for _, _, b in micro]).sum()
                 step_stats, grad_norm = self._step(batches)
@@ -366,17 +385,12 @@ class Trainer:
         # DDP and FSDP average gradients over ranks; dividing by units / world size makes the result the gradient
         # of the mean over the effective batch.
         divisor = (units / self.env.world_size).to(self.device, torch.float32)
-        per_name = {n: divisor[i] for i, n in enumerate(names)}
         total_stats: Tensor | None = None
         last = len(batches) - 1
         for i, batch in enumerate(batches):
             with D.no_sync(self.wrapped, skip=(self.env.distributed or self.fsdp) and i < last):
-                with self._autocast():
-                    loss, stats = self.wrapped(batch, per_name)
-                loss.backward()
-            if self._stat_keys is None:
-                self._stat_keys = sorted(stats)
-            vector = stats_to_vector(stats, self._stat_keys)
+                run = self.graphs if self.graphs is not None else self._micro_step
+                vector = run(batch, divisor)
             total_stats = vector if total_stats is None else total_stats + vector
         assert total_stats is not None
         clip = self.config.optim.clip_norm
@@ -386,8 +400,20 @@ class Trainer:
         self._guard(total_stats, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # A captured step accumulates into the gradients it was recorded with: they are zeroed, not freed.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         return total_stats, grad_norm.detach()
+
+    def _micro_step(self, batch: Batch, divisor: Tensor) -> Tensor:
+        """Forward and backward of one micro-batch (gradients accumulate); returns its stats vector. `divisor`:
+        each objective's unit count over the effective batch, in ``loss_module.objectives`` order."""
+        per_name = {o.name: divisor[i] for i, o in enumerate(self.loss_module.objectives)}
+        with self._autocast():
+            loss, stats = self.wrapped(batch, per_name)
+        loss.backward()
+        if self._stat_keys is None:
+            self._stat_keys = sorted(stats)
+        return stats_to_vector(stats, self._stat_keys)
 
     def _guard(self, stats: Tensor, grad_norm: Tensor) -> None:
         """Keep a step whose loss or gradient is not finite (on any rank) from changing the weights.

@@ -118,6 +118,11 @@ def test_bad_settings_are_named(tmp_path):
     with pytest.raises(ConfigError, match="speed.cuda_graphs: needs a CUDA device; this run's is cpu"):
         Trainer(config, model, [MaskedLM()], None)  # type: ignore[arg-type]
 
+    for auto_or_off in (None, False):  # auto: graphs only where they run (a GPU); never an error
+        speed = SpeedConfig(device="cpu", threads=1, prefetch=0, cuda_graphs=auto_or_off, compile=True)
+        trainer = Trainer(TrainConfig(optim=config.optim, run=config.run, speed=speed), model, [MaskedLM()], None)  # type: ignore[arg-type]
+        assert trainer.graphs is None
+
     class Unpadded:
         name = "rtd"
 

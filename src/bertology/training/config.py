@@ -330,10 +330,11 @@ class SpeedConfig:
     # Build a fresh model on the meta device and materialise it once with its initialisation (no default
     # initialisation first): the same weights, bit for bit. For pretraining; fine-tuning starts from a checkpoint.
     meta_init: bool = False
-    # CUDA graphs: each micro-batch's forward and backward replayed as one launch (one process on one GPU, masked-LM
-    # pretraining batches padded to static shapes: bertology.training.graphs). The packed token count is rounded up
-    # to a multiple of graph_bucket: larger buckets mean fewer graphs and more padding.
-    cuda_graphs: bool = False
+    # CUDA graphs: each micro-batch's forward and backward replayed as one launch (bertology.training.graphs: one
+    # process on one GPU, masked-LM pretraining batches padded to static shapes). None (auto): on wherever that
+    # holds and nothing below excludes it (compile, fsdp, activation checkpointing). The packed token count is rounded
+    # up to a multiple of graph_bucket: larger buckets mean fewer graphs and more padding.
+    cuda_graphs: bool | None = None
     graph_bucket: int = 256
 
     def __post_init__(self) -> None:

@@ -198,14 +198,7 @@ class Trainer:
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)
         self.fsdp = speed.fsdp
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
-        self.graphs: CapturedSteps | None = None
-        if speed.cuda_graphs:
-            if self.device.type != "cuda":
-                raise ConfigError(f"speed.cuda_graphs: needs a CUDA device; this run's is {self.device}")
-            if self.env.distributed:
-                raise ConfigError("speed.cuda_graphs: runs in one process; turn it off under torchrun")
-            check_static_objectives(self.loss_module.objectives)
-            self.graphs = CapturedSteps(self._micro_step, self.device)
+        self.graphs = self._captured_steps(speed)
         # With the fused AdamW a step whose loss or gradient is not finite is skipped on the device (the kernel's
         # found_inf), and the host reads that flag only at the next log, evaluation or checkpoint (see _guard):
         # no host synchronisation inside a step. Other optimizers read it after every step.
@@ -248,6 +241,28 @@ class Trainer:
             raise ConfigError("speed.bf16: this GPU does not support bfloat16")
         return bool(wanted)
 
+    def _captured_steps(self, speed: SpeedConfig) -> CapturedSteps | None:
+        """CUDA graphs for the micro-steps where ``speed.cuda_graphs`` asks for them (True: or a ConfigError saying
+        why not) or allows them (None: where they run)."""
+        if speed.cuda_graphs is False:
+            return None
+        auto = speed.cuda_graphs is None
+        excluded = [f"speed.{name}" for name in ("compile", "fsdp", "activation_checkpointing") if getattr(speed, name)]
+        try:
+            if self.device.type != "cuda":
+                raise ConfigError(f"speed.cuda_graphs: needs a CUDA device; this run's is {self.device}")
+            if self.env.distributed:
+                raise ConfigError("speed.cuda_graphs: runs in one process; turn it off under torchrun")
+            if excluded:
+                raise ConfigError(f"speed.cuda_graphs: cannot be combined with {excluded[0]}; turn one off")
+            check_static_objectives(self.loss_module.objectives)
+        except ConfigError:
+            if auto:
+                return None
+            raise
+        self._graphs_auto = auto
+        return CapturedSteps(self._micro_step, self.device)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
@@ -270,8 +285,14 @@ class Trainer:
         """A training micro-batch on the device: with CUDA graphs, given static shapes first (on the host)."""
         if self.graphs is None:
             return self._device_batch(batch)
-        static = static_batch(batch, self.config.speed.graph_bucket,
-                              getattr(self.model.config, "max_length", batch.input_ids.shape[1]))
+        try:
+            static = static_batch(batch, self.config.speed.graph_bucket,
+                                  getattr(self.model.config, "max_length", batch.input_ids.shape[1]))
+        except ConfigError:
+            if not self._graphs_auto:
+                raise
+            self.graphs = None  # batches of another kind: the eager step, as speed.cuda_graphs auto allows
+            return self._device_batch(batch)
         moved = self._device_batch(static)
         moved.layout.max_seqlen = moved.layout.seq_len  # a bound the kernels take as a constant of the graph
         return moved

@@ -212,7 +212,18 @@ class Stack(nn.Module):
             x = layout.pack(x)
             if lm_prefix is not None:
                 lm_prefix = layout.pack(lm_prefix)
-            bias = ((lambda q, k: self.relative(q, k)[None]) if self.relative is not None else None)
+            bias = None
+            if self.relative is not None:
+                # One table for the longest sequence, computed once for every layer and group: a sequence of n
+                # tokens reads its top-left n x n corner (the bias depends on key - query only), each corner cut
+                # once, so the backward adds each layer's gradient there before one pass into the table.
+                table = self.relative(layout.max_seqlen, layout.max_seqlen)[None]
+                corners: dict[tuple[int, int], Tensor] = {}
+
+                def bias(q: int, k: int) -> Tensor:
+                    if (q, k) not in corners:
+                        corners[q, k] = table[..., :q, :k]
+                    return corners[q, k]
             key_mask = None
         else:
             bias = self.relative(length, past + length)[None] if self.relative is not None else None

@@ -301,12 +301,15 @@ class Trainer:
         if self.device.type == "cpu":
             return batch
         moved = batch.to(self.device, non_blocking=True)
-        mask = getattr(batch, "attention_mask", None)
-        if isinstance(mask, Tensor) and mask.device.type == "cpu":
-            # The batch's packing, worked out here on the host from the CPU mask (in the prefetch thread when there
-            # is one): the model's forward then never waits for the device to learn where the real tokens are.
-            with contextlib.suppress(AttributeError):  # a batch type that takes no new attributes goes without
-                moved.layout = Layout(mask).to(self.device)
+        # The batch's packings, worked out here on the host from the CPU masks (and packed documents): the model's
+        # forward then never waits for the device to learn where the real tokens are. `decoder_layout`: an
+        # encoder-decoder's decoder side.
+        for name, mask_name, documents in (("layout", "attention_mask", getattr(batch, "documents", None)),
+                                           ("decoder_layout", "decoder_attention_mask", None)):
+            mask = getattr(batch, mask_name, None)
+            if isinstance(mask, Tensor) and mask.device.type == "cpu":
+                with contextlib.suppress(AttributeError):  # a batch type that takes no new attributes goes without
+                    setattr(moved, name, Layout(mask, documents).to(self.device))
         return moved
 
     # ------------------------------------------------------------------------------------------------ training

@@ -345,7 +345,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
     # byte-mask dropout is faster (benchmarks/RESULTS.md, "Training").
     if not need_weights and not (dropout > 0 and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale), None
-    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2)
+    if scale != 1.0:  # T5 folds it into its weights
+        scores = scores * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = scores.softmax(-1)

@@ -21,7 +21,7 @@ softmax tables (`EMBED_PAIRS`): the comparison's ELMo (2 x 160 -> 64) against do
 of 128), and configs/elmo-tiny.yaml's sizes (2 x 512 -> 128) against 3 layers of 256; WordPiece trained on the same
 sentences, random weights (speed does not depend on them), the two systems timed in alternation in one process.
 
-    python benchmarks/elmo.py --compare calibrate|pretrain|finetune|layers
+    python benchmarks/elmo.py --compare calibrate|pretrain|finetune|layers|table
 
 runs the comparison of docs/ELMO.md ("ELMo against the MLM encoder"), writing under runs/elmo-compare/."""
 
@@ -338,13 +338,51 @@ def compare_layers(args: argparse.Namespace) -> None:
                 f.write(json.dumps(row) + "\n")
 
 
+def compare_table(args: argparse.Namespace) -> None:
+    """The Markdown tables of docs/ELMO.md from what the other phases wrote (mean ± sample std over seeds)."""
+    from bertology.training import read_metrics
+
+    plan = json.loads((COMPARE / "plan.json").read_text())
+    rows = [json.loads(line) for line in (COMPARE / "finetune.jsonl").read_text().splitlines()] \
+        if (COMPARE / "finetune.jsonl").exists() else []
+    layers = [json.loads(line) for line in (COMPARE / "layers.jsonl").read_text().splitlines()] \
+        if (COMPARE / "layers.jsonl").exists() else []
+    print("| model | s / step | steps | held-out | CoNLL-2003 dev F1 | SST-2 dev acc. |\n|---|---:|---:|---|---:|---:|")
+    for name in ("mlm", "elmo"):
+        evals = [r for r in read_metrics(COMPARE / name / "metrics.jsonl") if r["kind"] == "eval"] \
+            if (COMPARE / name / "metrics.jsonl").exists() else []
+        last = evals[-1] if evals else {}
+        heldout = (f"MLM acc. {100 * last['mlm_accuracy']:.1f} %" if "mlm_accuracy" in last else
+                   f"ppl {last['bilm_forward_perplexity']:.0f} fwd / {last['bilm_backward_perplexity']:.0f} bwd"
+                   if "bilm_forward_perplexity" in last else "-")
+        cells = []
+        for task in ("conll2003", "sst2"):
+            values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
+            spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+            cells.append(f"{statistics.mean(values):.2f}{spread} ({len(values)})" if values else "-")
+        print(f"| {name} | {plan['seconds_per_step'][name]:.3f} | {plan['steps'][name]:,} | {heldout} | "
+              f"{' | '.join(cells)} |")
+    print("\n| model | layer | UPOS probe test acc. (selectivity) | WSD F1 senseval2 | WSD F1 semeval2007 |\n"
+          "|---|---:|---:|---:|---:|")
+    for name in ("mlm", "elmo"):
+        probe = next((r["result"]["tasks"]["upos"] for r in layers if r["model"] == name and r["kind"] == "probe"),
+                     None)
+        for layer in (0, 1, 2):
+            upos = next((f"{100 * r['test_accuracy']:.1f} ({100 * r['selectivity']:.1f})"
+                         for r in (probe or {"layers": []})["layers"] if r["layer"] == layer), "-")
+            wsd = next((r["result"] for r in layers if r["model"] == name and r["kind"] == "wsd"
+                        and r["layer"] == layer), None)
+            scores = [f"{wsd[s]['F1']:.1f}" if wsd else "-" for s in WSD_SETS]
+            print(f"| {name} | {layer} | {upos} | {' | '.join(scores)} |")
+
+
 def compare(args: argparse.Namespace) -> None:
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     COMPARE.mkdir(parents=True, exist_ok=True)
     {"calibrate": compare_calibrate, "pretrain": compare_pretrain, "finetune": compare_finetune,
-     "layers": compare_layers}[args.compare](args)
+     "layers": compare_layers, "table": compare_table}[args.compare](args)
 
 
 def main() -> None:
@@ -358,7 +396,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--embed", action="store_true", help="time embed on ELMo and on a BERT of similar size")
     parser.add_argument("--texts", type=int, default=256)
-    parser.add_argument("--compare", choices=("calibrate", "pretrain", "finetune", "layers"),
+    parser.add_argument("--compare", choices=("calibrate", "pretrain", "finetune", "layers", "table"),
                         help="the comparison with the MLM encoder of docs/OBJECTIVES.md (see docs/ELMO.md)")
     parser.add_argument("--calibration-steps", type=int, default=40)
     parser.add_argument("--mlm-steps", type=int, default=1910, help="--compare pretrain: the encoder's steps")

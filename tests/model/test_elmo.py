@@ -225,3 +225,13 @@ def test_info_describes_an_elmo_model():
     text = describe(Pretrained(model(), None)).format()
     assert "cell 256 -> projection 64, residual" in text and "softmax         40 words" in text
     assert "backward LSTM" in text and "none (no word vocabulary in the directory)" in text
+
+
+def test_distinct_rows_index_each_rows_first_twin():
+    from bertology.model.elmo import distinct_rows
+
+    chars, mask = batch_to_ids([["a", "bb", "a", "c", "bb", "a"]], boundaries=False)
+    rows = chars[0]
+    first, inverse = distinct_rows(rows)
+    assert len(first) == 3 and torch.equal(rows[first][inverse], rows)
+    assert inverse[0] == inverse[2] == inverse[5] and inverse[1] == inverse[4] != inverse[3]

@@ -394,14 +394,13 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
     cell_clip, proj_clip = first.cell_clip, first.proj_clip
     outputs = []
     for t in range(steps):
-        sig = torch.sigmoid(torch.baddbmm(projected[:, t], h, weight_hh))  # i, f, sigmoid(2 g), o
+        i, f, g, o = torch.sigmoid(torch.baddbmm(projected[:, t], h, weight_hh)).chunk(4, -1)  # g: sigmoid(2 g)
         # c = f c + i tanh(g) = f c + 2 i (sigmoid(2 g) - 1/2)
-        c_next = torch.addcmul(sig[..., cell:2 * cell] * c, sig[..., :cell], sig[..., 2 * cell:3 * cell] - 0.5,
-                               value=2.0)
+        c_next = torch.addcmul(f * c, i, g - 0.5, value=2.0)
         if cell_clip is not None:
             c_next = c_next.clamp(-cell_clip, cell_clip)
         # h = W_hr (o tanh(c)) = (2 W_hr) (o (sigmoid(2 c) - 1/2))
-        h_next = torch.bmm(sig[..., 3 * cell:] * (torch.sigmoid(c_next * 2.0) - 0.5), weight_hr)
+        h_next = torch.bmm(o * (torch.sigmoid(c_next * 2.0) - 0.5), weight_hr)
         if proj_clip is not None:
             h_next = h_next.clamp(-proj_clip, proj_clip)
         if padded[t]:

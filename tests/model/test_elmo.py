@@ -182,7 +182,10 @@ def test_heads_scalar_mix_and_native_format(tmp_path):
     assert torch.equal(again.logits, out.logits)
 
 
-def test_both_directions_stepped_together_equal_each_alone():
+@pytest.mark.parametrize("lengths1, lengths2", [([5, 2, 0], [5, 5, 3]), ([2, 5, 0], [1, 4, 3]), ([0, 3, 0], [0, 2, 0])])
+def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
+    """Rows in any order of length (taken longest first inside), directions of different lengths, rows without
+    words."""
     from bertology.model.elmo import ProjectedLSTM, paired_loop
 
     torch.manual_seed(0)
@@ -191,7 +194,7 @@ def test_both_directions_stepped_together_equal_each_alone():
         for parameter in layer.parameters():
             torch.nn.init.normal_(parameter, 0.0, 0.8)
     x1, x2 = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
-    lengths1, lengths2 = torch.tensor([5, 2, 0]), torch.tensor([5, 5, 3])
+    lengths1, lengths2 = torch.tensor(lengths1), torch.tensor(lengths2)
     states = [(torch.randn(3, 4), torch.randn(3, 10)), None]
     together = paired_loop(*layers, x1, x2, lengths1, lengths2, *states)
     for layer, x, lengths, state, (out, (h, c)) in zip(layers, (x1, x2), (lengths1, lengths2), states, together):

@@ -370,9 +370,16 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
     """Two layers of the same sizes and clipping (a forward and a backward one) stepped together over inputs of
     the same shape: the exact loop's arithmetic, with every step's input part in one batched product before the
     loop (step-major, so each step's rows are one block), then one batched product per step for both layers'
-    states, and the state kept at padding only at the steps that have some."""
+    states. Rows are taken longest first, and a step computes only the rows that still have a word in either
+    direction (as packed sequences do); a row whose words ended keeps its state."""
     batch, steps = x1.shape[:2]
     cell = first.cell_size
+    longest = torch.maximum(lengths1, lengths2)
+    order = None if bool((longest[:-1] >= longest[1:]).all()) else torch.sort(longest, descending=True, stable=True)[1]
+    if order is not None:
+        x1, x2, lengths1, lengths2, longest = x1[order], x2[order], lengths1[order], lengths2[order], longest[order]
+        state1 = None if state1 is None else (state1[0][order], state1[1][order])
+        state2 = None if state2 is None else (state2[0][order], state2[1][order])
     # tanh(z) = 2 sigmoid(2 z) - 1: the cell gate's rows and the projection are doubled (exactly, in floating point),
     # so one sigmoid serves all four gates and a second one the cell's tanh (a sigmoid is several times cheaper
     # than a tanh on the CPU)
@@ -389,28 +396,42 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
     c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
     steps_range = torch.arange(steps)[None]
     real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]])  # [2, B, T] (CPU)
-    padded = (~real).any(1).any(0).tolist()  # the steps where some row is padding
+    active = (steps_range < longest[:, None]).sum(0).tolist()  # rows with a word at step t: the first active[t]
+    # the steps where an active row has a word in one direction only (the other keeps its state there)
+    uneven = [not bool(real[:, :n, t].all()) for t, n in enumerate(active)]
     real = real.to(x1.device)[..., None]
     cell_clip, proj_clip = first.cell_clip, first.proj_clip
     outputs = []
-    for t in range(steps):
-        i, f, g, o = torch.sigmoid(torch.baddbmm(projected[:, t], h, weight_hh)).chunk(4, -1)  # g: sigmoid(2 g)
+    for t, n in enumerate(active):
+        if n == 0:
+            outputs.append(h.new_zeros(2, batch, first.hidden))
+            continue
+        hn, cn = (h, c) if n == batch else (h[:, :n], c[:, :n])
+        gates = torch.baddbmm(projected[:, t] if n == batch else projected[:, t, :n], hn, weight_hh)
+        i, f, g, o = torch.sigmoid(gates).chunk(4, -1)  # g: sigmoid(2 g)
         # c = f c + i tanh(g) = f c + 2 i (sigmoid(2 g) - 1/2)
-        c_next = torch.addcmul(f * c, i, g - 0.5, value=2.0)
+        c_next = torch.addcmul(f * cn, i, g - 0.5, value=2.0)
         if cell_clip is not None:
             c_next = c_next.clamp(-cell_clip, cell_clip)
         # h = W_hr (o tanh(c)) = (2 W_hr) (o (sigmoid(2 c) - 1/2))
         h_next = torch.bmm(o * (torch.sigmoid(c_next * 2.0) - 0.5), weight_hr)
         if proj_clip is not None:
             h_next = h_next.clamp(-proj_clip, proj_clip)
-        if padded[t]:
-            keep = real[:, :, t]
-            h, c = torch.where(keep, h_next, h), torch.where(keep, c_next, c)
-            outputs.append(h_next * keep)
+        if uneven[t]:
+            keep = real[:, :n, t]
+            h_next, c_next, out = torch.where(keep, h_next, hn), torch.where(keep, c_next, cn), h_next * keep
+        else:
+            out = h_next
+        if n < batch:
+            h, c = torch.cat([h_next, h[:, n:]], 1), torch.cat([c_next, c[:, n:]], 1)
+            out = F.pad(out, (0, 0, 0, batch - n))
         else:
             h, c = h_next, c_next
-            outputs.append(h_next)
+        outputs.append(out)
     out = torch.stack(outputs).permute(1, 2, 0, 3)  # [2, B, T, p]
+    if order is not None:
+        back = torch.argsort(order)
+        out, h, c = out[:, back], h[:, back], c[:, back]
     return (out[0], (h[0], c[0])), (out[1], (h[1], c[1]))
 
 

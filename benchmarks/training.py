@@ -164,7 +164,10 @@ def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: 
         "run": {"output_dir": str(workdir / run), "progress": False},
         "speed": {"threads": torch.get_num_threads(), "prefetch": 0, "device": device, "bf16": bf16},
     })
-    trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
+    from bertology.training.distributed import DistEnv
+
+    trainer = Trainer(trainer_config, model, objectives, train_data=None,  # type: ignore[arg-type]
+                      env=DistEnv(device=torch.device(device)))
     trainer.wrapped.train(dropout)
 
     def step(batch: PretrainingBatch) -> object:

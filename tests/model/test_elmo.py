@@ -208,7 +208,9 @@ def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_inference_equals_the_training_path(clip):
     """Without gradients (embed, frozen features) the character CNN runs once per distinct word and the clipped
-    layers step both directions together: the same layers and state as with gradients."""
+    layers step both directions together: the same layers and state as with gradients. One thread: with more, the
+    two paths' different batch shapes change the matmuls' rounding (~1e-7), which these large weights amplify."""
+    torch.set_num_threads(1)
     elmo = model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25)
     chars, mask = batch_to_ids(SENTENCES + [["The", "cat", "The", "cat", "ran"]])
     with torch.no_grad():

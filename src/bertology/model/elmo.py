@@ -269,7 +269,7 @@ def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
     no overflow for ids below 2^20 and C below 2^23), checked against the rows themselves: where two distinct
     rows share a key every row is its own."""
     weights = torch.randint(1, 1 << 20, (rows.shape[1],), generator=torch.Generator().manual_seed(0))
-    keys = rows @ weights.to(rows.device)
+    keys = (rows * weights.to(rows.device)).sum(1)  # not a matmul: CUDA has no integer matmul
     unique, inverse = torch.unique(keys, return_inverse=True)
     first = torch.empty(len(unique), dtype=torch.long, device=rows.device)
     first.scatter_(0, inverse, torch.arange(len(rows), device=rows.device))

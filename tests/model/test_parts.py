@@ -166,6 +166,9 @@ def test_kernel_choice_on_each_device(monkeypatch):
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False, head_dim=60) == "nested"  # not a multiple of 8
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
+    assert choose_kernel(cuda, CAUSAL, 0.1, False, True, bias_only=True) == "padded"  # T5's relative positions
+    assert choose_kernel(cpu, CAUSAL, 0.1, False, True, bias_only=True) == "groups"
+    assert choose_kernel(cuda, CAUSAL, 0.1, True, True, bias_only=True) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.float32) == "nested"  # flash is half only
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False, torch.float32) == "groups"
     monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: False)  # the first varlen API
@@ -454,3 +457,24 @@ def test_fused_projections_follow_weight_changes_in_inference():
             torch.testing.assert_close(got, want)
     block.train()
     assert "_fused_qkv" not in block.__dict__  # no stale copy while training
+
+
+@pytest.mark.parametrize("policy", [BIDIRECTIONAL, CAUSAL])
+def test_the_padded_kernel_with_a_bias_equals_the_group_loop(policy):
+    """T5's relative-position bias on a GPU: one dense call over the padded rows, the same outputs and gradients
+    (bias included) as one call per group of lengths."""
+    lengths = torch.tensor([5, 2, 7, 5, 1])
+    mask = (torch.arange(8)[None, :] < lengths[:, None]).long()  # a column of padding past the longest row too
+    layout = Layout(mask)
+    relative = RelativePositionBias(2, 8, 16, bidirectional=not policy.causal)
+    q, k, v = (torch.randn(int(lengths.sum()), 2, 4, requires_grad=True) for _ in range(3))
+    results = {}
+    for kernel in ("groups", "padded"):
+        table = relative(8, 8)[None]
+        out, _ = packed_attention(q, k, v, layout, policy=policy, bias=lambda a, b: table[..., :a, :b], scale=1.0,
+                                  kernel=kernel)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
+                                    (q, k, v, relative.embedding.weight))
+        results[kernel] = (out, *grads)
+    for got, want in zip(results["padded"], results["groups"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

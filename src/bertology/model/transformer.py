@@ -218,7 +218,7 @@ class Stack(nn.Module):
             x = layout.pack(x)
             if lm_prefix is not None:
                 lm_prefix = layout.pack(lm_prefix)
-            bias = (corners(self.relative(layout.max_seqlen, layout.max_seqlen)[None])
+            bias = (corners(self.relative(layout.seq_len, layout.seq_len)[None])
                     if self.relative is not None else None)
             key_mask = None
         else:
@@ -240,8 +240,8 @@ class Stack(nn.Module):
 
 def corners(table: Tensor) -> Callable[[int, int], Tensor]:
     """The score bias of a packed stream's sequences from one relative-position table [1, heads, L, L] for the
-    longest, computed once for every layer and group: a sequence of n tokens reads its top-left n x n corner (the
-    bias depends on key - query only). Each corner is cut once, so the backward adds every layer's gradient there
+    padded rows, computed once for every layer and group: a sequence of n tokens reads its top-left n x n corner
+    (the bias depends on key - query only; the padded kernel reads the whole table). Each corner is cut once, so the backward adds every layer's gradient there
     before one pass into the table."""
     cut: dict[tuple[int, int], Tensor] = {}
 

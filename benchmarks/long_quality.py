@@ -22,6 +22,8 @@ runs/long-quality):
 - `squad`: `bertology finetune --task squad-article` of the short model (windows of 128 tokens, 32 a step) and of the
   continued-pretrained Longformer (windows of 2,048 tokens, 2 a step, the question global), the same steps,
   learning rate and schedule, seeds 1-3; each scored once at the end with the official EM/F1 on the dev subset.
+- `control`: the short model pretrained further with the same steps, tokens per step and optimizer as the
+  Longformer (`long_quality/short-more.yaml`), scored on the same masked tokens (`mlm-loss-control.jsonl`).
 - `table`: the tables (markdown) and `--root/long-quality.json`."""
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DATA = Path("../shared/data")
 HELDOUT = "chesterton-thursday.txt"
-STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squad", "table")
+STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squad", "control", "table")
 SIDES = {"short": dict(length=128, batch=32), "long": dict(length=2048, batch=2)}  # 4,096 tokens a step each
 SEEDS = (1, 2, 3)
 # The short model: the step-1,000 checkpoint of short-pretrain.yaml's 1,500-step schedule (the measured run was
@@ -70,7 +72,9 @@ def config(name: str, root: Path) -> list[str]:
     """The yaml in long_quality/ with its paths moved under `root` (they name runs/long-quality)."""
     sets = {"short-pretrain.yaml": ["tokenizer.path=tokenizer", "data.shards=shards", "run.output_dir=short"],
             "long-pretrain.yaml": ["model.init_from=long", "tokenizer.path=long", "data.shards=shards",
-                                   "run.output_dir=long-pretrained"]}[name]
+                                   "run.output_dir=long-pretrained"],
+            "short-more.yaml": [f"model.init_from={SHORT}", f"tokenizer.path={SHORT}", "data.shards=shards",
+                                "run.output_dir=short-more"]}[name]
     args = ["--config", str(HERE / "long_quality" / name)]
     for item in sets:
         key, value = item.split("=")
@@ -110,6 +114,16 @@ def mlm_loss(root: Path) -> None:
         args += ["--model", str(model)]
     lines = bertology(*args)
     out.write_text(lines, encoding="utf-8")
+
+
+def control(root: Path) -> None:
+    """The short model pretrained further as the Longformer was (same steps and tokens), scored as `mlm-loss`."""
+    pretrain(root, "short-more.yaml", "short-more")
+    out = root / "mlm-loss-control.jsonl"
+    if not out.is_file():
+        out.write_text(bertology("longformer", "mlm-loss", "--text", str(DATA / "gutenberg-nltk" / HELDOUT),
+                                 "--encoding", "latin-1", "--model", str(root / SHORT), "--model",
+                                 str(root / "short-more" / "model")), encoding="utf-8")
 
 
 def squad_data(root: Path, train_questions: int, dev_questions: int,
@@ -158,14 +172,15 @@ def squad(root: Path, runs: list[str], steps: int, lr: float) -> None:
 
 def table(root: Path) -> None:
     result: dict = {}
-    losses = root / "mlm-loss.jsonl"
-    if losses.is_file():
-        rows = [json.loads(line) for line in losses.read_text(encoding="utf-8").splitlines() if line.strip()]
+    files = [root / "mlm-loss.jsonl", root / "mlm-loss-control.jsonl"]
+    rows = [json.loads(line) for f in files if f.is_file() for line in f.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
+    if rows:
         result["mlm_loss"] = rows
         print("| model | reads | loss (nats) | perplexity | masked tokens | documents |\n|---|---|---:|---:|---:|---:|")
         for row in rows:
             name = Path(row["model"]).relative_to(root) if Path(row["model"]).is_relative_to(root) else row["model"]
-            reads = f"windows of {row['window']}" if row["window"] else "one forward"
+            reads = "one forward" if row["forwards"] == row["documents"] else f"{row['forwards']} windows of {row['window']}"
             print(f"| {name} | {reads} | {row['loss']:.4f} | {2.718281828 ** row['loss']:.1f} | {row['masked']} | "
                   f"{row['documents']} |")
     scores: dict = {}
@@ -222,6 +237,8 @@ def main() -> None:
             squad_data(args.root, args.train_questions, args.dev_questions)
         elif stage == "squad":
             squad(args.root, args.runs, args.steps, args.lr)
+        elif stage == "control":
+            control(args.root)
         else:
             table(args.root)
 

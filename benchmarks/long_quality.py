@@ -170,6 +170,28 @@ def squad(root: Path, runs: list[str], steps: int, lr: float) -> None:
         (out / "wall.json").write_text(json.dumps({"seconds": round(time.time() - started)}) + "\n", encoding="utf-8")
 
 
+def window_counts(root: Path) -> dict:
+    """The windows each side reads of the SQuAD subset: all of them, and the training windows holding the answer."""
+    out = root / "squad-windows.json"
+    if not out.is_file():
+        sys.path.insert(0, str(HERE.parent / "src"))
+        from bertology.tasks.base import get_task
+        from bertology.tokenization import load_tokenizer
+
+        task, tokenizer, counts = get_task("squad-article"), load_tokenizer(root / SHORT), {}
+        for side, sizes in SIDES.items():
+            for split in ("train", "dev"):
+                windows = task.encode(tokenizer, task.read(task.path(str(root / "squad"), split)), sizes["length"],
+                                      train=False)
+                # a window without the answer is labelled at <s>, position 0
+                answered = int((windows.labels[:, 0] != 0).sum()) if split == "train" else None
+                counts[f"{side}-{split}"] = {"windows": int(windows.num_windows.sum()), "with_answer": answered,
+                                             "per_question": [int(windows.num_windows.min()),
+                                                              int(windows.num_windows.max())]}
+        out.write_text(json.dumps(counts, indent=2) + "\n", encoding="utf-8")
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
 def table(root: Path) -> None:
     result: dict = {}
     files = [root / "mlm-loss.jsonl", root / "mlm-loss-control.jsonl"]
@@ -194,6 +216,8 @@ def table(root: Path) -> None:
                 scores.setdefault(side, {})[seed] = values
     if scores:
         result["squad_article"] = scores
+        result["squad_windows"] = window_counts(root)
+        print(json.dumps(result["squad_windows"]))
         print("\n| model | runs | EM mean ± std | F1 mean ± std | EM per seed | F1 per seed |\n|---|---:|---:|---:|---|---|")
         for side, runs in scores.items():
             em = [r["exact_match"] for r in runs.values()]

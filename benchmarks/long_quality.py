@@ -117,13 +117,15 @@ def mlm_loss(root: Path) -> None:
 
 
 def control(root: Path) -> None:
-    """The short model pretrained further as the Longformer was (same steps and tokens), scored as `mlm-loss`."""
+    """The short model pretrained further as the Longformer was (same steps and tokens), scored as `mlm-loss` (the
+    same documents: run after it)."""
     pretrain(root, "short-more.yaml", "short-more")
     out = root / "mlm-loss-control.jsonl"
     if not out.is_file():
+        length = json.loads((root / "mlm-loss.jsonl").read_text(encoding="utf-8").splitlines()[0])["document_tokens"]
         out.write_text(bertology("longformer", "mlm-loss", "--text", str(DATA / "gutenberg-nltk" / HELDOUT),
-                                 "--encoding", "latin-1", "--model", str(root / SHORT), "--model",
-                                 str(root / "short-more" / "model")), encoding="utf-8")
+                                 "--encoding", "latin-1", "--length", str(length), "--model", str(root / SHORT),
+                                 "--model", str(root / "short-more" / "model")), encoding="utf-8")
 
 
 def squad_data(root: Path, train_questions: int, dev_questions: int,
@@ -170,6 +172,23 @@ def squad(root: Path, runs: list[str], steps: int, lr: float) -> None:
         (out / "wall.json").write_text(json.dumps({"seconds": round(time.time() - started)}) + "\n", encoding="utf-8")
 
 
+def unigram_loss(root: Path) -> float:
+    """The context-free baseline: cross-entropy at the same masked tokens of the token frequencies of the training
+    shards (add-one)."""
+    sys.path.insert(0, str(HERE.parent / "src"))
+    import numpy as np
+
+    from bertology.recipes.long_mlm import mask_documents
+    from bertology.tokenization import load_tokenizer
+
+    text = (DATA / "gutenberg-nltk" / HELDOUT).read_text(encoding="latin-1")
+    tokenizer = load_tokenizer(root / SHORT)
+    length = json.loads((root / "mlm-loss.jsonl").read_text(encoding="utf-8").splitlines()[0])["document_tokens"]
+    labels = np.concatenate([np.asarray(x) for x in mask_documents(tokenizer, [text], length, seed=0).labels])
+    counts = np.load(root / "shards" / "unigram_counts.npy").astype(np.float64) + 1
+    return float(-np.log(counts[labels] / counts.sum()).mean())
+
+
 def window_counts(root: Path) -> dict:
     """The windows each side reads of the SQuAD subset: all of them, and the training windows holding the answer."""
     out = root / "squad-windows.json"
@@ -199,12 +218,14 @@ def table(root: Path) -> None:
             if line.strip()]
     if rows:
         result["mlm_loss"] = rows
+        result["unigram_loss"] = unigram = unigram_loss(root)
         print("| model | reads | loss (nats) | perplexity | masked tokens | documents |\n|---|---|---:|---:|---:|---:|")
         for row in rows:
             name = Path(row["model"]).relative_to(root) if Path(row["model"]).is_relative_to(root) else row["model"]
             reads = "one forward" if row["forwards"] == row["documents"] else f"{row['forwards']} windows of {row['window']}"
             print(f"| {name} | {reads} | {row['loss']:.4f} | {2.718281828 ** row['loss']:.1f} | {row['masked']} | "
                   f"{row['documents']} |")
+        print(f"| token frequencies (add-one) | no context | {unigram:.4f} | {2.718281828 ** unigram:.1f} | | |")
     scores: dict = {}
     for side in SIDES:
         for seed in SEEDS:

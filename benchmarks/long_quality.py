@@ -24,6 +24,7 @@ runs/long-quality):
   learning rate and schedule, seeds 1-3; each scored once at the end with the official EM/F1 on the dev subset.
 - `control`: the short model pretrained further with the same steps, tokens per step and optimizer as the
   Longformer (`long_quality/short-more.yaml`), scored on the same masked tokens (`mlm-loss-control.jsonl`).
+- `masking`: (a), (b), (c) and the control once more on another masking of the same documents (seed 1).
 - `table`: the tables (markdown) and `--root/long-quality.json`."""
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 DATA = Path("../shared/data")
 HELDOUT = "chesterton-thursday.txt"
-STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squad", "control", "table")
+STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squad", "control", "masking", "table")
 SIDES = {"short": dict(length=128, batch=32), "long": dict(length=2048, batch=2)}  # 4,096 tokens a step each
 SEEDS = (1, 2, 3)
 # The short model: the step-1,000 checkpoint of short-pretrain.yaml's 1,500-step schedule (the measured run was
@@ -128,6 +129,17 @@ def control(root: Path) -> None:
                                  "--model", str(root / "short-more" / "model")), encoding="utf-8")
 
 
+def masking(root: Path) -> None:
+    """(a), (b), (c) and the control again on another masking of the same documents (seed 1)."""
+    out = root / "mlm-loss-seed1.jsonl"
+    if not out.is_file():
+        length = json.loads((root / "mlm-loss.jsonl").read_text(encoding="utf-8").splitlines()[0])["document_tokens"]
+        models = [root / SHORT, root / "long", root / "long-pretrained" / "model", root / "short-more" / "model"]
+        out.write_text(bertology("longformer", "mlm-loss", "--text", str(DATA / "gutenberg-nltk" / HELDOUT),
+                                 "--encoding", "latin-1", "--length", str(length), "--seed", "1",
+                                 *[arg for model in models for arg in ("--model", str(model))]), encoding="utf-8")
+
+
 def squad_data(root: Path, train_questions: int, dev_questions: int,
                source: Path = DATA / "squad" / "squad-v1.1-dev-part-a.json") -> None:
     """Whole articles, a few questions of each, as the official file pair (train-v1.1.json, dev-v1.1.json)."""
@@ -213,19 +225,20 @@ def window_counts(root: Path) -> dict:
 
 def table(root: Path) -> None:
     result: dict = {}
-    files = [root / "mlm-loss.jsonl", root / "mlm-loss-control.jsonl"]
-    rows = [json.loads(line) for f in files if f.is_file() for line in f.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    files = [root / "mlm-loss.jsonl", root / "mlm-loss-control.jsonl", root / "mlm-loss-seed1.jsonl"]
+    rows = [{**json.loads(line), "masking_seed": int(f.name.endswith("seed1.jsonl"))} for f in files if f.is_file()
+            for line in f.read_text(encoding="utf-8").splitlines() if line.strip()]
     if rows:
         result["mlm_loss"] = rows
         result["unigram_loss"] = unigram = unigram_loss(root)
-        print("| model | reads | loss (nats) | perplexity | masked tokens | documents |\n|---|---|---:|---:|---:|---:|")
+        print("| model | reads | masking seed | loss (nats) | perplexity | masked tokens | documents |\n"
+              "|---|---|---:|---:|---:|---:|---:|")
         for row in rows:
             name = Path(row["model"]).relative_to(root) if Path(row["model"]).is_relative_to(root) else row["model"]
             reads = "one forward" if row["forwards"] == row["documents"] else f"{row['forwards']} windows of {row['window']}"
-            print(f"| {name} | {reads} | {row['loss']:.4f} | {2.718281828 ** row['loss']:.1f} | {row['masked']} | "
+            print(f"| {name} | {reads} | {row['masking_seed']} | {row['loss']:.4f} | {2.718281828 ** row['loss']:.1f} | {row['masked']} | "
                   f"{row['documents']} |")
-        print(f"| token frequencies (add-one) | no context | {unigram:.4f} | {2.718281828 ** unigram:.1f} | | |")
+        print(f"| token frequencies (add-one) | no context | 0 | {unigram:.4f} | {2.718281828 ** unigram:.1f} | | |")
     scores: dict = {}
     for side in SIDES:
         for seed in SEEDS:
@@ -284,6 +297,8 @@ def main() -> None:
             squad(args.root, args.runs, args.steps, args.lr)
         elif stage == "control":
             control(args.root)
+        elif stage == "masking":
+            masking(args.root)
         else:
             table(args.root)
 

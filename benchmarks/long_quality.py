@@ -45,7 +45,7 @@ STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squa
 SIDES = {"short": dict(length=128, batch=32), "long": dict(length=2048, batch=2)}  # 4,096 tokens a step each
 SEEDS = (1, 2, 3)
 # The short model: the step-1,000 checkpoint of short-pretrain.yaml's 1,500-step schedule (the measured run was
-# stopped there for time; its learning rate was then 0.38 of the peak).
+# stopped there for time; its learning rate was then 0.35 of the peak).
 SHORT = Path("short") / "checkpoints" / "step-0001000"
 
 

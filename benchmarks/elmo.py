@@ -15,16 +15,23 @@ One JSON line per configuration: words/s of each and the ratio.
 
     python benchmarks/elmo.py --embed               # embed's word vectors: ELMo against a BERT of similar size
 
-`--embed` times `embed(levels=("word",), layers="mean")` over Brown sentences (../shared/data/brown-nltk) for the
-elmo-tiny model (clipping on: inference keeps the fused kernel's run where no clip bites) and a BERT encoder of
-about the same parameters without its embedding and softmax tables (3 layers of 192), WordPiece trained on the same
-sentences; both random weights (speed does not depend on them, except for which LSTM path the clips allow)."""
+`--embed` times `embed(levels=("word",), layers="mean")` over Brown sentences (../shared/data/brown-nltk) for two
+pairs of an ELMo (clipping on, as released) and a BERT encoder of about the same parameters without embedding and
+softmax tables (`EMBED_PAIRS`): the comparison's ELMo (2 x 160 -> 64) against docs/OBJECTIVES.md's encoder (2 layers
+of 128), and configs/elmo-tiny.yaml's sizes (2 x 512 -> 128) against 3 layers of 256; WordPiece trained on the same
+sentences, random weights (speed does not depend on them), the two systems timed in alternation in one process.
+
+    python benchmarks/elmo.py --compare calibrate|pretrain|finetune|layers|table
+
+runs the comparison of docs/ELMO.md ("ELMo against the MLM encoder"), writing under runs/elmo-compare/."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -119,9 +126,19 @@ def timed(step, repeats: int, device: torch.device) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def embed_speed(args: argparse.Namespace) -> None:
-    from pathlib import Path
+EMBED_PAIRS = {  # ELMo sizes and BERT encoders of about the same parameters without embedding and softmax tables
+    # the comparison's ELMo (docs/ELMO.md) and docs/OBJECTIVES.md's encoder: 2 layers of 128
+    "objectives": ({"projection_dim": 64, "cell_size": 160},
+                   {"hidden_size": 128, "num_layers": 2, "num_heads": 2, "intermediate_size": 512}),
+    # configs/elmo-tiny.yaml and a BERT of 3 layers of 256
+    "elmo-tiny": ({"projection_dim": 128, "cell_size": 512},
+                  {"hidden_size": 256, "num_layers": 3, "num_heads": 4, "intermediate_size": 1024}),
+}
 
+
+def embed_speed(args: argparse.Namespace) -> None:
+    """Each pair timed in alternation (ELMo, BERT, ELMo, BERT, ...) in one process, so that the machine's load
+    weighs on both alike; the median words/s of each, and the range of the per-round ratio."""
     from bertology.data.corpus import read_documents
     from bertology.embeddings import embed
     from bertology.model import EncoderModel, preset
@@ -130,26 +147,242 @@ def embed_speed(args: argparse.Namespace) -> None:
     sentences = [s for d in read_documents([str(Path("../shared/data/brown-nltk"))], "brown") for s in d]
     texts = sentences[:args.texts]
     tokenizer = train_tokenizer(iter(sentences[:20000]), "wordpiece", 8000, show_progress=False)
-    elmo = ElmoModel(tiny_config(projection_dim=128, cell_size=512, dropout=0.0)).eval()
-    elmo.init_weights(torch.Generator().manual_seed(0))
-    bert = EncoderModel(preset("tiny", vocab_size=tokenizer.vocab_size, hidden_size=192, num_layers=3, num_heads=3,
-                               intermediate_size=768, max_position_embeddings=512)).eval()
-    bert.init_weights(torch.Generator().manual_seed(0))
 
     def count(module: nn.Module, skip: tuple[str, ...]) -> int:
         return sum(p.numel() for n, p in module.named_parameters() if not n.startswith(skip))
 
-    runners = {"elmo": lambda: embed(elmo, texts, layers="mean", levels=("word",), batch_size=32),
-               "bert": lambda: embed(bert, texts, tokenizer=tokenizer, layers="mean", levels=("word",),
-                                     batch_size=32)}
-    words = len(runners["elmo"]().words.strings)
-    times = {name: timed(run, args.repeats, torch.device("cpu")) for name, run in runners.items()}
-    print(json.dumps({"texts": len(texts), "words": words,
-                      "elmo_params": count(elmo, ("softmax",)),
-                      "bert_params": count(bert, ("encoder.embeddings.word",)),
-                      "elmo_words_per_s": round(words / times["elmo"]),
-                      "bert_words_per_s": round(words / times["bert"]),
-                      "x_bert": round(times["bert"] / times["elmo"], 2)}), flush=True)
+    for name, (elmo_size, bert_size) in EMBED_PAIRS.items():
+        elmo = ElmoModel(tiny_config(dropout=0.0, **elmo_size)).eval()
+        elmo.init_weights(torch.Generator().manual_seed(0))
+        bert = EncoderModel(preset("tiny", vocab_size=tokenizer.vocab_size, max_position_embeddings=512,
+                                   **bert_size)).eval()
+        bert.init_weights(torch.Generator().manual_seed(0))
+        runners = {"elmo": lambda: embed(elmo, texts, layers="mean", levels=("word",), batch_size=args.batch),
+                   "bert": lambda: embed(bert, texts, tokenizer=tokenizer, layers="mean", levels=("word",),
+                                         batch_size=args.batch)}
+        words = len(runners["elmo"]().words.strings)
+        runners["bert"]()
+        times: dict[str, list[float]] = {"elmo": [], "bert": []}
+        for _ in range(args.repeats):
+            for system, run in runners.items():
+                start = time.perf_counter()
+                run()
+                times[system].append(time.perf_counter() - start)
+        ratios = sorted(b / e for e, b in zip(times["elmo"], times["bert"]))
+        print(json.dumps({"pair": name, "texts": len(texts), "words": words, "batch": args.batch,
+                          "elmo_params": count(elmo, ("softmax",)),
+                          "bert_params": count(bert, ("encoder.embeddings.word",)),
+                          "elmo_words_per_s": round(words / statistics.median(times["elmo"])),
+                          "bert_words_per_s": round(words / statistics.median(times["bert"])),
+                          "x_bert_median": round(statistics.median(ratios), 2),
+                          "x_bert_range": [round(ratios[0], 2), round(ratios[-1], 2)]}), flush=True)
+
+
+# --- ELMo-tiny against the MLM encoder of docs/OBJECTIVES.md, on one budget (docs/ELMO.md, "The comparison") -------
+
+COMPARE = Path("runs/elmo-compare")  # everything the comparison writes, relative to the repository root
+ELMO_SIZE = {"projection_dim": 64, "cell_size": 160}  # about the encoder's parameters (printed by `calibrate`)
+COMPARE_FINETUNE = {  # the same recipe for both models: frozen features, a learned scalar mix, the same head
+    "conll2003": {"data": "../shared/data/conll2003", "limit_train": 4000, "epochs": 3, "max_length": 128,
+                  "tagger": "bilstm-crf", "metric": "f1"},
+    "sst2": {"data": "../shared/data/glue", "limit_train": 20000, "epochs": 1, "max_length": 64, "pooling": "mean",
+             "metric": "accuracy"},
+}
+WSD_SETS = ("senseval2", "semeval2007")
+
+
+def elmo_corpus() -> Path:
+    """Gutenberg + Brown as the encoder's shards read them, written once as one `bert`-format file for ELMo's
+    word streams (one run config names one corpus format)."""
+    from bertology.cli._corpus_args import corpus_sources
+    from bertology.data.corpus import read_sources
+    from bertology.io import atomic_write
+
+    path = COMPARE / "gutenberg-brown.txt"
+    if not path.exists():
+        sources = corpus_sources(["../shared/data/gutenberg-nltk/*.txt", "brown:../shared/data/brown-nltk"], "text",
+                                 encoding="latin-1")
+        documents = ("\n".join(" ".join(s.split()) for s in d if s.strip()) for d in read_sources(sources))
+        with atomic_write(path, "w", encoding="utf-8") as f:
+            f.write("\n\n".join(documents) + "\n")
+    return path
+
+
+def elmo_pretrain(steps: int, out: Path) -> None:
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-m", "bertology", "pretrain", "--config", "configs/elmo-tiny.yaml", "--overwrite",
+               "--set", f"data.corpus=[{elmo_corpus()}]", "--set", "data.format=bert",
+               "--set", f"optim.total_steps={steps}", "--set", f"run.output_dir={out}", "--set", "speed.threads=1",
+               "--set", f"run.eval_every={max(steps, 1)}", "--set", "run.checkpoint_every=0"]
+    command += [f"--set=model.elmo.{key}={value}" for key, value in ELMO_SIZE.items()]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, check=True)
+
+
+def compare_calibrate(args: argparse.Namespace) -> None:
+    """Seconds per step of the MLM encoder and of ELMo, one thread each, back to back in the order MLM, ELMo,
+    ELMo, MLM (so that a load that rises or falls evenly over the four runs weighs on both alike); each system's
+    figure is the mean of its two runs."""
+    import objectives
+
+    runs: dict[str, list[float]] = {"mlm": [], "elmo": []}
+    for index, name in enumerate(("mlm", "elmo", "elmo", "mlm")):
+        out = COMPARE / "calibrate" / f"{name}-{index}"
+        if name == "mlm":
+            objectives.pretrain("mlm", args.calibration_steps, out, ["speed.threads=1"])
+        else:
+            elmo_pretrain(args.calibration_steps, out)
+        runs[name].append(objectives.seconds_per_step(out / "metrics.jsonl"))
+        print(f"{name}: {runs[name][-1]:.4f} s/step", flush=True)
+    timings = {name: statistics.mean(values) for name, values in runs.items()}
+    (COMPARE / "seconds_per_step.json").write_text(json.dumps({**timings, "runs": runs}, indent=2) + "\n")
+
+
+def compare_pretrain(args: argparse.Namespace) -> None:
+    """Both models for the same seconds: MLM's steps of docs/OBJECTIVES.md's budget (`--mlm-steps`, 1,910 for its
+    5 minutes), ELMo's the same seconds at the calibrated ratio of their step times."""
+    import objectives
+
+    timings = json.loads((COMPARE / "seconds_per_step.json").read_text())
+    steps = {"mlm": args.mlm_steps, "elmo": round(args.mlm_steps * timings["mlm"] / timings["elmo"])}
+    (COMPARE / "plan.json").write_text(json.dumps({"steps": steps, "seconds_per_step": timings}, indent=2) + "\n")
+    for name in args.only or ("mlm", "elmo"):
+        started = time.perf_counter()
+        if name == "mlm":
+            objectives.pretrain("mlm", steps[name], COMPARE / name, ["speed.threads=1"])
+        else:
+            elmo_pretrain(steps[name], COMPARE / name)
+        print(f"{name}: {steps[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def compare_finetune(args: argparse.Namespace) -> None:
+    from bertology.recipes.finetune import FinetuneConfig, finetune
+
+    path = COMPARE / "finetune.jsonl"
+    done = {(r["model"], r["task"], r["seed"]) for r in map(json.loads, path.read_text().splitlines())} \
+        if path.exists() else set()
+    for seed in (0, 1, 2):
+        for task in args.tasks:
+            for name in args.only or ("mlm", "elmo"):
+                if (name, task, seed) in done:
+                    continue
+                spec = COMPARE_FINETUNE[task]
+                out = COMPARE / "finetune" / f"{name}-{task}-s{seed}"
+                config = FinetuneConfig.from_dict({
+                    "model": str(COMPARE / name / "model"),
+                    "task": {"name": task, "data": spec["data"], "epochs": spec["epochs"],
+                             "limit_train": spec["limit_train"], "max_length": spec["max_length"],
+                             **{key: spec[key] for key in ("tagger", "pooling") if key in spec}},
+                    "strategy": {"kind": "scalar-mix"},
+                    "optim": {"batch_size": 32, "lr": 1e-2, "warmup_ratio": 0.01},
+                    "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9,
+                            "log_every": 100, "keep_last": 1},
+                    "speed": {"threads": 1, "prefetch": 2},
+                })
+                started = time.perf_counter()
+                result = finetune(config, overwrite=True)
+                row = {"model": name, "task": task, "seed": seed, "metric": spec["metric"],
+                       "value": result.dev_metrics[spec["metric"]], "seconds": round(time.perf_counter() - started)}
+                print(json.dumps(row), flush=True)
+                with path.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+
+
+def compare_layers(args: argparse.Namespace) -> None:
+    """Per-layer WSD (`bertology wsd`: the nearest SemCor sense vector, no gloss, no propagation, WordNet's first
+    sense where no candidate has a vector) and per-layer UPOS probing (`bertology probe`), layers 0, 1, 2 of
+    both models (the encoder's embeddings and its two blocks; ELMo's token layer and its two biLSTM layers)."""
+    import subprocess
+    import sys
+
+    def cli(*words: str) -> str:
+        return subprocess.run([sys.executable, "-m", "bertology", *words, "--quiet"], check=True,
+                              capture_output=True, text=True).stdout
+
+    path = COMPARE / "layers.jsonl"
+    done = {(r["model"], r["kind"], r["layer"]) for r in map(json.loads, path.read_text().splitlines())} \
+        if path.exists() else set()
+    for name in args.only or ("mlm", "elmo"):
+        model = str(COMPARE / name / "model")
+        if (name, "probe", "all") not in done:
+            out = COMPARE / "probe" / name
+            cli("probe", "--model", model, "--ud", "../shared/data/ud-english-ewt", "--tasks", "upos", "--out",
+                str(out), "--overwrite", "--limit", str(args.probe_limit), "--device", "cpu")
+            row = {"model": name, "kind": "probe", "layer": "all",
+                   "result": json.loads((out / "probing.json").read_text())}
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+        for layer in (0, 1, 2):
+            if (name, "wsd", layer) in done:
+                continue
+            senses = COMPARE / "wsd" / f"{name}-{layer}.npz"
+            senses.parent.mkdir(parents=True, exist_ok=True)
+            cli("wsd", "fit", "--model", model, "--semcor", "../shared/data/semcor3.0-subset", "--wordnet",
+                "../shared/data/wordnet-3.0", "--layers", str(layer), "--gloss-weight", "0", "--propagate", "none",
+                "--out", str(senses), "--device", "cpu")
+            scores = {}
+            for name_set in WSD_SETS:
+                data = Path("../shared/data/wsd-raganato2017") / name_set
+                keys = senses.with_name(f"{name}-{layer}-{name_set}.key")
+                cli("wsd", "predict", "--model", model, "--senses", str(senses), "--wordnet",
+                    "../shared/data/wordnet-3.0", "--data", str(data / f"{name_set}.data.xml"), "--output", str(keys),
+                    "--device", "cpu")
+                scores[name_set] = json.loads(subprocess.run(
+                    [sys.executable, "-m", "bertology", "wsd", "score", "--gold", str(data / f"{name_set}.gold.key.txt"),
+                     "--predictions", str(keys)], check=True, capture_output=True, text=True).stdout)
+            row = {"model": name, "kind": "wsd", "layer": layer, "result": scores}
+            print(json.dumps(row), flush=True)
+            with path.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+
+def compare_table(args: argparse.Namespace) -> None:
+    """The Markdown tables of docs/ELMO.md from what the other phases wrote (mean ± sample std over seeds)."""
+    from bertology.training import read_metrics
+
+    plan = json.loads((COMPARE / "plan.json").read_text())
+    rows = [json.loads(line) for line in (COMPARE / "finetune.jsonl").read_text().splitlines()] \
+        if (COMPARE / "finetune.jsonl").exists() else []
+    layers = [json.loads(line) for line in (COMPARE / "layers.jsonl").read_text().splitlines()] \
+        if (COMPARE / "layers.jsonl").exists() else []
+    print("| model | s / step | steps | held-out | CoNLL-2003 dev F1 | SST-2 dev acc. |\n|---|---:|---:|---|---:|---:|")
+    for name in ("mlm", "elmo"):
+        evals = [r for r in read_metrics(COMPARE / name / "metrics.jsonl") if r["kind"] == "eval"] \
+            if (COMPARE / name / "metrics.jsonl").exists() else []
+        last = evals[-1] if evals else {}
+        heldout = (f"MLM acc. {100 * last['mlm_accuracy']:.1f} %" if "mlm_accuracy" in last else
+                   f"ppl {last['bilm_forward_perplexity']:.0f} fwd / {last['bilm_backward_perplexity']:.0f} bwd"
+                   if "bilm_forward_perplexity" in last else "-")
+        cells = []
+        for task in ("conll2003", "sst2"):
+            values = [r["value"] for r in rows if r["model"] == name and r["task"] == task]
+            spread = f" ± {statistics.stdev(values):.2f}" if len(values) > 1 else ""
+            cells.append(f"{statistics.mean(values):.2f}{spread} ({len(values)})" if values else "-")
+        print(f"| {name} | {plan['seconds_per_step'][name]:.3f} | {plan['steps'][name]:,} | {heldout} | "
+              f"{' | '.join(cells)} |")
+    print("\n| model | layer | UPOS probe test acc. (selectivity) | WSD F1 senseval2 | WSD F1 semeval2007 |\n"
+          "|---|---:|---:|---:|---:|")
+    for name in ("mlm", "elmo"):
+        probe = next((r["result"]["tasks"]["upos"] for r in layers if r["model"] == name and r["kind"] == "probe"),
+                     None)
+        for layer in (0, 1, 2):
+            upos = next((f"{100 * r['test_accuracy']:.1f} ({100 * r['selectivity']:.1f})"
+                         for r in (probe or {"layers": []})["layers"] if r["layer"] == layer), "-")
+            wsd = next((r["result"] for r in layers if r["model"] == name and r["kind"] == "wsd"
+                        and r["layer"] == layer), None)
+            scores = [f"{wsd[s]['F1']:.1f}" if wsd else "-" for s in WSD_SETS]
+            print(f"| {name} | {layer} | {upos} | {' | '.join(scores)} |")
+
+
+def compare(args: argparse.Namespace) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    COMPARE.mkdir(parents=True, exist_ok=True)
+    {"calibrate": compare_calibrate, "pretrain": compare_pretrain, "finetune": compare_finetune,
+     "layers": compare_layers, "table": compare_table}[args.compare](args)
 
 
 def main() -> None:
@@ -163,8 +396,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--embed", action="store_true", help="time embed on ELMo and on a BERT of similar size")
     parser.add_argument("--texts", type=int, default=256)
+    parser.add_argument("--compare", choices=("calibrate", "pretrain", "finetune", "layers", "table"),
+                        help="the comparison with the MLM encoder of docs/OBJECTIVES.md (see docs/ELMO.md)")
+    parser.add_argument("--calibration-steps", type=int, default=40)
+    parser.add_argument("--mlm-steps", type=int, default=1910, help="--compare pretrain: the encoder's steps")
+    parser.add_argument("--only", nargs="*", choices=("mlm", "elmo"))
+    parser.add_argument("--tasks", nargs="*", default=list(COMPARE_FINETUNE), choices=list(COMPARE_FINETUNE))
+    parser.add_argument("--probe-limit", type=int, default=4000, help="--compare layers: sentences per UD split")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.compare:
+        compare(args)
+        return
     if args.embed:
         embed_speed(args)
         return

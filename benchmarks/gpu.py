@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import sys
 import tempfile
@@ -223,33 +224,43 @@ def inference_sides(ours: EncoderModel, theirs: torch.nn.Module, ids: torch.Tens
     return {"bertology": bertology, "transformers": transformers}
 
 
-def our_training_step(ours: EncoderModel, batch: PretrainingBatch, workdir: Path, device: torch.device, bf16: bool,
-                      compile: bool = False) -> Callable[[], object]:
-    """The step Trainer.train runs for each batch (loss, backward, clipping, fused AdamW), on `batch` every call."""
+def our_training_step(ours: EncoderModel, batches: PretrainingBatch | list[PretrainingBatch], workdir: Path,
+                      device: torch.device, bf16: bool, compile: bool = False, graphs: bool = False,
+                      dropout: bool = True) -> Callable[[], object]:
+    """The step Trainer.train runs for each batch (loss, backward, clipping, fused AdamW); each call runs one step
+    on every batch of `batches`, in turn. `graphs`: with speed.cuda_graphs."""
     config = PretrainConfig.from_dict({
         "objectives": {"mlm": {}},
         "optim": {"lr": 1e-4, "weight_decay": 0.01, "clip_norm": 1.0, "warmup_steps": 0, "schedule": "constant",
                   "total_steps": 1_000_000},
         "run": {"output_dir": str(workdir / "run"), "progress": False},
-        "speed": {"device": str(device), "bf16": bf16, "prefetch": 0, "compile": compile},
+        "speed": {"device": str(device), "bf16": bf16, "prefetch": 0, "compile": compile, "cuda_graphs": graphs},
     })
     trainer = Trainer(config, ours, [MaskedLM(activation=ours.config.hidden_act)], train_data=None,  # type: ignore[arg-type]
                       env=_env(device))
-    trainer.wrapped.train()
-    on_device = trainer._device_batch(batch)  # as Trainer.train moves each batch: with its packing worked out on the host
+    trainer.wrapped.train(dropout)
+    batches = batches if isinstance(batches, list) else [batches]
+    # as Trainer.train moves each batch: given static shapes with graphs, its packing worked out on the host
+    on_device = [trainer._training_batch(batch) for batch in batches]
+    outputs: list[object] = []
 
     def step() -> object:
-        out = trainer._step([on_device])
+        outputs.clear()
+        for batch in on_device:
+            outputs.append(trainer._step([batch])[0])
         synchronize(device)
-        return out
+        return outputs[-1]
 
+    step.trainer = trainer  # type: ignore[attr-defined]
+    step.outputs = outputs  # type: ignore[attr-defined]
     return step
 
 
-def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[PretrainingBatch, dict], workdir: Path,
-                   device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
-    """bertology: the trainer's step; transformers: loss, backward, clipping, fused AdamW. Dropout 0.1 on both."""
-    their_batch = {k: v.to(device) for k, v in batch[1].items()}
+def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batches: list[tuple[PretrainingBatch, dict]],
+                   workdir: Path, device: torch.device, bf16: bool) -> dict[str, Callable[[], object]]:
+    """bertology: the trainer's step, eager and with CUDA graphs (a copy of the model); transformers: loss,
+    backward, clipping, fused AdamW. Dropout 0.1 on both. Each call steps once on every batch, in turn."""
+    their_batches = [{k: v.to(device) for k, v in batch[1].items()} for batch in batches]
     theirs.train()
     named = list(theirs.named_parameters())
     decay = [p for n, p in named if p.ndim >= 2 and "LayerNorm" not in n]
@@ -258,16 +269,63 @@ def training_sides(ours: EncoderModel, theirs: torch.nn.Module, batch: tuple[Pre
                                   lr=1e-4, eps=1e-6, fused=True)
 
     def transformers() -> object:
-        with autocast(device, bf16):
-            loss = theirs(**their_batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        for their_batch in their_batches:
+            with autocast(device, bf16):
+                loss = theirs(**their_batch).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(theirs.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         synchronize(device)
         return loss
 
-    return {"bertology": our_training_step(ours, batch[0], workdir, device, bf16), "transformers": transformers}
+    ours_batches = [batch[0] for batch in batches]
+    sides = {"bertology": our_training_step(ours, ours_batches, workdir / "eager", device, bf16),
+             "transformers": transformers}
+    if device.type == "cuda":
+        sides["bertology_graphs"] = our_training_step(copy.deepcopy(ours), ours_batches, workdir / "graphs", device,
+                                                      bf16, graphs=True)
+    return sides
+
+
+def check_graphs(ours: EncoderModel, batches: list[PretrainingBatch], workdir: Path, device: torch.device,
+                 bf16: bool) -> dict[str, Any]:
+    """The trainer's step with CUDA graphs against the eager step, dropout off, from the same weights over the same
+    batches (the first repeated at the end, and once more with another masking: replays): the stats of every step
+    and the weights after, eager on the batches as they are and eager on the static batches the graphs see."""
+    record: dict[str, Any] = {"result": "check_graphs", "steps": len(batches)}
+    models = {side: copy.deepcopy(ours) for side in ("eager", "eager_static", "graphs")}
+    stats: dict[str, list[torch.Tensor]] = {}
+    for side, model in models.items():
+        step = our_training_step(model, batches, workdir / f"check-{side}", device, bf16, graphs=side == "graphs",
+                                 dropout=False)
+        if side == "eager_static":  # the eager step on the graphs' padded batches
+            trainer = step.trainer  # type: ignore[attr-defined]
+            from bertology.training.graphs import static_batch
+
+            static = [trainer._device_batch(static_batch(b, 256, ours.config.max_length)) for b in batches]
+            stats[side] = [trainer._step([b])[0] for b in static]
+        else:
+            step()
+            stats[side] = [o.clone() for o in step.outputs]  # type: ignore[attr-defined]
+        if side == "graphs":
+            record["graphs_captured"] = len(step.trainer.graphs.graphs)  # type: ignore[attr-defined]
+    synchronize(device)
+    for side in ("eager", "eager_static"):
+        diffs = [((a - b).abs() / b.abs().clamp(min=1e-6)).max().item()
+                 for a, b in zip(stats["graphs"], stats[side])]
+        weights = max((pa - pb).abs().max().item() for pa, pb in zip(models["graphs"].parameters(),
+                                                                     models[side].parameters()))
+        record[f"against_{side}"] = {"stats_max_relative_difference": max(diffs), "weights_max_abs_difference":
+                                     weights}
+    replays = our_training_step(copy.deepcopy(ours), [batches[0]] * 3, workdir / "check-dropout", device, bf16,
+                                graphs=True)
+    replays()
+    at = replays.trainer._stat_keys.index("mlm_loss_sum")  # type: ignore[attr-defined]
+    losses = [o[at].item() for o in replays.outputs]  # type: ignore[attr-defined]
+    record["dropout_losses_of_three_replays"] = losses
+    record["dropout_varies_between_replays"] = len(set(losses)) == 3
+    return record
 
 
 def _env(device: torch.device):
@@ -454,31 +512,55 @@ def run_training(sizes: Sizes, texts: Texts, tokenizer, base: dict, workdir: Pat
     train_config = preset("base", **base, **sizes.model, pooler=False)
     count, shortest, longest = sizes.training_varlen
     rows, length = sizes.training_uniform
-    workloads = ((f"MLM training step {count} x {shortest}-{longest}", texts.rows_of(count, shortest, longest)),
-                 (f"MLM training step {rows} x {length}", texts.rows_of(rows, length, length)))
-    for index, (workload, token_rows) in enumerate(workloads):
+    cycle = [texts.rows_of(count, shortest, longest) for _ in range(8)]
+    workloads = ((f"MLM training step {count} x {shortest}-{longest}", [texts.rows_of(count, shortest, longest)]),
+                 (f"MLM training step {rows} x {length}", [texts.rows_of(rows, length, length)]),
+                 (f"MLM training steps on 8 batches of {count} x {shortest}-{longest}", cycle))
+    for index, (workload, batch_rows) in enumerate(workloads):
         with section(workload):
             ours, theirs = same_weights(train_config, [HeadSpec("mlm", "masked_lm")], "BertForMaskedLM", workdir,
                                         device)
-            batch = masked_batch(token_rows, tokenizer, seed + index)
-            sides = training_sides(ours, theirs, batch, workdir / f"train{index}", device, bf16)
-            seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
-            lengths = [len(r) for r in token_rows]
+            batches = [masked_batch(token_rows, tokenizer, seed + 100 * index + i)
+                       for i, token_rows in enumerate(batch_rows)]
+            if index == 0 and device.type == "cuda":
+                with section("check_graphs"):
+                    checked = [batches[0][0], masked_batch(cycle[0], tokenizer, seed + 7)[0],
+                               masked_batch(batch_rows[0], tokenizer, seed + 8)[0], batches[0][0]]
+                    emit({**check_graphs(ours, checked, workdir / "check", device, bf16), "device": name})
+            sides = training_sides(ours, theirs, batches, workdir / f"train{index}", device, bf16)
+            try:
+                seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            except Exception as error:  # noqa: BLE001 - the graphs side failed: time the other two
+                if "bertology_graphs" not in sides:
+                    raise
+                import traceback
+
+                traceback.print_exc()
+                emit({"result": "error", "section": f"{workload} with graphs", "error": f"{type(error).__name__}: "
+                      f"{error}"})
+                del sides["bertology_graphs"]
+                seconds = common.interleaved(sides, sizes.warmup, sizes.repeats)
+            lengths = [len(r) for token_rows in batch_rows for r in token_rows]
             tokens = sum(lengths)
-            flops = training_flops(train_config, lengths, len(batch[0].mlm_labels))
+            flops = training_flops(train_config, lengths, sum(len(b[0].mlm_labels) for b in batches))
             record = {"result": "training", "workload": workload, "device": name,
-                      "padding": 1 - tokens / batch[0].input_ids.numel()}
+                      "padding": 1 - tokens / sum(b[0].input_ids.numel() for b in batches)}
             for side, s in seconds.items():
                 record[f"{side}_tokens_per_s"] = tokens / s
                 record[f"{side}_mfu"] = flops / s / peak
             record["ratio"] = record["bertology_tokens_per_s"] / record["transformers_tokens_per_s"]
+            if "bertology_graphs" in seconds:
+                record["graphs_ratio"] = record["bertology_graphs_tokens_per_s"] / record["transformers_tokens_per_s"]
+                record["graphs_captured"] = len(sides["bertology_graphs"].trainer.graphs.graphs)  # type: ignore[attr-defined]
             emit(record)
-            note(f"{workload}: {record['ratio']:.2f}x transformers ({time.perf_counter() - started:.0f} s)")
+            note(f"{workload}: {record['ratio']:.2f}x transformers, with graphs {record.get('graphs_ratio', 0):.2f}x "
+                 f"({time.perf_counter() - started:.0f} s)")
             if index == 0:
                 for side, fn in sides.items():
-                    emit({"result": "kernels", "side": side, "workload": f"one training step, {workload}",
-                          "device": name, "layers": train_config.num_layers,
-                          **kernel_counts(fn, device, train_config.num_layers)})
+                    with section(f"kernels {side}"):
+                        emit({"result": "kernels", "side": side, "workload": f"one training step, {workload}",
+                              "device": name, "layers": train_config.num_layers,
+                              **kernel_counts(fn, device, train_config.num_layers)})
             del ours, theirs, sides
             if device.type == "cuda":
                 torch.cuda.empty_cache()

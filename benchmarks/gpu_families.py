@@ -2,8 +2,10 @@
 line per family with the largest difference of the outputs (fp32), the relative error under bf16 autocast against
 transformers' fp32, and for the generative families whether greedy `generate` gives the same tokens.
 
-    python benchmarks/gpu_families.py                 # on cuda (about a minute)
-    python benchmarks/gpu_families.py --device cpu    # the same checks on the CPU
+    python benchmarks/gpu_families.py                 # on cuda (a few minutes)
+    python benchmarks/gpu_families.py --device cpu --families gpt2 --training-size tiny --repeats 1   # on the CPU
+
+After the checks, training rows: GPT-2, T5 and BART pretraining steps against transformers (`generative_training`).
 
 The CPU parity of each family is what the test suite checks (tests/model/); this script checks that nothing in the
 CUDA path (the packed kernels, the caches, the dtype handling) changes the result. A family whose checks fail
@@ -214,6 +216,62 @@ def embed_bert(transformers, workdir: Path, device: torch.device, g: torch.Gener
     return record
 
 
+def generative_training(workdir: Path, device: torch.device, size: str, repeats: int) -> list[dict[str, Any]]:
+    """GPT-2's causal LM, T5's span corruption and BART's token masking: the trainer's step against transformers'
+    (loss, backward, clipping, fused AdamW) on the same weights and real-text batches of benchmarks/training.py
+    (32 x 128 tokens, and Gutenberg paragraphs of up to 128 tokens, 51 % padding), bf16 autocast on CUDA, interleaved;
+    real tokens per second (encoder and decoder tokens for T5 and BART)."""
+    import functools
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import common
+    import training as T
+    from transformers import AutoTokenizer
+
+    from bertology.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(common.minilm_dir())
+    workload = T.workloads(T.workload_rows(tokenizer, 4, 32, 0), AutoTokenizer.from_pretrained(common.minilm_dir()),
+                           32, 0)
+    bf16 = device.type == "cuda"
+
+    def synchronized(fn: Callable[[], object]) -> Callable[[], object]:
+        def run() -> object:
+            out = fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            return out
+        return run
+
+    records = []
+    for objective in ("gpt2-clm", "t5-spans", "bart-masked"):
+        family, architecture, _ = T.GENERATIVE[objective]
+        for plain in workload:
+            try:
+                model, objectives, run, directory = T.generative_model(size, family, tokenizer, workdir)
+                batches = T.generative_batches(family, plain, tokenizer, model.config.decoder_start_token_id, 0)
+                ours = T.pretrain_step(model, objectives, run, workdir, f"gpu-{family}", device=str(device), bf16=bf16)
+                theirs = T.transformers_step(directory, architecture, device=str(device), bf16=bf16)
+                ours_batches = [ours.trainer._training_batch(b) for b in batches.ours]  # type: ignore[attr-defined]
+                their_batches = [{k: v.to(device) for k, v in b.items()} for b in batches.hf]
+                sides = {"bertology": synchronized(functools.partial(T.run_pass, ours, ours_batches)),
+                         "transformers": synchronized(functools.partial(T.run_pass, theirs, their_batches))}
+                seconds = common.interleaved(sides, 2, repeats)
+                tokens = sum(sum(r) for r in batches.lengths)
+                record = {"result": "training", "objective": objective, "size": size, "workload": plain.name,
+                          "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                          "bf16": bf16, "bertology_tokens_per_s": tokens / seconds["bertology"],
+                          "transformers_tokens_per_s": tokens / seconds["transformers"],
+                          "ratio": seconds["transformers"] / seconds["bertology"]}
+            except Exception as error:  # noqa: BLE001 - report and go on with the next row
+                traceback.print_exc()
+                record = {"result": "error", "objective": objective, "workload": plain.name,
+                          "error": f"{type(error).__name__}: {error}"}
+            emit(record)
+            records.append(record)
+    return records
+
+
 FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {"gpt2": gpt2, "t5": t5, "bart": bart, "longformer": longformer,
                                                       "xlnet": xlnet, "elmo": elmo, "embed": embed_bert}
 
@@ -222,6 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--training-size", default="base",
+                        help="preset of the GPT-2 / T5 / BART training rows (tiny, mini, small, base; none: skip them)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed passes per side of the training rows")
     args = parser.parse_args(argv)
     import transformers
 
@@ -236,6 +297,8 @@ def main(argv: list[str] | None = None) -> None:
             except Exception as error:  # noqa: BLE001 - report every family that fails and go on
                 traceback.print_exc()
                 emit({"result": "error", "family": name, "error": f"{type(error).__name__}: {error}"})
+        if args.training_size != "none":
+            generative_training(Path(tmp), device, args.training_size, args.repeats)
     with contextlib.suppress(Exception):
         sys.stdout.flush()
 

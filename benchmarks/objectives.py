@@ -42,6 +42,10 @@ DATA = ROOT.parent / "shared" / "data"
 RUNS = ROOT / "runs" / "objectives"
 TOKENIZER = ROOT / "runs" / "mini-gb" / "tokenizer"
 SHARDS = ROOT / "runs" / "mini-gb" / "shards"
+# XLNet reads texts framed as XLNet's (<sep> <cls> at the end, left padding), which only its style of tokenizer
+# gives: an 8k lower-cased Unigram trained on the same text, the same documents held out (`prepare_xlnet`).
+XLNET_TOKENIZER = ROOT / "runs" / "mini-gb-xlnet" / "tokenizer"
+XLNET_SHARDS = ROOT / "runs" / "mini-gb-xlnet" / "shards"
 SEEDS = (0, 1, 2)
 
 # One recipe for every objective: the quickstart's lessons (docs/PRETRAINING.md) at sequence length 128.
@@ -60,6 +64,8 @@ BASE = {
     "speed": {"threads": 2, "prefetch": 2},
 }
 
+DROP = object()  # in an objective's settings: leave the base's setting out
+
 TEACHER = "teacher"
 RANDOM = "random"
 REFERENCES = [RANDOM, TEACHER]  # fine-tuned beside the objectives: no pretraining, and the distillation teacher
@@ -74,6 +80,12 @@ OBJECTIVES = {
     "electra": {"model": {"family": "electra"},
                 "data": {"masking": {"mask_token_prob": 0.85, "random_token_prob": 0.0}},
                 "objectives": {"electra": {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}}},
+    # Permutation LM (K = 6, whole-word spans of up to 5 words, configs/xlnet-tiny.yaml) on an XLNet of the same
+    # shape: relative positions (no position table), its one dropout rate the hidden one.
+    "xlnet": {"model": {"max_position_embeddings": DROP, "attention_dropout": DROP, "summary_last_dropout": 0.0},
+              "tokenizer": {"path": str(XLNET_TOKENIZER)},
+              "data": {"shards": str(XLNET_SHARDS), "instances": {"kind": "doc-sentences"}, "masking": DROP},
+              "objectives": {"plm": {"k": 6, "max_span": 5}}},
     "distill": {"model": {"preset": None},
                 "objectives": {"distill": {"teacher": None, "temperature": 2.0,  # set by run_config
                                            "alpha_ce": 5.0, "alpha_mlm": 2.0, "alpha_cos": 1.0,
@@ -93,6 +105,8 @@ def merge(base: dict, extra: dict) -> dict:
     for key, value in extra.items():
         if key == "objectives":  # an objective set replaces the base one
             out[key] = value
+        elif value is DROP:  # a setting of the base this run does not take
+            out.pop(key, None)
         elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = merge(out[key], value)
         else:
@@ -190,6 +204,23 @@ def pretrain(name: str, steps: int, out: Path, overrides: list[str] | None = Non
     subprocess.run(command, check=True, cwd=ROOT)
 
 
+def prepare_xlnet(args: argparse.Namespace) -> None:
+    """XLNet's tokenizer and shards: an 8,000-token lower-cased Unigram in XLNet's style trained on the text of the
+    WordPiece (docs/PRETRAINING.md, "BERT-mini on Gutenberg + Brown"), and the shards prepared as there (the same
+    10 documents held out)."""
+    from bertology.data.corpus import CorpusSource
+    from bertology.tokenization.training import train_tokenizer
+
+    gutenberg = sorted(str(path) for path in (DATA / "gutenberg-nltk").glob("*.txt"))
+    sources = [CorpusSource(gutenberg, "text", encoding="latin-1"),
+               CorpusSource(str(DATA / "brown-nltk"), "brown", encoding="latin-1")]
+    train_tokenizer(sources, "unigram", 8000, style="xlnet", lowercase=True, show_progress=False).save(XLNET_TOKENIZER)
+    command = [sys.executable, "-m", "bertology", "data", "prepare", *gutenberg, f"brown:{DATA / 'brown-nltk'}",
+               "--format", "text", "--encoding", "latin-1", "--tokenizer", str(XLNET_TOKENIZER), "--out",
+               str(XLNET_SHARDS), "--heldout-documents", "0.02", "--seed", "0"]
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
 def seconds_per_step(metrics: Path) -> float:
     """Median seconds per optimizer step over the logged windows after the first (which holds start-up)."""
     from bertology.training import read_metrics
@@ -224,16 +255,27 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def calibrate(args: argparse.Namespace) -> None:
-    timings = {}
+    """Seconds per step of each objective (`--only`: these, added to the file's earlier ones). `--scale-to
+    NAME=SECONDS` rescales the ones measured now so that NAME's equals its earlier (idle) figure: on a busy machine,
+    objectives calibrated back to back keep their ratios, and the budget stays the one the earlier runs had."""
+    path = RUNS / "seconds_per_step.json"
+    timings = json.loads(path.read_text()) if path.exists() else {}
+    measured = {}
     for name in args.only or pretrained_names():
         if name == "distill" and not (RUNS / TEACHER / "model").exists():
             # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
             pretrain(TEACHER, 1, RUNS / TEACHER)
         out = RUNS / "calibrate" / name
         pretrain(name, args.calibration_steps, out)
-        timings[name] = seconds_per_step(out / "metrics.jsonl")
-        print(f"{name}: {timings[name]:.4f} s/step", flush=True)
-    (RUNS / "seconds_per_step.json").write_text(json.dumps(timings, indent=2) + "\n")
+        measured[name] = seconds_per_step(out / "metrics.jsonl")
+        print(f"{name}: {measured[name]:.4f} s/step", flush=True)
+    if args.scale_to:
+        reference, seconds = args.scale_to.split("=")
+        factor = float(seconds) / measured[reference]
+        print(f"scaled by {factor:.4f} ({reference}: {measured[reference]:.4f} s/step now, {seconds} before)")
+        (RUNS / "seconds_per_step_measured.json").write_text(json.dumps(measured, indent=2) + "\n")
+        measured = {name: value * factor for name, value in measured.items()}
+    path.write_text(json.dumps({**timings, **measured}, indent=2) + "\n")
 
 
 def pretrain_all(args: argparse.Namespace) -> None:
@@ -422,7 +464,8 @@ def table(args: argparse.Namespace) -> None:
             cells.append(f"{statistics.mean(values):.2f} ± {spread:.2f} ({len(values)})")
         last = heldout(name) if name != RANDOM else {}
         key = next((key for key in HELDOUT if key in last), None)
-        accuracy = f"{100 * last[key]:.1f}{HELDOUT[key]}" if key else "-"
+        label = " (PLM)" if key == "lm_accuracy" and name == "xlnet" else HELDOUT.get(key, "")
+        accuracy = f"{100 * last[key]:.1f}{label}" if key else "-"  # XLNet: its permutation LM's targets
         seconds = f"{timings[name]:.3f}" if name in timings else "-"
         tokens = f"{last['tokens']:,}" if "tokens" in last else "-"  # the tokens of the batches (inputs)
         print(f"| {name} | {parameters(name):,} | {seconds} | {plan['steps'].get(name, 0):,} | {tokens} | "
@@ -432,11 +475,14 @@ def table(args: argparse.Namespace) -> None:
 def main() -> None:
     global RUNS, SUITE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("phase", choices=["prepare", "calibrate", "pretrain", "finetune", "prompt", "table"])
+    parser.add_argument("phase", choices=["prepare", "prepare-xlnet", "calibrate", "pretrain", "finetune", "prompt",
+                                          "table"])
     parser.add_argument("--suite", choices=list(SUITES), default="objectives",
                         help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
+    parser.add_argument("--scale-to", metavar="NAME=SECONDS",
+                        help="calibrate: rescale so that NAME's seconds per step are SECONDS (its idle figure)")
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="pretrain: a run-config setting for every run of this call (e.g. optim.lr=3e-3)")
@@ -454,15 +500,18 @@ def main() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if SUITE.threads == 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-    configs = [merge(SUITE.base, extra) for extra in SUITE.entries.values()]
-    needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
-    for path in needed if args.phase != "prepare" else ():
-        if not path.exists():
-            raise SystemExit(f"{path} is missing: prepare it as docs/PRETRAINING.md says (BERT-mini on Gutenberg "
-                             f"+ Brown), or with the phase `prepare` for --suite architectures")
+    if args.phase not in ("prepare", "prepare-xlnet"):
+        configs = [merge(SUITE.base, SUITE.entries[name]) for name in args.only or SUITE.entries
+                   if name in SUITE.entries]
+        needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
+        for path in needed:
+            if not path.exists():
+                raise SystemExit(f"{path} is missing: prepare it as docs/PRETRAINING.md says (BERT-mini on Gutenberg "
+                                 f"+ Brown), with the phase `prepare-xlnet` (XLNet's) or with `prepare --suite "
+                                 f"architectures`")
     RUNS.mkdir(parents=True, exist_ok=True)
-    phases = {"prepare": prepare, "calibrate": calibrate, "pretrain": pretrain_all, "finetune": finetune_all,
-              "prompt": prompt_all, "table": table}
+    phases = {"prepare": prepare, "prepare-xlnet": prepare_xlnet, "calibrate": calibrate, "pretrain": pretrain_all,
+              "finetune": finetune_all, "prompt": prompt_all, "table": table}
     phases[args.phase](args)
 
 

@@ -152,18 +152,22 @@ def encoder_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
 
 
 def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: Path, run: str, dropout: bool = True,
-                  with_loss: bool = False) -> Callable[[PretrainingBatch], object]:
+                  with_loss: bool = False, device: str = "cpu", bf16: bool = False
+                  ) -> Callable[[PretrainingBatch], object]:
     """The trainer's optimizer step for ``objectives`` (run-config ``config`` sections besides optim/run/speed);
     ``with_loss``: it returns the step's loss (the trainer's summed metric, which costs a sync) and gradient norm,
-    for the checks."""
+    for the checks. On another ``device`` the batches must be there already (``step.trainer._training_batch``)."""
     trainer_config = PretrainConfig.from_dict({
         **config,
         "optim": {"lr": LR, "weight_decay": WEIGHT_DECAY, "clip_norm": CLIP, "warmup_steps": 0,
                   "schedule": "constant", "total_steps": 1_000_000},
         "run": {"output_dir": str(workdir / run), "progress": False},
-        "speed": {"threads": torch.get_num_threads(), "prefetch": 0},
+        "speed": {"threads": torch.get_num_threads(), "prefetch": 0, "device": device, "bf16": bf16},
     })
-    trainer = Trainer(trainer_config, model, objectives, train_data=None)  # type: ignore[arg-type]
+    from bertology.training.distributed import DistEnv
+
+    trainer = Trainer(trainer_config, model, objectives, train_data=None,  # type: ignore[arg-type]
+                      env=DistEnv(device=torch.device(device)))
     trainer.wrapped.train(dropout)
 
     def step(batch: PretrainingBatch) -> object:
@@ -171,6 +175,7 @@ def pretrain_step(model: EncoderModel, objectives: list, config: dict, workdir: 
         return (trainer._reduce(stats)["loss"], grad_norm) if with_loss else stats
 
     step.optimizer = trainer.optimizer  # type: ignore[attr-defined]
+    step.trainer = trainer  # type: ignore[attr-defined]
     return step
 
 
@@ -195,19 +200,24 @@ def transformers_optimizer(named: list[tuple[str, torch.nn.Parameter]]):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
-def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dropout: bool = True
+def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dropout: bool = True,
+                      device: str = "cpu", bf16: bool = False
                       ) -> Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]:
     """transformers' Trainer loop body without its bookkeeping: loss, backward, clip, AdamW, schedule; the model
     class ``architecture`` (its loss: AlbertForPreTraining's is masked-LM + sentence order). Returns the loss and the
-    gradient norm before clipping."""
+    gradient norm before clipping. On another ``device`` the batches must be there already; ``bf16``: autocast."""
+    import contextlib
+
     import transformers
 
     sdpa = {} if architecture.startswith("XLNet") else {"attn_implementation": "sdpa"}  # XLNet: its own attention
-    model = getattr(transformers, architecture).from_pretrained(directory, **sdpa).train(dropout)
+    model = getattr(transformers, architecture).from_pretrained(directory, **sdpa).to(device).train(dropout)
     optimizer, scheduler = transformers_optimizer(list(model.named_parameters()))
+    kind = torch.device(device).type
 
     def step(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        loss = model(**batch).loss
+        with torch.autocast(kind, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = model(**batch).loss
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         optimizer.step()

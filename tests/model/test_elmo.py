@@ -124,10 +124,11 @@ def test_fused_lstm_equals_the_step_loop_without_clipping():
         for layer in (*elmo.forward_layers, *elmo.backward_layers):
             layer.fused = False
         loop = elmo(chars, mask, output_hidden_states=True)
+    # float32 rounding of two orders of summation over states that reach about 10 at these weights
     for a, b in zip(fused.hidden_states, loop.hidden_states):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fused.state.h, loop.state.h, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(fused.state.c, loop.state.c, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(fused.state.h, loop.state.h, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(fused.state.c, loop.state.c, atol=1e-4, rtol=1e-5)
 
 
 def test_clipping_bounds_the_cell_and_the_projection():
@@ -181,7 +182,10 @@ def test_heads_scalar_mix_and_native_format(tmp_path):
     assert torch.equal(again.logits, out.logits)
 
 
-def test_both_directions_stepped_together_equal_each_alone():
+@pytest.mark.parametrize("lengths1, lengths2", [([5, 2, 0], [5, 5, 3]), ([2, 5, 0], [1, 4, 3]), ([0, 3, 0], [0, 2, 0])])
+def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
+    """Rows in any order of length (taken longest first inside), directions of different lengths, rows without
+    words."""
     from bertology.model.elmo import ProjectedLSTM, paired_loop
 
     torch.manual_seed(0)
@@ -190,7 +194,7 @@ def test_both_directions_stepped_together_equal_each_alone():
         for parameter in layer.parameters():
             torch.nn.init.normal_(parameter, 0.0, 0.8)
     x1, x2 = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
-    lengths1, lengths2 = torch.tensor([5, 2, 0]), torch.tensor([5, 5, 3])
+    lengths1, lengths2 = torch.tensor(lengths1), torch.tensor(lengths2)
     states = [(torch.randn(3, 4), torch.randn(3, 10)), None]
     together = paired_loop(*layers, x1, x2, lengths1, lengths2, *states)
     for layer, x, lengths, state, (out, (h, c)) in zip(layers, (x1, x2), (lengths1, lengths2), states, together):
@@ -201,26 +205,22 @@ def test_both_directions_stepped_together_equal_each_alone():
     assert torch.equal(together[0][1][0][2], states[0][0][2])  # a row without words keeps its state
 
 
-@pytest.mark.parametrize("std, bites", [(0.05, False), (1.5, True)])
-def test_inference_keeps_the_fused_run_only_when_no_clip_bites(std, bites, monkeypatch):
-    from bertology.model.elmo import ProjectedLSTM
-
-    elmo = model(std=std, cell_clip=0.5, proj_clip=0.25)
-    chars, mask = batch_to_ids(SENTENCES)
+@pytest.mark.parametrize("clip", [None, 0.5])
+def test_inference_equals_the_training_path(clip):
+    """Without gradients (embed, frozen features) the character CNN runs once per distinct word and the clipped
+    layers step both directions together: the same layers and state as with gradients. One thread: with more, the
+    two paths' different batch shapes change the matmuls' rounding (~1e-7), which these large weights amplify."""
+    torch.set_num_threads(1)
+    elmo = model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25)
+    chars, mask = batch_to_ids(SENTENCES + [["The", "cat", "The", "cat", "ran"]])
     with torch.no_grad():
-        for layer in (*elmo.forward_layers, *elmo.backward_layers):
-            layer.speculate = False
-        exact = elmo(chars, mask, output_hidden_states=True)
-        for layer in (*elmo.forward_layers, *elmo.backward_layers):
-            layer.speculate = True
-        loops = []
-        original = ProjectedLSTM._loop
-        monkeypatch.setattr(ProjectedLSTM, "_loop", lambda self, *a: loops.append(1) or original(self, *a))
-        fast = elmo(chars, mask, output_hidden_states=True)
-    assert bool(loops) == bites  # the step loop ran only where a clip bit
-    for a, b in zip(exact.hidden_states, fast.hidden_states):
-        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(exact.state.c, fast.state.c, atol=1e-5, rtol=1e-5)
+        inference = elmo(chars, mask, output_hidden_states=True)
+    with torch.enable_grad():
+        training = elmo(chars, mask, output_hidden_states=True)
+    for a, b in zip(inference.hidden_states, training.hidden_states):
+        torch.testing.assert_close(a, b.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(inference.state.h, training.state.h.detach(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(inference.state.c, training.state.c.detach(), atol=1e-6, rtol=1e-5)
 
 
 def test_info_describes_an_elmo_model():
@@ -230,3 +230,13 @@ def test_info_describes_an_elmo_model():
     text = describe(Pretrained(model(), None)).format()
     assert "cell 256 -> projection 64, residual" in text and "softmax         40 words" in text
     assert "backward LSTM" in text and "none (no word vocabulary in the directory)" in text
+
+
+def test_distinct_rows_index_each_rows_first_twin():
+    from bertology.model.elmo import distinct_rows
+
+    chars, mask = batch_to_ids([["a", "bb", "a", "c", "bb", "a"]], boundaries=False)
+    rows = chars[0]
+    first, inverse = distinct_rows(rows)
+    assert len(first) == 3 and torch.equal(rows[first][inverse], rows)
+    assert inverse[0] == inverse[2] == inverse[5] and inverse[1] == inverse[4] != inverse[3]

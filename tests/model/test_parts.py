@@ -166,6 +166,9 @@ def test_kernel_choice_on_each_device(monkeypatch):
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.1, False, False, head_dim=60) == "nested"  # not a multiple of 8
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
+    assert choose_kernel(cuda, CAUSAL, 0.1, False, True, bias_only=True) == "padded"  # T5's relative positions
+    assert choose_kernel(cpu, CAUSAL, 0.1, False, True, bias_only=True) == "groups"
+    assert choose_kernel(cuda, CAUSAL, 0.1, True, True, bias_only=True) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.float32) == "nested"  # flash is half only
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False, torch.float32) == "groups"
     monkeypatch.setattr("bertology.model.attention.varlen_takes_windows", lambda: False)  # the first varlen API
@@ -407,3 +410,71 @@ def test_a_native_decoder_and_encoder_decoder_load_with_their_tokenizers(tmp_pat
     loaded = bertology.load(tmp_path / "m")
     assert type(loaded.model) is type(model) and loaded.tokenizer.style == style
     assert loaded.tokenizer.encode("the cat sat").ids == tok.encode("the cat sat").ids
+
+
+def test_cache_grows_past_its_buffers_and_keeps_reordered_rows():
+    """The cache writes each position into buffers doubled when full: decoding far past the first capacity, and
+    reordering rows between steps (beam search), gives the full forward's logits."""
+    model = DecoderModel(tiny_config(max_position_embeddings=200), [HeadSpec("lm", "tied_lm")])
+    model.init_weights(torch.Generator().manual_seed(2))
+    model.eval()
+    ids = torch.randint(1, 50, (3, 150))
+    with torch.no_grad():
+        full = model(ids).logits
+        step = model(ids[:, :5], use_cache=True)
+        logits = [step.logits]
+        for t in range(5, 150):  # 5 -> 74 -> 148 -> 300 positions of room: two regrowths
+            step = model(ids[:, t:t + 1], past_key_values=step.past_key_values, use_cache=True)
+            logits.append(step.logits)
+        torch.testing.assert_close(torch.cat(logits, 1), full, atol=1e-5, rtol=1e-5)
+        rows = torch.tensor([2, 0, 0])
+        for cache in step.past_key_values:
+            cache.reorder(rows)
+        extra = torch.full((3, 1), 7)
+        last = model(extra, past_key_values=step.past_key_values, use_cache=True).logits
+        again = model(torch.cat([ids[rows], extra], 1)).logits[:, -1:]
+        torch.testing.assert_close(last, again, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_projections_follow_weight_changes_in_inference():
+    """Without gradients the concatenated q/k/v weights are reused; a changed weight, in place or swapped, and
+    training mode are seen at once."""
+    block = Block(BlockSpec(hidden_size=16, num_heads=2, head_dim=8, intermediate_size=32))
+    block.eval()
+    x = torch.randn(2, 5, 16)
+
+    def separate() -> tuple[torch.Tensor, ...]:
+        return block.query(x), block.key(x), block.value(x)
+
+    with torch.no_grad():
+        for got, want in zip(block.project(x), separate()):
+            torch.testing.assert_close(got, want)
+        block.key.weight.mul_(2.0)  # in place: the version changes
+        for got, want in zip(block.project(x), separate()):
+            torch.testing.assert_close(got, want)
+        block.value.weight = torch.nn.Parameter(torch.randn_like(block.value.weight))  # swapped
+        for got, want in zip(block.project(x), separate()):
+            torch.testing.assert_close(got, want)
+    block.train()
+    assert "_fused_qkv" not in block.__dict__  # no stale copy while training
+
+
+@pytest.mark.parametrize("policy", [BIDIRECTIONAL, CAUSAL])
+def test_the_padded_kernel_with_a_bias_equals_the_group_loop(policy):
+    """T5's relative-position bias on a GPU: one dense call over the padded rows, the same outputs and gradients
+    (bias included) as one call per group of lengths."""
+    lengths = torch.tensor([5, 2, 7, 5, 1])
+    mask = (torch.arange(8)[None, :] < lengths[:, None]).long()  # a column of padding past the longest row too
+    layout = Layout(mask)
+    relative = RelativePositionBias(2, 8, 16, bidirectional=not policy.causal)
+    q, k, v = (torch.randn(int(lengths.sum()), 2, 4, requires_grad=True) for _ in range(3))
+    results = {}
+    for kernel in ("groups", "padded"):
+        table = relative(8, 8)[None]
+        out, _ = packed_attention(q, k, v, layout, policy=policy, bias=lambda a, b: table[..., :a, :b], scale=1.0,
+                                  kernel=kernel)
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
+                                    (q, k, v, relative.embedding.weight))
+        results[kernel] = (out, *grads)
+    for got, want in zip(results["padded"], results["groups"]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

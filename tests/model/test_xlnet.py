@@ -155,6 +155,52 @@ def test_language_model_loss_and_gradients_match(tmp_path):
     close(model.layers[1].query.weight.grad, hf.transformer.layer[1].rel_attn.q.grad.flatten(1).T)
 
 
+def test_packed_language_model_loss_and_gradients_match(tmp_path):
+    """Without a memory the streams run on the real tokens alone (rows of four lengths, padded on the left, two
+    segments, a permutation over the real tokens, an empty target slot): loss and gradients equal transformers'."""
+    hf, model = saved(tmp_path, "LMHeadModel")
+    lengths = (9, 5, 9, 7)
+    ids, mask, types = left_padded(lengths)
+    perm = torch.ones(4, 9, 9)
+    mapping = torch.zeros(4, 2, 9)
+    for row, n in enumerate(lengths):  # each row's own order over its real tokens, its last two predicted
+        real_perm, real_mapping = permutation_inputs(1, n, 2)
+        perm[row, 9 - n:, 9 - n:] = real_perm[0]
+        mapping[row, :, 9 - n:] = real_mapping[0]
+    mapping[1, 1] = 0  # an empty slot
+    labels = (mapping @ ids[..., None].float()).squeeze(-1).long().masked_fill(mapping.sum(-1) == 0, -100)
+    inputs = dict(attention_mask=mask, token_type_ids=types, perm_mask=perm, target_mapping=mapping, labels=labels,
+                  use_mems=False)
+    assert model.layout(mask, 0, False, False) is not None  # the packed path runs
+    expected = hf(input_ids=ids, **inputs)
+    out = model(ids, **inputs)
+    close(out.logits[mapping.sum(-1) > 0], expected.logits[mapping.sum(-1) > 0])
+    close(out.loss, expected.loss)
+    expected.loss.backward()
+    out.loss.backward()
+    close(model.embeddings.weight.grad, hf.transformer.word_embedding.weight.grad)
+    close(model.mask_embedding.grad, hf.transformer.mask_emb.grad.flatten())
+    close(model.layers[0].position_bias.grad, hf.transformer.layer[0].rel_attn.r_r_bias.grad)
+    close(model.layers[0].segment_embeddings.grad, hf.transformer.layer[0].rel_attn.seg_embed.grad)
+    close(model.layers[1].query.weight.grad, hf.transformer.layer[1].rel_attn.q.grad.flatten(1).T)
+    close(model.layers[0].ffn_in.weight.grad, hf.transformer.layer[0].ff.layer_1.weight.grad)
+
+
+def test_packed_content_stream_equals_the_padded_one(tmp_path):
+    """The hidden states of the real tokens (and every head's logits there) are the same packed (use_mems=False)
+    and padded (with a memory kept); padding is zero when packed."""
+    _, model = saved(tmp_path, "ForTokenClassification")
+    ids, mask, types = left_padded()
+    with torch.no_grad():
+        padded = model(ids, mask, token_type_ids=types, use_mems=True, output_hidden_states=True)
+        packed = model(ids, mask, token_type_ids=types, use_mems=False, output_hidden_states=True)
+    real = mask.bool()
+    for ours, theirs in zip(packed.hidden_states, padded.hidden_states, strict=True):
+        close(ours[real], theirs[real])
+        assert not ours[~real].any()
+    close(packed.logits[real], padded.logits[real])
+
+
 @pytest.mark.parametrize("suffix", ARCHITECTURES)
 def test_saved_back_transformers_loads_the_same_model(tmp_path, suffix):
     hf, model = saved(tmp_path, suffix, mem_len=None, bi_data=True)

@@ -115,13 +115,14 @@ def test_the_query_stream_never_sees_its_own_content() -> None:
     slots = batch.target_mapping[row].sum(1).bool().nonzero().flatten()
     position = batch.target_mapping[row].argmax(1)
     seen_by = (batch.perm_mask[row] == 0)  # [i, j]: i sees j
+    inputs = {**model.forward_inputs(batch), "masked_positions": None}  # logits at every slot, [B, P, V]
     with torch.no_grad():
-        before = model(**model.forward_inputs(batch)).logits
+        before = model(**inputs).logits
         for slot in slots.tolist():
             i = int(position[slot])
             changed = batch.input_ids.clone()
             changed[row, i] = 7 if changed[row, i] != 7 else 8
-            after = model(**{**model.forward_inputs(batch), "input_ids": changed}).logits
+            after = model(**{**inputs, "input_ids": changed}).logits
             assert torch.equal(after[row, slot], before[row, slot])  # its own prediction does not move
             for other in slots.tolist():  # the targets after it in the order see it
                 j = int(position[other])

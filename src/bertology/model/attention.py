@@ -345,7 +345,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
     # byte-mask dropout is faster (benchmarks/RESULTS.md, "Training").
     if not need_weights and not (dropout > 0 and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale), None
-    scores = (q @ k.transpose(-1, -2)) * (scale if scale is not None else 1 / math.sqrt(q.shape[-1]))
+    scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    scores = q @ k.transpose(-1, -2)
+    if scale != 1.0:  # T5 folds it into its weights
+        scores = scores * scale
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     probs = scores.softmax(-1)
@@ -371,12 +374,15 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
     CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
-    nested tensor: one call, with dropout, any precision) or "auto": one of those on CUDA where nothing the kernels
-    lack is asked for (probabilities, a bias, a prefix, a head mask), else groups."""
+    nested tensor: one call, with dropout, any precision), "padded" (one dense call over the padded rows with the
+    bias in the mask: T5's relative positions on CUDA, where the variable-length kernels take no bias) or "auto":
+    one of those on CUDA where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
+    groups."""
     if kernel == "auto":
-        kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or prefix is not None
-                               or head_scale is not None or global_tokens is not None or lm_prefix is not None,
-                               q.dtype, scale, q.shape[-1])
+        others = prefix is not None or head_scale is not None or global_tokens is not None or lm_prefix is not None
+        kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or others,
+                               q.dtype, scale, q.shape[-1], bias_only=bias is not None and not others
+                               and layout.per_row)
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -392,6 +398,15 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
             q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen, dropout, False,
             False, scale=scale, window_size_left=left, window_size_right=right)[0]
         return out, []
+    if kernel == "padded":  # one call over the padded rows, the policy, padding and bias as one additive mask
+        if bias is None or not layout.per_row:
+            raise ValueError("the padded kernel is for a score bias on a layout of one sequence a row")
+        rows = [layout.unpack(t).transpose(1, 2) for t in (q, k, v)]  # [B, heads, L, d]
+        real = layout.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
+        width = layout.seq_len
+        out, _ = attention(*rows, policy=policy, key_mask=real, bias=bias(width, width), scale=scale,
+                           dropout=dropout)
+        return layout.pack(out.transpose(1, 2)), []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -426,12 +441,15 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
                   extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None,
-                  head_dim: int = 64) -> str:
+                  head_dim: int = 64, bias_only: bool = False) -> str:
     """The packed kernel "auto" picks (see packed_attention). The variable-length kernels are flash attention: half
     precision, head sizes a multiple of 8 up to 256, a GPU of compute capability 8 or more (otherwise the
-    nested-tensor kernel or the group loop)."""
-    if device.type != "cuda" or need_weights or extras:
+    nested-tensor kernel or the group loop). `bias_only`: the one extra is a score bias, on a layout of one sequence
+    a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths."""
+    if device.type != "cuda" or need_weights:
         return "groups"
+    if extras:
+        return "padded" if bias_only else "groups"
     if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:
         if dropout == 0 and varlen_available() and (
                 varlen_takes_windows() or (policy.window is None and scale is None)):

@@ -76,27 +76,47 @@ def plain_linear(module: nn.Module | None) -> bool:
 
 class KVCache:
     """One block's keys and values of the positions decoded so far, [B, heads, L, head_dim] each, and the keys and
-    values of the encoder memory for cross-attention (computed once)."""
+    values of the encoder memory for cross-attention (computed once).
+
+    They live in buffers with room to spare (doubled when full), so a decoding step writes its position instead of
+    copying the whole cache into a new tensor, which made decoding quadratic in copies."""
 
     def __init__(self) -> None:
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
+        self._buffers: tuple[Tensor, Tensor] | None = None  # [B, heads, capacity, head_dim] each
+        self._length = 0
         self.memory: tuple[Tensor, Tensor] | None = None
 
+    @property
+    def keys(self) -> Tensor | None:
+        return None if self._buffers is None else self._buffers[0][..., :self._length, :]
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._buffers is None else self._buffers[1][..., :self._length, :]
+
     def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        if self.keys is not None and self.values is not None:
-            keys, values = torch.cat([self.keys, keys], -2), torch.cat([self.values, values], -2)
-        self.keys, self.values = keys, values
-        return keys, values
+        start, end = self._length, self._length + keys.shape[-2]
+        if self._buffers is None or end > self._buffers[0].shape[-2]:
+            capacity = max(2 * end, end + 64)
+            grown = tuple(t.new_empty(*t.shape[:-2], capacity, t.shape[-1]) for t in (keys, values))
+            if self._buffers is not None:
+                for new, old in zip(grown, self._buffers):
+                    new[..., :start, :] = old[..., :start, :]
+            self._buffers = grown  # type: ignore[assignment]
+        assert self._buffers is not None
+        self._buffers[0][..., start:end, :] = keys
+        self._buffers[1][..., start:end, :] = values
+        self._length = end
+        return self.keys, self.values  # type: ignore[return-value]
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[-2]
+        return self._length
 
     def reorder(self, rows: Tensor) -> None:
         """Keep the batch rows `rows` (in that order): beam search's surviving hypotheses."""
-        if self.keys is not None and self.values is not None:
-            self.keys, self.values = self.keys[rows], self.values[rows]
+        if self._buffers is not None:
+            self._buffers = (self._buffers[0][rows], self._buffers[1][rows])
         if self.memory is not None:
             self.memory = (self.memory[0][rows], self.memory[1][rows])
 
@@ -203,12 +223,36 @@ class Block(nn.Module):
         (benchmarks/RESULTS.md, "Separate q/k/v projections"). Otherwise each module is called."""
         q, k, v = self.query, self.key, self.value
         if plain_linear(q) and plain_linear(k) and plain_linear(v):
-            w = torch.cat([q.weight, k.weight, v.weight])
-            if q.bias is not None and k.bias is not None and v.bias is not None:
-                return F.linear(x, w, torch.cat([q.bias, k.bias, v.bias])).chunk(3, -1)
-            if q.bias is None and k.bias is None and v.bias is None:
-                return F.linear(x, w).chunk(3, -1)
+            biases = (q.bias, k.bias, v.bias)
+            if all(b is not None for b in biases) or all(b is None for b in biases):
+                return F.linear(x, *self.fused_qkv()).chunk(3, -1)
         return q(x), k(x), v(x)
+
+    def fused_qkv(self) -> tuple[Tensor, Tensor | None]:
+        """The query, key and value weights (and biases) concatenated. In eval mode without gradients (inference,
+        decoding; one process) the concatenation is kept until a weight changes (its version or storage) or the block
+        trains again: a decoding step of a few tokens otherwise spends more time copying the weights than
+        multiplying by them."""
+        parts = [(m.weight, m.bias) for m in (self.query, self.key, self.value)]
+        tensors = [t for pair in parts for t in pair if t is not None]
+
+        def fused() -> tuple[Tensor, Tensor | None]:
+            weight = torch.cat([w for w, _ in parts])
+            return weight, (torch.cat([b for _, b in parts]) if parts[0][1] is not None else None)
+
+        if self.training or (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)) or (
+                torch.distributed.is_available() and torch.distributed.is_initialized()):  # FSDP swaps storages
+            return fused()
+        key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in tensors)
+        cached = self.__dict__.get("_fused_qkv")
+        if cached is None or cached[0] != key:
+            cached = (key, fused())
+            self.__dict__["_fused_qkv"] = cached
+        return cached[1]
+
+    def train(self, mode: bool = True) -> Block:
+        self.__dict__.pop("_fused_qkv", None)  # a training block concatenates afresh: no stale copy held
+        return super().train(mode)
 
     def global_projection(self, x: Tensor, global_tokens: Tensor | None
                           ) -> GlobalProjections | tuple[Tensor, Tensor, Tensor] | None:

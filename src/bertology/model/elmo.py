@@ -263,6 +263,21 @@ class CharacterEncoder(nn.Module):
         return self.projection(x)
 
 
+def distinct_rows(rows: Tensor) -> tuple[Tensor, Tensor]:
+    """Indices of one row of each distinct value of `rows` [N, C] (small non-negative ids) and each row's place
+    among them: rows[first][inverse] == rows. Rows are told apart by a key (a fixed weighted sum of their ids,
+    no overflow for ids below 2^20 and C below 2^23), checked against the rows themselves: where two distinct
+    rows share a key every row is its own."""
+    weights = torch.randint(1, 1 << 20, (rows.shape[1],), generator=torch.Generator().manual_seed(0))
+    keys = (rows * weights.to(rows.device)).sum(1)  # not a matmul: CUDA has no integer matmul
+    unique, inverse = torch.unique(keys, return_inverse=True)
+    first = torch.empty(len(unique), dtype=torch.long, device=rows.device)
+    first.scatter_(0, inverse, torch.arange(len(rows), device=rows.device))
+    if not torch.equal(rows[first][inverse], rows):
+        return torch.arange(len(rows), device=rows.device), torch.arange(len(rows), device=rows.device)
+    return first, inverse
+
+
 # --- the LSTM with a projected state ---------------------------------------------------------------------------------
 
 
@@ -280,9 +295,6 @@ class ProjectedLSTM(nn.Module):
         self.bias = nn.Parameter(torch.zeros(4 * cell_size))
         self.weight_hr = nn.Parameter(torch.empty(hidden, cell_size))
         self.fused = cell_clip is None and proj_clip is None  # False: the exact step loop (set it to test both)
-        # Without gradients, a clipped layer first runs the fused kernel and keeps its result when no clip would
-        # have bitten (checked: `within_clips`), else it runs the step loop.
-        self.speculate = True
 
     def forward(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor] | None
                 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -295,34 +307,7 @@ class ProjectedLSTM(nn.Module):
             if self.cell_clip is not None or self.proj_clip is not None:
                 raise ConfigError("the fused LSTM cannot clip its cell or state: use the step loop (fused=False)")
             return self._fused(x, lengths, state)
-        if self.speculate and not torch.is_grad_enabled():
-            result = self._fused(x, lengths, state)
-            if self.within_clips(x, lengths, state, result[0]):
-                return result
         return self._loop(x, lengths, state)
-
-    @torch.no_grad()
-    def within_clips(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor], out: Tensor) -> bool:
-        """Whether no clip bites on the unclipped run `out` of the fused kernel: then it is the clipped run too.
-        The projected states are `out`; the cells follow from them: every step's gates in one product (each step
-        reads the previous output), then c_t = f_t c_(t-1) + i_t g_t, elementwise, step by step."""
-        real = None if lengths is None else \
-            (torch.arange(x.shape[1])[None] < lengths[:, None]).to(x.device)[..., None]
-        if self.proj_clip is not None and bool((out.abs() > self.proj_clip).any()):
-            return False
-        if self.cell_clip is None:
-            return True
-        previous = torch.cat([state[0][:, None], out[:, :-1]], 1)
-        rows = 3 * self.cell_size  # the input, forget and cell gates (the output gate plays no part in the cell)
-        gates = F.linear(x, self.weight_ih[:rows], self.bias[:rows]) + F.linear(previous, self.weight_hh[:rows])
-        i, f, g = gates.chunk(3, -1)
-        keep, new = torch.sigmoid(f), torch.sigmoid(i) * torch.tanh(g)
-        c, cells = state[1], []
-        for t in range(x.shape[1]):
-            c = keep[:, t] * c + new[:, t]
-            cells.append(c)
-        peak = torch.stack(cells, 1) if real is None else torch.stack(cells, 1) * real
-        return bool(peak.abs().amax() <= self.cell_clip) if cells else True
 
     def _loop(self, x: Tensor, lengths: Tensor | None, state: tuple[Tensor, Tensor]
               ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -383,33 +368,70 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
                 lengths2: Tensor, state1: tuple[Tensor, Tensor] | None, state2: tuple[Tensor, Tensor] | None
                 ) -> tuple[tuple[Tensor, tuple[Tensor, Tensor]], tuple[Tensor, tuple[Tensor, Tensor]]]:
     """Two layers of the same sizes and clipping (a forward and a backward one) stepped together over inputs of
-    the same shape: one batched matrix product per step for both, the exact loop's arithmetic otherwise."""
+    the same shape: the exact loop's arithmetic, with every step's input part in one batched product before the
+    loop (step-major, so each step's rows are one block), then one batched product per step for both layers'
+    states. Rows are taken longest first, and a step computes only the rows that still have a word in either
+    direction (as packed sequences do); a row whose words ended keeps its state."""
     batch, steps = x1.shape[:2]
-    weight_ih = torch.stack([first.weight_ih, second.weight_ih])
-    weight_hh = torch.stack([first.weight_hh, second.weight_hh]).transpose(1, 2)
-    weight_hr = torch.stack([first.weight_hr, second.weight_hr]).transpose(1, 2)
-    bias = torch.stack([first.bias, second.bias])[:, None, None]
-    projected = torch.matmul(torch.stack([x1, x2]), weight_ih.transpose(1, 2)[:, None]) + bias  # [2, B, T, 4c]
-    zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, first.cell_size))
+    cell = first.cell_size
+    longest = torch.maximum(lengths1, lengths2)
+    order = None if bool((longest[:-1] >= longest[1:]).all()) else torch.sort(longest, descending=True, stable=True)[1]
+    if order is not None:
+        x1, x2, lengths1, lengths2, longest = x1[order], x2[order], lengths1[order], lengths2[order], longest[order]
+        state1 = None if state1 is None else (state1[0][order], state1[1][order])
+        state2 = None if state2 is None else (state2[0][order], state2[1][order])
+    # tanh(z) = 2 sigmoid(2 z) - 1: the cell gate's rows and the projection are doubled (exactly, in floating point),
+    # so one sigmoid serves all four gates and a second one the cell's tanh (a sigmoid is several times cheaper
+    # than a tanh on the CPU)
+    double = torch.ones(4 * cell, 1, dtype=x1.dtype, device=x1.device)
+    double[2 * cell:3 * cell] = 2.0
+    weight_ih = (torch.stack([first.weight_ih, second.weight_ih]) * double).transpose(1, 2)  # [2, in, 4c]
+    weight_hh = (torch.stack([first.weight_hh, second.weight_hh]) * double).transpose(1, 2).contiguous()
+    weight_hr = (torch.stack([first.weight_hr, second.weight_hr]) * 2.0).transpose(1, 2).contiguous()  # [2, c, p]
+    bias = (torch.stack([first.bias, second.bias]) * double[:, 0])[:, None]
+    inputs = torch.stack([x1, x2]).transpose(1, 2).reshape(2, steps * batch, -1)  # [2, T * B, in], step-major
+    projected = torch.baddbmm(bias, inputs, weight_ih).view(2, steps, batch, 4 * cell)  # step t: [:, t]
+    zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, cell))
     h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])
     c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
     steps_range = torch.arange(steps)[None]
-    real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]]).to(x1.device)[..., None]
+    real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]])  # [2, B, T] (CPU)
+    active = (steps_range < longest[:, None]).sum(0).tolist()  # rows with a word at step t: the first active[t]
+    # the steps where an active row has a word in one direction only (the other keeps its state there)
+    uneven = [not bool(real[:, :n, t].all()) for t, n in enumerate(active)]
+    real = real.to(x1.device)[..., None]
     cell_clip, proj_clip = first.cell_clip, first.proj_clip
     outputs = []
-    for t in range(steps):
-        gates = projected[:, :, t] + torch.bmm(h, weight_hh)
-        i, f, g, o = gates.chunk(4, -1)
-        c_next = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    for t, n in enumerate(active):
+        if n == 0:
+            outputs.append(h.new_zeros(2, batch, first.hidden))
+            continue
+        hn, cn = (h, c) if n == batch else (h[:, :n], c[:, :n])
+        gates = torch.baddbmm(projected[:, t] if n == batch else projected[:, t, :n], hn, weight_hh)
+        i, f, g, o = torch.sigmoid(gates).chunk(4, -1)  # g: sigmoid(2 g)
+        # c = f c + i tanh(g) = f c + 2 i (sigmoid(2 g) - 1/2)
+        c_next = torch.addcmul(f * cn, i, g - 0.5, value=2.0)
         if cell_clip is not None:
             c_next = c_next.clamp(-cell_clip, cell_clip)
-        h_next = torch.bmm(torch.sigmoid(o) * torch.tanh(c_next), weight_hr)
+        # h = W_hr (o tanh(c)) = (2 W_hr) (o (sigmoid(2 c) - 1/2))
+        h_next = torch.bmm(o * (torch.sigmoid(c_next * 2.0) - 0.5), weight_hr)
         if proj_clip is not None:
             h_next = h_next.clamp(-proj_clip, proj_clip)
-        keep = real[:, :, t]
-        h, c = torch.where(keep, h_next, h), torch.where(keep, c_next, c)
-        outputs.append(h_next * keep)
-    out = torch.stack(outputs, 2)
+        if uneven[t]:
+            keep = real[:, :n, t]
+            h_next, c_next, out = torch.where(keep, h_next, hn), torch.where(keep, c_next, cn), h_next * keep
+        else:
+            out = h_next
+        if n < batch:
+            h, c = torch.cat([h_next, h[:, n:]], 1), torch.cat([c_next, c[:, n:]], 1)
+            out = F.pad(out, (0, 0, 0, batch - n))
+        else:
+            h, c = h_next, c_next
+        outputs.append(out)
+    out = torch.stack(outputs).permute(1, 2, 0, 3)  # [2, B, T, p]
+    if order is not None:
+        back = torch.argsort(order)
+        out, h, c = out[:, back], h[:, back], c[:, back]
     return (out[0], (h[0], c[0])), (out[1], (h[1], c[1]))
 
 
@@ -530,11 +552,17 @@ class ElmoModel(nn.Module):
         return attention_mask
 
     def tokens(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The token layer [B, L, p] (zeros at padding): the character CNN runs on the real words only."""
+        """The token layer [B, L, p] (zeros at padding): the character CNN runs on the real words only, and without
+        gradients once per distinct word of the batch."""
         real = attention_mask.bool()
         out = torch.zeros(*input_ids.shape[:2], self.config.projection_dim, device=input_ids.device,
                           dtype=self.characters.projection.weight.dtype)
-        out[real] = self.characters(input_ids[real])
+        words = input_ids[real]
+        if torch.is_grad_enabled():
+            out[real] = self.characters(words)
+        else:
+            first, inverse = distinct_rows(words)
+            out[real] = self.characters(words[first])[inverse]
         return out
 
     def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None,
@@ -550,7 +578,7 @@ class ElmoModel(nn.Module):
             fl, bl = self.forward_layers[index], self.backward_layers[index]
             initial = [None, None] if state is None else \
                 [(state.h[d * layers + index], state.c[d * layers + index]) for d in range(2)]
-            if not fl.fused and not bl.fused and fx.shape == bx.shape and torch.is_grad_enabled():
+            if not fl.fused and not bl.fused and fx.shape == bx.shape:
                 (fy, fstate), (by, bstate) = paired_loop(fl, bl, fx, bx, flengths, blengths, *initial)
             else:
                 fy, fstate = fl(fx, flengths, initial[0])

@@ -203,7 +203,7 @@ class TiedLMHead(nn.Module):
         h, at = inputs.hidden, inputs.masked_positions
         if at is not None:
             h = h[at[:, 0], at[:, 1]]
-        return F.linear(h, inputs.word_embeddings)
+        return F.linear(h, inputs.word_embeddings, getattr(self, "bias", None))
 
 
 class SpanHead(nn.Module):
@@ -335,10 +335,7 @@ class TiedLMBiasHead(TiedLMHead):
 
     def __init__(self, config: Any, spec: HeadSpec) -> None:
         super().__init__(config, spec)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-
-    def forward(self, inputs: HeadInputs) -> Tensor:
-        return super().forward(inputs) + self.bias
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))  # added in the product (TiedLMHead.forward)
 
 
 class EosTokenHead(nn.Module):

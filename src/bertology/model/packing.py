@@ -28,6 +28,7 @@ class Layout:
 
     def __init__(self, attention_mask: Tensor, documents: Tensor | None = None) -> None:
         self.batch_size, self.seq_len = attention_mask.shape
+        self.per_row = documents is None  # one sequence a row: the padded rows are the sequences
         host = attention_mask.detach().to("cpu", torch.bool)  # the one host copy; free for a CPU mask
         if documents is None:
             lengths = host.sum(1)

@@ -11,7 +11,7 @@ decoder_attention_mask, labels, past_key_values, use_cache) and return logits an
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -183,13 +183,16 @@ class Stack(nn.Module):
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
                 output_hidden_states: bool = False, documents: Tensor | None = None,
-                lm_prefix: Tensor | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                lm_prefix: Tensor | None = None, layout: Layout | None = None
+                ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
         positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
         the hidden states (after the embeddings, then after every block; the last one after the final norm).
         `documents` [B, L] (packed documents, see `bertology.model.packing`): each document attends within itself
         and counts its positions from 0. `lm_prefix` [B, past + L] bool (a causal stack only): a prefix LM's prefix,
-        whose tokens see each other in both directions (bertology.model.attention.combined_mask)."""
+        whose tokens see each other in both directions (bertology.model.attention.combined_mask). `layout`: the
+        packing of `attention_mask` (and `documents`), built already from the host's mask (the trainer does, so that
+        nothing in the forward waits for a GPU); else worked out here."""
         length = embedded.shape[1]
         past = caches[0].length if caches else 0
         if attention_mask.shape[1] != past + length:
@@ -211,12 +214,16 @@ class Stack(nn.Module):
             x = self.embedding_norm(x)
         dropout = self.config.embedding_dropout
         x = fast_dropout(x, self.config.hidden_dropout if dropout is None else dropout, self.training)
-        layout = Layout(attention_mask, documents) if packed and caches is None else None
+        if not packed or caches is not None:
+            layout = None
+        elif layout is None:
+            layout = Layout(attention_mask, documents)
         if layout is not None:
             x = layout.pack(x)
             if lm_prefix is not None:
                 lm_prefix = layout.pack(lm_prefix)
-            bias = ((lambda q, k: self.relative(q, k)[None]) if self.relative is not None else None)
+            bias = (corners(self.relative(layout.seq_len, layout.seq_len)[None])
+                    if self.relative is not None else None)
             key_mask = None
         else:
             bias = self.relative(length, past + length)[None] if self.relative is not None else None
@@ -233,6 +240,21 @@ class Stack(nn.Module):
             if hidden_states is not None:
                 hidden_states[-1] = to_padded(x)
         return to_padded(x), (tuple(hidden_states) if hidden_states is not None else None)
+
+
+def corners(table: Tensor) -> Callable[[int, int], Tensor]:
+    """The score bias of a packed stream's sequences from one relative-position table [1, heads, L, L] for the
+    padded rows, computed once for every layer and group: a sequence of n tokens reads its top-left n x n corner
+    (the bias depends on key - query only; the padded kernel reads the whole table). Each corner is cut once, so the backward adds every layer's gradient there
+    before one pass into the table."""
+    cut: dict[tuple[int, int], Tensor] = {}
+
+    def bias(queries: int, keys: int) -> Tensor:
+        if (queries, keys) not in cut:
+            cut[queries, keys] = table[..., :queries, :keys]
+        return cut[queries, keys]
+
+    return bias
 
 
 def check_ids(input_ids: Tensor, vocab_size: int, what: str = "input_ids") -> None:
@@ -318,7 +340,8 @@ class DecoderModel(TransformerModel):
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                  "masked_positions": getattr(batch, "masked_positions", None)}
+                  "masked_positions": getattr(batch, "masked_positions", None),
+                  "layout": getattr(batch, "layout", None)}
         for name in ("documents", "lm_prefix"):  # packed documents, a prefix LM's prefix (bertology.data.causal)
             value = getattr(batch, name, None)
             if value is not None:
@@ -338,7 +361,8 @@ class DecoderModel(TransformerModel):
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, output_hidden_states: bool = False,
                 packed: bool = True, last_layer_at: Tensor | None = None,
-                documents: Tensor | None = None, lm_prefix: Tensor | None = None) -> ModelOutput:
+                documents: Tensor | None = None, lm_prefix: Tensor | None = None,
+                layout: Layout | None = None) -> ModelOutput:
         """`attention_mask` [B, past + L] covers the cached positions too (as transformers'). `labels` [B, L]: the
         loss of predicting token t + 1 at position t (-100 ignored). `masked_positions` [N, 2]: logits only there.
         With `use_cache`, `past_key_values` holds the cache after this call (a new one when none was given).
@@ -346,7 +370,8 @@ class DecoderModel(TransformerModel):
         language model reads nearly every position, so this one computes them all. `documents` [B, L]: several
         documents packed in each row (see `Stack.forward`); `labels` then ignore the boundaries only if the caller
         sets the first label of each document to -100. `lm_prefix` [B, past + L] bool: a prefix LM's prefix, seen in
-        both directions by its own tokens (causal after it)."""
+        both directions by its own tokens (causal after it). `layout`: the packing of `attention_mask` and
+        `documents`, built already (see `Stack.forward`)."""
         check_ids(input_ids, self.config.vocab_size)
         caches = past_key_values
         if use_cache and caches is None:
@@ -359,7 +384,7 @@ class DecoderModel(TransformerModel):
             lm_prefix = attention_mask.bool()
         hidden, hidden_states = self.decoder(self.embed(input_ids), attention_mask, caches=caches, packed=packed,
                                              output_hidden_states=output_hidden_states or self.mix is not None,
-                                             documents=documents, lm_prefix=lm_prefix)
+                                             documents=documents, lm_prefix=lm_prefix, layout=layout)
         out = ModelOutput(last_hidden_state=hidden, hidden_states=hidden_states,
                           past_key_values=caches if use_cache else None)
         self.run_heads(out, attention_mask[:, -input_ids.shape[1]:], masked_positions,
@@ -396,7 +421,8 @@ class Seq2SeqModel(TransformerModel):
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                 "decoder_input_ids": getattr(batch, "decoder_input_ids", None),
                 "decoder_attention_mask": getattr(batch, "decoder_attention_mask", None),
-                "masked_positions": getattr(batch, "masked_positions", None)}
+                "masked_positions": getattr(batch, "masked_positions", None),
+                "layout": getattr(batch, "layout", None), "decoder_layout": getattr(batch, "decoder_layout", None)}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
@@ -407,26 +433,28 @@ class Seq2SeqModel(TransformerModel):
         assert states is not None
         return states
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, packed: bool = True) -> Tensor:
+    def encode(self, input_ids: Tensor, attention_mask: Tensor | None = None, packed: bool = True,
+               layout: Layout | None = None) -> Tensor:
         check_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        return self.encoder(self.embed(input_ids), attention_mask, packed=packed)[0]
+        return self.encoder(self.embed(input_ids), attention_mask, packed=packed, layout=layout)[0]
 
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
                 decoder_input_ids: Tensor | None = None, decoder_attention_mask: Tensor | None = None, *,
                 encoder_outputs: Tensor | None = None, labels: Tensor | None = None,
                 past_key_values: list[KVCache] | None = None, use_cache: bool = False,
                 masked_positions: Tensor | None = None, packed: bool = True,
-                last_layer_at: Tensor | None = None) -> ModelOutput:
+                last_layer_at: Tensor | None = None, layout: Layout | None = None,
+                decoder_layout: Layout | None = None) -> ModelOutput:
         """`labels` [B, L_dec]: the loss of each decoder position (-100 ignored); without `decoder_input_ids` they
         are the labels shifted right behind `decoder_start_token_id`. `encoder_outputs`: the encoder's last hidden
         state from an earlier call (decoding step by step). `last_layer_at` (the Model protocol's): every decoder
-        position is computed."""
+        position is computed. `layout`, `decoder_layout`: the packings of the two masks, built already (Stack)."""
         if encoder_outputs is None:
             if input_ids is None:
                 raise InputError("give input_ids or encoder_outputs")
-            encoder_outputs = self.encode(input_ids, attention_mask, packed)
+            encoder_outputs = self.encode(input_ids, attention_mask, packed, layout)
         if attention_mask is None:
             attention_mask = torch.ones(encoder_outputs.shape[:2], dtype=torch.long, device=encoder_outputs.device)
         if decoder_input_ids is None:
@@ -447,7 +475,7 @@ class Seq2SeqModel(TransformerModel):
             decoder_attention_mask = torch.ones(decoder_input_ids.shape[0], past + decoder_input_ids.shape[1],
                                                 dtype=torch.long, device=decoder_input_ids.device)
         hidden, _ = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask, memory=encoder_outputs,
-                                 memory_mask=attention_mask, caches=caches, packed=packed)
+                                 memory_mask=attention_mask, caches=caches, packed=packed, layout=decoder_layout)
         out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,
                           past_key_values=caches if use_cache else None)
         # Heads that pick tokens by id (BART's classifier: the last EOS) read the encoder's input_ids.

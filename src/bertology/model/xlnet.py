@@ -14,6 +14,11 @@ r_r_bias, r_s_bias, and e the two relative segment vectors (same segment or not)
 next call's memory (`mems`, transformers' layout [M, B, H] per layer): memory positions come before the input, are
 visible to every query and count as segment 0.
 
+Without a memory (none read, none kept) the streams run on the real tokens alone (`Layout`): every linear layer
+over the packed tokens, attention per group of equal-length rows, each row in its own coordinates, since relative
+positions make a row's padding irrelevant; the content stream's output is then zero at padding (transformers' runs
+its padding positions too). With a memory, attention probabilities, "uni" attention or bi_data the rows run padded.
+
 The forward pass takes transformers' keyword names (input_ids, attention_mask, token_type_ids, perm_mask,
 target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `mems` under the same names."""
 
@@ -35,6 +40,7 @@ from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation, build_head, register_head
+from bertology.model.packing import Layout
 from bertology.model.positions import relative_sinusoids
 from bertology.model.registry import register_model
 from bertology.model.transformer import check_ids
@@ -141,6 +147,37 @@ class Targets:
     present: Tensor
 
 
+@dataclass
+class Group:
+    """`count` rows with `length` real tokens each, side by side in a packed batch (`Layout.groups`): their
+    content-stream mask and segments [count, n, n] (None: all visible, one segment) and the query stream's targets,
+    in the rows' own coordinates."""
+
+    count: int
+    length: int
+    content_mask: Tensor | None
+    segments: Tensor | None
+    targets: Targets | None
+
+
+@dataclass
+class Packed:
+    """What every layer needs to run a batch's real tokens (`XLNetModel.packed`): the groups, each group's number of
+    tokens in the packed stream (`sizes`), the encoded distances, either each row's own copy (dropped out row by
+    row, as transformers' does), `position_sizes` rows per group, or one copy for all [2 longest, H] from which a
+    group of n reads the middle 2n, and the batch rows in group order (`order`, `counts` per group) and back
+    (`inverse`)."""
+
+    groups: list[Group]
+    sizes: list[int]
+    positions: Tensor
+    position_sizes: list[int] | None
+    longest: int
+    order: Tensor
+    counts: list[int]
+    inverse: Tensor
+
+
 def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
     """[B, heads, Lq, R] scores against R relative distances (from the largest down) -> [B, heads, Lq, num_keys],
     entry (i, j) read from column Lq - i + j: the distance between query i (after the memory) and key j."""
@@ -192,6 +229,38 @@ class XLNetLayer(Block):
                                       targets.columns)[0] * targets.present
         g_out = self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
         return h_out, g_out
+
+    def forward_packed(self, h: Tensor, g: Tensor | None, packed: Packed,
+                       content: bool = True) -> tuple[Tensor, Tensor | None]:
+        """`forward` on the real tokens alone: h [T, H] packed (`Layout`), attention run per group of equal-length
+        rows, each in its own coordinates (relative positions make a row's padding irrelevant); g [B, P, H] as in
+        `forward`. The projections run once over the stream; the groups are split off it (a slice per group would
+        make autograd add a stream-sized zero gradient per group)."""
+        q, k, v = (t.split(packed.sizes) for t in self.project(h))
+        r_all = self.position(packed.positions)
+        r_rows = r_all.split(packed.position_sizes) if packed.position_sizes is not None else None
+        queries = None
+        if g is not None:
+            queries = self.heads_first(self.query(g))[packed.order].split(packed.counts)
+        outputs, query_outputs = [], []
+        for index, group in enumerate(packed.groups):
+            count, n = group.count, group.length
+            qc, kc, vc = (self.heads_first(t[index].view(count, n, -1)) for t in (q, k, v))
+            r = r_rows[index].view(count, 2 * n, -1) if r_rows is not None \
+                else r_all[packed.longest - n:packed.longest + n][None]
+            r = self.heads_first(r)
+            if content:
+                a = self.relative_attention(qc, kc, vc, r, group.segments, group.content_mask)[0]
+                outputs.append(a.transpose(1, 2).reshape(count * n, -1))
+            if queries is not None and group.targets is not None:
+                t = group.targets
+                a_g = self.relative_attention(queries[index], kc, vc, r, t.segments, t.mask, t.columns)[0]
+                query_outputs.append(a_g * t.present)
+        h_out = self.feed_forward_residual(self.attention_residual(h, torch.cat(outputs))) if content else h
+        if g is None:
+            return h_out, None
+        a_g = torch.cat(query_outputs)[packed.inverse]
+        return h_out, self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
 
     def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
                            allowed: Tensor | None, columns: Tensor | None = None,
@@ -274,7 +343,7 @@ class XLNetModel(nn.Module):
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         return {name: getattr(batch, name, None) for name in
-                ("input_ids", "attention_mask", "token_type_ids", "perm_mask", "target_mapping")}
+                ("input_ids", "attention_mask", "token_type_ids", "perm_mask", "target_mapping", "masked_positions")}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
@@ -357,6 +426,66 @@ class XLNetModel(nn.Module):
         present = target_mapping.sum(-1).to(dtype)[:, None, :, None]
         return Targets(columns, rows(query_mask), rows(segments), present)
 
+    def layout(self, attention_mask: Tensor | None, memory: int, use_mems: bool, output_attentions: bool
+               ) -> Layout | None:
+        """The packed layout of the batch's real tokens, or None where the padded path runs: with a memory (kept
+        or read: its positions are every row's, padding included, as transformers' memory), attention
+        probabilities, "uni" attention or bi_data, without a mask, or where a row's real tokens are not one run
+        (or a row has none)."""
+        config = self.config
+        if attention_mask is None or memory or use_mems or output_attentions or config.attn_type != "bi" \
+                or config.bi_data:
+            return None
+        host = attention_mask.detach().to("cpu", torch.bool)  # the one host copy; free for a CPU mask
+        lengths = host.sum(1)
+        first = host.to(torch.uint8).argmax(1)
+        columns = torch.arange(host.shape[1])
+        one_run = (columns >= first[:, None]) & (columns < (first + lengths)[:, None])
+        if not bool((lengths > 0).all()) or not torch.equal(one_run, host):
+            return None
+        return Layout(host).to(attention_mask.device)
+
+    def packed(self, layout: Layout, perm_mask: Tensor | None, token_type_ids: Tensor | None,
+               target_mapping: Tensor | None, dtype: torch.dtype) -> Packed:
+        """Each group's masks, segments and targets in its rows' own coordinates (the content stream sees itself;
+        a target slot on padding is empty) and the encoded distances (see `Packed`)."""
+        length = layout.seq_len
+        dropout = self.config.hidden_dropout if self.training else 0.0
+        blocked_all = perm_mask > 0 if perm_mask is not None else None
+        groups, rows_in_order, per_row = [], [], []
+        for start, count, n in layout.groups:
+            flat = layout.group_positions(start, count, n)
+            rows, columns = flat[:, 0] // length, flat % length
+            rows_in_order.append(rows)
+
+            def local(table: Tensor) -> Tensor:  # [B, L, L] -> the group's [count, n, n]
+                inner = table[rows].gather(1, columns[:, :, None].expand(-1, -1, length))
+                return inner.gather(2, columns[:, None, :].expand(-1, n, -1))
+
+            content_mask = query_mask = segments = None
+            if blocked_all is not None:
+                blocked = local(blocked_all)
+                itself = torch.eye(n, dtype=torch.bool, device=blocked.device)
+                content_mask, query_mask = ~(blocked & ~itself), ~blocked
+            if token_type_ids is not None:
+                types = token_type_ids[rows].gather(1, columns)
+                segments = types[:, :, None] != types[:, None, :]
+            targets = None
+            if target_mapping is not None:
+                mapping = target_mapping[rows].gather(2, columns[:, None, :].expand(-1, target_mapping.shape[1], -1))
+                targets = self.targets(mapping, query_mask, segments, 0, 2 * n, dtype)
+            if dropout:
+                per_row.append(self.relative_positions(n, n, count, flat.device).flatten(0, 1))
+            groups.append(Group(count, n, content_mask, segments, targets))
+        longest = max(group.length for group in groups)
+        device = layout.flat_index.device
+        positions = torch.cat(per_row) if dropout else self.relative_positions(longest, longest, 1, device)[0]
+        order = torch.cat(rows_in_order)
+        return Packed(groups, [group.count * group.length for group in groups],
+                      fast_dropout(positions.to(dtype), dropout, self.training),
+                      [2 * group.count * group.length for group in groups] if dropout else None, longest, order,
+                      [group.count for group in groups], order.argsort())
+
     def cache(self, h: Tensor, previous: Tensor | None) -> Tensor:
         """The next memory [M', B, H] from a layer's input h [B, L, H]: the first reuse_len positions appended to
         the previous memory, the last mem_len kept (all when mem_len is None or 0), detached."""
@@ -409,26 +538,34 @@ class XLNetModel(nn.Module):
                     raise InputError(f"mems[{index}] must be [memory length, batch, hidden] = [{size}, {batch}, "
                                      f"{self.config.hidden_size}] (transformers' layout), got {list(memory.shape)}")
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                token_type_ids: Tensor | None = None, perm_mask: Tensor | None = None,
-                target_mapping: Tensor | None = None, mems: Sequence[Tensor] | None = None,
-                use_mems: bool | None = None, labels: Tensor | None = None,
-                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                output_attentions: bool = False) -> XLNetOutput:
-        """`attention_mask` [B, L] (0: padding) covers the input; [B, M + L] the memory too (0: a memory position
-        hidden, e.g. from another document). `perm_mask` [B, L, L]: 1 where
-        query i may not see token j. `target_mapping` [B, P, L]: the P positions the query stream predicts (one-hot
-        rows); without it only the content stream runs. `mems`: each layer's memory from an earlier call, [M, B, H].
-        `use_mems` (default: the config's use_mems_train or use_mems_eval) returns the next memory. `labels`
-        [B, P or L]: the cross-entropy of the primary head's logits (-100 ignored). `output_attentions`: the content
-        stream's attention probabilities per layer, [B, heads, L, M + L] (not with `target_mapping`)."""
-        self.check_inputs(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems)
-        if output_attentions and target_mapping is not None:
-            raise InputError("output_attentions gives the content stream's probabilities; with target_mapping the "
-                             "query stream runs at the targets only: call without target_mapping")
+    def packed_streams(self, layout: Layout, input_ids: Tensor, token_type_ids: Tensor | None,
+                       perm_mask: Tensor | None, target_mapping: Tensor | None, output_hidden_states: bool
+                       ) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
+        """The two streams on the real tokens alone (see `layout`): h [B, L, H] with zeros at padding (still
+        packed when the query stream runs: then it is not read), g [B, P, H] or None, the content stream's states
+        [B, L, H] when asked."""
+        dropout = self.config.hidden_dropout if self.training else 0.0
+        h = fast_dropout(self.embeddings(layout.pack(input_ids)), dropout, self.training)
+        packed = self.packed(layout, perm_mask, token_type_ids, target_mapping, h.dtype)
+        g = None
+        if target_mapping is not None:
+            g = fast_dropout(self.mask_embedding.expand(len(input_ids), target_mapping.shape[1], -1), dropout,
+                             self.training)
+        states = [layout.unpack(h)] if output_hidden_states else None
+        for index, layer in enumerate(self.layers):
+            content = g is None or states is not None or index < len(self.layers) - 1
+            h, g = layer.forward_packed(h, g, packed, content)
+            if states is not None:
+                states.append(layout.unpack(h))
+        return layout.unpack(h) if g is None else h, g, states
+
+    def padded_streams(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
+                       perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None,
+                       use_mems: bool, output_hidden_states: bool, output_attentions: bool
+                       ) -> tuple[Tensor, Tensor | None, list[Tensor] | None, list[Tensor], list[Tensor] | None]:
+        """The two streams on the padded rows, with a memory: h, g, the states, the next memory, the content
+        stream's attention probabilities (when asked)."""
         config = self.config
-        if use_mems is None:
-            use_mems = config.use_mems_train if self.training else config.use_mems_eval
         batch, length = input_ids.shape
         device = input_ids.device
         memory = mems[0].shape[0] if mems else 0
@@ -460,6 +597,41 @@ class XLNetModel(nn.Module):
                          probabilities)
             if states is not None:
                 states.append(h)
+        return h, g, states, new_mems, probabilities
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
+                token_type_ids: Tensor | None = None, perm_mask: Tensor | None = None,
+                target_mapping: Tensor | None = None, mems: Sequence[Tensor] | None = None,
+                use_mems: bool | None = None, labels: Tensor | None = None,
+                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
+                output_attentions: bool = False) -> XLNetOutput:
+        """`attention_mask` [B, L] (0: padding) covers the input; [B, M + L] the memory too (0: a memory position
+        hidden, e.g. from another document). `perm_mask` [B, L, L]: 1 where
+        query i may not see token j. `target_mapping` [B, P, L]: the P positions the query stream predicts (one-hot
+        rows); without it only the content stream runs. `mems`: each layer's memory from an earlier call, [M, B, H].
+        `use_mems` (default: the config's use_mems_train or use_mems_eval) returns the next memory. `labels`
+        [B, P or L]: the cross-entropy of the primary head's logits (-100 ignored). `output_attentions`: the content
+        stream's attention probabilities per layer, [B, heads, L, M + L] (not with `target_mapping`)."""
+        self.check_inputs(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems)
+        if output_attentions and target_mapping is not None:
+            raise InputError("output_attentions gives the content stream's probabilities; with target_mapping the "
+                             "query stream runs at the targets only: call without target_mapping")
+        config = self.config
+        if use_mems is None:
+            use_mems = config.use_mems_train if self.training else config.use_mems_eval
+        length = input_ids.shape[1]
+        memory = mems[0].shape[0] if mems else 0
+        dropout = config.hidden_dropout if self.training else 0.0
+        layout = self.layout(attention_mask, memory, use_mems, output_attentions)
+        if layout is not None:
+            h, g, states = self.packed_streams(layout, input_ids, token_type_ids, perm_mask, target_mapping,
+                                               output_hidden_states)
+            new_mems: list[Tensor] = []
+            probabilities: list[Tensor] | None = None
+        else:
+            h, g, states, new_mems, probabilities = self.padded_streams(
+                input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems, use_mems,
+                output_hidden_states, output_attentions)
         out = fast_dropout(g if g is not None else h, dropout, self.training)
         result = XLNetOutput(last_hidden_state=out, mems=new_mems if use_mems else None,
                              hidden_states=tuple(states) if states is not None else None,

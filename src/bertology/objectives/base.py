@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from bertology.model.protocol import Model
 
 
+IGNORE = -100  # the label of a target that takes no loss and counts no unit (padding, transformers' convention)
+
+
 class Batch(Protocol):
     """What the trainer needs of a batch: padded token ids, the real-token mask, and moving to a device.
     Objectives read their own fields (labels, masked positions, ...)."""
@@ -141,11 +144,12 @@ def count(n: int, device: torch.device) -> Tensor:
 
 
 def classification_output(name: str, logits: Tensor, labels: Tensor, loss_sum: Tensor) -> ObjectiveOutput:
-    """The stats every classification-style objective reports: ``{name}_units``, ``_loss_sum``, ``_correct``."""
+    """The stats every classification-style objective reports: ``{name}_units`` (the labels that are not
+    ``IGNORE``), ``_loss_sum``, ``_correct``."""
     with torch.no_grad():
         correct = (logits.argmax(-1) == labels).sum()
     return ObjectiveOutput(loss_sum, {
-        f"{name}_units": count(labels.shape[0], logits.device),
+        f"{name}_units": (labels != IGNORE).sum(),
         f"{name}_loss_sum": loss_sum.detach().float(),
         f"{name}_correct": correct,
     })

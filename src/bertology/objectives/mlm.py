@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
+    IGNORE,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -33,7 +34,8 @@ class MaskedBatch(Protocol):
 
 
 def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
-    """Cross-entropy of ``logits [N, V]`` (only at selected positions) against the original ids ``labels [N]``.
+    """Cross-entropy of ``logits [N, V]`` (only at selected positions) against the original ids ``labels [N]``;
+    a label ``IGNORE`` (a padded target) takes no loss.
 
     Computed in float32 whatever the autocast dtype, since a bf16 log-softmax over a large vocabulary loses
     precision. An empty selection gives 0 (sum) rather than NaN.
@@ -54,21 +56,24 @@ class _SummedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
         log_probs = torch.log_softmax(logits, -1)
-        ctx.save_for_backward(log_probs, labels)
-        return -log_probs.gather(1, labels[:, None]).sum()
+        kept = labels != IGNORE
+        safe = labels.clamp(min=0)  # an ignored row reads class 0, then counts 0
+        ctx.save_for_backward(log_probs, safe, kept)
+        return -(log_probs.gather(1, safe[:, None]).squeeze(1) * kept).sum()
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        log_probs, labels = ctx.saved_tensors  # a second backward through this graph raises (in-place below)
+        log_probs, safe, kept = ctx.saved_tensors  # a second backward through this graph raises (in-place below)
         probs = log_probs.exp_()
-        probs[torch.arange(len(labels), device=labels.device), labels] -= 1.0
-        return probs.mul_(grad), None
+        probs[torch.arange(len(safe), device=safe.device), safe] -= 1.0
+        return probs.mul_((grad * kept)[:, None]), None
 
 
 @dataclass
 class MaskedLM:
     """MLM on the ``mlm`` head. Stats: ``mlm_units`` (selected tokens), ``mlm_loss_sum``, ``mlm_correct``."""
 
+    static_shapes: ClassVar[bool] = True  # padded targets (label IGNORE) take no loss and count no unit
     weight: float = 1.0
     activation: str | None = None  # of the head's transform; None: the model's hidden_act (set by the recipe)
     name: str = "mlm"
@@ -83,7 +88,7 @@ class MaskedLM:
         return batch.masked_positions  # the head's logits are computed only there
 
     def units(self, batch: MaskedBatch) -> Tensor:
-        return torch.tensor(batch.mlm_labels.shape[0], dtype=torch.int64)
+        return (batch.mlm_labels != IGNORE).sum()
 
     def __call__(self, passes: Passes, batch: MaskedBatch) -> ObjectiveOutput:
         return token_prediction(self.name, passes.shared.head_logits[self.name], batch.mlm_labels)

@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.errors import DataError
 from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
+    IGNORE,
     ObjectiveOutput,
     Passes,
     classification_output,
@@ -39,6 +39,7 @@ def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
 class NextSentence:
     """NSP on the pooled head ``nsp``. Stats: ``nsp_units`` (sequences), ``nsp_loss_sum``, ``nsp_correct``."""
 
+    static_shapes: ClassVar[bool] = True  # padded rows (label IGNORE) take no loss and count no unit
     weight: float = 1.0
     name: str = "nsp"
     # What the labels say and the instance kind that gives them (for the error when a batch has none).
@@ -62,7 +63,7 @@ class NextSentence:
         return labels
 
     def units(self, batch: SentencePairBatch) -> Tensor:
-        return torch.tensor(self._labels(batch).shape[0], dtype=torch.int64)
+        return (self._labels(batch) != IGNORE).sum()
 
     def __call__(self, passes: Passes, batch: SentencePairBatch) -> ObjectiveOutput:
         logits = passes.shared.head_logits[self.name]

@@ -83,13 +83,15 @@ class PermutationBatch:
     labels: Tensor
     num_targets: Tensor
     reset: Tensor | None = None  # [B] on segment streams: True where a row starts a document (its memory hidden)
+    masked_positions: Tensor | None = None  # [N, 2] the (row, slot) of each label: the LM head runs there alone
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PermutationBatch:
         moved = (t.to(device, non_blocking=non_blocking) for t in (
             self.input_ids, self.attention_mask, self.token_type_ids, self.perm_mask, self.target_mapping,
             self.labels))
-        reset = None if self.reset is None else self.reset.to(device, non_blocking=non_blocking)
-        return PermutationBatch(*moved, num_targets=self.num_targets, reset=reset)
+        reset, slots = (None if t is None else t.to(device, non_blocking=non_blocking)
+                        for t in (self.reset, self.masked_positions))
+        return PermutationBatch(*moved, num_targets=self.num_targets, reset=reset, masked_positions=slots)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -154,7 +156,7 @@ def permutation_batch(input_ids: Tensor, attention_mask: Tensor, token_type_ids:
     target_mapping = F.one_hot(first, length).float() * used[..., None]
     labels = torch.where(used, input_ids.gather(1, first), -100)
     return PermutationBatch(input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, labels,
-                            used.sum())
+                            used.sum(), masked_positions=used.nonzero())
 
 
 class PermutationBatches:
@@ -245,6 +247,9 @@ class PermutationLM(nn.Module):
             else:
                 self.eval_memory = state
             logits = out.head_logits[self.name]
+        at = batch.masked_positions
+        if at is not None:  # the head ran at the used slots alone
+            return token_prediction(self.name, logits, batch.labels[at[:, 0], at[:, 1]])
         used = batch.labels != -100
         return token_prediction(self.name, logits[used], batch.labels[used])
 

@@ -330,6 +330,12 @@ class SpeedConfig:
     # Build a fresh model on the meta device and materialise it once with its initialisation (no default
     # initialisation first): the same weights, bit for bit. For pretraining; fine-tuning starts from a checkpoint.
     meta_init: bool = False
+    # CUDA graphs: each micro-batch's forward and backward replayed as one launch (bertology.training.graphs: one
+    # process on one GPU, masked-LM pretraining batches padded to static shapes). None (auto): on wherever that
+    # holds and nothing below excludes it (compile, fsdp, activation checkpointing). The packed token count is rounded
+    # up to a multiple of graph_bucket: larger buckets mean fewer graphs and more padding.
+    cuda_graphs: bool | None = None
+    graph_bucket: int = 256
 
     def __post_init__(self) -> None:
         validate(self, "speed")
@@ -339,6 +345,12 @@ class SpeedConfig:
             raise ConfigError(f"speed.threads: must be >= 1 or null, got {self.threads}")
         if self.prefetch < 0:
             raise ConfigError(f"speed.prefetch: must be >= 0, got {self.prefetch}")
+        if self.graph_bucket < 1:
+            raise ConfigError(f"speed.graph_bucket: must be >= 1, got {self.graph_bucket}")
+        if self.cuda_graphs:
+            for other in ("compile", "fsdp", "activation_checkpointing"):
+                if getattr(self, other):
+                    raise ConfigError(f"speed.cuda_graphs: cannot be combined with speed.{other}; turn one off")
 
 
 @dataclass

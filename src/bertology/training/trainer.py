@@ -49,6 +49,7 @@ from bertology.training.checkpoint import (
     save_checkpoint,
 )
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
+from bertology.training.graphs import CapturedSteps, check_static_objectives, static_batch
 from bertology.training.optim import build_optimizer, build_scheduler
 
 if TYPE_CHECKING:
@@ -197,6 +198,7 @@ class Trainer:
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)
         self.fsdp = speed.fsdp
         self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
+        self.graphs = self._captured_steps(speed)
         # With the fused AdamW a step whose loss or gradient is not finite is skipped on the device (the kernel's
         # found_inf), and the host reads that flag only at the next log, evaluation or checkpoint (see _guard):
         # no host synchronisation inside a step. Other optimizers read it after every step.
@@ -239,6 +241,28 @@ class Trainer:
             raise ConfigError("speed.bf16: this GPU does not support bfloat16")
         return bool(wanted)
 
+    def _captured_steps(self, speed: SpeedConfig) -> CapturedSteps | None:
+        """CUDA graphs for the micro-steps where ``speed.cuda_graphs`` asks for them (True: or a ConfigError saying
+        why not) or allows them (None: where they run)."""
+        if speed.cuda_graphs is False:
+            return None
+        auto = speed.cuda_graphs is None
+        excluded = [f"speed.{name}" for name in ("compile", "fsdp", "activation_checkpointing") if getattr(speed, name)]
+        try:
+            if self.device.type != "cuda":
+                raise ConfigError(f"speed.cuda_graphs: needs a CUDA device; this run's is {self.device}")
+            if self.env.distributed:
+                raise ConfigError("speed.cuda_graphs: runs in one process; turn it off under torchrun")
+            if excluded:
+                raise ConfigError(f"speed.cuda_graphs: cannot be combined with {excluded[0]}; turn one off")
+            check_static_objectives(self.loss_module.objectives)
+        except ConfigError:
+            if auto:
+                return None
+            raise
+        self._graphs_auto = auto
+        return CapturedSteps(self._micro_step, self.device)
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
@@ -257,16 +281,35 @@ class Trainer:
                 yield epoch, index, item
             epoch, batch = epoch + 1, 0
 
+    def _training_batch(self, batch: Batch) -> Batch:
+        """A training micro-batch on the device: with CUDA graphs, given static shapes first (on the host)."""
+        if self.graphs is None:
+            return self._device_batch(batch)
+        try:
+            static = static_batch(batch, self.config.speed.graph_bucket,
+                                  getattr(self.model.config, "max_length", batch.input_ids.shape[1]))
+        except ConfigError:
+            if not self._graphs_auto:
+                raise
+            self.graphs = None  # batches of another kind: the eager step, as speed.cuda_graphs auto allows
+            return self._device_batch(batch)
+        moved = self._device_batch(static)
+        moved.layout.max_seqlen = moved.layout.seq_len  # a bound the kernels take as a constant of the graph
+        return moved
+
     def _device_batch(self, batch: Batch) -> Batch:
         if self.device.type == "cpu":
             return batch
         moved = batch.to(self.device, non_blocking=True)
-        mask = getattr(batch, "attention_mask", None)
-        if isinstance(mask, Tensor) and mask.device.type == "cpu":
-            # The batch's packing, worked out here on the host from the CPU mask (in the prefetch thread when there
-            # is one): the model's forward then never waits for the device to learn where the real tokens are.
-            with contextlib.suppress(AttributeError):  # a batch type that takes no new attributes goes without
-                moved.layout = Layout(mask).to(self.device)
+        # The batch's packings, worked out here on the host from the CPU masks (and packed documents): the model's
+        # forward then never waits for the device to learn where the real tokens are. `decoder_layout`: an
+        # encoder-decoder's decoder side.
+        for name, mask_name, documents in (("layout", "attention_mask", getattr(batch, "documents", None)),
+                                           ("decoder_layout", "decoder_attention_mask", None)):
+            mask = getattr(batch, mask_name, None)
+            if isinstance(mask, Tensor) and mask.device.type == "cpu":
+                with contextlib.suppress(AttributeError):  # a batch type that takes no new attributes goes without
+                    setattr(moved, name, Layout(mask, documents).to(self.device))
         return moved
 
     # ------------------------------------------------------------------------------------------------ training
@@ -298,7 +341,7 @@ class Trainer:
         try:
             while self.state.step < total:
                 micro = [next(stream) for _ in range(accum)]
-                batches = [self._device_batch(b) for _, _, b in micro]
+                batches = [self._training_batch(b) for _, _, b in micro]
                 # Counted on the batches as read (host memory), summed as a tensor: read once per log.
                 tokens = torch.stack([b.attention_mask.sum() for _, _, b in micro]).sum()
                 step_stats, grad_norm = self._step(batches)
@@ -366,17 +409,12 @@ class Trainer:
         # DDP and FSDP average gradients over ranks; dividing by units / world size makes the result the gradient
         # of the mean over the effective batch.
         divisor = (units / self.env.world_size).to(self.device, torch.float32)
-        per_name = {n: divisor[i] for i, n in enumerate(names)}
         total_stats: Tensor | None = None
         last = len(batches) - 1
         for i, batch in enumerate(batches):
             with D.no_sync(self.wrapped, skip=(self.env.distributed or self.fsdp) and i < last):
-                with self._autocast():
-                    loss, stats = self.wrapped(batch, per_name)
-                loss.backward()
-            if self._stat_keys is None:
-                self._stat_keys = sorted(stats)
-            vector = stats_to_vector(stats, self._stat_keys)
+                run = self.graphs if self.graphs is not None else self._micro_step
+                vector = run(batch, divisor)
             total_stats = vector if total_stats is None else total_stats + vector
         assert total_stats is not None
         clip = self.config.optim.clip_norm
@@ -386,8 +424,20 @@ class Trainer:
         self._guard(total_stats, grad_norm)
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # A captured step accumulates into the gradients it was recorded with: they are zeroed, not freed.
+        self.optimizer.zero_grad(set_to_none=self.graphs is None)
         return total_stats, grad_norm.detach()
+
+    def _micro_step(self, batch: Batch, divisor: Tensor) -> Tensor:
+        """Forward and backward of one micro-batch (gradients accumulate); returns its stats vector. `divisor`:
+        each objective's unit count over the effective batch, in ``loss_module.objectives`` order."""
+        per_name = {o.name: divisor[i] for i, o in enumerate(self.loss_module.objectives)}
+        with self._autocast():
+            loss, stats = self.wrapped(batch, per_name)
+        loss.backward()
+        if self._stat_keys is None:
+            self._stat_keys = sorted(stats)
+        return stats_to_vector(stats, self._stat_keys)
 
     def _guard(self, stats: Tensor, grad_norm: Tensor) -> None:
         """Keep a step whose loss or gradient is not finite (on any rank) from changing the weights.

@@ -501,8 +501,10 @@ def main() -> None:
     if SUITE.threads == 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.phase not in ("prepare", "prepare-xlnet"):
-        configs = [merge(SUITE.base, SUITE.entries[name]) for name in args.only or SUITE.entries
-                   if name in SUITE.entries]
+        # pretraining reads the named systems' tokenizers and shards; the other phases the MLM run's (the
+        # no-pretraining reference is built from its config)
+        names = (args.only or list(SUITE.entries)) if args.phase in ("calibrate", "pretrain") else ["mlm"]
+        configs = [merge(SUITE.base, SUITE.entries[name]) for name in names if name in SUITE.entries]
         needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
         for path in needed:
             if not path.exists():

@@ -1,10 +1,12 @@
-"""Shared test fixtures: where ../shared and the packaged all-MiniLM-L6-v2 weights are."""
+"""Shared test fixtures: where ../shared and the packaged all-MiniLM-L6-v2 weights are, and one torch thread."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from bertology.recipes.quickstart import minilm_dir
 
@@ -34,3 +36,12 @@ def data_dir() -> Path:
     if not DATA.is_dir():
         pytest.skip(f"shared data not found at {DATA} (../shared is absent)")
     return DATA
+
+
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """torch on one thread for the test, restored after (`pytestmark = pytest.mark.usefixtures("one_thread")`)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

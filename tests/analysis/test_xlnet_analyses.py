@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from bertology.analysis.attention import head_statistics
 from bertology.analysis.geometry import analyse
@@ -22,15 +21,10 @@ from finetune_helpers import save_family_model
 pytest.importorskip("transformers")
 
 UD = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "ud-english-ewt"
-pytestmark = pytest.mark.skipif(not UD.is_dir(), reason=f"UD English-EWT not in {UD}")
+pytestmark = [pytest.mark.skipif(not UD.is_dir(), reason=f"UD English-EWT not in {UD}"),
+              pytest.mark.usefixtures("one_thread")]
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,7 @@ TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the old book by the
 TEXT = "the cat <mask> on the <mask>"
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

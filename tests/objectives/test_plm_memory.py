@@ -28,12 +28,7 @@ XLNET = Framing(cls_id=CLS, sep_id=SEP, pad_id=PAD, mask_id=MASK, style="xlnet")
 VOCAB = 40
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def documents(count: int = 9, seed: int = 0):

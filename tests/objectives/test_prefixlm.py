@@ -34,12 +34,7 @@ BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 FRAMING = Framing(cls_id=1, sep_id=2, pad_id=0, mask_id=None, style="roberta")
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def reference(q, k, v, allowed):

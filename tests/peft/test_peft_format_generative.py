@@ -21,12 +21,7 @@ TOL = 1e-5
 VOCAB, PAD = 50, 1
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def hf_config(family: str, **extra):

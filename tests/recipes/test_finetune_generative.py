@@ -28,12 +28,7 @@ WORDS = GOOD + BAD + FILL + ["positive", "negative", "sst2", "sentence:", "john"
 TEXTS = [" ".join(WORDS)] * 5 + [" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))]
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

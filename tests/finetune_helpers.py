@@ -3,9 +3,11 @@ fine-tuning tests train (a cue word decides each label, so a 2-layer model learn
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from bertology.model import EncoderModel, Pretrained, preset
@@ -119,3 +121,24 @@ def toy_conll(root, seed=0, sizes=(("eng.train", 160), ("eng.testa", 40))):
             lines += [f"{w} X X {t}" for w, t in words[:at] + entity + words[at:]] + [""]
         (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
+
+
+def key_squad(path: Path, fill: list[str], cities: list[str], words: tuple[int, int], articles: int,
+              paragraphs: int, seed: int = 0) -> Path:
+    """A SQuAD v1.1 file whose answer is the city after 'key is' in a paragraph of `words` (low, high) filler words
+    (the cities occur nowhere else): a question a small model learns in a few steps."""
+    rng = np.random.default_rng(seed)
+    data = []
+    for a in range(articles):
+        paras = []
+        for p in range(paragraphs):
+            context_words = list(rng.choice(fill, int(rng.integers(*words))))
+            city = str(rng.choice(cities))
+            context_words[int(rng.integers(len(context_words) + 1)):0] = ["key", "is", city]
+            context = " ".join(context_words)
+            start = context.index(f"key is {city}") + len("key is ")
+            paras.append({"context": context, "qas": [{"id": f"{a}-{p}", "question": "what is the key",
+                                                       "answers": [{"text": city, "answer_start": start}]}]})
+        data.append({"title": f"article {a}", "paragraphs": paras})
+    path.write_text(json.dumps({"version": "1.1", "data": data}, ensure_ascii=False), encoding="utf-8")
+    return path

@@ -18,7 +18,7 @@ from bertology.tasks.base import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import PairFrame, QAWindows
 from bertology.tasks.sequence import EncodedExamples
-from finetune_helpers import BAD, FILL, GOOD, cue_sentence, save_family_model
+from finetune_helpers import BAD, FILL, GOOD, cue_sentence, key_squad, save_family_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -28,12 +28,7 @@ TEXTS = [" ".join(WORDS)] * 5 + [" ".join(WORDS[i:] + WORDS[:i]) for i in range(
 PROBES = ["the film was good", "bad", "a very dull plot that was awful"]
 
 
-@pytest.fixture(autouse=True)
-def _threads():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -117,21 +112,7 @@ def test_ner_tags_the_names_and_transformers_gives_the_same_logits(model_dir, tm
 
 def squad_file(path, seed=0, articles=8, paragraphs=8):
     """The answer is the city after 'key is' in 10 to 30 filler words."""
-    rng = np.random.default_rng(seed)
-    data = []
-    for a in range(articles):
-        paras = []
-        for p in range(paragraphs):
-            words = list(rng.choice(FILL, int(rng.integers(10, 30))))
-            city = str(rng.choice(CITIES))
-            words[int(rng.integers(len(words) + 1)):0] = ["key", "is", city]
-            context = " ".join(words)
-            start = context.index(f"key is {city}") + len("key is ")
-            paras.append({"context": context, "qas": [{"id": f"{a}-{p}", "question": "what is the key",
-                                                       "answers": [{"text": city, "answer_start": start}]}]})
-        data.append({"title": f"article {a}", "paragraphs": paras})
-    path.write_text(json.dumps({"version": "1.1", "data": data}), encoding="utf-8")
-    return path
+    return key_squad(path, FILL, CITIES, (10, 30), articles, paragraphs, seed)
 
 
 def test_qa_windows_point_at_cls_last_and_move_with_left_padding(model_dir):

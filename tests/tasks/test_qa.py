@@ -36,6 +36,7 @@ from bertology.tasks.qa import (
 from bertology.tasks.readers import read_squad, split_squad_by_article
 from bertology.tokenization import train_tokenizer
 from bertology.training import read_metrics
+from finetune_helpers import key_squad
 
 WORDS = ("the river city old man walked near green hills and a small house stood by road what is key word door "
          "cat sat on mat café naïve red blue").split()
@@ -278,21 +279,7 @@ FILL = "the river city old man walked near green hills and a small house stood b
 
 def _synthetic_squad(path, seed=0, articles=12, paragraphs=10):
     """The answer is the city after 'key is' (cities occur nowhere else) in 40 to 110 filler words."""
-    rng = np.random.default_rng(seed)
-    data = []
-    for a in range(articles):
-        paras = []
-        for p in range(paragraphs):
-            words = list(rng.choice(FILL, int(rng.integers(40, 110))))
-            city = str(rng.choice(CITIES))
-            words[int(rng.integers(len(words) + 1)):0] = ["key", "is", city]
-            context = " ".join(words)
-            start = context.index(f"key is {city}") + len("key is ")
-            paras.append({"context": context, "qas": [{"id": f"{a}-{p}", "question": "what is the key",
-                                                       "answers": [{"text": city, "answer_start": start}]}]})
-        data.append({"title": f"article {a}", "paragraphs": paras})
-    path.write_text(json.dumps({"version": "1.1", "data": data}, ensure_ascii=False), encoding="utf-8")
-    return path
+    return key_squad(path, FILL, CITIES, (40, 110), articles, paragraphs, seed)
 
 
 @pytest.fixture(scope="module")

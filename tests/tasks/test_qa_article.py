@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,6 +17,7 @@ from bertology.tasks.base import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import ARTICLE_SEPARATOR, split_path, whole_articles
 from bertology.tokenization import train_tokenizer
+from finetune_helpers import key_squad
 
 FILL = "the river city old man walked near green hills and a small house stood by road door cat sat on mat".split()
 CITIES = ["paris", "london", "rome", "berlin", "madrid", "oslo"]
@@ -57,21 +57,7 @@ def test_the_shared_file_as_whole_articles(data_dir):
 
 def _articles(path, articles=6, paragraphs=3, seed=0):
     """Articles of `paragraphs` paragraphs of filler words, each with 'key is CITY' and a question about it."""
-    rng = np.random.default_rng(seed)
-    data = []
-    for a in range(articles):
-        paras = []
-        for p in range(paragraphs):
-            words = list(rng.choice(FILL, int(rng.integers(15, 30))))
-            city = str(rng.choice(CITIES))
-            words[int(rng.integers(len(words) + 1)):0] = ["key", "is", city]
-            context = " ".join(words)
-            start = context.index(f"key is {city}") + len("key is ")
-            paras.append({"context": context, "qas": [{"id": f"{a}-{p}", "question": "what is the key",
-                                                       "answers": [{"text": city, "answer_start": start}]}]})
-        data.append({"title": f"article {a}", "paragraphs": paras})
-    path.write_text(json.dumps({"version": "1.1", "data": data}), encoding="utf-8")
-    return path
+    return key_squad(path, FILL, CITIES, (15, 30), articles, paragraphs, seed)
 
 
 def _run(model, data, out, max_length):

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import statistics
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Callable
@@ -272,6 +274,53 @@ def generative_training(workdir: Path, device: torch.device, size: str, repeats:
     return records
 
 
+def long_speed(workdir: Path, device: torch.device, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
+    """One forward of a base-size Longformer (window 512, the first token global) on one row of each length:
+    bertology against transformers' LongformerModel, the same file, fp32 and bf16 autocast; the median time of
+    `repeats` after a warm-up and the peak of CUDA memory allocated during them, above the weights."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import long as L
+    import transformers
+
+    directory = workdir / "longformer-base"
+    L.build(directory, "base", 512, max(lengths))
+    models = {"bertology": load_model(directory).to(device).eval(),
+              "transformers": transformers.LongformerModel.from_pretrained(directory).to(device).eval()}
+    cuda = device.type == "cuda"
+    sync = (lambda: torch.cuda.synchronize(device)) if cuda else (lambda: None)
+    records = []
+    for length in lengths:
+        ids = torch.randint(5, 50000, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+        flags = torch.zeros_like(ids)
+        flags[0, 0] = 1
+        for bf16 in (False, True):
+            for side, model in models.items():
+                try:
+                    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+                        model(input_ids=ids, global_attention_mask=flags)
+                        sync()
+                        if cuda:
+                            torch.cuda.reset_peak_memory_stats(device)
+                        base = torch.cuda.memory_allocated(device) if cuda else 0
+                        times = []
+                        for _ in range(repeats):
+                            start = time.perf_counter()
+                            model(input_ids=ids, global_attention_mask=flags)
+                            sync()
+                            times.append(time.perf_counter() - start)
+                    record = {"result": "long", "side": side, "length": length, "bf16": bf16,
+                              "device": torch.cuda.get_device_name(device) if cuda else "cpu",
+                              "seconds": statistics.median(times),
+                              "peak_mb": (torch.cuda.max_memory_allocated(device) - base) / 2**20 if cuda else None}
+                except Exception as error:  # noqa: BLE001 - report and go on with the next row
+                    traceback.print_exc()
+                    record = {"result": "error", "side": side, "length": length, "bf16": bf16,
+                              "error": f"{type(error).__name__}: {error}"}
+                emit(record)
+                records.append(record)
+    return records
+
+
 FAMILIES: dict[str, Callable[..., dict[str, Any]]] = {"gpt2": gpt2, "t5": t5, "bart": bart, "longformer": longformer,
                                                       "xlnet": xlnet, "elmo": elmo, "embed": embed_bert}
 
@@ -283,6 +332,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--training-size", default="base",
                         help="preset of the GPT-2 / T5 / BART training rows (tiny, mini, small, base; none: skip them)")
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per side of the training rows")
+    parser.add_argument("--long-lengths", type=int, nargs="*", default=[],
+                        help="Longformer forward time and memory at these lengths against transformers (CUDA)")
     args = parser.parse_args(argv)
     import transformers
 
@@ -297,6 +348,8 @@ def main(argv: list[str] | None = None) -> None:
             except Exception as error:  # noqa: BLE001 - report every family that fails and go on
                 traceback.print_exc()
                 emit({"result": "error", "family": name, "error": f"{type(error).__name__}: {error}"})
+        if args.long_lengths:
+            long_speed(Path(tmp), device, args.long_lengths, 3)
         if args.training_size != "none":
             generative_training(Path(tmp), device, args.training_size, args.repeats)
     with contextlib.suppress(Exception):

@@ -25,7 +25,12 @@ runs/long-quality):
 - `control`: the short model pretrained further with the same steps, tokens per step and optimizer as the
   Longformer (`long_quality/short-more.yaml`), scored on the same masked tokens (`mlm-loss-control.jsonl`).
 - `masking`: (a), (b), (c) and the control once more on another masking of the same documents (seed 1).
-- `table`: the tables (markdown) and `--root/long-quality.json`."""
+- `table`: the tables (markdown) and `--root/long-quality.json`.
+
+With `--short-model DIR` a pretrained BERT or RoBERTa (such as all-MiniLM-L6-v2) replaces the small model: `convert`
+makes the Longformer of it (`--long-length`, `--window`) and `squad` fine-tunes both on the whole-article subset
+(`--long-model`: the converted directory; `--short-length`, `--tokens-per-step`, `--threads`); docs/LONG.md, "Whole-
+article SQuAD with a pretrained model", has the command and its results on a GPU."""
 
 from __future__ import annotations
 
@@ -42,16 +47,20 @@ HERE = Path(__file__).resolve().parent
 DATA = Path("../shared/data")
 HELDOUT = "chesterton-thursday.txt"
 STAGES = ("prepare", "short", "convert", "long", "mlm-loss", "squad-data", "squad", "control", "masking", "table")
-SIDES = {"short": dict(length=128, batch=32), "long": dict(length=2048, batch=2)}  # 4,096 tokens a step each
+SIDES = ("short", "long")
 SEEDS = (1, 2, 3)
 # The short model: the step-1,000 checkpoint of short-pretrain.yaml's 1,500-step schedule (the measured run was
 # stopped there for time; its learning rate was then 0.35 of the peak).
 SHORT = Path("short") / "checkpoints" / "step-0001000"
 
 
+THREADS = 1  # --threads
+
+
 def bertology(*args: str, log: Path | None = None) -> str:
-    """Run one `bertology` command with one thread; its stdout returned (and its stderr into `log` when given)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "RAYON_NUM_THREADS": "1",
+    """Run one `bertology` command with THREADS threads; its stdout returned (and its stderr into `log` when given)."""
+    threads = str(THREADS)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "RAYON_NUM_THREADS": threads,
            "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(HERE.parent / "src")}
     print("$ bertology " + " ".join(args), file=sys.stderr, flush=True)
     started = time.perf_counter()
@@ -98,10 +107,10 @@ def pretrain(root: Path, name: str, out: str, model: Path = Path("model")) -> No
         bertology("pretrain", *config(name, root), log=root / f"{out}.log")
 
 
-def convert(root: Path) -> None:
+def convert(root: Path, short: Path, max_length: int, window: int) -> None:
     if not (root / "long").is_dir():
-        bertology("longformer", "convert", "--model", str(root / SHORT), "--max-length", "2048",
-                  "--window", "128", "--out", str(root / "long"))
+        bertology("longformer", "convert", "--model", str(short), "--max-length", str(max_length),
+                  "--window", str(window), "--out", str(root / "long"))
 
 
 def mlm_loss(root: Path) -> None:
@@ -166,20 +175,23 @@ def squad_data(root: Path, train_questions: int, dev_questions: int,
         (folder / f"{split}-v1.1.json").write_text(json.dumps({"version": "1.1", "data": data}), encoding="utf-8")
 
 
-def squad(root: Path, runs: list[str], steps: int, lr: float) -> None:
+def squad(root: Path, runs: list[str], steps: int, lr: float, models: dict[str, Path], lengths: dict[str, int],
+          tokens_per_step: int) -> None:
     for run in runs:
         side, seed = run.split(":")
         out = root / "squad-runs" / f"{side}-{seed}"
         if (out / "dev_metrics.json").is_file():
             continue
-        model = root / SHORT if side == "short" else root / "long-pretrained" / "model"
+        length = lengths[side]
+        if tokens_per_step % length:
+            raise SystemExit(f"--tokens-per-step {tokens_per_step} is not a multiple of the {side} length {length}")
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.time()
-        bertology("finetune", "--task", "squad-article", "--data", str(root / "squad"), "--model", str(model),
+        bertology("finetune", "--task", "squad-article", "--data", str(root / "squad"), "--model", str(models[side]),
                   "--out", str(out), "--max-steps", str(steps), "--overwrite",
-                  "--set", f"task.max_length={SIDES[side]['length']}", "--set", f"optim.batch_size={SIDES[side]['batch']}",
+                  "--set", f"task.max_length={length}", "--set", f"optim.batch_size={tokens_per_step // length}",
                   "--set", f"optim.lr={lr}", "--set", "optim.warmup_ratio=0.1", "--set", f"run.seed={seed}",
-                  "--set", f"run.eval_every={steps}", "--set", "run.log_every=25", "--set", "speed.threads=1",
+                  "--set", f"run.eval_every={steps}", "--set", "run.log_every=25", "--set", f"speed.threads={THREADS}",
                   "--set", "run.progress=false", log=root / "squad-runs" / f"{side}-{seed}.log")
         (out / "wall.json").write_text(json.dumps({"seconds": round(time.time() - started)}) + "\n", encoding="utf-8")
 
@@ -201,7 +213,7 @@ def unigram_loss(root: Path) -> float:
     return float(-np.log(counts[labels] / counts.sum()).mean())
 
 
-def window_counts(root: Path) -> dict:
+def window_counts(root: Path, short: Path, lengths: dict[str, int]) -> dict:
     """The windows each side reads of the SQuAD subset: all of them, and the training windows holding the answer."""
     out = root / "squad-windows.json"
     if not out.is_file():
@@ -209,10 +221,10 @@ def window_counts(root: Path) -> dict:
         from bertology.tasks.base import get_task
         from bertology.tokenization import load_tokenizer
 
-        task, tokenizer, counts = get_task("squad-article"), load_tokenizer(root / SHORT), {}
-        for side, sizes in SIDES.items():
+        task, tokenizer, counts = get_task("squad-article"), load_tokenizer(short), {}
+        for side in SIDES:
             for split in ("train", "dev"):
-                windows = task.encode(tokenizer, task.read(task.path(str(root / "squad"), split)), sizes["length"],
+                windows = task.encode(tokenizer, task.read(task.path(str(root / "squad"), split)), lengths[side],
                                       train=False)
                 # a window without the answer is labelled at <s>, position 0
                 answered = int((windows.labels[:, 0] != 0).sum()) if split == "train" else None
@@ -223,7 +235,7 @@ def window_counts(root: Path) -> dict:
     return json.loads(out.read_text(encoding="utf-8"))
 
 
-def table(root: Path) -> None:
+def table(root: Path, short: Path, lengths: dict[str, int]) -> None:
     result: dict = {}
     files = [root / "mlm-loss.jsonl", root / "mlm-loss-control.jsonl", root / "mlm-loss-seed1.jsonl"]
     rows = [{**json.loads(line), "masking_seed": int(f.name.endswith("seed1.jsonl"))} for f in files if f.is_file()
@@ -250,7 +262,7 @@ def table(root: Path) -> None:
                 scores.setdefault(side, {})[seed] = values
     if scores:
         result["squad_article"] = scores
-        result["squad_windows"] = window_counts(root)
+        result["squad_windows"] = window_counts(root, short, lengths)
         print(json.dumps(result["squad_windows"]))
         print("\n| model | runs | EM mean ± std | F1 mean ± std | EM per seed | F1 per seed |\n|---|---:|---:|---:|---|---|")
         for side, runs in scores.items():
@@ -273,7 +285,23 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-4, help="squad: peak learning rate (default 5e-4)")
     parser.add_argument("--train-questions", type=int, default=30, help="squad-data: per training article")
     parser.add_argument("--dev-questions", type=int, default=10, help="squad-data: per dev article")
+    parser.add_argument("--short-model", type=Path,
+                        help="convert, squad: the short model (default: the one `short` pretrains); another "
+                             "pretrained BERT or RoBERTa directory, e.g. all-MiniLM-L6-v2")
+    parser.add_argument("--long-model", type=Path, help="squad: the Longformer (default: the one `long` pretrains)")
+    parser.add_argument("--short-length", type=int, default=128, help="squad: the short model's windows (default 128)")
+    parser.add_argument("--long-length", type=int, default=2048,
+                        help="convert: the Longformer's positions; squad: its windows (default 2048)")
+    parser.add_argument("--window", type=int, default=128, help="convert: attention_window (default 128)")
+    parser.add_argument("--tokens-per-step", type=int, default=4096,
+                        help="squad: token positions of every optimizer step, both sides (default 4096)")
+    parser.add_argument("--threads", type=int, default=1, help="threads of every command (default 1)")
     args = parser.parse_args()
+    global THREADS
+    THREADS = args.threads
+    short = args.short_model or args.root / SHORT
+    models = {"short": short, "long": args.long_model or args.root / "long-pretrained" / "model"}
+    lengths = {"short": args.short_length, "long": args.long_length}
     for run in args.runs:
         side, _, seed = run.partition(":")
         if side not in SIDES or not seed.isdigit():
@@ -286,7 +314,7 @@ def main() -> None:
         elif stage == "short":
             pretrain(args.root, "short-pretrain.yaml", "short", SHORT.relative_to("short"))
         elif stage == "convert":
-            convert(args.root)
+            convert(args.root, short, args.long_length, args.window)
         elif stage == "long":
             pretrain(args.root, "long-pretrain.yaml", "long-pretrained")
         elif stage == "mlm-loss":
@@ -294,13 +322,13 @@ def main() -> None:
         elif stage == "squad-data":
             squad_data(args.root, args.train_questions, args.dev_questions)
         elif stage == "squad":
-            squad(args.root, args.runs, args.steps, args.lr)
+            squad(args.root, args.runs, args.steps, args.lr, models, lengths, args.tokens_per_step)
         elif stage == "control":
             control(args.root)
         elif stage == "masking":
             masking(args.root)
         else:
-            table(args.root)
+            table(args.root, short, lengths)
 
 
 if __name__ == "__main__":

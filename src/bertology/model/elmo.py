@@ -390,7 +390,9 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
     weight_hr = (torch.stack([first.weight_hr, second.weight_hr]) * 2.0).transpose(1, 2).contiguous()  # [2, c, p]
     bias = (torch.stack([first.bias, second.bias]) * double[:, 0])[:, None]
     inputs = torch.stack([x1, x2]).transpose(1, 2).reshape(2, steps * batch, -1)  # [2, T * B, in], step-major
-    projected = torch.baddbmm(bias, inputs, weight_ih).view(2, steps, batch, 4 * cell)  # step t: [:, t]
+    # step t's input part; unbind, not [:, t] per step: the backward of a slice writes a zeroed gradient of the
+    # whole tensor for every step, the backward of unbind stacks the steps' gradients once
+    projected = torch.baddbmm(bias, inputs, weight_ih).view(2, steps, batch, 4 * cell).unbind(1)
     zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, cell))
     h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])
     c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
@@ -407,7 +409,7 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
             outputs.append(h.new_zeros(2, batch, first.hidden))
             continue
         hn, cn = (h, c) if n == batch else (h[:, :n], c[:, :n])
-        gates = torch.baddbmm(projected[:, t] if n == batch else projected[:, t, :n], hn, weight_hh)
+        gates = torch.baddbmm(projected[t] if n == batch else projected[t][:, :n], hn, weight_hh)
         i, f, g, o = torch.sigmoid(gates).chunk(4, -1)  # g: sigmoid(2 g)
         # c = f c + i tanh(g) = f c + 2 i (sigmoid(2 g) - 1/2)
         c_next = torch.addcmul(f * cn, i, g - 0.5, value=2.0)

@@ -33,12 +33,14 @@ import statistics
 import time
 from pathlib import Path
 
+import common
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from bertology.model.elmo import ElmoConfig, ElmoModel, tiny_config
 from bertology.model.heads import HeadSpec
+from bertology.objectives.mlm import mlm_loss
 
 
 class PlainBiLM(nn.Module):
@@ -107,23 +109,35 @@ class PlainBiLM(nn.Module):
 
 
 def ours_loss(model: ElmoModel, chars, targets, back_chars, back_targets):
+    """The loss as the `bilm` objective computes it (its summed cross-entropy)."""
     out = model(chars, backward_input_ids=back_chars)
-    return sum(F.cross_entropy(model.lm_logits(top).flatten(0, 1), t.flatten(), reduction="sum")
+    return sum(mlm_loss(model.lm_logits(top).flatten(0, 1), t.flatten(), reduction="sum")
                for top, t in ((out.forward_top, targets), (out.backward_top, back_targets)))
 
 
-def timed(step, repeats: int, device: torch.device) -> float:
-    step()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+def brown_windows(count: int, window: int, max_characters: int) -> torch.Tensor:
+    """Character ids [count, window, max_characters] of consecutive `window`-word stretches of the Brown corpus
+    (../shared/data/brown-nltk), as the word streams of pretraining cut a text."""
+    from bertology.data.corpus import read_documents
+    from bertology.model.elmo import CharacterMapper
+
+    mapper, words = CharacterMapper(max_characters), []
+    for document in read_documents([str(Path("../shared/data/brown-nltk"))], "brown"):
+        words += [w for sentence in document for w in sentence.split()]
+        if len(words) >= count * window:
+            break
+    if len(words) < count * window:
+        raise SystemExit(f"../shared/data/brown-nltk has fewer than {count * window} words")
+    ids = torch.tensor([mapper.word(w) for w in words[:count * window]])
+    return ids.view(count, window, max_characters)
+
+
+def synchronized(run):
+    def timed_run():
+        torch.cuda.synchronize()
+        run()
+        torch.cuda.synchronize()
+    return timed_run
 
 
 EMBED_PAIRS = {  # ELMo sizes and BERT encoders of about the same parameters without embedding and softmax tables
@@ -392,6 +406,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--window", type=int, default=20)
     parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--text", choices=("brown", "random"), default="brown",
+                        help="the step's words: consecutive windows of Brown (default) or random byte strings")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--embed", action="store_true", help="time embed on ELMo and on a BERT of similar size")
@@ -424,12 +440,16 @@ def main() -> None:
         model.to(device).train()
         plain.to(device).train()
         g = torch.Generator().manual_seed(1)
-        words = torch.randint(1, 257, (args.batch * 2, args.window, config.max_characters_per_token), generator=g)
-        lengths = torch.randint(2, 12, (args.batch * 2, args.window, 1), generator=g)
-        positions = torch.arange(config.max_characters_per_token)
-        words = torch.where(positions < lengths, words, 261)
-        words[..., 0] = 259
-        words.scatter_(2, lengths, 260)
+        if args.text == "brown":  # consecutive windows of real text: words repeat, as in pretraining
+            words = brown_windows(args.batch * 2, args.window, config.max_characters_per_token)
+        else:  # random words of 1-10 random bytes: every word distinct
+            words = torch.randint(1, 257, (args.batch * 2, args.window, config.max_characters_per_token),
+                                  generator=g)
+            lengths = torch.randint(2, 12, (args.batch * 2, args.window, 1), generator=g)
+            positions = torch.arange(config.max_characters_per_token)
+            words = torch.where(positions < lengths, words, 261)
+            words[..., 0] = 259
+            words.scatter_(2, lengths, 260)
         chars, back = words[:args.batch].to(device), words[args.batch:].to(device)
         targets = torch.randint(0, args.vocab, (2, args.batch, args.window), generator=g).to(device)
         batch = (chars, targets[0], back, targets[1])
@@ -444,10 +464,14 @@ def main() -> None:
                 module.zero_grad(set_to_none=True)
             return run
 
-        ours_s = timed(step(model, lambda *x: ours_loss(model, *x)), args.repeats, device)
-        plain_s = timed(step(plain, plain), args.repeats, device)
+        sides = {"ours": step(model, lambda *x: ours_loss(model, *x)), "plain": step(plain, plain)}
+        if device.type == "cuda":
+            sides = {name: synchronized(run) for name, run in sides.items()}
+        seconds = common.interleaved(sides, 1, args.repeats)  # turns, so that load weighs on both alike
+        ours_s, plain_s = seconds["ours"], seconds["plain"]
         words_per_step = 2 * args.batch * args.window
-        print(json.dumps({"size": args.size, "clip": clip, "device": str(device), "batch": args.batch,
+        print(json.dumps({"size": args.size, "clip": clip, "text": args.text, "threads": args.threads,
+                          "device": str(device), "batch": args.batch,
                           "window": args.window, "bertology_words_per_s": round(words_per_step / ours_s),
                           "plain_words_per_s": round(words_per_step / plain_s),
                           "x_plain": round(plain_s / ours_s, 2)}), flush=True)

@@ -240,3 +240,39 @@ def test_distinct_rows_index_each_rows_first_twin():
     first, inverse = distinct_rows(rows)
     assert len(first) == 3 and torch.equal(rows[first][inverse], rows)
     assert inverse[0] == inverse[2] == inverse[5] and inverse[1] == inverse[4] != inverse[3]
+
+
+def test_token_layer_once_per_distinct_word_keeps_every_gradient():
+    """The character CNN runs once per distinct word in training too: the token layer and the CNN's gradients equal
+    running it on every word (a word's gradients from its occurrences summed)."""
+    torch.set_num_threads(1)
+    elmo = model(std=0.5).train()
+    chars, mask = batch_to_ids([["the", "cat", "the", "the", "dog"], ["cat", "a", "the"]])
+    weights = torch.randn(*chars.shape[:2], elmo.config.projection_dim, generator=torch.Generator().manual_seed(3))
+    tokens = elmo.tokens(chars, mask)
+    (tokens * weights).sum().backward()
+    grads = {n: p.grad.clone() for n, p in elmo.characters.named_parameters()}
+    elmo.zero_grad(set_to_none=True)
+    real = mask.bool()
+    each = torch.zeros_like(tokens)
+    each[real] = elmo.characters(chars[real])
+    (each * weights).sum().backward()
+    torch.testing.assert_close(tokens, each, atol=1e-6, rtol=1e-5)
+    for name, parameter in elmo.characters.named_parameters():  # sums in another order: relative to the largest
+        scale = parameter.grad.abs().max()
+        assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * scale, name
+
+
+def test_backward_window_read_with_the_forward_one_equals_each_alone():
+    """Truncated backpropagation: the forward and the backward window's words go through the CNN in one call; the
+    outputs equal reading each window separately."""
+    torch.set_num_threads(1)
+    elmo = model(std=0.5)
+    chars, mask = batch_to_ids([["the", "cat", "sat"], ["a", "dog", "ran"]], boundaries=False)
+    back, back_mask = batch_to_ids([["ran", "dog", "the"], ["sat", "the", "a"]], boundaries=False)
+    with torch.no_grad():
+        together = elmo(chars, mask, backward_input_ids=back, backward_attention_mask=back_mask)
+        alone = elmo(back, back_mask)
+        first = elmo(chars, mask)
+    torch.testing.assert_close(together.forward_top, first.forward_top, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(together.backward_top, alone.backward_top, atol=1e-6, rtol=1e-5)

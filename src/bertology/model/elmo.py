@@ -554,17 +554,14 @@ class ElmoModel(nn.Module):
         return attention_mask
 
     def tokens(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The token layer [B, L, p] (zeros at padding): the character CNN runs on the real words only, and without
-        gradients once per distinct word of the batch."""
+        """The token layer [B, L, p] (zeros at padding): the character CNN runs once per distinct real word of the
+        batch (in training too: a word's gradients from its occurrences are summed before the CNN's backward)."""
         real = attention_mask.bool()
         out = torch.zeros(*input_ids.shape[:2], self.config.projection_dim, device=input_ids.device,
                           dtype=self.characters.projection.weight.dtype)
         words = input_ids[real]
-        if torch.is_grad_enabled():
-            out[real] = self.characters(words)
-        else:
-            first, inverse = distinct_rows(words)
-            out[real] = self.characters(words[first])[inverse]
+        first, inverse = distinct_rows(words)
+        out[real] = self.characters(words[first])[inverse]
         return out
 
     def bilstm(self, fx: Tensor, flengths: Tensor, bx: Tensor, blengths: Tensor, state: ElmoState | None,
@@ -609,16 +606,23 @@ class ElmoModel(nn.Module):
         frozen = not any(p.requires_grad for p in self.bilm_parameters())
         dropping = self.training and not frozen
         with torch.no_grad() if frozen else contextlib.nullcontext():
-            x = self.tokens(input_ids, attention_mask)
             lengths = attention_mask.sum(1).cpu()
-            x_in = fast_dropout(x, self.config.dropout, dropping)
             if backward_input_ids is None:
+                x = self.tokens(input_ids, attention_mask)
+                x_in = fast_dropout(x, self.config.dropout, dropping)
                 bx, bx_in, blengths = x, x_in, lengths
             else:
                 backward_attention_mask = self.check_chars(backward_input_ids, backward_attention_mask,
                                                            "backward_input_ids")
-                bx = self.tokens(backward_input_ids, backward_attention_mask)
                 blengths = backward_attention_mask.sum(1).cpu()
+                if backward_input_ids.shape == input_ids.shape:  # both windows' words through the CNN at once
+                    both = self.tokens(torch.cat([input_ids, backward_input_ids]),
+                                       torch.cat([attention_mask, backward_attention_mask]))
+                    x, bx = both.chunk(2)
+                else:
+                    x = self.tokens(input_ids, attention_mask)
+                    bx = self.tokens(backward_input_ids, backward_attention_mask)
+                x_in = fast_dropout(x, self.config.dropout, dropping)
                 bx_in = fast_dropout(bx, self.config.dropout, dropping)
             forward, backward, new_state = self.bilstm(x_in, lengths, bx_in, blengths, state, dropping)
         if backward_input_ids is not None:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
+from bertology.objectives.mlm import mlm_loss
 
 
 @dataclass(eq=False)
@@ -94,7 +94,7 @@ class BidirectionalLM(nn.Module):
                 labels = torch.zeros_like(labels)
             else:
                 logits = model.lm_logits(states)
-            loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+            loss = mlm_loss(logits, labels, reduction="sum")  # the lean summed cross-entropy of every LM
             total = loss if total is None else total + loss
             key = f"{self.name}_{direction}"
             stats[f"{key}_units"] = real.sum().to(torch.int64)

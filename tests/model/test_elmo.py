@@ -276,3 +276,27 @@ def test_backward_window_read_with_the_forward_one_equals_each_alone():
         first = elmo(chars, mask)
     torch.testing.assert_close(together.forward_top, first.forward_top, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(together.backward_top, alone.backward_top, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("words", [["a", "cat", "sat"], ["tiny", "x" * 40, "of"], ["y" * 48, "z"]])
+def test_character_cnn_reads_only_the_positions_it_needs(words):
+    """On the CPU the character CNN cuts the padding past the longest word plus its widest filter: the same token
+    vectors and gradients as reading all max_characters positions (every window of padding alone is alike)."""
+    torch.set_num_threads(1)
+    elmo = model(std=0.5).train()
+    encoder = elmo.characters
+    chars = torch.tensor([word_to_char_ids(w, elmo.config.max_characters_per_token) for w in words])
+    out = encoder(chars)
+    out.square().sum().backward()
+    grads = {n: p.grad.clone() for n, p in encoder.named_parameters()}
+    encoder.zero_grad(set_to_none=True)
+    widest = encoder.widest
+    encoder.widest = elmo.config.max_characters_per_token  # no cut: every position read
+    try:
+        full = encoder(chars)
+        full.square().sum().backward()
+    finally:
+        encoder.widest = widest
+    torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-5)
+    for name, parameter in encoder.named_parameters():
+        assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * parameter.grad.abs().max(), name

@@ -254,8 +254,15 @@ class CharacterEncoder(nn.Module):
         self.act = torch.relu if config.char_activation == "relu" else torch.tanh
         self.highways = nn.ModuleList(Highway(config.num_filters) for _ in range(config.num_highway))
         self.projection = nn.Linear(config.num_filters, config.projection_dim)
+        self.widest = max(width for width, _ in config.filters)
 
     def forward(self, chars: Tensor) -> Tensor:
+        if chars.device.type == "cpu" and len(chars):
+            # Words end in padding characters, and every window of padding alone gives a filter the same value, so
+            # the max-pool needs the windows that read a real character and one of padding alone: the positions up
+            # to the longest word plus the widest filter (not reading the GPU's data on the host).
+            longest = int((chars != PAD_CHAR + 1).any(0).nonzero().max()) + 1
+            chars = chars[:, :min(chars.shape[1], longest + self.widest)]
         x = self.embed(chars).transpose(1, 2)  # [N, dim, C]
         x = torch.cat([self.act(conv(x).amax(-1)) for conv in self.convs], dim=-1)
         for highway in self.highways:

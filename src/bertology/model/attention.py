@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.model.dropout import fast_dropout
-from bertology.model.packing import Layout
+from bertology.model.packing import Bucket, Layout
 
 
 @dataclass(frozen=True)
@@ -398,15 +398,11 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
             q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen, dropout, False,
             False, scale=scale, window_size_left=left, window_size_right=right)[0]
         return out, []
-    if kernel == "padded":  # one call over the padded rows, the policy, padding and bias as one additive mask
+    if kernel in ("padded", "buckets"):  # padded rows, the policy, padding and bias as one additive mask
         if bias is None or not layout.per_row:
-            raise ValueError("the padded kernel is for a score bias on a layout of one sequence a row")
-        rows = [layout.unpack(t).transpose(1, 2) for t in (q, k, v)]  # [B, heads, L, d]
-        real = layout.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
-        width = layout.seq_len
-        out, _ = attention(*rows, policy=policy, key_mask=real, bias=bias(width, width), scale=scale,
-                           dropout=dropout)
-        return layout.pack(out.transpose(1, 2)), []
+            raise ValueError(f"the {kernel} kernel is for a score bias on a layout of one sequence a row")
+        overhead = math.inf if kernel == "padded" else BUCKET_OVERHEAD / q.shape[1]
+        return bucketed_attention(q, k, v, layout.buckets(overhead), policy, bias, scale, dropout), []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -439,6 +435,32 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     return out, probs_by_group
 
 
+# What one more attention call costs on CPU, in score entries x heads: about 0.2 ms forward and backward (with
+# dropout) against about 25 ns an entry and head at one thread (benchmarks/RESULTS.md, "T5's attention in buckets").
+BUCKET_OVERHEAD = 8192
+
+
+def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], policy: MaskPolicy, bias: BiasFn,
+                       scale: float | None, dropout: float) -> Tensor:
+    """Attention of a packed stream's sequences ([T, heads, d] each) by buckets of rows (`Layout.buckets`): each
+    bucket's rows padded to its width and attended in one dense call, the padding keys masked, the bias of the
+    width added."""
+    heads, dim = q.shape[1], q.shape[2]
+    outs = []
+    for b in buckets:
+        def rows(t: Tensor, b: Bucket = b) -> Tensor:  # the bucket's tokens as [count, heads, width, d]
+            t = t[b.start:b.stop]
+            if b.index is not None:
+                t = t.new_zeros(b.count * b.width, heads, dim).index_copy(0, b.index, t)
+            return t.view(b.count, b.width, heads, dim).transpose(1, 2)
+
+        out, _ = attention(rows(q), rows(k), rows(v), policy=policy, key_mask=b.real, bias=bias(b.width, b.width),
+                           scale=scale, dropout=dropout)
+        out = out.transpose(1, 2).reshape(b.count * b.width, heads, dim)
+        outs.append(out if b.index is None else out[b.index])
+    return outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])
+
+
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
                   extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None,
                   head_dim: int = 64, bias_only: bool = False) -> str:
@@ -447,7 +469,7 @@ def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need
     nested-tensor kernel or the group loop). `bias_only`: the one extra is a score bias, on a layout of one sequence
     a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths."""
     if device.type != "cuda" or need_weights:
-        return "groups"
+        return "buckets" if bias_only and not need_weights else "groups"
     if extras:
         return "padded" if bias_only else "groups"
     if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:

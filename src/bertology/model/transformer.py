@@ -457,8 +457,10 @@ class Seq2SeqModel(TransformerModel):
         state from an earlier call (decoding step by step). `last_layer_at` (the Model protocol's): every decoder
         position is computed. `layout`, `decoder_layout`: the packings of the two masks, built already (Stack);
         without a cache the encoder's packs the memory too, so that cross-attention projects its real tokens alone."""
-        if encoder_outputs is None and input_ids is None:
-            raise InputError("give input_ids or encoder_outputs")
+        if encoder_outputs is None:
+            if input_ids is None:
+                raise InputError("give input_ids or encoder_outputs")
+            check_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
             source = encoder_outputs if encoder_outputs is not None else input_ids
             assert source is not None
@@ -466,8 +468,6 @@ class Seq2SeqModel(TransformerModel):
         packed_memory = packed and past_key_values is None and not use_cache
         if layout is None and packed_memory:  # one layout for the encoder and the decoder's cross-attention
             layout = Layout(attention_mask)
-        if encoder_outputs is None:
-            encoder_outputs = self.encode(input_ids, attention_mask, packed, layout)
         if decoder_input_ids is None:
             shifted = labels if labels is not None else input_ids if self.config.shifted_decoder_inputs else None
             if shifted is None:
@@ -478,6 +478,17 @@ class Seq2SeqModel(TransformerModel):
                                   f"{'labels' if labels is not None else 'input_ids'}")
             decoder_input_ids = shift_right(shifted, start, self.config.pad_token_id)
         check_ids(decoder_input_ids, self.config.vocab_size, "decoder_input_ids")
+        if encoder_outputs is None:
+            assert input_ids is not None
+            # Both sides' tokens in one lookup: the table's gradient is then one scatter into a [V, H] matrix (and
+            # one sum with the tied head's) instead of two.
+            both = self.embed(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
+            source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
+            encoder_outputs = self.encoder(source.view(*input_ids.shape, -1), attention_mask, packed=packed,
+                                           layout=layout)[0]
+            embedded = target.view(*decoder_input_ids.shape, -1)
+        else:
+            embedded = self.embed(decoder_input_ids)
         caches = past_key_values
         if use_cache and caches is None:
             caches = [KVCache() for _ in self.decoder.layers]
@@ -485,7 +496,7 @@ class Seq2SeqModel(TransformerModel):
         if decoder_attention_mask is None:
             decoder_attention_mask = torch.ones(decoder_input_ids.shape[0], past + decoder_input_ids.shape[1],
                                                 dtype=torch.long, device=decoder_input_ids.device)
-        hidden, _ = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask, memory=encoder_outputs,
+        hidden, _ = self.decoder(embedded, decoder_attention_mask, memory=encoder_outputs,
                                  memory_mask=attention_mask, caches=caches, packed=packed, layout=decoder_layout,
                                  memory_layout=layout if packed_memory else None)
         out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,

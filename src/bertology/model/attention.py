@@ -8,8 +8,9 @@ other in both directions under a causal policy) and an arbitrary boolean mask (X
 queries (a key/value cache, memory, cross-attention), the queries then sitting at the end (`query_offset`).
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
-a `Layout`: on CPU one call per group of equal-length sequences (the fastest there), on CUDA one variable-length
-kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
+a `Layout`: on CPU one call per group of equal-length sequences (the fastest there; with a score bias, a few calls
+over buckets of nearby lengths padded alike, whose padding costs less than the calls it saves), on CUDA one
+variable-length kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
 kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through many small Python-
 dispatched operations, which made a training step CPU-bound on a GPU).
 
@@ -375,8 +376,9 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
     CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
     nested tensor: one call, with dropout, any precision), "padded" (one dense call over the padded rows with the
-    bias in the mask: T5's relative positions on CUDA, where the variable-length kernels take no bias) or "auto":
-    one of those on CUDA where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
+    bias in the mask: T5's relative positions on CUDA, where the variable-length kernels take no bias), "buckets"
+    (the groups merged into a few buckets of nearby lengths, one padded call each: T5's relative positions on CPU)
+    or "auto": one of those where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
     groups."""
     if kernel == "auto":
         others = prefix is not None or head_scale is not None or global_tokens is not None or lm_prefix is not None
@@ -446,15 +448,17 @@ def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], p
     bucket's rows padded to its width and attended in one dense call, the padding keys masked, the bias of the
     width added."""
     heads, dim = q.shape[1], q.shape[2]
+    # One split of each stream (its backward one concatenation), not a slice a bucket (each slice's backward a zero
+    # gradient of the whole stream, summed).
+    sizes = [b.stop - b.start for b in buckets]
     outs = []
-    for b in buckets:
+    for b, *tokens in zip(buckets, q.split(sizes), k.split(sizes), v.split(sizes)):
         def rows(t: Tensor, b: Bucket = b) -> Tensor:  # the bucket's tokens as [count, heads, width, d]
-            t = t[b.start:b.stop]
             if b.index is not None:
                 t = t.new_zeros(b.count * b.width, heads, dim).index_copy(0, b.index, t)
             return t.view(b.count, b.width, heads, dim).transpose(1, 2)
 
-        out, _ = attention(rows(q), rows(k), rows(v), policy=policy, key_mask=b.real, bias=bias(b.width, b.width),
+        out, _ = attention(*(rows(t) for t in tokens), policy=policy, key_mask=b.real, bias=bias(b.width, b.width),
                            scale=scale, dropout=dropout)
         out = out.transpose(1, 2).reshape(b.count * b.width, heads, dim)
         outs.append(out if b.index is None else out[b.index])
@@ -467,7 +471,11 @@ def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need
     """The packed kernel "auto" picks (see packed_attention). The variable-length kernels are flash attention: half
     precision, head sizes a multiple of 8 up to 256, a GPU of compute capability 8 or more (otherwise the
     nested-tensor kernel or the group loop). `bias_only`: the one extra is a score bias, on a layout of one sequence
-    a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths."""
+    a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths; elsewhere the buckets,
+    since on CPU padding every row to the longest costs more than the calls it saves (T5's paragraphs: about 30
+    lengths a batch from 1 to 115 tokens), while a bucket a length pays each call's fixed cost (about 0.2 ms forward
+    and backward, `BUCKET_OVERHEAD`) some thirty times a layer. The choice depends on the device and the layout
+    only, so "auto" is deterministic."""
     if device.type != "cuda" or need_weights:
         return "buckets" if bias_only and not need_weights else "groups"
     if extras:

@@ -3,7 +3,7 @@
 Every linear layer runs on the packed tokens, so padding costs nothing. Attention needs to know where each sequence
 starts and ends in the stream: `Layout.groups` (equal-length sequences side by side, for the per-group loop that is
 fastest on CPU) and `Layout.cu_seqlens` / `Layout.max_seqlen` (the cumulative lengths a variable-length kernel
-takes on a GPU).
+takes on a GPU). `Layout.buckets` merges neighbouring groups into padded rows, for attention with a score bias.
 
 A layout is computed on the host from the mask: one device-to-host copy when the mask lives on a GPU, and none at
 all when the caller builds the layout from the CPU mask before moving the batch (`Layout(mask_cpu).to(device)`),

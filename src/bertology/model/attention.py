@@ -10,9 +10,9 @@ queries (a key/value cache, memory, cross-attention), the queries then sitting a
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
 a `Layout`: on CPU one call per group of equal-length sequences (the fastest there; with a score bias, a few calls
 over buckets of nearby lengths padded alike, whose padding costs less than the calls it saves), on CUDA one
-variable-length kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
-kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through many small Python-
-dispatched operations, which made a training step CPU-bound on a GPU).
+variable-length kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention
+dropout the flash kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through
+many small Python-dispatched operations, which made a training step CPU-bound on a GPU).
 
 A window narrower than the sequence runs blocked (`windowed_attention`): queries in blocks of the window's width,
 each attending to the keys its block can reach plus the global tokens, the global tokens' own rows attending to

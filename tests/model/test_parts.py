@@ -344,6 +344,27 @@ def test_t5_training_gradients_on_padded_rows_equal_transformers(gated):
         torch.testing.assert_close(parameter.grad, same[name].grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_cross_attention_over_the_packed_memory_equals_the_padded_path(wrapped):
+    """The packed path projects the memory's keys and values at its real tokens alone (one product on the fused
+    weights, or each module when a wrapper replaced one): the same loss and gradients as the padded path."""
+    _, ours = t5_pair(gated=False)
+    if wrapped:
+        for block in ours.decoder.layers:
+            block.cross_key = torch.nn.Sequential(block.cross_key)  # no longer a plain nn.Linear
+    src = torch.randint(1, 40, (4, 7))
+    src_mask = (torch.arange(7)[None, :] < torch.tensor([7, 2, 5, 1])[:, None]).long()
+    labels = torch.randint(1, 40, (4, 3))
+    results = []
+    for packed in (True, False):
+        ours.zero_grad()
+        loss = ours(src, src_mask, labels=labels, packed=packed).loss
+        loss.backward()
+        results.append((loss, *(p.grad.clone() for p in ours.parameters())))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def test_head_kinds_are_registered_not_hard_wired():
     with pytest.raises(ConfigError, match="unknown kind 'nope'.*register_head"):
         HeadSpec("x", "nope")

@@ -438,7 +438,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 
 
 # What one more attention call costs on CPU, in score entries x heads: about 0.2 ms forward and backward (with
-# dropout) against about 25 ns an entry and head at one thread (benchmarks/RESULTS.md, "T5's attention in buckets").
+# dropout) against about 25 ns an entry and head at one thread (benchmarks/RESULTS.md, "T5 on CPU: attention in
+# buckets").
 BUCKET_OVERHEAD = 8192
 
 

@@ -533,6 +533,9 @@ def test_the_padded_and_bucket_kernels_with_a_bias_equal_the_group_loop(policy, 
                                     (q, k, v, relative.embedding.weight))
         results[kernel, overhead] = (out, *grads)
     assert len(layout.buckets(60)) < len(layout.groups) and len(layout.buckets(1e9)) == 1
+    for kernel in ("padded", "buckets"):  # the policy alone, or packed documents: the kernels have no bias to carry
+        with pytest.raises(ValueError, match=f"the {kernel} kernel is for a score bias"):
+            packed_attention(q, k, v, layout, policy=policy, kernel=kernel)
     for key, got in results.items():
         for g, want in zip(got, results["groups", 0]):
             torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5, msg=str(key))

@@ -400,11 +400,20 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
             q, k, v, layout.cu_seqlens, layout.cu_seqlens, layout.max_seqlen, layout.max_seqlen, dropout, False,
             False, scale=scale, window_size_left=left, window_size_right=right)[0]
         return out, []
-    if kernel in ("padded", "buckets"):  # padded rows, the policy, padding and bias as one additive mask
+    if kernel == "padded":  # one call over the padded rows, the policy, padding and bias as one additive mask
         if bias is None or not layout.per_row:
-            raise ValueError(f"the {kernel} kernel is for a score bias on a layout of one sequence a row")
-        overhead = math.inf if kernel == "padded" else BUCKET_OVERHEAD / q.shape[1]
-        return bucketed_attention(q, k, v, layout.buckets(overhead), policy, bias, scale, dropout), []
+            raise ValueError("the padded kernel is for a score bias on a layout of one sequence a row")
+        rows = [layout.unpack(t).transpose(1, 2) for t in (q, k, v)]  # [B, heads, L, d]
+        real = layout.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
+        width = layout.seq_len
+        out, _ = attention(*rows, policy=policy, key_mask=real, bias=bias(width, width), scale=scale,
+                           dropout=dropout)
+        return layout.pack(out.transpose(1, 2)), []
+    if kernel == "buckets":  # the same over a few buckets of rows of nearby lengths (built on the host: CPU)
+        if bias is None or not layout.per_row:
+            raise ValueError("the buckets kernel is for a score bias on a layout of one sequence a row")
+        return bucketed_attention(q, k, v, layout.buckets(BUCKET_OVERHEAD / q.shape[1]), policy, bias, scale,
+                                  dropout), []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -414,7 +423,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         out = F.scaled_dot_product_attention(nq, nk, nv, dropout_p=dropout, scale=scale)
         return out.transpose(1, 2).values(), []
     if kernel != "groups":
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash or nested")
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash, nested, padded "
+                         "or buckets")
     outs, probs_by_group = [], []
     heads, head_dim = q.shape[1], q.shape[2]
     for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream

@@ -170,11 +170,16 @@ def model_flops(config: EncoderConfig, lengths: list[int]) -> float:
     return 2 * per_token * tokens + attention + pooler
 
 
+# What `interleaved` times passes with: wall time, or (a benchmark's --cpu-time) the process's CPU time, which at one
+# thread does not grow with a shared machine's load.
+clock: Callable[[], float] = time.perf_counter
+
+
 def interleaved(sides: dict[str, Callable[[], object]], warmup: int, repeats: int,
                 warmups: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
-    """Median seconds of each side's pass. Passes take turns between sides, the order rotating every pass (with two
-    sides: a-b, b-a, ...), so that a busy neighbour on a shared machine slows every side alike. ``warmups``: what
-    to run untimed first instead of ``warmup`` whole passes."""
+    """Median seconds of each side's pass (by `clock`). Passes take turns between sides, the order rotating every
+    pass (with two sides: a-b, b-a, ...), so that a busy neighbour on a shared machine slows every side alike.
+    ``warmups``: what to run untimed first instead of ``warmup`` whole passes."""
     for name, fn in sides.items():
         for _ in range(warmup):
             (warmups or sides)[name]()
@@ -183,9 +188,9 @@ def interleaved(sides: dict[str, Callable[[], object]], warmup: int, repeats: in
     for r in range(repeats):
         shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            start = time.perf_counter()
+            start = clock()
             sides[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -10,6 +10,7 @@ BartForConditionalGeneration).
     python benchmarks/training.py --write                # ... and rewrite the "## Training" section of RESULTS.md
     python benchmarks/training.py --models tiny --batches 2 --repeats 1   # a quick look
     python benchmarks/training.py --models mini --profile   # where each side's step spends its time
+    python benchmarks/training.py --threads 1 --cpu-time     # on a shared machine: passes timed by CPU time
 
 Both sides start from the same weights (the bertology model saved in the transformers layout and loaded by
 BertForMaskedLM) with the same sizes, dropout (0.1), fp32, AdamW (fused kernel, as transformers' Trainer picks on
@@ -42,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -1150,6 +1152,10 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
     parser.add_argument("--warmup", type=int, default=1, help="untimed passes per side first")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time passes by the process's CPU time instead of wall time: at --threads 1 on a "
+                             "shared machine it does not grow with the neighbours' load (tokens/s then per CPU "
+                             "second)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", action="store_true", help="rewrite the Training section of RESULTS.md")
     parser.add_argument("--profile", action="store_true",
@@ -1163,6 +1169,8 @@ def main() -> int:
 
     common.check_data()
     torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        common.clock = time.process_time
     warnings.filterwarnings("ignore")
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging

@@ -3,6 +3,8 @@ decoders / encoder-decoders assembled from them, checked against hand-built mask
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -167,7 +169,8 @@ def test_kernel_choice_on_each_device(monkeypatch):
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, True, False) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, True) == "groups"  # a bias, prefix or head mask
     assert choose_kernel(cuda, CAUSAL, 0.1, False, True, bias_only=True) == "padded"  # T5's relative positions
-    assert choose_kernel(cpu, CAUSAL, 0.1, False, True, bias_only=True) == "groups"
+    assert choose_kernel(cpu, CAUSAL, 0.1, False, True, bias_only=True) == "buckets"  # a few calls, not one per length
+    assert choose_kernel(cpu, CAUSAL, 0.1, True, True, bias_only=True) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, CAUSAL, 0.1, True, True, bias_only=True) == "groups"  # probabilities asked for
     assert choose_kernel(cuda, BIDIRECTIONAL, 0.0, False, False, torch.float32) == "nested"  # flash is half only
     assert choose_kernel(cuda, CAUSAL, 0.0, False, False, torch.float32) == "groups"
@@ -315,6 +318,53 @@ def test_t5_assembled_from_the_parts_equals_transformers(gated):
     torch.testing.assert_close(got.loss, expected.loss, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_t5_training_gradients_on_padded_rows_equal_transformers(gated):
+    """Rows of many lengths on both sides, in training mode (dropout 0): the packed path (the encoder's and
+    decoder's attention per group or bucket of lengths, cross-attention projecting the memory's real tokens alone)
+    gives transformers' loss and the gradient of every weight."""
+    from transformer_helpers import t5_state_dict
+
+    hf, ours = t5_pair(gated)
+    hf.train(), ours.train()
+    src_lengths, tgt_lengths = [9, 3, 9, 6, 1, 4, 6, 9], [2, 5, 1, 5, 3, 5, 4, 2]
+    src = torch.randint(1, 40, (8, 9))
+    src_mask = (torch.arange(9)[None, :] < torch.tensor(src_lengths)[:, None]).long()
+    tgt_mask = (torch.arange(5)[None, :] < torch.tensor(tgt_lengths)[:, None]).long()
+    labels = torch.randint(1, 40, (8, 5)).masked_fill(tgt_mask == 0, -100)
+    decoder_ids = hf._shift_right(labels)
+    expected = hf(input_ids=src, attention_mask=src_mask, decoder_input_ids=decoder_ids,
+                  decoder_attention_mask=tgt_mask, labels=labels).loss
+    got = ours(src, src_mask, decoder_ids, tgt_mask, labels=labels).loss
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    expected.backward(), got.backward()
+    theirs = {p.data_ptr(): p for p in hf.parameters()}  # state_dict's tensors share their parameters' memory
+    same = {name: theirs[tensor.data_ptr()] for name, tensor in t5_state_dict(hf).items()}
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, same[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_cross_attention_over_the_packed_memory_equals_the_padded_path(wrapped):
+    """The packed path projects the memory's keys and values at its real tokens alone (one product on the fused
+    weights, or each module when a wrapper replaced one): the same loss and gradients as the padded path."""
+    _, ours = t5_pair(gated=False)
+    if wrapped:
+        for block in ours.decoder.layers:
+            block.cross_key = torch.nn.Sequential(block.cross_key)  # no longer a plain nn.Linear
+    src = torch.randint(1, 40, (4, 7))
+    src_mask = (torch.arange(7)[None, :] < torch.tensor([7, 2, 5, 1])[:, None]).long()
+    labels = torch.randint(1, 40, (4, 3))
+    results = []
+    for packed in (True, False):
+        ours.zero_grad()
+        loss = ours(src, src_mask, labels=labels, packed=packed).loss
+        loss.backward()
+        results.append((loss, *(p.grad.clone() for p in ours.parameters())))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
 def test_head_kinds_are_registered_not_hard_wired():
     with pytest.raises(ConfigError, match="unknown kind 'nope'.*register_head"):
         HeadSpec("x", "nope")
@@ -460,21 +510,45 @@ def test_fused_projections_follow_weight_changes_in_inference():
 
 
 @pytest.mark.parametrize("policy", [BIDIRECTIONAL, CAUSAL])
-def test_the_padded_kernel_with_a_bias_equals_the_group_loop(policy):
-    """T5's relative-position bias on a GPU: one dense call over the padded rows, the same outputs and gradients
-    (bias included) as one call per group of lengths."""
-    lengths = torch.tensor([5, 2, 7, 5, 1])
-    mask = (torch.arange(8)[None, :] < lengths[:, None]).long()  # a column of padding past the longest row too
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_padded_and_bucket_kernels_with_a_bias_equal_the_group_loop(policy, seed, monkeypatch):
+    """T5's relative-position bias: one dense call over the padded rows (GPU), or one per bucket of nearby lengths
+    (CPU), the same outputs and gradients (bias included) as one call per group of lengths, on random lengths (some
+    equal, some rows empty) and bucket sizes from one group a bucket to one bucket."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 12, (9,), generator=generator)
+    lengths[0] = 11  # a column of padding past the longest row too
+    mask = (torch.arange(12)[None, :] < lengths[:, None]).long()
     layout = Layout(mask)
     relative = RelativePositionBias(2, 8, 16, bidirectional=not policy.causal)
     q, k, v = (torch.randn(int(lengths.sum()), 2, 4, requires_grad=True) for _ in range(3))
     results = {}
-    for kernel in ("groups", "padded"):
-        table = relative(8, 8)[None]
+    for kernel, overhead in (("groups", 0), ("padded", 0), ("buckets", 0), ("buckets", 60), ("buckets", 300),
+                             ("buckets", 1e9)):
+        monkeypatch.setattr("bertology.model.attention.BUCKET_OVERHEAD", overhead * 2)  # per head: 2 heads
+        table = relative(12, 12)[None]
         out, _ = packed_attention(q, k, v, layout, policy=policy, bias=lambda a, b: table[..., :a, :b], scale=1.0,
                                   kernel=kernel)
         grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
                                     (q, k, v, relative.embedding.weight))
-        results[kernel] = (out, *grads)
-    for got, want in zip(results["padded"], results["groups"]):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        results[kernel, overhead] = (out, *grads)
+    assert len(layout.buckets(60)) < len(layout.groups) and len(layout.buckets(1e9)) == 1
+    for kernel in ("padded", "buckets"):  # the policy alone, or packed documents: the kernels have no bias to carry
+        with pytest.raises(ValueError, match=f"the {kernel} kernel is for a score bias"):
+            packed_attention(q, k, v, layout, policy=policy, kernel=kernel)
+    for key, got in results.items():
+        for g, want in zip(got, results["groups", 0]):
+            torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5, msg=str(key))
+
+
+def test_buckets_merge_groups_while_widening_costs_less_than_a_call():
+    lengths = torch.tensor([5, 2, 7, 5, 1, 9, 9, 3, 12])
+    layout = Layout((torch.arange(13)[None, :] < lengths[:, None]).long())
+    assert [(b.count, b.width) for b in layout.buckets(0)] == [(1, 1), (1, 2), (1, 3), (2, 5), (1, 7), (2, 9), (1, 12)]
+    # 1 row widened 1 -> 2 costs 3 entries, 2 rows 2 -> 3 cost 10, 3 rows 3 -> 5 cost 48 > 30: a new bucket
+    assert [(b.count, b.width) for b in layout.buckets(30)] == [(3, 3), (2, 5), (1, 7), (2, 9), (1, 12)]
+    assert [(b.count, b.width) for b in layout.buckets(math.inf)] == [(9, 12)]
+    merged = layout.buckets(30)[0]
+    assert merged.real.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
+    assert merged.index.tolist() == [0, 3, 4, 6, 7, 8]
+    assert layout.buckets(30) is layout.buckets(30)  # worked out once for every layer

@@ -8,10 +8,11 @@ other in both directions under a causal policy) and an arbitrary boolean mask (X
 queries (a key/value cache, memory, cross-attention), the queries then sitting at the end (`query_offset`).
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
-a `Layout`: on CPU one call per group of equal-length sequences (the fastest there), on CUDA one variable-length
-kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention dropout the flash
-kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through many small Python-
-dispatched operations, which made a training step CPU-bound on a GPU).
+a `Layout`: on CPU one call per group of equal-length sequences (the fastest there; with a score bias, a few calls
+over buckets of nearby lengths padded alike, whose padding costs less than the calls it saves), on CUDA one
+variable-length kernel for the whole stream when the policy allows it (`torch.nn.attention.varlen`; with attention
+dropout the flash kernel under it, called directly: SDPA on a jagged nested tensor reaches the same kernel through
+many small Python-dispatched operations, which made a training step CPU-bound on a GPU).
 
 A window narrower than the sequence runs blocked (`windowed_attention`): queries in blocks of the window's width,
 each attending to the keys its block can reach plus the global tokens, the global tokens' own rows attending to
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.model.dropout import fast_dropout
-from bertology.model.packing import Layout
+from bertology.model.packing import Bucket, Layout
 
 
 @dataclass(frozen=True)
@@ -375,8 +376,9 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
     CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
     nested tensor: one call, with dropout, any precision), "padded" (one dense call over the padded rows with the
-    bias in the mask: T5's relative positions on CUDA, where the variable-length kernels take no bias) or "auto":
-    one of those on CUDA where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
+    bias in the mask: T5's relative positions on CUDA, where the variable-length kernels take no bias), "buckets"
+    (the groups merged into a few buckets of nearby lengths, one padded call each: T5's relative positions on CPU)
+    or "auto": one of those where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
     groups."""
     if kernel == "auto":
         others = prefix is not None or head_scale is not None or global_tokens is not None or lm_prefix is not None
@@ -407,6 +409,11 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         out, _ = attention(*rows, policy=policy, key_mask=real, bias=bias(width, width), scale=scale,
                            dropout=dropout)
         return layout.pack(out.transpose(1, 2)), []
+    if kernel == "buckets":  # the same over a few buckets of rows of nearby lengths (built on the host: CPU)
+        if bias is None or not layout.per_row:
+            raise ValueError("the buckets kernel is for a score bias on a layout of one sequence a row")
+        return bucketed_attention(q, k, v, layout.buckets(BUCKET_OVERHEAD / q.shape[1]), policy, bias, scale,
+                                  dropout), []
     if kernel == "nested":
         if policy.restricts:
             raise ValueError("the nested-tensor kernel attends bidirectionally only")
@@ -416,7 +423,8 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         out = F.scaled_dot_product_attention(nq, nk, nv, dropout_p=dropout, scale=scale)
         return out.transpose(1, 2).values(), []
     if kernel != "groups":
-        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash or nested")
+        raise ValueError(f"unknown attention kernel {kernel!r}; expected auto, groups, varlen, flash, nested, padded "
+                         "or buckets")
     outs, probs_by_group = [], []
     heads, head_dim = q.shape[1], q.shape[2]
     for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream
@@ -439,15 +447,48 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     return out, probs_by_group
 
 
+# What one more attention call costs on CPU, in score entries x heads: about 0.2 ms forward and backward (with
+# dropout) against about 25 ns an entry and head at one thread (benchmarks/RESULTS.md, "T5 on CPU: attention in
+# buckets").
+BUCKET_OVERHEAD = 8192
+
+
+def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], policy: MaskPolicy, bias: BiasFn,
+                       scale: float | None, dropout: float) -> Tensor:
+    """Attention of a packed stream's sequences ([T, heads, d] each) by buckets of rows (`Layout.buckets`): each
+    bucket's rows padded to its width and attended in one dense call, the padding keys masked, the bias of the
+    width added."""
+    heads, dim = q.shape[1], q.shape[2]
+    # One split of each stream (its backward one concatenation), not a slice a bucket (each slice's backward a zero
+    # gradient of the whole stream, summed).
+    sizes = [b.stop - b.start for b in buckets]
+    outs = []
+    for b, *tokens in zip(buckets, q.split(sizes), k.split(sizes), v.split(sizes)):
+        def rows(t: Tensor, b: Bucket = b) -> Tensor:  # the bucket's tokens as [count, heads, width, d]
+            if b.index is not None:
+                t = t.new_zeros(b.count * b.width, heads, dim).index_copy(0, b.index, t)
+            return t.view(b.count, b.width, heads, dim).transpose(1, 2)
+
+        out, _ = attention(*(rows(t) for t in tokens), policy=policy, key_mask=b.real, bias=bias(b.width, b.width),
+                           scale=scale, dropout=dropout)
+        out = out.transpose(1, 2).reshape(b.count * b.width, heads, dim)
+        outs.append(out if b.index is None else out[b.index])
+    return outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])
+
+
 def choose_kernel(device: torch.device, policy: MaskPolicy, dropout: float, need_weights: bool,
                   extras: bool, dtype: torch.dtype = torch.bfloat16, scale: float | None = None,
                   head_dim: int = 64, bias_only: bool = False) -> str:
     """The packed kernel "auto" picks (see packed_attention). The variable-length kernels are flash attention: half
     precision, head sizes a multiple of 8 up to 256, a GPU of compute capability 8 or more (otherwise the
     nested-tensor kernel or the group loop). `bias_only`: the one extra is a score bias, on a layout of one sequence
-    a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths."""
+    a row: on CUDA the padded kernel, whose one call beats a launch per group of lengths; elsewhere the buckets,
+    since on CPU padding every row to the longest costs more than the calls it saves (T5's paragraphs: about 30
+    lengths a batch from 1 to 115 tokens), while a bucket a length pays each call's fixed cost (about 0.2 ms forward
+    and backward, `BUCKET_OVERHEAD`) some thirty times a layer. The choice depends on the device and the layout
+    only, so "auto" is deterministic."""
     if device.type != "cuda" or need_weights:
-        return "groups"
+        return "buckets" if bias_only and not need_weights else "groups"
     if extras:
         return "padded" if bias_only else "groups"
     if dtype in (torch.float16, torch.bfloat16) and head_dim % 8 == 0 and head_dim <= 256:

@@ -164,7 +164,8 @@ class Block(nn.Module):
                 policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
                 cache: KVCache | None = None, global_tokens: Tensor | None = None,
-                lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                lm_prefix: Tensor | None = None, memory_layout: Layout | None = None
+                ) -> tuple[Tensor, Tensor | None]:
         """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
         cache, L_keys counts the cached positions too).
 
@@ -172,7 +173,9 @@ class Block(nn.Module):
         at these rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer).
         `head_scale` [num_heads]: multiplies each head's output (a head mask). `policy`, `bias`: see attention
         (`bias` a tensor when padded, a function of the lengths when packed). `memory` [B, M, H] with
-        `memory_mask` [B, M]: what cross-attention reads. `cache`: keys and values of earlier positions (decoding).
+        `memory_mask` [B, M]: what cross-attention reads; with `memory_layout` (the packing of `memory_mask`, no
+        cache) the memory comes packed, [T_mem, H], and its keys and values are projected at its real tokens alone.
+        `cache`: keys and values of earlier positions (decoding).
         `global_tokens` (packed [T] or padded [B, L], bool): tokens that attend to and are attended by every token,
         their rows with the global projections when the block has them (Longformer). `lm_prefix` (packed [T] or
         padded [B, L_keys], bool): a prefix LM's prefix, whose tokens see each other in both directions."""
@@ -190,7 +193,8 @@ class Block(nn.Module):
         if self.spec.cross_attention:
             if memory is None:
                 raise InputError("this block cross-attends: it needs the encoder's memory")
-            c = self.cross_attention(self.cross_norm(h) if pre else h, layout, memory, memory_mask, cache)
+            c = self.cross_attention(self.cross_norm(h) if pre else h, layout, memory, memory_mask, cache,
+                                     memory_layout)
             h = h + self.sublayer_output(self.cross_out(c), None)
             if not pre:
                 h = self.cross_norm(h)
@@ -324,12 +328,20 @@ class Block(nn.Module):
             scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 
     def cross_attention(self, h: Tensor, layout: Layout | None, memory: Tensor, memory_mask: Tensor | None,
-                        cache: KVCache | None) -> Tensor:
-        """Queries from h (packed or padded) over the memory's keys and values (padded [B, M, H])."""
+                        cache: KVCache | None, memory_layout: Layout | None = None) -> Tensor:
+        """Queries from h (packed or padded) over the memory's keys and values: padded [B, M, H], or packed [T_mem, H]
+        with `memory_layout`. Every projection runs on packed tokens where it can (the real ones alone); attention
+        itself runs once over the padded rows, the memory's padding masked."""
         p = self.attention_dropout if self.training else 0.0
-        q = self.cross_query(layout.unpack(h) if layout is not None else h)
+        q = self.cross_query(h)
+        if layout is not None:
+            q = layout.unpack(q)
         if cache is not None and cache.memory is not None:
             k, v = cache.memory
+        elif memory_layout is not None:
+            if cache is not None:
+                raise InputError("a packed memory takes no key/value cache")
+            k, v = (self.heads_first(t) for t in memory_layout.unpack(self.cross_key_value(memory)).chunk(2, -1))
         else:
             k, v = self.heads_first(self.cross_key(memory)), self.heads_first(self.cross_value(memory))
             if cache is not None:
@@ -338,6 +350,15 @@ class Block(nn.Module):
                            dropout=p)
         out = out.transpose(1, 2).flatten(2)
         return layout.pack(out) if layout is not None else out
+
+    def cross_key_value(self, memory: Tensor) -> Tensor:
+        """The memory's cross-attention keys and values side by side, [..., 2 x heads x d]: one product on the
+        concatenated weights when both projections are plain nn.Linear with alike biases (as `project`)."""
+        k, v = self.cross_key, self.cross_value
+        if plain_linear(k) and plain_linear(v) and (k.bias is None) == (v.bias is None):
+            bias = torch.cat([k.bias, v.bias]) if k.bias is not None and v.bias is not None else None
+            return F.linear(memory, torch.cat([k.weight, v.weight]), bias)
+        return torch.cat([k(memory), v(memory)], -1)
 
     def attention_at(self, x: Tensor, layout: Layout, queries: Tensor, head_scale: Tensor | None = None) -> Tensor:
         """Attention output [len(queries), heads x head_dim] at the packed tokens `queries` (sorted), bidirectional:

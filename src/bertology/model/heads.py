@@ -58,6 +58,15 @@ class HeadInputs:
     input_ids: Tensor | None = None  # the tokens [B, L] (an encoder-decoder's: the encoder's), for heads picking by id
     spans: Tensor | None = None  # [S, 3] (row, first token, last token): what the span kinds classify
     span_boundaries: Tensor | None = None  # [N, 4] (row, token before, token after, offset): what SBO predicts at
+    logit_scale: float = 1.0  # tied vocabulary logits are multiplied by it (T5 v1.0: d_model ** -0.5)
+
+
+def tied_logits(x: Tensor, inputs: HeadInputs, bias: Tensor | None = None) -> Tensor:
+    """x [..., H] onto the vocabulary through the tied word embeddings (plus `bias`), times `inputs.logit_scale`:
+    the few predicted rows are scaled rather than the [V, H] matrix (as transformers' T5 does), which costs a pass
+    over the matrix forward and backward."""
+    scale = inputs.logit_scale
+    return F.linear(x * scale if scale != 1.0 else x, inputs.word_embeddings, bias)
 
 
 # Where a head reads the last layer, so that a model may skip the last layer elsewhere: every token, only the masked
@@ -110,7 +119,7 @@ class MaskedLMHead(nn.Module):
         h, at = inputs.hidden, inputs.masked_positions
         if at is not None:
             h = h[at[:, 0], at[:, 1]]
-        return F.linear(self.norm(self.act(self.dense(h))), inputs.word_embeddings, self.bias)
+        return tied_logits(self.norm(self.act(self.dense(h))), inputs, self.bias)
 
 
 class LinearHead(nn.Module):
@@ -203,7 +212,7 @@ class TiedLMHead(nn.Module):
         h, at = inputs.hidden, inputs.masked_positions
         if at is not None:
             h = h[at[:, 0], at[:, 1]]
-        return F.linear(h, inputs.word_embeddings, getattr(self, "bias", None))
+        return tied_logits(h, inputs, getattr(self, "bias", None))
 
 
 class SpanHead(nn.Module):
@@ -275,7 +284,7 @@ class SpanBoundaryHead(nn.Module):
         x = torch.cat([h[at[:, 0], at[:, 1]], h[at[:, 0], at[:, 2]], self.position(at[:, 3])], dim=-1)
         x = self.norm1(self.act(self.dense1(x)))
         x = self.norm2(self.act(self.dense2(x)))
-        return F.linear(x, inputs.word_embeddings, self.bias)
+        return tied_logits(x, inputs, self.bias)
 
 
 register_head("masked_lm", MaskedLMHead, reads="masked_positions")
@@ -312,7 +321,7 @@ register_head("last_token", LastTokenHead)
 
 class LMHead(nn.Linear):
     """Vocabulary logits through an output matrix of its own, without bias (kind "lm": T5 v1.1's untied lm_head),
-    the hidden states scaled first by the config's `logit_scale` (as a tied head's embeddings are); only at
+    the hidden states scaled first by the config's `logit_scale` (as a tied head's are, `tied_logits`); only at
     `masked_positions` when given. Its weight is the module's own (`heads.<name>.weight`)."""
 
     def __init__(self, config: Any, spec: HeadSpec) -> None:

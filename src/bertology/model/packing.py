@@ -3,13 +3,15 @@
 Every linear layer runs on the packed tokens, so padding costs nothing. Attention needs to know where each sequence
 starts and ends in the stream: `Layout.groups` (equal-length sequences side by side, for the per-group loop that is
 fastest on CPU) and `Layout.cu_seqlens` / `Layout.max_seqlen` (the cumulative lengths a variable-length kernel
-takes on a GPU).
+takes on a GPU). `Layout.buckets` merges neighbouring groups into padded rows, for attention with a score bias.
 
 A layout is computed on the host from the mask: one device-to-host copy when the mask lives on a GPU, and none at
 all when the caller builds the layout from the CPU mask before moving the batch (`Layout(mask_cpu).to(device)`),
 so nothing inside the forward waits for the GPU."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -79,6 +81,7 @@ class Layout:
         """This layout with its index tensors on `device` (host facts are unchanged)."""
         moved = object.__new__(Layout)
         moved.__dict__.update(self.__dict__)
+        moved.__dict__.pop("_buckets", None)  # their index tensors live on the old device
         moved.flat_index = self.flat_index.to(device, non_blocking=True)
         moved.cu_seqlens = self.cu_seqlens.to(device, non_blocking=True)
         return moved
@@ -94,6 +97,53 @@ class Layout:
         out[self.flat_index] = packed
         return out.view(self.batch_size, self.seq_len, *packed.shape[1:])
 
+    def buckets(self, overhead: float) -> list[Bucket]:
+        """The groups merged into buckets of padded rows, for one dense attention call each (cached per `overhead`).
+        Scanning the groups from the shortest, a group opens a new bucket when widening the current bucket's rows to
+        its length would add more score entries (rows x width^2) than `overhead`, the cost of one more call in those
+        units; otherwise it joins. `overhead` 0 gives the groups, an infinite one a single bucket."""
+        cache = self.__dict__.setdefault("_buckets", {})
+        if overhead not in cache:
+            spans: list[list[tuple[int, int, int]]] = []
+            rows = 0
+            for group in self.groups:
+                count, length = group[1], group[2]
+                if spans and rows * (length * length - spans[-1][-1][2] ** 2) <= overhead:
+                    spans[-1].append(group)
+                    rows += count
+                else:
+                    spans.append([group])
+                    rows = count
+            cache[overhead] = [Bucket.of(members, self.flat_index.device) for members in spans]
+        return cache[overhead]
+
     def group_positions(self, start: int, count: int, length: int) -> Tensor:
         """The flat [B * L] positions of a group's tokens, [count, length]."""
         return self.flat_index[start:start + count * length].view(count, length)
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Consecutive groups of a packed stream (tokens `start` .. `stop`) as `count` rows padded to `width`: `index`
+    [stop - start] places each token in the flat [count x width] rows, `real` [count, width] marks the tokens; both
+    None when the bucket is one group (its tokens are the rows already)."""
+
+    start: int
+    stop: int
+    count: int
+    width: int
+    index: Tensor | None
+    real: Tensor | None
+
+    @staticmethod
+    def of(groups: list[tuple[int, int, int]], device: torch.device) -> Bucket:
+        start, width = groups[0][0], groups[-1][2]
+        count = sum(c for _, c, _ in groups)
+        stop = groups[-1][0] + groups[-1][1] * width
+        if len(groups) == 1:
+            return Bucket(start, stop, count, width, None, None)
+        lengths = torch.cat([torch.full((c,), n) for _, c, n in groups])
+        real = torch.arange(width)[None, :] < lengths[:, None]
+        index = real.reshape(-1).nonzero().squeeze(1)  # row-major: each row's tokens in order, rows in stream order
+        return Bucket(start, stop, count, width, index.to(device, non_blocking=True),
+                      real.to(device, non_blocking=True))

@@ -183,8 +183,8 @@ class Stack(nn.Module):
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
                 output_hidden_states: bool = False, documents: Tensor | None = None,
-                lm_prefix: Tensor | None = None, layout: Layout | None = None
-                ) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                lm_prefix: Tensor | None = None, layout: Layout | None = None,
+                memory_layout: Layout | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
         positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
         the hidden states (after the embeddings, then after every block; the last one after the final norm).
@@ -192,7 +192,8 @@ class Stack(nn.Module):
         and counts its positions from 0. `lm_prefix` [B, past + L] bool (a causal stack only): a prefix LM's prefix,
         whose tokens see each other in both directions (bertology.model.attention.combined_mask). `layout`: the
         packing of `attention_mask` (and `documents`), built already from the host's mask (the trainer does, so that
-        nothing in the forward waits for a GPU); else worked out here."""
+        nothing in the forward waits for a GPU); else worked out here. `memory_layout`: the packing of `memory_mask`
+        (packed, without a cache): cross-attention then projects the memory's real tokens alone."""
         length = embedded.shape[1]
         past = caches[0].length if caches else 0
         if attention_mask.shape[1] != past + length:
@@ -228,11 +229,16 @@ class Stack(nn.Module):
         else:
             bias = self.relative(length, past + length)[None] if self.relative is not None else None
             key_mask = attention_mask
+        if memory is not None and memory_layout is not None and layout is not None:
+            memory = memory_layout.pack(memory)  # once for every layer's cross-attention
+        else:
+            memory_layout = None
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         for index, block in enumerate(self.layers):
             x, _ = block(x, layout, key_mask, policy=self.policy, bias=bias, memory=memory, memory_mask=memory_mask,
-                         cache=caches[index] if caches is not None else None, lm_prefix=lm_prefix)
+                         cache=caches[index] if caches is not None else None, lm_prefix=lm_prefix,
+                         memory_layout=memory_layout)
             if hidden_states is not None:
                 hidden_states.append(to_padded(x))
         if self.final_norm is not None:
@@ -305,10 +311,9 @@ class TransformerModel(nn.Module):
         """The heads on `hidden` (default: the last hidden state)."""
         if not self.head_specs:
             return
-        word = self.embeddings.weight * self.config.logit_scale if self.config.logit_scale != 1.0 \
-            else self.embeddings.weight
         inputs = HeadInputs(hidden=out.last_hidden_state if hidden is None else hidden, attention_mask=attention_mask,
-                            word_embeddings=word, masked_positions=masked_positions, input_ids=input_ids)
+                            word_embeddings=self.embeddings.weight, masked_positions=masked_positions,
+                            input_ids=input_ids, logit_scale=self.config.logit_scale)
         for spec in self.head_specs:
             out.head_logits[spec.name] = self.heads[spec.name](inputs)
         out.logits = out.head_logits[self.head_specs[0].name]
@@ -450,13 +455,19 @@ class Seq2SeqModel(TransformerModel):
         """`labels` [B, L_dec]: the loss of each decoder position (-100 ignored); without `decoder_input_ids` they
         are the labels shifted right behind `decoder_start_token_id`. `encoder_outputs`: the encoder's last hidden
         state from an earlier call (decoding step by step). `last_layer_at` (the Model protocol's): every decoder
-        position is computed. `layout`, `decoder_layout`: the packings of the two masks, built already (Stack)."""
+        position is computed. `layout`, `decoder_layout`: the packings of the two masks, built already (Stack);
+        without a cache the encoder's packs the memory too, so that cross-attention projects its real tokens alone."""
         if encoder_outputs is None:
             if input_ids is None:
                 raise InputError("give input_ids or encoder_outputs")
-            encoder_outputs = self.encode(input_ids, attention_mask, packed, layout)
+            check_ids(input_ids, self.config.vocab_size)
         if attention_mask is None:
-            attention_mask = torch.ones(encoder_outputs.shape[:2], dtype=torch.long, device=encoder_outputs.device)
+            source = encoder_outputs if encoder_outputs is not None else input_ids
+            assert source is not None
+            attention_mask = torch.ones(source.shape[:2], dtype=torch.long, device=source.device)
+        packed_memory = packed and past_key_values is None and not use_cache
+        if layout is None and packed_memory:  # one layout for the encoder and the decoder's cross-attention
+            layout = Layout(attention_mask)
         if decoder_input_ids is None:
             shifted = labels if labels is not None else input_ids if self.config.shifted_decoder_inputs else None
             if shifted is None:
@@ -467,6 +478,17 @@ class Seq2SeqModel(TransformerModel):
                                   f"{'labels' if labels is not None else 'input_ids'}")
             decoder_input_ids = shift_right(shifted, start, self.config.pad_token_id)
         check_ids(decoder_input_ids, self.config.vocab_size, "decoder_input_ids")
+        if encoder_outputs is None:
+            assert input_ids is not None
+            # Both sides' tokens in one lookup: the table's gradient is then one scatter into a [V, H] matrix (and
+            # one sum with the tied head's) instead of two.
+            both = self.embed(torch.cat([input_ids.reshape(-1), decoder_input_ids.reshape(-1)]))
+            source, target = both.split([input_ids.numel(), decoder_input_ids.numel()])
+            encoder_outputs = self.encoder(source.view(*input_ids.shape, -1), attention_mask, packed=packed,
+                                           layout=layout)[0]
+            embedded = target.view(*decoder_input_ids.shape, -1)
+        else:
+            embedded = self.embed(decoder_input_ids)
         caches = past_key_values
         if use_cache and caches is None:
             caches = [KVCache() for _ in self.decoder.layers]
@@ -474,8 +496,9 @@ class Seq2SeqModel(TransformerModel):
         if decoder_attention_mask is None:
             decoder_attention_mask = torch.ones(decoder_input_ids.shape[0], past + decoder_input_ids.shape[1],
                                                 dtype=torch.long, device=decoder_input_ids.device)
-        hidden, _ = self.decoder(self.embed(decoder_input_ids), decoder_attention_mask, memory=encoder_outputs,
-                                 memory_mask=attention_mask, caches=caches, packed=packed, layout=decoder_layout)
+        hidden, _ = self.decoder(embedded, decoder_attention_mask, memory=encoder_outputs,
+                                 memory_mask=attention_mask, caches=caches, packed=packed, layout=decoder_layout,
+                                 memory_layout=layout if packed_memory else None)
         out = ModelOutput(last_hidden_state=hidden, encoder_last_hidden_state=encoder_outputs,
                           past_key_values=caches if use_cache else None)
         # Heads that pick tokens by id (BART's classifier: the last EOS) read the encoder's input_ids.

@@ -43,7 +43,11 @@ def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
     if reduction == "sum" and logits.dtype == torch.float32 and logits.requires_grad:
-        return _SummedCrossEntropy.apply(logits, labels)
+        # On CPU a fresh [N, V] buffer costs its page faults (about as long as the log-softmax at BERT's vocabulary):
+        # the log-probabilities go over the logits there, unless they are a view or a leaf, whose base or holder
+        # would see them change.
+        in_place = logits.device.type == "cpu" and logits.grad_fn is not None and logits._base is None
+        return _SummedCrossEntropy.apply(logits, labels, in_place)[0]
     return F.cross_entropy(logits.float(), labels, reduction=reduction)
 
 
@@ -51,22 +55,36 @@ class _SummedCrossEntropy(torch.autograd.Function):
     """``F.cross_entropy(logits, labels, reduction="sum")`` with a leaner backward over the vocabulary: the saved
     log-probabilities become the softmax in place and the labels' entries lose 1, one pass over [N, V], where
     autograd's route (a zero-filled one-hot gradient, then log-softmax's backward) makes three. About half the
-    loss's time in an MLM step (benchmarks/RESULTS.md, "Training")."""
+    loss's time in an MLM step (benchmarks/RESULTS.md, "Training").
+
+    `in_place`: the log-probabilities are written over the logits (the product that made them does not keep them
+    for its backward). The logits tensor then holds log-probabilities: the same softmax, argmax and cross-entropy
+    (each row shifted by its log-sum-exp), so what else reads it sees the same predictions, and autograd refuses a
+    backward through an operation that saved the logits before. Returns (loss, log-probabilities)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, labels: Tensor) -> Tensor:
-        log_probs = torch.log_softmax(logits, -1)
+    def forward(ctx, logits: Tensor, labels: Tensor, in_place: bool) -> tuple[Tensor, Tensor]:
+        ctx.set_materialize_grads(False)  # no [N, V] zeros for the unused second output
+        log_probs = torch.log_softmax(logits, -1, out=logits) if in_place else torch.log_softmax(logits, -1)
+        if in_place:
+            ctx.mark_dirty(logits)
         kept = labels != IGNORE
         safe = labels.clamp(min=0)  # an ignored row reads class 0, then counts 0
         ctx.save_for_backward(log_probs, safe, kept)
-        return -(log_probs.gather(1, safe[:, None]).squeeze(1) * kept).sum()
+        return -(log_probs.gather(1, safe[:, None]).squeeze(1) * kept).sum(), log_probs
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+    def backward(ctx, grad: Tensor | None, grad_log_probs: Tensor | None) -> tuple[Tensor | None, None, None]:
         log_probs, safe, kept = ctx.saved_tensors  # a second backward through this graph raises (in-place below)
+        extra = None
+        if grad_log_probs is not None:  # the log-probabilities were read on: log-softmax's own backward for them
+            extra = grad_log_probs - log_probs.exp() * grad_log_probs.sum(-1, keepdim=True)
+        if grad is None:
+            return extra, None, None
         probs = log_probs.exp_()
         probs[torch.arange(len(safe), device=safe.device), safe] -= 1.0
-        return probs.mul_((grad * kept)[:, None]), None
+        out = probs.mul_((grad * kept)[:, None])
+        return (out if extra is None else out.add_(extra)), None, None
 
 
 @dataclass

@@ -286,7 +286,10 @@ class XLNetLayer(Block):
         q, k, v = (t.split(packed.sizes) for t in self.project(x))
         r_all = self.position(packed.positions)
         r_rows = r_all.split(packed.position_sizes) if packed.position_sizes is not None else None
-        outputs = []
+        width = self.num_heads * self.head_dim
+        rows = len(x) if content else len(packed.slot_rows)
+        a_all = x.new_zeros(rows, width) if packed.empty else x.new_empty(rows, width)  # `empty`'s stays 0
+        done = 0
         for index, bucket in enumerate(packed.buckets):
             count, n = bucket.count, bucket.width
             if not content and not bucket.slots:
@@ -302,12 +305,11 @@ class XLNetLayer(Block):
                 bucket.columns)[0]
             if bucket.keep is not None:
                 a = a * bucket.keep[:, :, at]
-            outputs.append(a.transpose(1, 2).flatten(0, 1).flatten(1))
-        if packed.empty:
-            outputs.append(x.new_zeros(1, self.num_heads * self.head_dim))
-        a = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            size = count * a.shape[2]
+            a_all[done:done + size].view(count, -1, self.num_heads, self.head_dim).copy_(a.transpose(1, 2))
+            done += size
         residual = x if content else x.index_select(0, packed.slot_rows)
-        return self.feed_forward_residual(self.attention_residual(residual, a))
+        return self.feed_forward_residual(self.attention_residual(residual, a_all))
 
     def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
                            allowed: Tensor | None, columns: Tensor | None = None,
@@ -337,10 +339,12 @@ class XLNetLayer(Block):
             else:
                 by_segment = torch.einsum("bnid,snd->bnis", query, self.segment_embeddings)
                 bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
+        fresh = len(parts) > 1 or segments is not None or bias.dtype != q.dtype  # not a view of by_distance
         bias = bias.to(q.dtype)
         if allowed is not None:
             # The dtype's lowest value instead of -inf: a query that may see nothing gets a uniform row, not NaN.
-            bias = bias.masked_fill(~allowed[:, None], torch.finfo(bias.dtype).min)
+            fill = bias.masked_fill_ if fresh else bias.masked_fill
+            bias = fill(~allowed[:, None], torch.finfo(bias.dtype).min)
         return attend(q + self.content_bias[:, None] * scale, k, v, bias,
                       self.attention_dropout if self.training else 0.0, need_weights, prefix, scale=1.0)
 

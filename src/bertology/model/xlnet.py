@@ -14,10 +14,13 @@ r_r_bias, r_s_bias, and e the two relative segment vectors (same segment or not)
 next call's memory (`mems`, transformers' layout [M, B, H] per layer): memory positions come before the input, are
 visible to every query and count as segment 0.
 
-Without a memory (none read, none kept) the streams run on the real tokens alone (`Layout`): every linear layer
-over the packed tokens, attention per group of equal-length rows, each row in its own coordinates, since relative
-positions make a row's padding irrelevant; the content stream's output is then zero at padding (transformers' runs
-its padding positions too). With a memory, attention probabilities, "uni" attention or bi_data the rows run padded.
+Without a memory (none read, none kept) the streams run on the real tokens alone (`Layout`), as one joint stream:
+the rows go into a few buckets padded to their longest (`plan_buckets`), each row's content positions followed by
+the query stream's slots at its targets, in the row's own coordinates (relative positions make a row's padding
+irrelevant). Every linear layer runs once over the joint stream and attention once per bucket for both streams; the
+content stream's output is zero at padding (transformers' runs its padding positions too), and the empty slots past
+a bucket's most targets share one row (with dropout, one draw: they predict nothing). With a memory, attention
+probabilities, "uni" attention or bi_data the rows run padded.
 
 The forward pass takes transformers' keyword names (input_ids, attention_mask, token_type_ids, perm_mask,
 target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `mems` under the same names."""

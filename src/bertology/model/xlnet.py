@@ -542,7 +542,7 @@ class XLNetModel(nn.Module):
         firsts = torch.cat([layout.group_positions(start, count, n)[:, 0] for start, count, n in layout.groups])
         counts = torch.tensor([count for count, _ in groups])
         lengths = torch.repeat_interleave(torch.tensor([n for _, n in groups]), counts).to(device)
-        rows_cpu = (firsts.cpu() // length) if targets is not None else None
+        rows_cpu = firsts.cpu() // length  # the rows' batch indices, on the host
         buckets, sources, real_rows, query_rows, slot_rows, slot_parts, per_row, flags = [], [], [], [], [], [], [], []
         done = joint = compact = 0
         for first_group, end_group in plan_buckets(groups, row_cost):
@@ -552,7 +552,7 @@ class XLNetModel(nn.Module):
             done += count
             flat_first, real_length = firsts[rows], lengths[rows]
             batch_rows = flat_first // length
-            used = int(targets[rows_cpu[rows]].max()) if targets is not None and rows_cpu is not None else 0
+            used = int(targets[rows_cpu[rows]].max()) if targets is not None else 0  # the bucket's slots per row
             position = torch.arange(n, device=device)
             real = position < real_length[:, None]  # [count, n]
             columns = flat_first[:, None] % length + torch.minimum(position, real_length[:, None] - 1)

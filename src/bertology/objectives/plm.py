@@ -290,12 +290,13 @@ class PermutationLM(nn.Module):
         return list(memory.unbind(0)), torch.cat([mask, batch.attention_mask.to(mask.dtype)], 1)
 
     def forward(self, passes: Passes, batch: PermutationBatch) -> ObjectiveOutput:
-        """The model's pass (with the memory on segment streams); in fp32 without autocast its head runs at no slot
-        and the loss makes the logits in cache-sized pieces (`linear_token_prediction`), else at the used slots."""
+        """The model's pass (with the memory on segment streams); on CPU in fp32 without autocast its head runs at
+        no slot and the loss makes the logits in cache-sized pieces (`linear_token_prediction`; on a GPU the pieces
+        would be many small kernels), else at the used slots."""
         model = passes.model
         at = batch.masked_positions
         weight = model.word_embeddings.weight
-        fused = weight.dtype == torch.float32 and not torch.is_autocast_enabled(weight.device.type)
+        fused = weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
         inputs = model.forward_inputs(batch)
         if fused:
             inputs["masked_positions"] = torch.zeros(0, 2, dtype=torch.long, device=batch.input_ids.device)

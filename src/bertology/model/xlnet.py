@@ -342,7 +342,7 @@ class XLNetLayer(Block):
             else:
                 by_segment = torch.einsum("bnid,snd->bnis", query, self.segment_embeddings)
                 bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
-        fresh = len(parts) > 1 or segments is not None or bias.dtype != q.dtype  # not a view of by_distance
+        fresh = columns is not None or segments is not None or bias.dtype != q.dtype  # not a view of by_distance
         bias = bias.to(q.dtype)
         if allowed is not None:
             # The dtype's lowest value instead of -inf: a query that may see nothing gets a uniform row, not NaN.

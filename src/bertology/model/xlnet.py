@@ -14,10 +14,13 @@ r_r_bias, r_s_bias, and e the two relative segment vectors (same segment or not)
 next call's memory (`mems`, transformers' layout [M, B, H] per layer): memory positions come before the input, are
 visible to every query and count as segment 0.
 
-Without a memory (none read, none kept) the streams run on the real tokens alone (`Layout`): every linear layer
-over the packed tokens, attention per group of equal-length rows, each row in its own coordinates, since relative
-positions make a row's padding irrelevant; the content stream's output is then zero at padding (transformers' runs
-its padding positions too). With a memory, attention probabilities, "uni" attention or bi_data the rows run padded.
+Without a memory (none read, none kept) the streams run on the real tokens alone (`Layout`), as one joint stream:
+the rows go into a few buckets padded to their longest (`plan_buckets`), each row's content positions followed by
+the query stream's slots at its targets, in the row's own coordinates (relative positions make a row's padding
+irrelevant). Every linear layer runs once over the joint stream and attention once per bucket for both streams; the
+content stream's output is zero at padding (transformers' runs its padding positions too), and the empty slots past
+a bucket's most targets share one row (with dropout, one draw: they predict nothing). With a memory, attention
+probabilities, "uni" attention or bi_data the rows run padded.
 
 The forward pass takes transformers' keyword names (input_ids, attention_mask, token_type_ids, perm_mask,
 target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `mems` under the same names."""
@@ -25,7 +28,7 @@ target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `m
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import attention
+from bertology.model.attention import attend
 from bertology.model.blocks import Block, BlockSpec, init_parameters
 from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
@@ -148,34 +151,81 @@ class Targets:
 
 
 @dataclass
-class Group:
-    """`count` rows with `length` real tokens each, side by side in a packed batch (`Layout.groups`): their
-    content-stream mask and segments [count, n, n] (None: all visible, one segment) and the query stream's targets,
-    in the rows' own coordinates."""
+class Bucket:
+    """`count` rows of a packed batch, each padded to `width` content positions (its real tokens first, in its own
+    coordinates) and followed by `slots` rows of the query stream (the row's targets, then empty slots up to the
+    bucket's most targets): `count x (width + slots)` rows of the joint stream (`Packed`). For every row (content
+    position or slot) against the `width` keys: `allowed` [count, width + slots, width] (True: may attend; never a
+    padding key), `segments` (True: another segment; None without token types), `mixed` (whether an allowed pair
+    crosses segments) and `keep` [count, 1, width + slots, 1] (0 at the empty slots, whose attention output is 0;
+    None when no slot is empty); `columns` [count, 1, slots, width] the relative-distance column of each slot and
+    key (None without slots)."""
 
     count: int
-    length: int
-    content_mask: Tensor | None
+    width: int
+    slots: int
+    allowed: Tensor
+    columns: Tensor | None
     segments: Tensor | None
-    targets: Targets | None
+    mixed: bool
+    keep: Tensor | None
 
 
 @dataclass
 class Packed:
-    """What every layer needs to run a batch's real tokens (`XLNetModel.packed`): the groups, each group's number of
-    tokens in the packed stream (`sizes`), the encoded distances, either each row's own copy (dropped out row by
-    row, as transformers' does), `position_sizes` rows per group, or one copy for all [2 longest, H] from which a
-    group of n reads the middle 2n, and the batch rows in group order (`order`, `counts` per group) and back
-    (`inverse`)."""
+    """What every layer needs to run a batch's real tokens (`XLNetModel.packed`) as one joint stream of both
+    streams: the buckets of rows, then, with a query stream, one more row (`empty`): the slot that no bucket holds,
+    whose attention output is 0 (a row's slots past its bucket's are all this one). `sizes`: each bucket's number
+    of joint rows (and 1 for `empty`); the encoded distances, either each row's own copy (dropped out row by row,
+    as transformers' does), `position_sizes` rows per bucket, or one copy for all [2 longest, H] from which a bucket
+    of width n reads the middle 2n; `source` [joint rows] the flat [B * L] position each joint row takes its token
+    from (a padding position or slot: any), `query` [joint rows] True at the slots, `real` the joint rows of the
+    real tokens and `flat` their flat positions; `slot_rows` the joint rows of the slots (bucket order, `empty`
+    last) and `slot_index` [B, P] where each slot of `target_mapping` reads its state among those."""
 
-    groups: list[Group]
+    buckets: list[Bucket]
     sizes: list[int]
+    slots: int
+    empty: bool
     positions: Tensor
     position_sizes: list[int] | None
     longest: int
-    order: Tensor
-    counts: list[int]
-    inverse: Tensor
+    source: Tensor
+    query: Tensor
+    real: Tensor
+    flat: Tensor
+    slot_rows: Tensor
+    slot_index: Tensor
+
+
+# What running one more bucket costs beyond its FLOPs (its few dozen small operations per layer, forward and
+# backward), in FLOPs: about a millisecond of a CPU core's matmuls. `plan_buckets` weighs it against padding; on the
+# benchmark's paragraphs (XLNet-mini, one thread) anything from 1e7 to 3e8 ran equally fast (10-15 buckets of 32
+# rows), a single bucket (every row padded to the longest) 60 % slower.
+BUCKET_OVERHEAD_FLOPS = 1e8
+
+
+def plan_buckets(groups: Sequence[tuple[int, int]], row_cost: Callable[[int], float],
+                 overhead: float | None = None) -> list[tuple[int, int]]:
+    """Consecutive runs [i, j) of `groups` ((count, length) by increasing length) to pad to their longest, each run
+    one bucket, minimising the buckets' cost: `overhead` each (default BUCKET_OVERHEAD_FLOPS), plus
+    `row_cost(width)` per row padded to `width`."""
+    overhead = BUCKET_OVERHEAD_FLOPS if overhead is None else overhead
+    rows = [0]
+    for count, _ in groups:
+        rows.append(rows[-1] + count)
+    best, start = [0.0] + [math.inf] * len(groups), [0] * (len(groups) + 1)
+    for j in range(1, len(groups) + 1):
+        per_row = row_cost(groups[j - 1][1])
+        for i in range(j):
+            cost = best[i] + overhead + (rows[j] - rows[i]) * per_row
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    runs, j = [], len(groups)
+    while j:
+        runs.append((start[j], j))
+        j = start[j]
+    return runs[::-1]
 
 
 def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
@@ -230,57 +280,76 @@ class XLNetLayer(Block):
         g_out = self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
         return h_out, g_out
 
-    def forward_packed(self, h: Tensor, g: Tensor | None, packed: Packed,
-                       content: bool = True) -> tuple[Tensor, Tensor | None]:
-        """`forward` on the real tokens alone: h [T, H] packed (`Layout`), attention run per group of equal-length
-        rows, each in its own coordinates (relative positions make a row's padding irrelevant); g [B, P, H] as in
-        `forward`. The projections run once over the stream; the groups are split off it (a slice per group would
-        make autograd add a stream-sized zero gradient per group)."""
-        q, k, v = (t.split(packed.sizes) for t in self.project(h))
+    def forward_packed(self, x: Tensor, packed: Packed, content: bool = True) -> Tensor:
+        """`forward` on the joint stream x [rows, H] of both streams (`Packed`): the linear layers once over it,
+        attention once per bucket, a row's content positions and slots together against its keys. Without
+        `content` only the slots' rows come back ([len(slot_rows), H]): the last layer's, when the query stream
+        alone is read. The buckets are split off the stream (a slice per bucket would make autograd add a
+        stream-sized zero gradient per bucket)."""
+        q, k, v = (t.split(packed.sizes) for t in self.project(x))
         r_all = self.position(packed.positions)
         r_rows = r_all.split(packed.position_sizes) if packed.position_sizes is not None else None
-        queries = None
-        if g is not None:
-            queries = self.heads_first(self.query(g))[packed.order].split(packed.counts)
-        outputs, query_outputs = [], []
-        for index, group in enumerate(packed.groups):
-            count, n = group.count, group.length
-            qc, kc, vc = (self.heads_first(t[index].view(count, n, -1)) for t in (q, k, v))
+        width = self.num_heads * self.head_dim
+        rows = len(x) if content else len(packed.slot_rows)
+        a_all = x.new_zeros(rows, width) if packed.empty else x.new_empty(rows, width)  # `empty`'s stays 0
+        done = 0
+        for index, bucket in enumerate(packed.buckets):
+            count, n = bucket.count, bucket.width
+            if not content and not bucket.slots:
+                continue
+            qb, kb, vb = (t[index].view(count, n + bucket.slots, self.num_heads, self.head_dim) for t in (q, k, v))
             r = r_rows[index].view(count, 2 * n, -1) if r_rows is not None \
                 else r_all[packed.longest - n:packed.longest + n][None]
-            r = self.heads_first(r)
-            if content:
-                a = self.relative_attention(qc, kc, vc, r, group.segments, group.content_mask)[0]
-                outputs.append(a.transpose(1, 2).reshape(count * n, -1))
-            if queries is not None and group.targets is not None:
-                t = group.targets
-                a_g = self.relative_attention(queries[index], kc, vc, r, t.segments, t.mask, t.columns)[0]
-                query_outputs.append(a_g * t.present)
-        h_out = self.feed_forward_residual(self.attention_residual(h, torch.cat(outputs))) if content else h
-        if g is None:
-            return h_out, None
-        a_g = torch.cat(query_outputs)[packed.inverse]
-        return h_out, self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
+            at = slice(None) if content else slice(n, None)  # which rows attend: all, or the slots
+            segments = bucket.segments if bucket.mixed or self.prefix is not None else None
+            a = self.relative_attention(
+                qb[:, at].transpose(1, 2), kb[:, :n].transpose(1, 2), vb[:, :n].transpose(1, 2),
+                self.heads_first(r), segments[:, at] if segments is not None else None, bucket.allowed[:, at],
+                bucket.columns)[0]
+            if bucket.keep is not None:
+                a = a * bucket.keep[:, :, at]
+            size = count * a.shape[2]
+            a_all[done:done + size].view(count, -1, self.num_heads, self.head_dim).copy_(a.transpose(1, 2))
+            done += size
+        residual = x if content else x.index_select(0, packed.slot_rows)
+        return self.feed_forward_residual(self.attention_residual(residual, a_all))
 
     def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
                            allowed: Tensor | None, columns: Tensor | None = None,
                            need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """[B, heads, Q, d] attention output of queries q over keys k and values v with relative position and
         segment terms added to the scores (and the probabilities [B, heads, Q, K] with `need_weights`). The queries
-        are the last Q positions of the keys, or, given `columns` [B, 1, Q, K] (the distance column each query reads
-        for each key), wherever those say (the targets)."""
+        are the last positions of the keys (Q - T of them), then T targets wherever `columns` [B, 1, T, K] say (the
+        distance column each target reads for each key).
+
+        The scale goes into the queries, and the segment term (q + s) e_0 common to all of a query's keys is left
+        out (it does not change a softmax) unless a prefix takes part, whose keys have no segment: the segment term
+        is then (q + s) (e_1 - e_0) where the segments differ."""
         scale = 1 / math.sqrt(self.head_dim)
-        by_distance = (q + self.position_bias[:, None]) @ r.transpose(-1, -2)  # [B, heads, Q, R]
-        if columns is None:
-            bias = rel_shift(by_distance, k.shape[-2])
-        else:
-            bias = by_distance.gather(-1, columns.expand(-1, by_distance.shape[1], -1, -1))
+        q = q * scale
+        by_distance = (q + self.position_bias[:, None] * scale) @ r.transpose(-1, -2)  # [B, heads, Q, R]
+        queries, targets = q.shape[-2], columns.shape[-2] if columns is not None else 0
+        parts = [rel_shift(by_distance[:, :, :queries - targets], k.shape[-2])] if queries > targets else []
+        if columns is not None:
+            parts.append(by_distance[:, :, queries - targets:].gather(-1, columns.expand(-1, q.shape[1], -1, -1)))
+        bias = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+        prefix = self.prefix_states()
         if segments is not None:
-            by_segment = torch.einsum("bnid,snd->bnis", q + self.segment_bias[:, None], self.segment_embeddings)
-            bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
-        return attention(q + self.content_bias[:, None], k, v, mask=allowed[:, None] if allowed is not None else None,
-                         bias=bias * scale, scale=scale, dropout=self.attention_dropout if self.training else 0.0,
-                         prefix=self.prefix_states(), need_weights=need_weights)
+            query = q + self.segment_bias[:, None] * scale
+            if prefix is None:
+                other = query @ (self.segment_embeddings[1] - self.segment_embeddings[0])[:, :, None]  # [B, h, Q, 1]
+                bias = torch.addcmul(bias, segments[:, None].to(bias.dtype), other)
+            else:
+                by_segment = torch.einsum("bnid,snd->bnis", query, self.segment_embeddings)
+                bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
+        fresh = columns is not None or segments is not None or bias.dtype != q.dtype  # not a view of by_distance
+        bias = bias.to(q.dtype)
+        if allowed is not None:
+            # The dtype's lowest value instead of -inf: a query that may see nothing gets a uniform row, not NaN.
+            fill = bias.masked_fill_ if fresh else bias.masked_fill
+            bias = fill(~allowed[:, None], torch.finfo(bias.dtype).min)
+        return attend(q + self.content_bias[:, None] * scale, k, v, bias,
+                      self.attention_dropout if self.training else 0.0, need_weights, prefix, scale=1.0)
 
 
 class SequenceSummaryHead(nn.Module):
@@ -447,44 +516,113 @@ class XLNetModel(nn.Module):
 
     def packed(self, layout: Layout, perm_mask: Tensor | None, token_type_ids: Tensor | None,
                target_mapping: Tensor | None, dtype: torch.dtype) -> Packed:
-        """Each group's masks, segments and targets in its rows' own coordinates (the content stream sees itself;
-        a target slot on padding is empty) and the encoded distances (see `Packed`)."""
-        length = layout.seq_len
-        dropout = self.config.hidden_dropout if self.training else 0.0
+        """The rows in buckets (`plan_buckets`), each row in its own coordinates (its real tokens first; the content
+        stream sees itself, padding is never seen; a target slot on padding is empty; a row's targets first among
+        its slots), where each joint row takes its token, and the encoded distances (see `Packed`)."""
+        config = self.config
+        batch, length, device = layout.batch_size, layout.seq_len, layout.flat_index.device
+        dropout = config.hidden_dropout if self.training else 0.0
+        slots = target_mapping.shape[1] if target_mapping is not None else 0
         blocked_all = perm_mask > 0 if perm_mask is not None else None
-        groups, rows_in_order, per_row = [], [], []
-        for start, count, n in layout.groups:
-            flat = layout.group_positions(start, count, n)
-            rows, columns = flat[:, 0] // length, flat % length
-            rows_in_order.append(rows)
+        present_all = targets = None
+        if target_mapping is not None:  # each row's slots with a target on a real token, and their count
+            real_all = torch.zeros(batch * length, dtype=target_mapping.dtype, device=device)
+            real_all = real_all.index_fill_(0, layout.flat_index, 1).view(batch, 1, length)
+            present_all = (target_mapping * real_all).sum(-1) > 0  # [B, P]
+            targets = present_all.sum(1).cpu()  # the one host copy of the targets
+        hidden, width = config.hidden_size, config.num_heads * config.head_dim
+        linear = 2 * (4 * hidden * width + 2 * hidden * config.intermediate_size)  # per joint row and layer
+        mean_slots = float(targets.float().mean()) if targets is not None else 0.0
 
-            def local(table: Tensor) -> Tensor:  # [B, L, L] -> the group's [count, n, n]
-                inner = table[rows].gather(1, columns[:, :, None].expand(-1, -1, length))
+        def row_cost(n: int) -> float:  # FLOPs of a row padded to n (forward and backward) per layer
+            positions = 2 * n * 2 * hidden * width if dropout else 0
+            return 3 * ((n + mean_slots) * (linear + 8 * n * width) + positions)
+
+        groups = [(count, n) for _, count, n in layout.groups]
+        firsts = torch.cat([layout.group_positions(start, count, n)[:, 0] for start, count, n in layout.groups])
+        counts = torch.tensor([count for count, _ in groups])
+        lengths = torch.repeat_interleave(torch.tensor([n for _, n in groups]), counts).to(device)
+        rows_cpu = firsts.cpu() // length  # the rows' batch indices, on the host
+        buckets, sources, real_rows, query_rows, slot_rows, slot_parts, per_row, flags = [], [], [], [], [], [], [], []
+        done = joint = compact = 0
+        for first_group, end_group in plan_buckets(groups, row_cost):
+            count = sum(c for c, _ in groups[first_group:end_group])
+            n = groups[end_group - 1][1]
+            rows = slice(done, done + count)
+            done += count
+            flat_first, real_length = firsts[rows], lengths[rows]
+            batch_rows = flat_first // length
+            used = int(targets[rows_cpu[rows]].max()) if targets is not None else 0  # the bucket's slots per row
+            position = torch.arange(n, device=device)
+            real = position < real_length[:, None]  # [count, n]
+            columns = flat_first[:, None] % length + torch.minimum(position, real_length[:, None] - 1)
+            source = batch_rows[:, None] * length + columns
+            sources.append(torch.cat([source, source[:, :1].expand(-1, used)], 1).flatten())
+            real_rows.append(torch.cat([real, real.new_zeros(count, used)], 1).flatten())
+            query_rows.append((torch.arange(n + used, device=device) >= n).repeat(count))
+
+            def local(table: Tensor) -> Tensor:  # [B, L, L] -> the bucket's [count, n, n]
+                inner = table[batch_rows].gather(1, columns[:, :, None].expand(-1, -1, length))
                 return inner.gather(2, columns[:, None, :].expand(-1, n, -1))
 
-            content_mask = query_mask = segments = None
-            if blocked_all is not None:
-                blocked = local(blocked_all)
-                itself = torch.eye(n, dtype=torch.bool, device=blocked.device)
-                content_mask, query_mask = ~(blocked & ~itself), ~blocked
-            if token_type_ids is not None:
-                types = token_type_ids[rows].gather(1, columns)
-                segments = types[:, :, None] != types[:, None, :]
-            targets = None
-            if target_mapping is not None:
-                mapping = target_mapping[rows].gather(2, columns[:, None, :].expand(-1, target_mapping.shape[1], -1))
-                targets = self.targets(mapping, query_mask, segments, 0, 2 * n, dtype)
+            blocked = local(blocked_all) if blocked_all is not None else None
+            allowed = real[:, None, :].expand(-1, n, -1)
+            if blocked is not None:
+                allowed = allowed & ~(blocked & ~torch.eye(n, dtype=torch.bool, device=device))
+            types = token_type_ids[batch_rows].gather(1, columns) if token_type_ids is not None else None
+            segments = types[:, :, None] != types[:, None, :] if types is not None else None
+            keep = column = None
+            if used:
+                assert target_mapping is not None and present_all is not None
+                # The row's slots with targets first, in order; the bucket's first `used` of them run.
+                chosen = torch.argsort((~present_all[batch_rows]).to(torch.uint8), dim=1, stable=True)[:, :used]
+                mapping = target_mapping[batch_rows].gather(1, chosen[:, :, None].expand(-1, -1, length))
+                mapping = mapping.gather(2, columns[:, None, :].expand(-1, used, -1)) * real[:, None, :]
+                at = mapping.argmax(-1)  # [count, used]
+                present = mapping.sum(-1).to(dtype)
+                at_rows = at[:, :, None].expand(-1, -1, n)
+                seen = real[:, None, :].expand(-1, used, -1)
+                allowed = torch.cat([allowed, seen & ~blocked.gather(1, at_rows) if blocked is not None else seen], 1)
+                column = (n - at[:, :, None] + position)[:, None]  # the distance column of (target, key)
+                if segments is not None:
+                    segments = torch.cat([segments, segments.gather(1, at_rows)], 1)
+                keep = torch.cat([present.new_ones(count, n), present], 1)[:, None, :, None]
+                flags.append((present == 0).any())
+                starts = joint + torch.arange(count, device=device)[:, None] * (n + used) + n
+                slot_rows.append((starts + torch.arange(used, device=device)).flatten())
+                slot_parts.append((batch_rows, chosen, compact + torch.arange(count * used, device=device)))
+                compact += count * used
+            mixed = segments is not None
+            if segments is not None:
+                flags.append((segments & allowed).any())
+            buckets.append(Bucket(count, n, used, allowed, column, segments, mixed, keep))
+            joint += count * (n + used)
             if dropout:
-                per_row.append(self.relative_positions(n, n, count, flat.device).flatten(0, 1))
-            groups.append(Group(count, n, content_mask, segments, targets))
-        longest = max(group.length for group in groups)
-        device = layout.flat_index.device
+                per_row.append(self.relative_positions(n, n, count, device).flatten(0, 1))
+        read = iter(torch.stack(flags).tolist() if flags else [])  # one host read for the whole batch
+        for bucket in buckets:
+            if bucket.slots and not next(read):
+                bucket.keep = None
+            if bucket.mixed:
+                bucket.mixed = next(read)
+        empty = target_mapping is not None
+        slot_index = torch.full((batch, slots), compact, dtype=torch.long, device=device)  # default: `empty`
+        for batch_rows, chosen, at in slot_parts:
+            slot_index[batch_rows[:, None], chosen] = at.view(len(batch_rows), -1)
+        if empty:
+            sources.append(sources[0][:1])
+            real_rows.append(real_rows[0].new_zeros(1))
+            query_rows.append(query_rows[0].new_ones(1))
+            slot_rows.append(torch.tensor([joint], device=device))
+        longest = buckets[-1].width
         positions = torch.cat(per_row) if dropout else self.relative_positions(longest, longest, 1, device)[0]
-        order = torch.cat(rows_in_order)
-        return Packed(groups, [group.count * group.length for group in groups],
+        source = torch.cat(sources)
+        real_index = torch.cat(real_rows).nonzero().squeeze(1)
+        return Packed(buckets, [b.count * (b.width + b.slots) for b in buckets] + [1] * empty, slots, empty,
                       fast_dropout(positions.to(dtype), dropout, self.training),
-                      [2 * group.count * group.length for group in groups] if dropout else None, longest, order,
-                      [group.count for group in groups], order.argsort())
+                      [2 * b.count * b.width for b in buckets] if dropout else None, longest, source,
+                      torch.cat(query_rows), real_index, source[real_index],
+                      torch.cat(slot_rows) if slot_rows else source.new_zeros(0), slot_index)
 
     def cache(self, h: Tensor, previous: Tensor | None) -> Tensor:
         """The next memory [M', B, H] from a layer's input h [B, L, H]: the first reuse_len positions appended to
@@ -540,24 +678,31 @@ class XLNetModel(nn.Module):
 
     def packed_streams(self, layout: Layout, input_ids: Tensor, token_type_ids: Tensor | None,
                        perm_mask: Tensor | None, target_mapping: Tensor | None, output_hidden_states: bool
-                       ) -> tuple[Tensor, Tensor | None, list[Tensor] | None]:
-        """The two streams on the real tokens alone (see `layout`): h [B, L, H] with zeros at padding (still
-        packed when the query stream runs: then it is not read), g [B, P, H] or None, the content stream's states
-        [B, L, H] when asked."""
+                       ) -> tuple[Tensor | None, Tensor | None, list[Tensor] | None]:
+        """The two streams on the real tokens alone (see `layout`), as one joint stream (`Packed`): h [B, L, H]
+        with zeros at padding (None when the query stream runs: then it is not read), g [B, P, H] or None, the
+        content stream's states [B, L, H] when asked."""
         dropout = self.config.hidden_dropout if self.training else 0.0
-        h = fast_dropout(self.embeddings(layout.pack(input_ids)), dropout, self.training)
-        packed = self.packed(layout, perm_mask, token_type_ids, target_mapping, h.dtype)
-        g = None
-        if target_mapping is not None:
-            g = fast_dropout(self.mask_embedding.expand(len(input_ids), target_mapping.shape[1], -1), dropout,
-                             self.training)
-        states = [layout.unpack(h)] if output_hidden_states else None
+        packed = self.packed(layout, perm_mask, token_type_ids, target_mapping, self.embeddings.weight.dtype)
+        x = self.embeddings(input_ids.flatten()[packed.source])
+        if packed.slots:
+            x = torch.where(packed.query[:, None], self.mask_embedding.to(x.dtype), x)
+        x = fast_dropout(x, dropout, self.training)
+
+        def content_states(x: Tensor) -> Tensor:  # [B, L, H], zeros at padding
+            out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
+            return out.index_copy(0, packed.flat, x[packed.real]).view(layout.batch_size, layout.seq_len, -1)
+
+        states = [content_states(x)] if output_hidden_states else None
+        last_content = target_mapping is None or states is not None
         for index, layer in enumerate(self.layers):
-            content = g is None or states is not None or index < len(self.layers) - 1
-            h, g = layer.forward_packed(h, g, packed, content)
+            x = layer.forward_packed(x, packed, last_content or index < len(self.layers) - 1)
             if states is not None:
-                states.append(layout.unpack(h))
-        return layout.unpack(h) if g is None else h, g, states
+                states.append(content_states(x))
+        if target_mapping is None:
+            return states[-1] if states is not None else content_states(x), None, states
+        slots = x.index_select(0, packed.slot_rows) if last_content else x
+        return None, slots[packed.slot_index], states
 
     def padded_streams(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                        perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None,
@@ -632,7 +777,7 @@ class XLNetModel(nn.Module):
             h, g, states, new_mems, probabilities = self.padded_streams(
                 input_ids, attention_mask, token_type_ids, perm_mask, target_mapping, mems, use_mems,
                 output_hidden_states, output_attentions)
-        out = fast_dropout(g if g is not None else h, dropout, self.training)
+        out = fast_dropout(g if g is not None else h, dropout, self.training)  # type: ignore[arg-type]
         result = XLNetOutput(last_hidden_state=out, mems=new_mems if use_mems else None,
                              hidden_states=tuple(states) if states is not None else None,
                              attentions=tuple(probabilities) if probabilities is not None else None)

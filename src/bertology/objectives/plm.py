@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from bertology.config import validate
 from bertology.errors import ConfigError
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import IGNORE, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
 
 
@@ -175,6 +175,65 @@ class PermutationBatches:
                                  instances.word_starts, self.special_ids, self.config, generator)
 
 
+# Rows of vocabulary logits `linear_token_prediction` computes at once: [64, V] stays in the cache.
+LOGIT_ROWS = 64
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """The summed cross-entropy of `F.linear(hidden, weight, bias)` against `labels` (IGNORE: no loss) and the
+    number of rows whose label has the largest logit, without the [N, V] logits: rows go LOGIT_ROWS at a time, their
+    logits staying in the cache, and each one's gradients are made as it goes (the loss is a sum: backward only
+    scales them). The same products as logits then loss; a few passes over [N, V] in memory fewer."""
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
+                gradients: bool) -> tuple[Tensor, Tensor]:
+        loss = hidden.new_zeros(())
+        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if gradients else None
+        grad_weight = torch.zeros_like(weight) if gradients else None
+        grad_bias = torch.zeros_like(bias) if gradients and bias is not None else None
+        for start in range(0, len(hidden), LOGIT_ROWS):
+            rows, y = hidden[start:start + LOGIT_ROWS], labels[start:start + LOGIT_ROWS]
+            kept, safe = y != IGNORE, y.clamp(min=0)  # an ignored row reads class 0, then counts 0
+            z = torch.addmm(bias, rows, weight.t()) if bias is not None else rows @ weight.t()
+            z -= z.amax(1, keepdim=True)
+            picked = z.gather(1, safe[:, None]).squeeze(1)
+            correct += ((picked == 0) & kept).sum()
+            total = z.exp_().sum(1)
+            loss += ((total.log() - picked) * kept).sum()
+            if gradients:  # softmax - one-hot, at the kept rows
+                z.mul_((kept / total)[:, None])
+                z[torch.arange(len(y), device=z.device), safe] -= kept.to(z.dtype)
+                torch.mm(z, weight, out=grad_hidden[start:start + LOGIT_ROWS])
+                grad_weight.addmm_(z.t(), rows)
+                if grad_bias is not None:
+                    grad_bias += z.sum(0)
+        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
+        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+        if grad_hidden is None:
+            raise RuntimeError("linear_token_prediction ran without gradients (no_grad or no input needing them)")
+        return (grad_hidden * grad, grad_weight * grad, grad_bias * grad if grad_bias is not None else None, None,
+                None)
+
+
+def linear_token_prediction(name: str, hidden: Tensor, weight: Tensor, bias: Tensor | None,
+                            labels: Tensor) -> ObjectiveOutput:
+    """`token_prediction` of the logits `F.linear(hidden [N, H], weight [V, H], bias [V])` without making them
+    (`_LinearCrossEntropy`; fp32). A row counts as correct when its label's logit is the largest (argmax's, but for
+    exact ties)."""
+    gradients = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
+    loss, correct = _LinearCrossEntropy.apply(hidden, weight, bias, labels, gradients)
+    return ObjectiveOutput(loss, {f"{name}_units": (labels != IGNORE).sum(), f"{name}_loss_sum": loss.detach(),
+                                  f"{name}_correct": correct})
+
+
 @dataclass(eq=False)
 class PermutationLM(nn.Module):
     """XLNet's objective on the tied `lm` head with its bias (XLNetLMHeadModel's `lm_loss`); `k`, `max_span` and
@@ -214,9 +273,7 @@ class PermutationLM(nn.Module):
         return (HeadSpec(self.name, "tied_lm_bias"),)
 
     def reads(self, batch: PermutationBatch) -> Tensor | None:
-        if getattr(batch, "reset", None) is not None:
-            return torch.zeros(0, 2, dtype=torch.long)  # a pass of its own, with the memory
-        return None  # the query stream at the target slots
+        return torch.zeros(0, 2, dtype=torch.long)  # a pass of its own (its head at no slot, or with the memory)
 
     def units(self, batch: PermutationBatch) -> Tensor:
         return batch.num_targets.to(torch.int64).cpu()
@@ -233,25 +290,36 @@ class PermutationLM(nn.Module):
         return list(memory.unbind(0)), torch.cat([mask, batch.attention_mask.to(mask.dtype)], 1)
 
     def forward(self, passes: Passes, batch: PermutationBatch) -> ObjectiveOutput:
+        """The model's pass (with the memory on segment streams); on CPU in fp32 without autocast its head runs at
+        no slot and the loss makes the logits in cache-sized pieces (`linear_token_prediction`; on a GPU the pieces
+        would be many small kernels), else at the used slots."""
+        model = passes.model
+        at = batch.masked_positions
+        weight = model.word_embeddings.weight
+        fused = weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        inputs = model.forward_inputs(batch)
+        if fused:
+            inputs["masked_positions"] = torch.zeros(0, 2, dtype=torch.long, device=batch.input_ids.device)
         if getattr(batch, "reset", None) is None:
-            logits = passes.shared.head_logits[self.name]
+            out = passes.run(**inputs)
         else:
-            model = passes.model
             mems, attention_mask = self._memory(batch)
-            inputs = {**model.forward_inputs(batch), "attention_mask": attention_mask}
-            out = passes.run(**inputs, mems=mems, use_mems=True)
+            out = passes.run(**{**inputs, "attention_mask": attention_mask}, mems=mems, use_mems=True)
             previous = attention_mask[:, :-batch.attention_mask.shape[1]] if mems is not None else None
             state = (torch.stack(out.mems).detach(), model.memory_mask(previous, batch.attention_mask).detach())
             if self.training:
                 self.memory, self.memory_mask = state
             else:
                 self.eval_memory = state
-            logits = out.head_logits[self.name]
-        at = batch.masked_positions
-        if at is not None:  # the head ran at the used slots alone
-            return token_prediction(self.name, logits, batch.labels[at[:, 0], at[:, 1]])
-        used = batch.labels != -100
-        return token_prediction(self.name, logits[used], batch.labels[used])
+        used = batch.labels != IGNORE if at is None else None
+        labels = batch.labels[at[:, 0], at[:, 1]] if at is not None else batch.labels[used]
+        if fused:
+            hidden = out.last_hidden_state
+            hidden = hidden[at[:, 0], at[:, 1]] if at is not None else hidden[used]
+            return linear_token_prediction(self.name, hidden, weight, getattr(model.heads[self.name], "bias", None),
+                                           labels)
+        logits = out.head_logits[self.name]  # at the used slots alone when `at` is given
+        return token_prediction(self.name, logits if at is not None else logits[used], labels)
 
     def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, *args: Any) -> None:
         for name in ("memory", "memory_mask"):  # the saved memory's shape is the one to continue from

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from bertology.objectives.mlm import token_prediction
-from bertology.objectives.plm import LOGIT_ROWS, linear_token_prediction
+from bertology.objectives.mlm import LOGIT_ROWS, linear_token_prediction
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,6 +11,8 @@ so nothing inside the forward waits for the GPU."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,22 +101,13 @@ class Layout:
 
     def buckets(self, overhead: float) -> list[Bucket]:
         """The groups merged into buckets of padded rows, for one dense attention call each (cached per `overhead`).
-        Scanning the groups from the shortest, a group opens a new bucket when widening the current bucket's rows to
-        its length would add more score entries (rows x width^2) than `overhead`, the cost of one more call in those
-        units; otherwise it joins. `overhead` 0 gives the groups, an infinite one a single bucket."""
+        Runs of neighbouring groups chosen by `plan_buckets` to minimise the score entries (rows x width^2) plus
+        `overhead` per bucket, the cost of one more call in those units. `overhead` 0 gives the groups, an infinite
+        one a single bucket."""
         cache = self.__dict__.setdefault("_buckets", {})
         if overhead not in cache:
-            spans: list[list[tuple[int, int, int]]] = []
-            rows = 0
-            for group in self.groups:
-                count, length = group[1], group[2]
-                if spans and rows * (length * length - spans[-1][-1][2] ** 2) <= overhead:
-                    spans[-1].append(group)
-                    rows += count
-                else:
-                    spans.append([group])
-                    rows = count
-            cache[overhead] = [Bucket.of(members, self.flat_index.device) for members in spans]
+            runs = plan_buckets([(count, length) for _, count, length in self.groups], lambda n: n * n, overhead)
+            cache[overhead] = [Bucket.of(self.groups[i:j], self.flat_index.device) for i, j in runs]
         return cache[overhead]
 
     def group_positions(self, start: int, count: int, length: int) -> Tensor:
@@ -147,3 +140,25 @@ class Bucket:
         index = real.reshape(-1).nonzero().squeeze(1)  # row-major: each row's tokens in order, rows in stream order
         return Bucket(start, stop, count, width, index.to(device, non_blocking=True),
                       real.to(device, non_blocking=True))
+
+
+def plan_buckets(groups: Sequence[tuple[int, int]], row_cost: Callable[[int], float],
+                 overhead: float) -> list[tuple[int, int]]:
+    """Consecutive runs [i, j) of `groups` ((count, length) by increasing length) to pad to their longest, each run
+    one bucket, minimising the buckets' cost: `overhead` each (what one more call costs), plus `row_cost(width)` per
+    row padded to `width`. Overhead 0 gives a bucket a group, an infinite one a single bucket."""
+    rows = [0]
+    for count, _ in groups:
+        rows.append(rows[-1] + count)
+    best, start = [0.0] + [math.inf] * len(groups), [0] * (len(groups) + 1)
+    for j in range(1, len(groups) + 1):
+        per_row = row_cost(groups[j - 1][1])
+        for i in range(j):
+            cost = best[i] + overhead + (rows[j] - rows[i]) * per_row
+            if cost < best[j]:
+                best[j], start[j] = cost, i
+    runs, j = [], len(groups)
+    while j:
+        runs.append((start[j], j))
+        j = start[j]
+    return runs[::-1]

@@ -28,7 +28,7 @@ target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation, build_head, register_head
-from bertology.model.packing import Layout
+from bertology.model.packing import Layout, plan_buckets
 from bertology.model.positions import relative_sinusoids
 from bertology.model.registry import register_model
 from bertology.model.transformer import check_ids
@@ -151,7 +151,7 @@ class Targets:
 
 
 @dataclass
-class Bucket:
+class JointBucket:
     """`count` rows of a packed batch, each padded to `width` content positions (its real tokens first, in its own
     coordinates) and followed by `slots` rows of the query stream (the row's targets, then empty slots up to the
     bucket's most targets): `count x (width + slots)` rows of the joint stream (`Packed`). For every row (content
@@ -183,7 +183,7 @@ class Packed:
     real tokens and `flat` their flat positions; `slot_rows` the joint rows of the slots (bucket order, `empty`
     last) and `slot_index` [B, P] where each slot of `target_mapping` reads its state among those."""
 
-    buckets: list[Bucket]
+    buckets: list[JointBucket]
     sizes: list[int]
     slots: int
     empty: bool
@@ -203,29 +203,6 @@ class Packed:
 # benchmark's paragraphs (XLNet-mini, one thread) anything from 1e7 to 3e8 ran equally fast (10-15 buckets of 32
 # rows), a single bucket (every row padded to the longest) 60 % slower.
 BUCKET_OVERHEAD_FLOPS = 1e8
-
-
-def plan_buckets(groups: Sequence[tuple[int, int]], row_cost: Callable[[int], float],
-                 overhead: float | None = None) -> list[tuple[int, int]]:
-    """Consecutive runs [i, j) of `groups` ((count, length) by increasing length) to pad to their longest, each run
-    one bucket, minimising the buckets' cost: `overhead` each (default BUCKET_OVERHEAD_FLOPS), plus
-    `row_cost(width)` per row padded to `width`."""
-    overhead = BUCKET_OVERHEAD_FLOPS if overhead is None else overhead
-    rows = [0]
-    for count, _ in groups:
-        rows.append(rows[-1] + count)
-    best, start = [0.0] + [math.inf] * len(groups), [0] * (len(groups) + 1)
-    for j in range(1, len(groups) + 1):
-        per_row = row_cost(groups[j - 1][1])
-        for i in range(j):
-            cost = best[i] + overhead + (rows[j] - rows[i]) * per_row
-            if cost < best[j]:
-                best[j], start[j] = cost, i
-    runs, j = [], len(groups)
-    while j:
-        runs.append((start[j], j))
-        j = start[j]
-    return runs[::-1]
 
 
 def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
@@ -545,7 +522,7 @@ class XLNetModel(nn.Module):
         rows_cpu = firsts.cpu() // length  # the rows' batch indices, on the host
         buckets, sources, real_rows, query_rows, slot_rows, slot_parts, per_row, flags = [], [], [], [], [], [], [], []
         done = joint = compact = 0
-        for first_group, end_group in plan_buckets(groups, row_cost):
+        for first_group, end_group in plan_buckets(groups, row_cost, BUCKET_OVERHEAD_FLOPS):
             count = sum(c for c, _ in groups[first_group:end_group])
             n = groups[end_group - 1][1]
             rows = slice(done, done + count)
@@ -595,7 +572,7 @@ class XLNetModel(nn.Module):
             mixed = segments is not None
             if segments is not None:
                 flags.append((segments & allowed).any())
-            buckets.append(Bucket(count, n, used, allowed, column, segments, mixed, keep))
+            buckets.append(JointBucket(count, n, used, allowed, column, segments, mixed, keep))
             joint += count * (n + used)
             if dropout:
                 per_row.append(self.relative_positions(n, n, count, device).flatten(0, 1))

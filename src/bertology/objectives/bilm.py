@@ -28,7 +28,7 @@ from bertology.errors import ConfigError
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
-from bertology.objectives.mlm import mlm_loss
+from bertology.objectives.mlm import linear_token_prediction, token_prediction
 
 
 @dataclass(eq=False)
@@ -82,25 +82,25 @@ class BidirectionalLM(nn.Module):
         sampled = self.sampled if self.training else 0
         negatives = log_uniform_sample(self.sampled, model.config.vocab_size, out.forward_top.device) \
             if sampled else None
+        weight, bias = model.word_embeddings.weight, model.heads["lm"].bias
+        # On CPU in fp32 the full softmax's loss makes the logits in cache-sized pieces (linear_token_prediction)
+        fused = weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
         stats: dict[str, Tensor] = {}
         total: Tensor | None = None
         for direction, top, targets in (("forward", out.forward_top, batch.forward_targets),
                                         ("backward", out.backward_top, batch.backward_targets)):
             real = targets.ne(-100)
             states, labels = fast_dropout(top[real], p, self.training), targets[real]
-            if negatives is not None:  # the label is candidate 0 among the label and the negatives
-                logits = sampled_logits(states, labels, negatives, model.word_embeddings.weight,
-                                        model.heads["lm"].bias)
-                labels = torch.zeros_like(labels)
-            else:
-                logits = model.lm_logits(states)
-            loss = mlm_loss(logits, labels, reduction="sum")  # the lean summed cross-entropy of every LM
-            total = loss if total is None else total + loss
             key = f"{self.name}_{direction}"
-            stats[f"{key}_units"] = real.sum().to(torch.int64)
-            stats[f"{key}_loss_sum"] = loss.detach().float()
-            with torch.no_grad():
-                stats[f"{key}_correct"] = (logits.argmax(-1) == labels).sum()
+            if negatives is not None:  # the label is candidate 0 among the label and the negatives
+                part = token_prediction(key, sampled_logits(states, labels, negatives, weight, bias),
+                                        torch.zeros_like(labels))
+            elif fused:
+                part = linear_token_prediction(key, states, weight, bias, labels)
+            else:
+                part = token_prediction(key, model.lm_logits(states), labels)
+            total = part.loss_sum if total is None else total + part.loss_sum
+            stats.update(part.stats)
         assert total is not None
         return ObjectiveOutput(total, stats)
 

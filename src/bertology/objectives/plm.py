@@ -37,7 +37,7 @@ from bertology.config import validate
 from bertology.errors import ConfigError
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import IGNORE, ObjectiveOutput, Passes, check_objective
-from bertology.objectives.mlm import token_prediction, token_prediction_summary
+from bertology.objectives.mlm import linear_token_prediction, token_prediction, token_prediction_summary
 
 
 @dataclass(frozen=True)
@@ -173,65 +173,6 @@ class PermutationBatches:
         generator.manual_seed(int(key.generate_state(1, np.uint64)[0]) >> 1)
         return permutation_batch(instances.input_ids, instances.attention_mask, instances.token_type_ids,
                                  instances.word_starts, self.special_ids, self.config, generator)
-
-
-# Rows of vocabulary logits `linear_token_prediction` computes at once: [64, V] stays in the cache.
-LOGIT_ROWS = 64
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """The summed cross-entropy of `F.linear(hidden, weight, bias)` against `labels` (IGNORE: no loss) and the
-    number of rows whose label has the largest logit, without the [N, V] logits: rows go LOGIT_ROWS at a time, their
-    logits staying in the cache, and each one's gradients are made as it goes (the loss is a sum: backward only
-    scales them). The same products as logits then loss; a few passes over [N, V] in memory fewer."""
-
-    @staticmethod
-    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor,
-                gradients: bool) -> tuple[Tensor, Tensor]:
-        loss = hidden.new_zeros(())
-        correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-        grad_hidden = torch.empty_like(hidden) if gradients else None
-        grad_weight = torch.zeros_like(weight) if gradients else None
-        grad_bias = torch.zeros_like(bias) if gradients and bias is not None else None
-        for start in range(0, len(hidden), LOGIT_ROWS):
-            rows, y = hidden[start:start + LOGIT_ROWS], labels[start:start + LOGIT_ROWS]
-            kept, safe = y != IGNORE, y.clamp(min=0)  # an ignored row reads class 0, then counts 0
-            z = torch.addmm(bias, rows, weight.t()) if bias is not None else rows @ weight.t()
-            z -= z.amax(1, keepdim=True)
-            picked = z.gather(1, safe[:, None]).squeeze(1)
-            correct += ((picked == 0) & kept).sum()
-            total = z.exp_().sum(1)
-            loss += ((total.log() - picked) * kept).sum()
-            if gradients:  # softmax - one-hot, at the kept rows
-                z.mul_((kept / total)[:, None])
-                z[torch.arange(len(y), device=z.device), safe] -= kept.to(z.dtype)
-                torch.mm(z, weight, out=grad_hidden[start:start + LOGIT_ROWS])
-                grad_weight.addmm_(z.t(), rows)
-                if grad_bias is not None:
-                    grad_bias += z.sum(0)
-        ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
-        ctx.mark_non_differentiable(correct)
-        return loss, correct
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx: Any, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
-        grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        if grad_hidden is None:
-            raise RuntimeError("linear_token_prediction ran without gradients (no_grad or no input needing them)")
-        return (grad_hidden * grad, grad_weight * grad, grad_bias * grad if grad_bias is not None else None, None,
-                None)
-
-
-def linear_token_prediction(name: str, hidden: Tensor, weight: Tensor, bias: Tensor | None,
-                            labels: Tensor) -> ObjectiveOutput:
-    """`token_prediction` of the logits `F.linear(hidden [N, H], weight [V, H], bias [V])` without making them
-    (`_LinearCrossEntropy`; fp32). A row counts as correct when its label's logit is the largest (argmax's, but for
-    exact ties)."""
-    gradients = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, weight, bias))
-    loss, correct = _LinearCrossEntropy.apply(hidden, weight, bias, labels, gradients)
-    return ObjectiveOutput(loss, {f"{name}_units": (labels != IGNORE).sum(), f"{name}_loss_sum": loss.detach(),
-                                  f"{name}_correct": correct})
 
 
 @dataclass(eq=False)

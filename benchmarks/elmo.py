@@ -40,7 +40,7 @@ from torch import nn
 
 from bertology.model.elmo import ElmoConfig, ElmoModel, tiny_config
 from bertology.model.heads import HeadSpec
-from bertology.objectives.mlm import linear_token_prediction, mlm_loss
+from bertology.objectives.mlm import linear_prediction_applies, linear_token_prediction, mlm_loss
 
 
 class PlainBiLM(nn.Module):
@@ -109,13 +109,13 @@ class PlainBiLM(nn.Module):
 
 
 def ours_loss(model: ElmoModel, chars, targets, back_chars, back_targets):
-    """The loss as the `bilm` objective computes it: on CPU the logits made in cache-sized pieces with their
-    gradients (`linear_token_prediction`), elsewhere the logits then the summed cross-entropy."""
+    """The loss as the `bilm` objective computes it: where `linear_prediction_applies`, the logits made in
+    cache-sized pieces with their gradients, elsewhere the logits then the summed cross-entropy."""
     out = model(chars, backward_input_ids=back_chars)
     weight, bias = model.word_embeddings.weight, model.heads["lm"].bias
     pairs = ((out.forward_top.flatten(0, 1), targets.flatten()),
              (out.backward_top.flatten(0, 1), back_targets.flatten()))
-    if weight.device.type == "cpu":
+    if linear_prediction_applies(weight):
         return sum(linear_token_prediction("lm", top, weight, bias, t).loss_sum for top, t in pairs)
     return sum(mlm_loss(model.lm_logits(top), t, reduction="sum") for top, t in pairs)
 

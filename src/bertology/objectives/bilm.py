@@ -28,7 +28,7 @@ from bertology.errors import ConfigError
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
-from bertology.objectives.mlm import linear_token_prediction, token_prediction
+from bertology.objectives.mlm import linear_prediction_applies, linear_token_prediction, token_prediction
 
 
 @dataclass(eq=False)
@@ -84,7 +84,7 @@ class BidirectionalLM(nn.Module):
             if sampled else None
         weight, bias = model.word_embeddings.weight, model.heads["lm"].bias
         # On CPU in fp32 the full softmax's loss makes the logits in cache-sized pieces (linear_token_prediction)
-        fused = weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        fused = linear_prediction_applies(weight)
         stats: dict[str, Tensor] = {}
         total: Tensor | None = None
         for direction, top, targets in (("forward", out.forward_top, batch.forward_targets),

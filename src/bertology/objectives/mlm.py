@@ -175,6 +175,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 None)
 
 
+def linear_prediction_applies(weight: Tensor) -> bool:
+    """Whether `linear_token_prediction` serves a vocabulary matrix `weight`: on CPU in fp32 without autocast (on a
+    GPU its pieces would be many small kernels; under autocast the logits' own path keeps the low precision)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+
+
 def linear_token_prediction(name: str, hidden: Tensor, weight: Tensor, bias: Tensor | None,
                             labels: Tensor) -> ObjectiveOutput:
     """`token_prediction` of the logits `F.linear(hidden [N, H], weight [V, H], bias [V])` without making them

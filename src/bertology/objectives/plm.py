@@ -37,7 +37,12 @@ from bertology.config import validate
 from bertology.errors import ConfigError
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import IGNORE, ObjectiveOutput, Passes, check_objective
-from bertology.objectives.mlm import linear_token_prediction, token_prediction, token_prediction_summary
+from bertology.objectives.mlm import (
+    linear_prediction_applies,
+    linear_token_prediction,
+    token_prediction,
+    token_prediction_summary,
+)
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,7 @@ class PermutationLM(nn.Module):
         model = passes.model
         at = batch.masked_positions
         weight = model.word_embeddings.weight
-        fused = weight.device.type == "cpu" and weight.dtype == torch.float32 and not torch.is_autocast_enabled("cpu")
+        fused = linear_prediction_applies(weight)
         inputs = model.forward_inputs(batch)
         if fused:
             inputs["masked_positions"] = torch.zeros(0, 2, dtype=torch.long, device=batch.input_ids.device)

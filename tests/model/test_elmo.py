@@ -185,7 +185,7 @@ def test_heads_scalar_mix_and_native_format(tmp_path):
 @pytest.mark.parametrize("lengths1, lengths2", [([5, 2, 0], [5, 5, 3]), ([2, 5, 0], [1, 4, 3]), ([0, 3, 0], [0, 2, 0])])
 def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
     """Rows in any order of length (taken longest first inside), directions of different lengths, rows without
-    words."""
+    words: outputs, final states and every gradient."""
     from bertology.model.elmo import ProjectedLSTM, paired_loop
 
     torch.manual_seed(0)
@@ -193,16 +193,25 @@ def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
     for layer in layers:
         for parameter in layer.parameters():
             torch.nn.init.normal_(parameter, 0.0, 0.8)
-    x1, x2 = torch.randn(3, 5, 6), torch.randn(3, 5, 6)
+    x1, x2 = torch.randn(3, 5, 6, requires_grad=True), torch.randn(3, 5, 6, requires_grad=True)
     lengths1, lengths2 = torch.tensor(lengths1), torch.tensor(lengths2)
-    states = [(torch.randn(3, 4), torch.randn(3, 10)), None]
+    states = [(torch.randn(3, 4, requires_grad=True), torch.randn(3, 10, requires_grad=True)), None]
+    weights = torch.randn(3, 5, 4)  # a loss that reads every output and state
+
+    def loss(pairs):
+        return sum((out * weights).sum() + h.sum() * 0.3 + c.sum() * 0.7 for out, (h, c) in pairs)
+
     together = paired_loop(*layers, x1, x2, lengths1, lengths2, *states)
-    for layer, x, lengths, state, (out, (h, c)) in zip(layers, (x1, x2), (lengths1, lengths2), states, together):
-        alone, (h_alone, c_alone) = layer(x, lengths, state)
-        torch.testing.assert_close(out, alone)
+    alone = [layer(x, lengths, state) for layer, x, lengths, state in zip(layers, (x1, x2), (lengths1, lengths2),
+                                                                           states)]
+    for (out, (h, c)), (out_alone, (h_alone, c_alone)) in zip(together, alone):
+        torch.testing.assert_close(out, out_alone)
         torch.testing.assert_close(h, h_alone)
         torch.testing.assert_close(c, c_alone)
     assert torch.equal(together[0][1][0][2], states[0][0][2])  # a row without words keeps its state
+    leaves = [x1, x2, *states[0], *(p for layer in layers for p in layer.parameters())]
+    for a, b in zip(torch.autograd.grad(loss(together), leaves), torch.autograd.grad(loss(alone), leaves)):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("clip", [None, 0.5])

@@ -375,18 +375,22 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
                 lengths2: Tensor, state1: tuple[Tensor, Tensor] | None, state2: tuple[Tensor, Tensor] | None
                 ) -> tuple[tuple[Tensor, tuple[Tensor, Tensor]], tuple[Tensor, tuple[Tensor, Tensor]]]:
     """Two layers of the same sizes and clipping (a forward and a backward one) stepped together over inputs of
-    the same shape: the exact loop's arithmetic, with every step's input part in one batched product before the
-    loop (step-major, so each step's rows are one block), then one batched product per step for both layers'
-    states. Rows are taken longest first, and a step computes only the rows that still have a word in either
-    direction (as packed sequences do); a row whose words ended keeps its state."""
+    the same shape: the exact loop's arithmetic on packed sequences. Rows are taken longest first (the longer
+    direction's length), and step t reads the first active[t] rows, the ones with a word in either direction
+    there; the positions so read are gathered step-major into one block per step, every step's input part is one
+    batched product over them (no padding), and each step is one batched product for both layers' states. A row
+    whose words ended keeps its state; a direction without a word at a step keeps its state there."""
     batch, steps = x1.shape[:2]
-    cell = first.cell_size
+    cell, hidden = first.cell_size, first.hidden
     longest = torch.maximum(lengths1, lengths2)
-    order = None if bool((longest[:-1] >= longest[1:]).all()) else torch.sort(longest, descending=True, stable=True)[1]
-    if order is not None:
-        x1, x2, lengths1, lengths2, longest = x1[order], x2[order], lengths1[order], lengths2[order], longest[order]
-        state1 = None if state1 is None else (state1[0][order], state1[1][order])
-        state2 = None if state2 is None else (state2[0][order], state2[1][order])
+    order = torch.sort(longest, descending=True, stable=True)[1]
+    longest = longest[order]
+    active = (torch.arange(steps)[None] < longest[:, None]).sum(0)  # rows with a word at step t: the first active[t]
+    active = active[active > 0]
+    rows = torch.arange(batch)[None].expand(len(active), -1)[torch.arange(batch)[None] < active[:, None]]
+    at = torch.repeat_interleave(torch.arange(len(active)), active)  # the step of each packed position
+    flat = (order[rows] * steps + at).to(x1.device)  # each packed position in [B * T], step-major
+    active = active.tolist()
     # tanh(z) = 2 sigmoid(2 z) - 1: the cell gate's rows and the projection are doubled (exactly, in floating point),
     # so one sigmoid serves all four gates and a second one the cell's tanh (a sigmoid is several times cheaper
     # than a tanh on the CPU)
@@ -396,27 +400,23 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
     weight_hh = (torch.stack([first.weight_hh, second.weight_hh]) * double).transpose(1, 2).contiguous()
     weight_hr = (torch.stack([first.weight_hr, second.weight_hr]) * 2.0).transpose(1, 2).contiguous()  # [2, c, p]
     bias = (torch.stack([first.bias, second.bias]) * double[:, 0])[:, None]
-    inputs = torch.stack([x1, x2]).transpose(1, 2).reshape(2, steps * batch, -1)  # [2, T * B, in], step-major
-    # step t's input part; unbind, not [:, t] per step: the backward of a slice writes a zeroed gradient of the
-    # whole tensor for every step, the backward of unbind stacks the steps' gradients once
-    projected = torch.baddbmm(bias, inputs, weight_ih).view(2, steps, batch, 4 * cell).unbind(1)
-    zeros = (x1.new_zeros(batch, first.hidden), x1.new_zeros(batch, cell))
-    h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])
-    c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])
-    steps_range = torch.arange(steps)[None]
-    real = torch.stack([steps_range < lengths1[:, None], steps_range < lengths2[:, None]])  # [2, B, T] (CPU)
-    active = (steps_range < longest[:, None]).sum(0).tolist()  # rows with a word at step t: the first active[t]
+    inputs = torch.stack([x1, x2]).reshape(2, batch * steps, -1).index_select(1, flat)  # [2, N, in]
+    # each step's input part as a view of one product; split, not a slice per step: the backward of a slice writes
+    # a zeroed gradient of the whole tensor for every step, the backward of split concatenates the steps' once
+    projected = torch.baddbmm(bias, inputs, weight_ih).split(active, 1)
+    zeros = (x1.new_zeros(batch, hidden), x1.new_zeros(batch, cell))
+    sorted_rows = order.to(x1.device)
+    h = torch.stack([(state1 or zeros)[0], (state2 or zeros)[0]])[:, sorted_rows]
+    c = torch.stack([(state1 or zeros)[1], (state2 or zeros)[1]])[:, sorted_rows]
+    real = torch.stack([lengths1[order], lengths2[order]])[:, :, None] > torch.arange(steps)  # [2, B, T] (CPU)
     # the steps where an active row has a word in one direction only (the other keeps its state there)
     uneven = [not bool(real[:, :n, t].all()) for t, n in enumerate(active)]
     real = real.to(x1.device)[..., None]
     cell_clip, proj_clip = first.cell_clip, first.proj_clip
-    outputs = []
+    outputs, ended_h, ended_c = [], [h[:, active[0] if active else 0:]], [c[:, active[0] if active else 0:]]
     for t, n in enumerate(active):
-        if n == 0:
-            outputs.append(h.new_zeros(2, batch, first.hidden))
-            continue
-        hn, cn = (h, c) if n == batch else (h[:, :n], c[:, :n])
-        gates = torch.baddbmm(projected[t] if n == batch else projected[t][:, :n], hn, weight_hh)
+        hn, cn = h[:, :n], c[:, :n]  # views: the rows past n ended at an earlier step (kept in ended_*)
+        gates = torch.baddbmm(projected[t], hn, weight_hh)
         i, f, g, o = torch.sigmoid(gates).chunk(4, -1)  # g: sigmoid(2 g)
         # c = f c + i tanh(g) = f c + 2 i (sigmoid(2 g) - 1/2)
         c_next = torch.addcmul(f * cn, i, g - 0.5, value=2.0)
@@ -431,16 +431,16 @@ def paired_loop(first: ProjectedLSTM, second: ProjectedLSTM, x1: Tensor, x2: Ten
             h_next, c_next, out = torch.where(keep, h_next, hn), torch.where(keep, c_next, cn), h_next * keep
         else:
             out = h_next
-        if n < batch:
-            h, c = torch.cat([h_next, h[:, n:]], 1), torch.cat([c_next, c[:, n:]], 1)
-            out = F.pad(out, (0, 0, 0, batch - n))
-        else:
-            h, c = h_next, c_next
+        h, c = h_next, c_next
+        following = active[t + 1] if t + 1 < len(active) else 0
+        if following < n:  # rows following..n-1 had their last word here
+            ended_h.append(h[:, following:])
+            ended_c.append(c[:, following:])
         outputs.append(out)
-    out = torch.stack(outputs).permute(1, 2, 0, 3)  # [2, B, T, p]
-    if order is not None:
-        back = torch.argsort(order)
-        out, h, c = out[:, back], h[:, back], c[:, back]
+    back = torch.argsort(order).to(x1.device)
+    h, c = torch.cat(ended_h[::-1], 1)[:, back], torch.cat(ended_c[::-1], 1)[:, back]
+    packed = torch.cat(outputs, 1) if outputs else x1.new_zeros(2, 0, hidden)
+    out = packed.new_zeros(2, batch * steps, hidden).index_copy(1, flat, packed).view(2, batch, steps, hidden)
     return (out[0], (h[0], c[0])), (out[1], (h[1], c[1]))
 
 

@@ -82,3 +82,16 @@ def test_under_autocast_the_objective_reads_the_logits():
         bf16 = objective(Passes(model, batch, None), batch)
     assert rows == [0, len(batch.masked_positions)]
     torch.testing.assert_close(bf16.loss_sum.float(), fp32.loss_sum, rtol=5e-2, atol=0)
+
+
+def test_no_rows_give_zero_gradients():
+    """A batch without targets: zero loss, zero gradients of the right shapes (no piece ran)."""
+    torch.manual_seed(0)
+    weight = torch.randn(11, 4, requires_grad=True)
+    bias = torch.randn(11, requires_grad=True)
+    hidden = torch.randn(0, 4, requires_grad=True)
+    out = linear_token_prediction("plm", hidden, weight, bias, torch.zeros(0, dtype=torch.long))
+    out.loss_sum.backward()
+    assert float(out.loss_sum.detach()) == 0.0
+    assert torch.equal(weight.grad, torch.zeros_like(weight)) and torch.equal(bias.grad, torch.zeros_like(bias))
+    assert hidden.grad.shape == (0, 4)

@@ -175,3 +175,18 @@ def test_a_longformer_forward_makes_no_tensor_quadratic_in_the_length():
             model(ids, mask, global_attention_mask=flags)
         largest.append(mode.largest)
     assert largest[1] <= 4 * largest[0] + 64 and largest[1] < 4096 * 4096 / 20
+
+
+def test_scatter_rows_leaves_the_rows_of_unused_slots():
+    """Slots past a row's count hold index 0: they must not touch row 0, which may be a global token itself."""
+    from bertology.model.attention import flagged_positions, scatter_rows
+
+    t = torch.randn(2, 3, 6, 4)
+    flags = torch.tensor([[1, 0, 1, 0, 1, 0], [1, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    index, valid = flagged_positions(flags)
+    rows = torch.randn(2, 3, index.shape[1], 4)
+    out = scatter_rows(t, index, valid, rows)
+    expected = t.clone()
+    expected[0, :, [0, 2, 4]] = rows[0]
+    expected[1, :, 0] = rows[1, :, 0]
+    assert torch.equal(out, expected)

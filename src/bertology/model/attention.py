@@ -187,12 +187,13 @@ def gather_rows(t: Tensor, index: Tensor) -> Tensor:
 
 
 def scatter_rows(t: Tensor, index: Tensor, valid: Tensor, rows: Tensor) -> Tensor:
-    """t [B, heads, L, n] with its rows `index` [B, G] (where `valid`) replaced by `rows` [B, heads, G, n] (a copy
-    in t's memory layout)."""
-    batch = torch.arange(t.shape[0], device=t.device)[:, None].expand_as(index)[valid]
-    out = t.clone()
-    out[batch, :, index[valid]] = rows.transpose(1, 2)[valid].to(t.dtype)
-    return out
+    """t [B, heads, L, n] with its rows `index` [B, G] (where `valid`) replaced by `rows` [B, heads, G, n] (a copy).
+    The slots that are not valid write to one row past the end, dropped after: no host read (boolean indexing
+    would wait for the device to count the valid slots)."""
+    batch, heads, length, width = t.shape
+    out = torch.cat([t, t.new_zeros(batch, heads, 1, width)], 2)
+    target = torch.where(valid, index, length)[:, None, :, None].expand(-1, heads, -1, width)
+    return out.scatter(2, target, rows.to(t.dtype))[:, :, :length]
 
 
 @dataclass(frozen=True)
@@ -251,10 +252,12 @@ GlobalQKV = tuple[Tensor, Tensor, Tensor] | GlobalProjections
 
 def global_rows(out: Tensor, probs: Tensor | None, source: GlobalQKV, global_tokens: Tensor,
                 key_mask: Tensor | None, scale: float | None, dropout: float,
-                head_scale: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                head_scale: Tensor | None = None,
+                positions: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
     """`out` (and `probs`) with the rows of the global tokens [B, L] replaced by their attention with `source`'s
-    queries, keys and values over every real key (`key_mask` [B, L]): O(G * L) for G global tokens a row."""
-    index, valid = flagged_positions(global_tokens)
+    queries, keys and values over every real key (`key_mask` [B, L]): O(G * L) for G global tokens a row.
+    `positions`: `flagged_positions(global_tokens)` when the caller has them already."""
+    index, valid = positions if positions is not None else flagged_positions(global_tokens)
     if index.shape[1] == 0:
         return out, probs
     if isinstance(source, GlobalProjections):
@@ -303,8 +306,8 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     offsets = torch.arange(span, device=q.device)[None, :] - torch.arange(block, device=q.device)[:, None]
     band = (offsets >= 0) & (offsets <= left + right)  # key - query = offset - left, in [-left, right]
     allowed = band & F.pad(local, (left, tail + right), value=False).unfold(1, span, block)[:, :, None, :]
-    if flags is not None and flags.any():
-        index, valid = flagged_positions(flags & real)
+    index, valid = flagged_positions(flags & real) if flags is not None else (None, None)
+    if index is not None and index.shape[1]:
         keys = torch.cat([keys, gather_rows(k, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
         values = torch.cat([values, gather_rows(v, index)[:, None].expand(-1, count, -1, -1, -1)], -2)
         allowed = torch.cat([allowed, valid[:, None, None, :].expand(-1, count, block, -1)], -1)
@@ -314,8 +317,9 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     out = out[:, :length].transpose(1, 2)
     if flags is None:
         return out
+    # without padding the global keys above are the global queries too: one host read for both
     return global_rows(out, None, global_qkv if global_qkv is not None else (q, k, v), flags, key_mask, scale,
-                       dropout)[0]
+                       dropout, positions=(index, valid) if key_mask is None else None)[0]
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float, need_weights: bool,

@@ -251,10 +251,10 @@ def test_distinct_rows_index_each_rows_first_twin():
     assert inverse[0] == inverse[2] == inverse[5] and inverse[1] == inverse[4] != inverse[3]
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_token_layer_once_per_distinct_word_keeps_every_gradient():
     """The character CNN runs once per distinct word in training too: the token layer and the CNN's gradients equal
     running it on every word (a word's gradients from its occurrences summed)."""
-    torch.set_num_threads(1)
     elmo = model(std=0.5).train()
     chars, mask = batch_to_ids([["the", "cat", "the", "the", "dog"], ["cat", "a", "the"]])
     weights = torch.randn(*chars.shape[:2], elmo.config.projection_dim, generator=torch.Generator().manual_seed(3))
@@ -272,10 +272,10 @@ def test_token_layer_once_per_distinct_word_keeps_every_gradient():
         assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * scale, name
 
 
+@pytest.mark.usefixtures("one_thread")
 def test_backward_window_read_with_the_forward_one_equals_each_alone():
     """Truncated backpropagation: the forward and the backward window's words go through the CNN in one call; the
     outputs equal reading each window separately."""
-    torch.set_num_threads(1)
     elmo = model(std=0.5)
     chars, mask = batch_to_ids([["the", "cat", "sat"], ["a", "dog", "ran"]], boundaries=False)
     back, back_mask = batch_to_ids([["ran", "dog", "the"], ["sat", "the", "a"]], boundaries=False)
@@ -287,11 +287,11 @@ def test_backward_window_read_with_the_forward_one_equals_each_alone():
     torch.testing.assert_close(together.backward_top, alone.backward_top, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("words", [["a", "cat", "sat"], ["tiny", "x" * 40, "of"], ["y" * 48, "z"]])
 def test_character_cnn_reads_only_the_positions_it_needs(words):
     """On the CPU the character CNN cuts the padding past the longest word plus its widest filter: the same token
     vectors and gradients as reading all max_characters positions (every window of padding alone is alike)."""
-    torch.set_num_threads(1)
     elmo = model(std=0.5).train()
     encoder = elmo.characters
     chars = torch.tensor([word_to_char_ids(w, elmo.config.max_characters_per_token) for w in words])

@@ -11,10 +11,12 @@ from bertology.model import Layout, sliding_window
 from bertology.model.attention import attention, packed_attention, windowed_attention
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     torch.manual_seed(0)
-    torch.set_num_threads(1)
 
 
 def by_definition(q, k, v, left, right, real, flags, global_qkv=None, scale=None):

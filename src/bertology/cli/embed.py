@@ -73,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="continue the run in --output (same model, inputs and options), skipping finished shards")
     corpus.add_argument("--engine", choices=("local", "ray"), default="local",
                         help="local: this process; ray: an actor pool of encoders on a Ray cluster (pip install "
-                        "'bertology[ray]')")
+                        "-e '.[ray]' from the checkout)")
     corpus.add_argument("--address", default=None,
                         help="Ray cluster address (e.g. ray://host:10001 or auto); default: a local Ray instance")
     corpus.add_argument("--workers", type=int, default=None, help="Ray encoder actors (default: 2)")

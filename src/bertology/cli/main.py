@@ -46,9 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resolve_models(args: argparse.Namespace) -> None:
+    """Every command's `--model` (one or several) may name an installed model instead of its directory."""
+    from bertology.model.local import resolve_model_path
+
+    value = getattr(args, "model", None)
+    if isinstance(value, str):
+        args.model = str(resolve_model_path(value))
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        args.model = [str(resolve_model_path(item)) for item in value]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        resolve_models(args)
         return int(args.func(args) or 0)
     except BertologyError as error:
         print(f"bertology {args.command}: error: {error}", file=sys.stderr)

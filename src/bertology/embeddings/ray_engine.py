@@ -6,7 +6,7 @@ as a local run's. Vectors and index rows come back to the driver, which writes e
 manifest: only the driver needs the output directory; the model directory and the input files must be readable at
 the same paths on every node (a shared file system).
 
-Ray is imported here only, when `--engine ray` is asked for (`pip install 'bertology[ray]'`).
+Ray is imported here only, when `--engine ray` is asked for (`pip install -e '.[ray]' from bertology's checkout`).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def run_ray(model_dir: Path, root: Path, pending: list[Shard], settings: CorpusS
     try:
         import ray
     except ImportError:
-        raise ConfigError("--engine ray needs Ray Data: pip install 'bertology[ray]'") from None
+        raise ConfigError("--engine ray needs Ray Data: pip install -e '.[ray]' from bertology's checkout") from None
     started = False
     if not ray.is_initialized():
         try:

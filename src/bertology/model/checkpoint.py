@@ -36,6 +36,7 @@ from bertology.model.convert import (
     to_state_dict,
 )
 from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.local import resolve_model_path
 from bertology.model.protocol import Model
 from bertology.model.registry import model_class, model_name, register_model, registered
 
@@ -192,8 +193,9 @@ def read_weights(directory: Path, *, renamed: bool = True) -> dict[str, Tensor]:
 def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Model:
     """Build an EncoderModel from a model directory: transformers' layout (config.json), with the heads its
     architecture names, or bertology's native format (bertology.json), with its heads and extensions. `heads`
-    overrides which heads are built (a subset of the saved ones, for the native format)."""
-    directory = Path(directory)
+    overrides which heads are built (a subset of the saved ones, for the native format). `directory` may also be
+    the name of an installed model (`bertology models`)."""
+    directory = resolve_model_path(directory)
     recover(directory)  # a writer killed while replacing it left the previous directory aside
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: no such model directory")
@@ -397,8 +399,8 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
     from bertology.tokenization import load_tokenizer  # the tokenizer package imports nothing from the model
     from bertology.tokenization.words import WordVocabulary
 
-    model = load_model(path, heads)
-    directory = Path(path)
+    directory = resolve_model_path(path)
+    model = load_model(directory, heads)
     tokenizer = None
     if getattr(model.config, "family", None) == "elmo":  # a word vocabulary (ELMo's softmax), if one is there
         return Pretrained(model=model, tokenizer=WordVocabulary.find(directory))

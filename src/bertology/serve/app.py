@@ -461,4 +461,7 @@ def _version() -> str:
 
 
 def model_name_of(directory: str | Path) -> str:
-    return Path(directory).resolve().name or str(directory)
+    """The name the service reports: an installed model's or its model card's, else the directory's."""
+    from bertology.model.local import display_name
+
+    return display_name(directory)

@@ -32,6 +32,7 @@ from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
 from bertology.objectives.fill_mask import fill_mask
 from bertology.serve.batcher import Batcher, EmbedOptions
+from bertology.serve.docs_page import add_docs
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
 from bertology.serve.metrics import ServiceMetrics
 
@@ -194,8 +195,9 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         finally:
             await batcher.stop()  # uvicorn calls this after every in-flight request has been answered
 
-    app = FastAPI(title="bertology", version=_version(), lifespan=lifespan,
+    app = FastAPI(title="bertology", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Contextual embeddings and fill-mask from {model_name}.")
+    add_docs(app, f"bertology: {model_name}")  # Swagger UI from local files: renders offline
     app.router.route_class = _StrictJSONRoute
     app.state.batcher = batcher
     app.state.metrics = metrics

@@ -85,10 +85,30 @@ class SenseTable:
             out.append(f"{sense}{seen[sense]}")
         return out
 
+    def gap(self, senses: Sequence[str] | None = None) -> float:
+        """Mean cosine of same-sense pairs minus that of cross-sense pairs, under `senses` (default: the true ones)."""
+        labels = np.array(self.senses if senses is None else senses)
+        same = labels[:, None] == labels[None, :]
+        off_diagonal = ~np.eye(len(labels), dtype=bool)
+        return float(self.cosine[same & off_diagonal].mean() - self.cosine[~same].mean())
+
+    def null_gaps(self) -> np.ndarray:
+        """The gap under every distinct labelling of these sentences with the same number of each sense: the
+        exact permutation distribution when senses do not matter (20 labellings for 3 + 3 sentences)."""
+        return np.array([self.gap(labels) for labels in distinct_orders(self.senses)])
+
+    def p_value(self) -> float:
+        """Exact permutation test: the share of labellings whose gap is at least the true one's. With 3 + 3
+        sentences the smallest possible is 2 / 20 = 0.1 (the true split and its sense names swapped)."""
+        return float(np.mean(self.null_gaps() >= self.gap() - GAP_TIES))
+
     def summary(self) -> str:
-        same, cross = self.same_sense_mean, self.cross_sense_mean
-        verdict = "senses separate" if same > cross else "senses do NOT separate"
-        return f"{self.word}: same-sense {same:.3f} vs cross-sense {cross:.3f} ({same - cross:+.3f}, {verdict})"
+        same, cross, p = self.same_sense_mean, self.cross_sense_mean, self.p_value()
+        smallest = float(np.mean(self.null_gaps() >= self.null_gaps().max() - GAP_TIES))
+        verdict = ("senses separate: no other split of these sentences does better" if p <= smallest + GAP_TIES else
+                   "senses do NOT separate beyond chance")
+        return (f"{self.word}: same-sense {same:.3f} vs cross-sense {cross:.3f} ({same - cross:+.3f}; p = {p:.2f}, "
+                f"smallest possible {smallest:.2f}: {verdict})")
 
     def format(self) -> str:
         labels = self.labels()
@@ -111,6 +131,41 @@ class SenseTable:
         lines.append("")
         lines.append(self.summary())
         return "\n".join(lines)
+
+
+# Gaps within this of each other count as tied (float32 vectors: the cosines carry about 1e-7 of rounding).
+GAP_TIES = 1e-6
+
+
+def distinct_orders(items: Sequence[str]) -> list[tuple[str, ...]]:
+    """Every distinct ordering of a multiset (C(6, 3) = 20 for three of one label and three of another)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        counts[item] = counts.get(item, 0) + 1
+    out: list[tuple[str, ...]] = []
+
+    def extend(prefix: list[str]) -> None:
+        if len(prefix) == len(items):
+            out.append(tuple(prefix))
+            return
+        for label in counts:
+            if counts[label]:
+                counts[label] -= 1
+                extend([*prefix, label])
+                counts[label] += 1
+
+    extend([])
+    return out
+
+
+def combined_p_value(tables: Sequence[SenseTable]) -> float:
+    """One exact permutation test over all words at once: the statistic is the sum of the words' gaps, each word's
+    labels permuted independently (the smallest possible p is the product of the words' smallest ones)."""
+    total = np.zeros(1)
+    for table in tables:
+        total = (total[:, None] + table.null_gaps()[None, :]).ravel()
+    observed = sum(table.gap() for table in tables)
+    return float(np.mean(total >= observed - GAP_TIES * len(tables)))
 
 
 def highlight(sentence: str, word: str) -> str:
@@ -155,6 +210,10 @@ def format_report(tables: Sequence[SenseTable], header: str = "") -> str:
     """All tables, then one summary line per word."""
     blocks = [header] if header else []
     blocks.extend(table.format() for table in tables)
-    blocks.append("summary (mean cosine of same-sense pairs vs pairs of different senses; * = same sense)\n"
-                  + "\n".join("  " + table.summary() for table in tables))
+    blocks.append("summary (mean cosine of same-sense pairs vs pairs of different senses; * = same sense; p: the "
+                  "share of all ways to label the sentences with the same sense counts that separate them as well or "
+                  "better, an exact permutation test)\n"
+                  + "\n".join("  " + table.summary() for table in tables)
+                  + (f"\n  all {len(tables)} words together: p = {combined_p_value(tables):.2g} (exact permutation test "
+                     "of the summed gaps)" if len(tables) > 1 else ""))
     return "\n\n".join(blocks)

@@ -362,11 +362,38 @@ def test_sense_table_means_and_bad_examples(minilm):
     table = SenseTable("w", ["a", "a", "b"], ["x", "y", "z"], cosine)
     assert table.same_sense_mean == pytest.approx(0.9) and table.cross_sense_mean == pytest.approx(0.3)
     assert table.labels() == ["a1", "a2", "b1"]
-    assert "w: same-sense 0.900 vs cross-sense 0.300 (+0.600, senses separate)" in table.format()
+    # three labellings of a, a, b: the true one (gap +0.6) is the best of the three (-0.45 and -0.15), so p = 1/3
+    assert table.gap() == pytest.approx(0.6) and sorted(table.null_gaps()) == pytest.approx([-0.45, -0.15, 0.6])
+    assert ("w: same-sense 0.900 vs cross-sense 0.300 (+0.600; p = 0.33, smallest possible 0.33: senses separate"
+            in table.format())
     with pytest.raises(EmbeddingError, match="'bank' needs two senses"):
         sense_tables(minilm, {"bank": [("river", "The bank of the river."), ("river", "A river bank.")]})
     with pytest.raises(EmbeddingError, match="'bank' occurs 0 time"):
         sense_tables(minilm, {"bank": [("a", "Banks."), ("a", "The bank."), ("b", "A bank.")]})
+
+
+def test_sense_verdict_is_an_exact_permutation_test():
+    from bertology.demo import SenseTable, combined_p_value, distinct_orders
+
+    assert len(distinct_orders(["r", "r", "r", "m", "m", "m"])) == 20
+    assert len(set(distinct_orders(["a", "b", "b", "c"]))) == 12
+    rng = np.random.default_rng(0)
+    senses = ["r"] * 3 + ["m"] * 3
+    # vectors with no sense structure: a small positive gap is not called a separation
+    flat = rng.normal(size=(6, 8))
+    flat /= np.linalg.norm(flat, axis=1, keepdims=True)
+    noise = SenseTable("w", senses, ["s"] * 6, flat @ flat.T)
+    assert 0.1 <= noise.p_value() <= 1.0
+    # two clean clusters: the true split is the best of the 20, p = 2/20 (it and its sense names swapped)
+    centres = rng.normal(size=(2, 8)) * 3
+    clustered = np.repeat(centres, 3, axis=0) + rng.normal(size=(6, 8)) * 0.1
+    clustered /= np.linalg.norm(clustered, axis=1, keepdims=True)
+    clean = SenseTable("w", senses, ["s"] * 6, clustered @ clustered.T)
+    assert clean.p_value() == pytest.approx(0.1) and "senses separate" in clean.summary()
+    assert combined_p_value([clean, clean]) == pytest.approx(0.01)
+    # a shuffled labelling of the same clusters is not a separation
+    shuffled = SenseTable("w", ["r", "m", "r", "m", "r", "m"], ["s"] * 6, clustered @ clustered.T)
+    assert shuffled.p_value() > 0.5 and "do NOT separate beyond chance" in shuffled.summary()
 
 
 def test_roberta_style_byte_level_bpe():

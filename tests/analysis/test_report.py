@@ -118,27 +118,80 @@ def test_analyze_command_report_renders_in_headless_chromium(model_dir, tmp_path
     assert "Attention heads (Clark et al. 2019)" in text
     assert "bertology heads stats --model " + str(model_dir) in text
     assert "no loss to take the gradient of" in text  # importance: the random model has no head
-    messages, errors, requests = [], [], []
+    messages, errors, requests, layouts = [], [], [], {}
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
         try:
-            page = browser.new_page()
-            page.on("console", lambda m: messages.append((m.type, m.text)))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.on("request", lambda r: requests.append(r.url))
-            page.goto(page_path.as_uri())
-            page.wait_for_load_state("load")
-            images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
-            title = page.title()
-            page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
+            for width, height in ((1280, 800), (390, 844)):  # a desktop window and a phone
+                page = browser.new_page(viewport={"width": width, "height": height})
+                page.on("console", lambda m: messages.append((m.type, m.text)))
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.on("request", lambda r: requests.append(r.url))
+                page.goto(page_path.as_uri())
+                page.wait_for_load_state("load")
+                layouts[width] = page.evaluate(LAYOUT)
+                images = page.eval_on_selector_all("img", "imgs => imgs.map(i => [i.complete, i.naturalWidth])")
+                title = page.title()
+                page.screenshot(path=str(tmp_path / f"report-{width}.png"), full_page=True)
+                page.close()
         finally:
             browser.close()
     assert not errors, errors
     assert not [m for m in messages if m[0] in ("error", "warning")], messages
     assert [u for u in requests if not u.startswith(("file:", "data:"))] == []
     assert len(images) == 2 and all(done and width > 0 for done, width in images)
-    assert re.match(r"bertology analysis: ", title)
-    assert (tmp_path / "report.png").stat().st_size > 1000
+    assert title == f"bertology analysis: {model_dir.parent.name}/{model_dir.name}"  # a model/ folder: by its run
+    for width, layout in layouts.items():
+        assert layout["scrollWidth"] <= width, (width, layout)  # nothing makes the page scroll sideways
+        assert layout["headline"] is not None and layout["headline"] < layout["height"], (width, layout)
+        for section in layout["sections"]:  # each figure starts within one screen of its section's heading
+            if section["figure"] is not None:
+                assert section["figure"] - section["heading"] < layout["height"], (width, section)
+    assert (tmp_path / "report-390.png").stat().st_size > 1000
+
+
+# Where the page puts things, in CSS pixels from the top of the document.
+LAYOUT = """() => {
+  const top = e => e ? e.getBoundingClientRect().top + window.scrollY : null;
+  return {
+    scrollWidth: document.documentElement.scrollWidth, height: window.innerHeight,
+    headline: top(document.querySelector("table.headline")),
+    sections: [...document.querySelectorAll("section")].map(s => ({
+      id: s.id, heading: top(s.querySelector("h2")), figure: top(s.querySelector("img"))})),
+  };
+}"""
+
+
+def test_only_redoes_its_sections_and_keeps_the_others(monkeypatch, model_dir, tmp_path):
+    calls = []
+
+    def section(name, value):
+        def make(pretrained, out_dir, data_dir, *, quick=False):
+            calls.append(name)
+            return Section(name=name, title=f"The {name}", numbers={"value": value, "bad": float("nan")},
+                           headline={f"{name} value": value})
+        return make
+
+    fake_module(monkeypatch, "first", section("first", 1.5))
+    fake_module(monkeypatch, "second", section("second", 2.5))
+    out = tmp_path / "out"
+    report.build_report(model_dir, out, None, tmp_path / "no-data", quick=True)
+    assert calls[-2:] == ["first", "second"]
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "first value" in page and "second value" in page and "nan" not in page.lower()
+    assert page.index('class="headline"') < page.index('<section id="section-first"')  # the headline table first
+    monkeypatch.setattr(sys.modules["bertology.analysis.second"], "report_section", section("second", 7.25))
+    calls.clear()
+    result = report.build_report(model_dir, out, "second", tmp_path / "no-data", quick=True)
+    assert calls == ["second"]
+    assert [s.name for s in result.sections][-2:] == ["first", "second"]  # in report order, the first kept
+    page = (out / "report.html").read_text(encoding="utf-8")
+    assert "first value" in page and "7.25" in page and "2.5<" not in page
+    # another model's report is not merged: --only then writes its own sections alone
+    other = tmp_path / "other-model"
+    shutil.copytree(model_dir, other)
+    result = report.build_report(other, out, "second", tmp_path / "no-data", quick=True)
+    assert "first" not in [s.name for s in result.sections]
 
 
 @pytest.mark.skipif(not UD.is_dir(), reason="UD English-EWT not in ../shared/data/ud-english-ewt")

@@ -18,7 +18,8 @@ class Section:
 
     `numbers` is JSON-able (the same object the analysis writes as its JSON file); `figures` are PNG files the
     report inlines; `command` is the exact `bertology ...` command that redoes the analysis; `notes` are short
-    sentences (what was skipped and why, what a number means)."""
+    sentences (what was skipped and why, what a number means); `headline` holds the few numbers that say what the
+    analysis found (label -> value), shown beside its figure and in the report's opening table."""
 
     name: str
     title: str
@@ -26,6 +27,7 @@ class Section:
     figures: list[Path] = field(default_factory=list)
     command: str = ""
     notes: list[str] = field(default_factory=list)
+    headline: dict[str, Any] = field(default_factory=dict)
 
 
 def _finite(value: Any) -> Any:

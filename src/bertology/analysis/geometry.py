@@ -457,14 +457,19 @@ def analyse(pretrained: Any, texts: Sequence[str], out_dir: str | os.PathLike, *
     return numbers, plot(numbers, out_dir)
 
 
+# UD English-EWT dev sentences the quick report measures (of 2,001).
+QUICK_SENTENCES = 500
+
+
 def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | os.PathLike,
-                   model_dir: str = "MODEL") -> Section:
+                   model_dir: str = "MODEL", quick: bool = False) -> Section:
     """The geometry part of the report, on the sentences of UD English-EWT's dev set (words as the treebank
-    splits them)."""
+    splits them; the first QUICK_SENTENCES with `quick`)."""
     from bertology.analysis.ud import read_split
 
     corpus = Path(data_dir) / "ud-english-ewt"
-    sentences = read_split(corpus, "dev")
+    limit = QUICK_SENTENCES if quick else None
+    sentences = read_split(corpus, "dev", limit)
     out_dir = Path(out_dir)
     numbers, figures = analyse(pretrained, [s.text for s in sentences], out_dir,
                                spans=[s.spans for s in sentences],
@@ -475,6 +480,11 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
              f"{last['standardised']['anisotropy']['mean']:.3f}; the top {len(last['raw']['rogue']['top'])} "
              f"dimensions make {100 * last['raw']['rogue']['top_share']:.0f} % of the expected cosine."]
     notes += [f"warning: {w}" for w in numbers["warnings"]]
-    command = shell_command("bertology", "anisotropy", "--model", model_dir, "--ud", corpus, "--out", out_dir)
+    command = shell_command("bertology", "anisotropy", "--model", model_dir, "--ud", corpus, "--out", out_dir,
+                            *(("--limit", limit) if limit else ()))
+    headline = {"anisotropy, last layer": round(last["raw"]["anisotropy"]["mean"], 3),
+                "after standardisation": round(last["standardised"]["anisotropy"]["mean"], 3),
+                f"share of the expected cosine in the top {len(last['raw']['rogue']['top'])} dimensions":
+                    f"{100 * last['raw']['rogue']['top_share']:.0f} %"}
     return Section("anisotropy", "Anisotropy, self-similarity and rogue dimensions", numbers, figures, command,
-                   notes)
+                   notes, headline)

@@ -471,6 +471,9 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
                           "NAME) nor a masked-LM head: no loss to take the gradient of")
     numbers = analyze_importance(pretrained, data, out, step=step, show_progress=show_progress)
     return Section(
+        headline={"heads": numbers["heads"], "metric": numbers["metric"],
+                  f"share of heads prunable at >= {numbers['keep']:.0%} of the unpruned metric":
+                      numbers["prunable_share"]},
         name="importance",
         title="Head importance and pruning (Michel et al. 2019)",
         numbers={"metric": numbers["metric"], "data": numbers["data"], "heads": numbers["heads"],

@@ -161,20 +161,24 @@ REPORT_QUERIES: tuple[tuple[str, str], ...] = (
 
 
 def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | os.PathLike,
-                   model_dir: str = "MODEL", limit: int = 4000) -> Section:
-    """Neighbours of the report's queries among the first `limit` sentences of UD English-EWT train."""
+                   model_dir: str = "MODEL", limit: int = 4000, quick: bool = False) -> Section:
+    """Neighbours of the report's queries among the first `limit` sentences of UD English-EWT train (a quarter of
+    them with `quick`)."""
     from bertology.analysis.ud import read_split
 
+    limit = limit // 4 if quick else limit
     ud = Path(data_dir) / "ud-english-ewt"
     corpus = [s.text for s in read_split(ud, "train", limit)]
     numbers, figures = neighbours(pretrained, corpus, REPORT_QUERIES, out_dir)
     notes = []
+    headline = {}
     for query in numbers["queries"]:
         near = ", ".join(n["word"] for n in query["contextual"][:5])
+        headline[f"nearest to {query['word']!r} in \u201c{query['sentence']}\u201d"] = near
         static = ", ".join(n["type"] for n in query["static"][:5])
         notes.append(f"{query['word']!r} in {query['sentence']!r}: nearest occurrences {near}; static type "
                      f"neighbours {static}")
     queries = [part for sentence, word in REPORT_QUERIES for part in ("--query", word, sentence)]
     command = shell_command("bertology", "neighbours", "--model", model_dir, "--ud", ud, "--limit", limit, *queries,
                             "--out", out_dir)
-    return Section("neighbours", "Contextual nearest neighbours", numbers, figures, command, notes)
+    return Section("neighbours", "Contextual nearest neighbours", numbers, figures, command, notes, headline)

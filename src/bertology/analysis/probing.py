@@ -321,17 +321,25 @@ def probe(pretrained: Any, ud_dir: str | os.PathLike, out_dir: str | os.PathLike
 
 
 def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | os.PathLike,
-                   model_dir: str = "MODEL", limit: int | None = 2000) -> Section:
-    """The probing part of the report: UD English-EWT, the first `limit` sentences of each split."""
+                   model_dir: str = "MODEL", limit: int | None = 2000, quick: bool = False) -> Section:
+    """The probing part of the report: UD English-EWT, the first `limit` sentences of each split (a quarter of them
+    with `quick`)."""
     ud = Path(data_dir) / "ud-english-ewt"
+    if quick and limit:
+        limit //= 4
     numbers, figures = probe(pretrained, ud, out_dir, limit=limit)
     notes = []
+    headline: dict[str, Any] = {}
     for task, result in numbers["tasks"].items():
         best = next(r for r in result["layers"] if r["layer"] == result["best_layer_by_dev"])
+        headline[f"{task}: best layer (on dev)"] = best["layer"]
+        headline[f"{task}: test accuracy there (majority {result['majority_test_accuracy']:.3f})"] = round(
+            best["test_accuracy"], 3)
+        headline[f"{task}: selectivity there"] = round(best["selectivity"], 3)
         notes.append(f"{task}: best hidden state {best['layer']} (chosen on dev): test accuracy "
                      f"{best['test_accuracy']:.3f}, control {best['control_test_accuracy']:.3f}, selectivity "
                      f"{best['selectivity']:.3f}; majority label {result['majority_test_accuracy']:.3f}.")
     command = shell_command("bertology", "probe", "--model", model_dir, "--ud", ud, "--out", out_dir,
                             *(("--limit", limit) if limit else ()))
     return Section("probing", "Linear probes by layer (UPOS, dependency relations) with control tasks", numbers,
-                   figures, command, notes)
+                   figures, command, notes, headline)

@@ -14,6 +14,7 @@ import base64
 import html
 import importlib
 import inspect
+import json
 import math
 import os
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from bertology.analysis.base import Section, write_numbers
 from bertology.errors import BertologyError, ConfigError
 from bertology.io import atomic_write
+from bertology.model.local import display_name
 
 # Modules in report order.
 ANALYSES: tuple[str, ...] = ("wsd", "geometry", "neighbours", "sense_map", "probing", "attention", "importance")
@@ -109,32 +111,86 @@ def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only:
             continue
         result.seconds[name] = round(time.perf_counter() - start, 1)
         result.sections.append(section)
+    if only is not None:  # --only redoes its sections and keeps the rest of an earlier report of this model
+        kept = earlier_report(out / "report.json", model_dir, data_dir, quick, set(names))
+        result.sections = sorted(result.sections + kept.sections, key=lambda s: _order(s.name))
+        result.seconds = {**kept.seconds, **result.seconds}
+        done = {s.name for s in result.sections} | {s.name for s in result.skipped}
+        result.skipped += [s for s in kept.skipped if s.name not in done]
     summary = {
         "model": str(model_dir),
+        "name": display_name(model_dir),
         "data": str(data_dir),
         "quick": quick,
         "sections": {s.name: {"title": s.title, "numbers": s.numbers, "figures": [str(f) for f in s.figures],
-                              "command": s.command, "notes": s.notes, "seconds": result.seconds.get(s.name)}
+                              "command": s.command, "notes": s.notes, "headline": s.headline,
+                              "seconds": result.seconds.get(s.name)}
                      for s in result.sections},
         "skipped": {s.name: s.reason for s in result.skipped},
     }
     write_numbers(out / "report.json", summary)
     with atomic_write(result.path, "w", encoding="utf-8") as handle:
-        handle.write(render(result, str(model_dir), str(data_dir)))
+        handle.write(render(result, str(model_dir), str(data_dir), quick=quick))
     return result
+
+
+# The module each section name comes from, where they differ (geometry's section is "anisotropy").
+SECTION_MODULE = {"anisotropy": "geometry"}
+
+
+def _order(section_name: str) -> int:
+    module = SECTION_MODULE.get(section_name, section_name)
+    return ANALYSES.index(module) if module in ANALYSES else len(ANALYSES)
+
+
+def earlier_report(path: Path, model_dir: str | os.PathLike, data_dir: str | os.PathLike, quick: bool,
+                   redone: set[str]) -> ReportResult:
+    """The sections of an earlier report.json in the same folder, for the same model, data and --quick, that are not
+    being redone; nothing when there is none, or it is of another run (then --only writes its sections alone)."""
+    kept = ReportResult(path.with_name("report.html"))
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return kept
+    same = (isinstance(earlier, dict) and earlier.get("model") == str(model_dir)
+            and earlier.get("data") == str(data_dir) and earlier.get("quick") == quick)
+    if not same or not isinstance(earlier.get("sections"), dict):
+        return kept
+    for name, part in earlier["sections"].items():
+        if SECTION_MODULE.get(name, name) in redone or not isinstance(part, dict):
+            continue
+        kept.sections.append(Section(name, str(part.get("title", name)), part.get("numbers") or {},
+                                     [Path(f) for f in part.get("figures") or []], str(part.get("command", "")),
+                                     [str(n) for n in part.get("notes") or []], part.get("headline") or {}))
+        if isinstance(part.get("seconds"), (int, float)):
+            kept.seconds[name] = part["seconds"]
+    skipped = earlier.get("skipped")
+    if isinstance(skipped, dict):
+        kept.skipped = [Skipped(name, str(reason)) for name, reason in skipped.items() if name not in redone]
+    return kept
 
 
 # ------------------------------------------------------------------------------------------------------ rendering
 
+# One column on a phone; on a wide screen each section's figures beside its key numbers. Wide tables scroll inside
+# their own box, so the page itself never scrolls sideways.
 STYLE = """
-body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 70em; color: #222; line-height: 1.4; }
-h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; margin-top: 2em; }
+* { box-sizing: border-box; }
+body { font-family: system-ui, sans-serif; margin: 0 auto; padding: 1em; max-width: 78em; color: #222;
+       line-height: 1.4; overflow-wrap: anywhere; }
+h1 { font-size: 1.6em; margin: 0.2em 0; } h2 { border-bottom: 1px solid #ccc; margin-top: 1.6em; }
+.meta, .note { color: #555; font-size: 0.9em; } .skipped { color: #8a4b00; }
+.scroll { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; margin: 0.4em 0; font-size: 0.9em; }
 th, td { border: 1px solid #ddd; padding: 0.2em 0.5em; text-align: left; vertical-align: top; }
-th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+.headline td.num { font-weight: 600; }
+.finding { display: flex; flex-wrap: wrap; gap: 1em; align-items: flex-start; }
+.finding .figures { flex: 3 1 24em; min-width: 0; } .finding .keys { flex: 2 1 16em; min-width: 0; }
+img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figure { margin: 0 0 0.5em 0; }
+details { margin: 0.5em 0; } summary { cursor: pointer; color: #1a4f8b; }
 pre { background: #f6f6f6; padding: 0.6em; overflow-x: auto; white-space: pre-wrap; }
-img { max-width: 100%; border: 1px solid #eee; margin: 0.5em 0; }
-.note { color: #555; } .skipped { color: #8a4b00; }
 """
 MAX_ROWS = 60  # longer lists are summarised (the analysis's JSON file has them all)
 MAX_DEPTH = 4
@@ -150,7 +206,7 @@ def _number(value: float) -> str:
     if isinstance(value, int):
         return f"{value:,}"
     if not math.isfinite(value):
-        return str(value)
+        return "\u2013"  # a NaN or infinity is a number the analysis could not compute
     return f"{value:.4g}" if abs(value) < 1e5 else f"{value:,.0f}"
 
 
@@ -174,7 +230,7 @@ def _table(value: Any, depth: int = 0) -> str:
     if _scalar(value):
         return _text(_number(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value)
     if depth >= MAX_DEPTH:
-        return '<span class="note">(nested further: see the JSON file)</span>'
+        return '<span class="note">(deeper levels: see the JSON file)</span>'
     if isinstance(value, dict):
         if not value:
             return '<span class="note">(none)</span>'
@@ -189,14 +245,16 @@ def _table(value: Any, depth: int = 0) -> str:
             return '<span class="note">(none)</span>'
         if all(_scalar(v) for v in items):
             shown = ", ".join(_number(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else
-                              ("–" if v is None else str(v)) for v in items[:MAX_ROWS])
-            return _text(shown + (f", … ({len(items)} in all)" if len(items) > MAX_ROWS else ""))
+                              ("\u2013" if v is None else str(v)) for v in items[:MAX_ROWS])
+            return _text(shown + (f", \u2026 ({len(items)} in all)" if len(items) > MAX_ROWS else ""))
+        more_rows = (f'<p class="note">the first {MAX_ROWS} of {len(items)} rows; all in the JSON file</p>'
+                     if len(items) > MAX_ROWS else "")
         if all(isinstance(v, (list, tuple)) and all(_scalar(x) for x in v) for v in items):
             width = max(len(v) for v in items)
             head = "<tr><th></th>" + "".join(f"<th>{j}</th>" for j in range(width)) + "</tr>"
             body = "".join(f"<tr><th>{i}</th>{''.join(_cell(x, depth) for x in row)}</tr>"
                            for i, row in enumerate(items[:MAX_ROWS]))
-            return f"<table>{head}{body}</table>"
+            return f"<table>{head}{body}</table>{more_rows}"
         if all(isinstance(v, dict) for v in items):
             columns: list[str] = []
             for v in items:
@@ -204,10 +262,8 @@ def _table(value: Any, depth: int = 0) -> str:
             head = "<tr>" + "".join(f"<th>{_text(c)}</th>" for c in columns) + "</tr>"
             body = "".join("<tr>" + "".join(_cell(v.get(c), depth) for c in columns) + "</tr>"
                            for v in items[:MAX_ROWS])
-            more = (f'<tr><td colspan="{len(columns)}" class="note">{len(items) - MAX_ROWS} more rows in the JSON '
-                    "file</td></tr>") if len(items) > MAX_ROWS else ""
-            return f"<table>{head}{body}{more}</table>"
-        return "<ul>" + "".join(f"<li>{_table(v, depth + 1)}</li>" for v in items[:MAX_ROWS]) + "</ul>"
+            return f"<table>{head}{body}</table>{more_rows}"
+        return "<ul>" + "".join(f"<li>{_table(v, depth + 1)}</li>" for v in items[:MAX_ROWS]) + "</ul>" + more_rows
     return _text(repr(value))
 
 
@@ -227,32 +283,60 @@ def _anchor(name: str) -> str:
     return "section-" + "".join(c if c.isalnum() else "-" for c in name)
 
 
-def render(result: ReportResult, model: str, data: str) -> str:
-    """The report as one HTML document."""
+def _keys_table(headline: dict[str, Any]) -> str:
+    rows = "".join(f"<tr><th>{_text(label)}</th>{_cell(value, MAX_DEPTH)}</tr>" for label, value in headline.items()
+                   if _scalar(value))
+    return f'<table class="headline">{rows}</table>' if rows else ""
+
+
+def _headline_table(sections: list[Section]) -> str:
+    """The opening table: each analysis's key numbers, one row a number, linked to its section."""
+    rows = []
+    for section in sections:
+        items = [(label, value) for label, value in section.headline.items() if _scalar(value)]
+        for i, (label, value) in enumerate(items):
+            first = (f'<th rowspan="{len(items)}"><a href="#{_anchor(section.name)}">{_text(section.title)}</a></th>'
+                     if i == 0 else "")
+            rows.append(f"<tr>{first}<td>{_text(label)}</td>{_cell(value, MAX_DEPTH)}</tr>")
+    if not rows:
+        return ""
+    return (f'<div class="scroll"><table class="headline"><tr><th>analysis</th><th>finding</th><th>value</th></tr>'
+            f'{"".join(rows)}</table></div>')
+
+
+def render(result: ReportResult, model: str, data: str, *, quick: bool = False) -> str:
+    """The report as one HTML document: the model's name, the headline table, then each analysis with its figures
+    beside its key numbers, its full numbers and the command that redoes it folded away."""
+    name = display_name(model)
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
-             f"<title>bertology analysis: {_text(model)}</title><style>{STYLE}</style></head><body>",
-             f"<h1>What the representations of {_text(model)} reveal</h1>",
-             f"<p>Model <code>{_text(model)}</code>; data <code>{_text(data)}</code>; generated "
+             f"<title>bertology analysis: {_text(name)}</title><style>{STYLE}</style></head><body>",
+             f"<h1>{_text(name)}: what its representations show</h1>",
+             f'<p class="meta">Model <code>{_text(model)}</code>; data <code>{_text(data)}</code>'
+             f'{"; quick run (smaller samples)" if quick else ""}; generated '
              f"{_text(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}.</p>"]
-    if result.sections:
-        parts.append("<ul>" + "".join(f'<li><a href="#{_anchor(s.name)}">{_text(s.title)}</a></li>'
-                                      for s in result.sections) + "</ul>")
+    parts.append(_headline_table(result.sections))
     if result.skipped:
-        parts.append('<h2 id="skipped">Skipped</h2><ul>' + "".join(
-            f'<li class="skipped"><b>{_text(s.name)}</b>: {_text(s.reason)}</li>' for s in result.skipped) + "</ul>")
+        parts.append('<details id="skipped"><summary>' + f"{len(result.skipped)} analyses skipped" + "</summary><ul>"
+                     + "".join(f'<li class="skipped"><b>{_text(s.name)}</b>: {_text(s.reason)}</li>'
+                               for s in result.skipped) + "</ul></details>")
     for section in result.sections:
         parts.append(f'<section id="{_anchor(section.name)}"><h2>{_text(section.title)}</h2>')
-        if section.name in result.seconds:
-            parts.append(f'<p class="note">computed in {result.seconds[section.name]:.1f} s</p>')
-        parts.append(_table(section.numbers))
-        parts.extend(_figure(Path(f)) for f in section.figures)
-        if section.command:
-            parts.append(f"<p>To redo it:</p><pre><code>{_text(section.command)}</code></pre>")
+        figures = "".join(_figure(Path(f)) for f in section.figures)
+        keys = _keys_table(section.headline)
         if section.notes:
-            parts.append("<ul>" + "".join(f'<li class="note">{_text(n)}</li>' for n in section.notes) + "</ul>")
+            keys += "<ul>" + "".join(f'<li class="note">{_text(n)}</li>' for n in section.notes) + "</ul>"
+        if section.name in result.seconds:
+            keys += f'<p class="note">computed in {result.seconds[section.name]:.1f} s</p>'
+        parts.append('<div class="finding">' + (f'<div class="figures">{figures}</div>' if figures else "")
+                     + f'<div class="keys">{keys}</div></div>')
+        parts.append(f'<details><summary>All numbers</summary><div class="scroll">{_table(section.numbers)}</div>'
+                     "</details>")
+        if section.command:
+            parts.append(f"<details><summary>The command that redoes it</summary><pre><code>"
+                         f"{_text(section.command)}</code></pre></details>")
         parts.append("</section>")
     if not result.sections:
-        parts.append("<p>No analysis could run: see Skipped.</p>")
+        parts.append("<p>No analysis could run: see the skipped ones.</p>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

@@ -184,4 +184,8 @@ def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | 
              f"{separation['between_senses']:.3f}."]
     command = shell_command("bertology", "sense-map", "--model", model_dir, "--semcor", semcor, "--lemma", lemma,
                             "--min-count", 3, "--out", out_dir)
-    return Section("sense_map", f"The occurrences of {lemma!r} by sense", numbers, figures, command, notes)
+    headline = {"occurrences": numbers["occurrences"], "senses": len(numbers["senses"]),
+                "mean cosine within a sense": round(separation["within_sense"], 3),
+                "mean cosine between senses": round(separation["between_senses"], 3)}
+    return Section("sense_map", f"The occurrences of {lemma!r} by sense", numbers, figures, command, notes,
+                   headline)

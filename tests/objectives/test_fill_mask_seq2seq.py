@@ -166,10 +166,22 @@ def test_the_cli_prints_one_line_per_candidate(t5, bart, capsys):
         capsys.readouterr()
         assert main(["fill-mask", "--model", str(directory), "--top-k", "2", text]) == 0
         lines = capsys.readouterr().out.splitlines()
-        wanted = [f"{p.probability:.4f}\t{p.token}\t{p.sequence}" for group in expected for p in group]
+        wanted = [f"{p.probability:.4f}\t{p.token if p.token.strip() else '(empty filling)'}\t{p.sequence}"
+                  for group in expected for p in group]
         if groups > 1:
             assert [line for line in lines if line.startswith("mask ")] == ["mask 1:", "mask 2:"]
         assert [line for line in lines if not line.startswith("mask ")] == wanted
+
+
+def test_an_empty_filling_is_named(monkeypatch, t5, capsys):
+    import importlib
+
+    module = importlib.import_module("bertology.objectives.fill_mask")
+
+    empty = module.Prediction("", -1, 0.5, "the cat  on the mat", ())
+    monkeypatch.setattr(module, "fill_mask", lambda *args, **kwargs: [[empty]])
+    assert main(["fill-mask", "--model", str(t5[1]), T5_TEXT]) == 0
+    assert capsys.readouterr().out.splitlines() == ["0.5000\t(empty filling)\tthe cat  on the mat"]
 
 
 def test_text_without_a_sentinel_or_mask_is_refused(t5, bart):

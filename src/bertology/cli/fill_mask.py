@@ -41,5 +41,7 @@ def run(args: argparse.Namespace) -> int:
         if len(results) > 1:
             print(f"mask {number}:")
         for prediction in predictions:
-            print(f"{prediction.probability:.4f}\t{prediction.token}\t{prediction.sequence}")
+            # A generated span can be empty (a T5 that emits the next sentinel at once): say so, not a blank cell.
+            filling = prediction.token if prediction.token.strip() else "(empty filling)"
+            print(f"{prediction.probability:.4f}\t{filling}\t{prediction.sequence}")
     return 0

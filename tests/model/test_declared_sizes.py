@@ -68,7 +68,8 @@ def test_a_config_declaring_a_hidden_size_of_2_to_the_20_is_refused_before_it_is
     directory = saved_bert(tmp_path)
     edit(directory / "config.json", lambda c: c.update(hidden_size=2**20, intermediate_size=2**22))
     refused_fast(directory, r"weights do not fit a bert model: .*shape mismatches: "
-                            r".*word_embeddings\.weight: checkpoint \(40, 16\), model \(40, 1048576\)", real_builds)
+                            r".*word_embeddings\.weight: checkpoint \(40, 16\), model \(40, 1048576\).* \(the "
+                            r"model's shapes are those .*config\.json declares\)", real_builds)
 
 
 def test_a_bertology_json_declaring_ten_million_layers_or_a_huge_width_is_refused(tmp_path, real_builds):
@@ -81,7 +82,8 @@ def test_a_bertology_json_declaring_ten_million_layers_or_a_huge_width_is_refuse
     path.write_text(original)
     edit(path, lambda m: m["config"].update(hidden_size=2**20, intermediate_size=2**22))
     refused_fast(directory, r"weights do not fit .*shape mismatches: .*checkpoint \(40, 16\), model "
-                            r"\(40, 1048576\)", real_builds)
+                            r"\(40, 1048576\).* \(the model's shapes are those .*bertology\.json declares\)",
+                 real_builds)
 
 
 def test_declared_positions_whose_fixed_tables_outgrow_the_weights_are_refused(tmp_path, real_builds):

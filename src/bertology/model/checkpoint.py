@@ -291,8 +291,11 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     specs = head_specs(family, config, tuple(heads), weights, str(config_path))
     # Every shape the config declares is compared with the stored ones on a meta-device skeleton first: a config
     # declaring a hidden size of 2**20 is refused, naming the weights that do not fit, before anything is allocated.
-    state = to_state_dict(planned(lambda: model_class(built)(config, specs), weights, str(config_path)), weights,
-                          prefixed, str(directory), family)
+    skeleton_model = planned(lambda: model_class(built)(config, specs), weights, str(config_path))
+    try:
+        state = to_state_dict(skeleton_model, weights, prefixed, str(directory), family)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error} (the model's shapes are those {config_path} declares)") from None
     model = model_class(built)(config, specs)
     model.load_state_dict(state)
     return model.eval()
@@ -397,7 +400,11 @@ def load_native(directory: Path, heads: tuple[str, ...] | None) -> Model:
         check_depth({f"config.{field}": config_data.get(field) for field in DEPTH_FIELDS}, len(weights), str(path),
                     str(directory / "model.safetensors"))
     # The shapes declared against the stored ones on a meta-device skeleton, before anything is allocated.
-    check_native_keys(str(directory), planned(lambda: build_native(metadata, str(path)), weights, str(path)), weights)
+    skeleton_model = planned(lambda: build_native(metadata, str(path)), weights, str(path))
+    try:
+        check_native_keys(str(directory), skeleton_model, weights)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error} (the model's shapes are those {path} declares)") from None
     model = build_native(metadata, str(path))
     model.load_state_dict(weights)
     return model.eval()

@@ -103,3 +103,26 @@ def test_a_model_within_its_weights_still_loads_and_is_built_once(tmp_path, real
     model = load_model(directory)
     assert real_builds == [16]
     assert model.config.num_layers == 2
+
+
+@pytest.mark.parametrize("family,key", [("gpt2", "n_layer"), ("t5", "num_decoder_layers"), ("t5", "num_layers")])
+def test_every_familys_depth_key_is_checked_against_the_header(tmp_path, real_builds, family, key):
+    from transformer_helpers import gpt2_pair, t5_pair
+
+    torch.manual_seed(0)
+    hf = gpt2_pair()[0] if family == "gpt2" else t5_pair()[0]
+    hf.save_pretrained(tmp_path / family)
+    edit(tmp_path / family / "config.json", lambda c: c.update({key: 10**7}))
+    refused_fast(tmp_path / family, rf"config\.json: {key} 10000000: .*model\.safetensors holds \d+ tensors",
+                 real_builds)
+
+
+def test_a_pytorch_bin_is_checked_once_loaded_before_the_model_is_built(tmp_path, real_builds):
+    directory = saved_bert(tmp_path)
+    from safetensors.torch import load_file
+
+    torch.save(load_file(directory / "model.safetensors"), directory / "pytorch_model.bin")
+    (directory / "model.safetensors").unlink()
+    edit(directory / "config.json", lambda c: c.update(num_hidden_layers=10**7))
+    refused_fast(directory, r"config\.json: num_hidden_layers 10000000: .*pytorch_model\.bin holds \d+ tensors",
+                 real_builds)

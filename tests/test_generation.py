@@ -297,7 +297,7 @@ def test_the_model_runs_in_eval_mode_and_keeps_its_mode():
     (dict(eos_token_id=[2, -1]), "eos_token_id -1 is outside"),
     (dict(eos_token_id="2"), "eos_token_id must be a token id or a list of token ids"),
     (dict(pad_token_id=99), "pad_token_id 99 is outside"),
-    (dict(do_sample=True, seed="7"), "seed must be an integer or None"),
+    (dict(do_sample=True, seed="7"), r"seed must be an integer in \[0, 2\*\*63\) or None"),
 ])
 def test_bad_settings_are_errors_naming_the_option(options, message):
     model = DecoderModel(tiny_config(), [HeadSpec("lm", "tied_lm")])

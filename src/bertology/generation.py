@@ -15,7 +15,11 @@ Greedy and beam search give transformers' `generate` tokens (tests/test_generati
 decoder returns prompt + new tokens, an encoder-decoder the decoder sequence from its start token; the length penalty
 divides a finished beam's log-probability by (new tokens) ** length_penalty; beam search stops early by transformers'
 heuristic (`early_stopping` False, True or "never") and pads its shorter results with pad_token_id, or with the
-(first) EOS id where the pad id is 0 (T5's)."""
+(first) EOS id where the pad id is 0 (T5's).
+
+What may be asked is bounded per family: the decoder holds at most its position table's length, or with relative
+positions (T5) or none RELATIVE_DECODE_LIMIT positions; beam search keeps its hypotheses as wide as the longest
+one made so far, so its memory grows with what is generated, not with what max_new_tokens allows."""
 
 from __future__ import annotations
 
@@ -89,8 +93,9 @@ class Settings:
                               f"many beams (num_beams={self.num_beams}, do_sample={self.do_sample})")
         if not math.isfinite(self.length_penalty):
             raise ConfigError(f"length_penalty must be a finite number, got {self.length_penalty!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            raise ConfigError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**63):
+            raise ConfigError(f"seed must be an integer in [0, 2**63) or None, got {self.seed!r}")
 
     def check_vocabulary(self, vocab_size: int) -> None:
         if not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool):
@@ -228,7 +233,7 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
     running_scores[:, 1:] = NEVER
     # the finished hypotheses: tokens (padded), length-penalised scores, which slots hold one, their lengths
     fill = s.pad_token_id or (s.eos_token_ids[0] if s.eos_token_ids else 0)  # transformers' padding of beams
-    finished = prefix.new_full((batch, n, s.max_new_tokens), fill)
+    finished = prefix.new_full((batch, n, 0), fill)  # as wide as the longest step so far: grows with what is made
     finished_scores = torch.full((batch, n), NEVER, device=device)
     is_finished = torch.zeros(batch, n, dtype=torch.bool, device=device)
     lengths = torch.zeros(batch, n, dtype=torch.long, device=device)
@@ -254,7 +259,7 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
         penalised = penalised + (is_finished.all(-1, keepdim=True) & (s.early_stopping is True)).float() * NEVER
         penalised = penalised + (~hopeful).float() * NEVER
         penalised = penalised + (~ending).float() * NEVER
-        pool = torch.cat([finished, F.pad(candidates, (0, s.max_new_tokens - new), value=fill)], 1)
+        pool = torch.cat([F.pad(finished, (0, 1), value=fill), candidates], 1)  # [B, n + k, new]
         pool_scores = torch.cat([finished_scores, penalised], 1)
         best = pool_scores.topk(n).indices
         finished, finished_scores = pool[rows, best], pool_scores[rows, best]
@@ -292,6 +297,20 @@ def generation_model(model_or_pretrained: Any) -> DecoderModel | Seq2SeqModel:
     return model
 
 
+# The most positions a decoder with no position table (T5's relative buckets, none at all) decodes: four times the
+# 512 T5's models are trained on. Its relative buckets tell no distance past relative_attention_max_distance (128)
+# apart, and every position decoded adds to each beam's key/value cache, so nothing else would bound it.
+RELATIVE_DECODE_LIMIT = 2048
+
+
+def decode_limit(config: Any) -> tuple[int, str]:
+    """The most positions the model's decoder may hold while generating, and what sets it: its position table
+    (max_position_embeddings) where it has one, RELATIVE_DECODE_LIMIT otherwise."""
+    if getattr(config, "positions", "learned") in ("learned", "sinusoidal"):
+        return config.max_length, "the model's"
+    return min(config.max_length, RELATIVE_DECODE_LIMIT), "the generation limit of relative positions:"
+
+
 def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attention_mask: Tensor,
                   max_new_tokens: int) -> None:
     if input_ids.dim() != 2 or not input_ids.numel():
@@ -302,10 +321,11 @@ def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attenti
     if width > positions:
         raise ConfigError(f"input_ids: a prompt of {width} tokens is longer than the model's {positions} positions")
     decoded = width if isinstance(model, DecoderModel) else 1  # an encoder-decoder's decoder starts from one token
-    if decoded + max_new_tokens > positions:
+    limit, what_limits = decode_limit(model.config)
+    if decoded + max_new_tokens > limit:
         what = "prompt" if isinstance(model, DecoderModel) else "start"
         raise ConfigError(f"max_new_tokens: {decoded} {what} token(s) + "
-                          f"{max_new_tokens} new tokens exceed the model's {positions} positions")
+                          f"{max_new_tokens} new tokens exceed {what_limits} {limit} positions")
     if isinstance(model, DecoderModel):
         ending_in_padding = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
         if ending_in_padding:

@@ -236,3 +236,56 @@ def test_a_dataset_claiming_more_than_the_file_is_refused_before_reading(tmp_pat
         handle.create_dataset("CNN/W_cnn_0", shape=(1, 1, 4, 100_000_000), dtype="float32")  # never written
     with pytest.raises(CheckpointError, match=r"dataset 'CNN/W_cnn_0' claims \(1, 1, 4, 100000000\) float32"):
         read_elmo(tmp_path / "options.json", tmp_path / "weights.hdf5")
+
+
+# --- what options.json declares and where the HDF5 bytes come from ------------------------------------------------
+
+
+@pytest.mark.parametrize("key,change,match", [
+    ("lstm.n_layers", lambda o: o["lstm"].update(n_layers=10**9),
+     r"options\.json: lstm\.n_layers declares 1000000000 .*weights\.hdf5 holds weights for 2"),
+    ("char_cnn.n_highway", lambda o: o["char_cnn"].update(n_highway=10**9),
+     r"options\.json: char_cnn\.n_highway declares 1000000000 .*weights\.hdf5 holds weights for 2"),
+    ("char_cnn.max_characters_per_token", lambda o: o["char_cnn"].update(max_characters_per_token=10**12),
+     r"options\.json: max_characters_per_token must lie in \[3, 256\].*got 1000000000000"),
+])
+def test_declared_sizes_beyond_the_weights_or_the_caps_are_refused_at_once(tmp_path, monkeypatch, key, change,
+                                                                             match):
+    options = copy.deepcopy(OPTIONS)
+    options_path, weights_path = write_released(tmp_path, OPTIONS)
+    change(options)
+    options_path.write_text(json.dumps(options))
+    built = []
+    monkeypatch.setattr(ElmoModel, "__init__", lambda self, *a, **k: built.append(a))
+    with pytest.raises(CheckpointError, match=match):
+        read_elmo(options_path, weights_path)
+    assert built == []  # refused before any model (or the table of a billion layers' weights) is made
+
+
+def test_external_storage_pointing_outside_the_file_is_refused(tmp_path):
+    options_path, weights_path = write_released(tmp_path)
+    outside = tmp_path / "elsewhere.bin"
+    outside.write_bytes(np.arange(261 * 4, dtype=np.float32).tobytes())
+    with h5py.File(weights_path, "a") as handle:
+        del handle["char_embed"]
+        handle.create_dataset("char_embed", shape=(261, 4), dtype=np.float32,
+                              external=[(str(outside), 0, 261 * 4 * 4)])
+    with h5py.File(weights_path, "r") as handle:  # the crafted file does read another file's bytes as weights
+        assert np.array_equal(handle["char_embed"][0], np.arange(4, dtype=np.float32))
+    with pytest.raises(CheckpointError, match=r"weights\.hdf5: dataset 'char_embed' keeps its values in external "
+                                              r"storage .*elsewhere\.bin"):
+        read_elmo(options_path, weights_path)
+
+
+def test_a_virtual_dataset_mapping_another_file_is_refused(tmp_path):
+    options_path, weights_path = write_released(tmp_path)
+    source = tmp_path / "source.h5"
+    with h5py.File(source, "w") as handle:
+        handle.create_dataset("data", data=np.ones((261, 4), np.float32))
+    layout = h5py.VirtualLayout(shape=(261, 4), dtype=np.float32)
+    layout[:] = h5py.VirtualSource(str(source), "data", shape=(261, 4))
+    with h5py.File(weights_path, "a") as handle:
+        del handle["char_embed"]
+        handle.create_virtual_dataset("char_embed", layout)
+    with pytest.raises(CheckpointError, match=r"weights\.hdf5: dataset 'char_embed' is a virtual dataset"):
+        read_elmo(options_path, weights_path)

@@ -70,3 +70,33 @@ def test_a_decoder_only_model_has_no_fill_mask(served):
         response = client.post("/v1/fill-mask", json={"texts": ["the cat"]})
         assert client.get("/health").json()["fill_mask"] is False
     assert response.status_code == 501 and "no masked-LM head" in response.json()["detail"]
+
+
+def test_generation_work_per_request_is_bounded_as_embed_work_is(served, monkeypatch):
+    import time
+
+    import bertology.serve.app as app_module
+
+    calls = []
+    real = app_module.fill_mask
+    monkeypatch.setattr(app_module, "fill_mask", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    with TestClient(create_app(served["t5"])) as client:  # the default bound: 4096 decoder steps a request
+        start = time.perf_counter()
+        huge = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"], "top_k": 100, "max_new_tokens": 512})
+        elapsed = time.perf_counter() - start
+        assert huge.status_code == 413 and huge.json()["field"] == "max_new_tokens"
+        assert huge.json()["detail"] == ("max_new_tokens: the generation asked for (1 texts x 100 beams (top_k 100, "
+                                         "at least 4) x max_new_tokens 512) is 51200; the limit is 4096 "
+                                         "(--max-generated)")
+        assert calls == [] and elapsed < 10  # answered before any generation (it took 17 s to run)
+        many = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 60, "max_new_tokens": 20})
+        assert many.status_code == 413 and "(60 texts x 5 beams" in many.json()["detail"]  # 60 x 5 x 20 = 6000
+        within = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 2, "top_k": 2,
+                                                    "max_new_tokens": 4})  # 2 x 4 beams x 4 steps
+        assert within.status_code == 200 and len(calls) == 2
+    with TestClient(create_app(served["t5"], max_generated=31)) as client:
+        assert client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 2, "top_k": 2,
+                                                  "max_new_tokens": 4}).status_code == 413
+    with TestClient(create_app(served["bart"], max_generated=31)) as client:  # BART's generated texts alike
+        refused = client.post("/v1/fill-mask", json={"texts": ["a dog <mask>"], "top_k": 2, "max_new_tokens": 8})
+        assert refused.status_code == 413 and refused.json()["field"] == "max_new_tokens"

@@ -245,3 +245,19 @@ def test_sampled_softmax_tends_to_the_full_one_and_evaluation_stays_full():
     assert model.word_embeddings.weight.grad.abs().sum() > 0
     with pytest.raises(ConfigError, match="objectives.bilm.sampled: must be >= 0"):
         BidirectionalLM(sampled=-1)
+
+
+def test_a_sampled_softmax_larger_than_the_vocabulary_is_refused_before_the_first_step(tmp_path, one_thread,
+                                                                                        monkeypatch):
+    corpus = write_corpus(tmp_path / "corpus.txt", documents=8)
+    steps = []
+    monkeypatch.setattr(BidirectionalLM, "forward", lambda self, *a, **k: steps.append(1))
+    with pytest.raises(ConfigError, match=r"objectives\.bilm\.sampled: 1000000000 negatives for a vocabulary of "
+                                          r"\d+ words; a sampled softmax draws fewer than the vocabulary"):
+        pretrain(run_config(corpus, tmp_path / "run", sampled=10**9))
+    assert steps == []  # refused when the vocabulary is known, before any batch
+    objective = BidirectionalLM(sampled=30)  # the Python objective on its own, at its first training step
+    objective.train()
+    model = ElmoModel(tiny_config(vocab_size=30, projection_dim=8, cell_size=16, filters=[[1, 4]]))
+    with pytest.raises(ConfigError, match=r"sampled: 30 negatives for a vocabulary of 30 words"):
+        objective.check_vocabulary(model.config.vocab_size)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.cli._types import seed
 from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.tokenization import load_tokenizer
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help=f"hold out N documents (or a fraction such as 0.01) into DIR/{HELDOUT_DIR}",
     )
-    prepare.add_argument("--seed", type=int, default=0, help="seed for choosing held-out documents")
+    prepare.add_argument("--seed", type=seed, default=0, help="seed for choosing held-out documents")
     prepare.add_argument("--overwrite", action="store_true", help="replace an existing shards directory")
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(func=run_prepare)

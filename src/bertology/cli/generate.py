@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from bertology.cli._types import seed
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -30,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-k", type=int, default=None, help="sampling: only from the K most probable tokens")
     parser.add_argument("--top-p", type=float, default=None,
                         help="sampling: only from the most probable tokens holding probability P (0 < P <= 1)")
-    parser.add_argument("--seed", type=int, default=None, help="sampling: the random seed (default: unseeded)")
+    parser.add_argument("--seed", type=seed, default=None, help="sampling: the random seed (default: unseeded)")
     parser.add_argument("--prefix-lm", action="store_true",
                         help="a decoder trained as a prefix LM: read the prompt in both directions")
     add_device_arguments(parser)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from bertology.cli._types import positive, seed
+
 RECORD = "longformer.json"
 
 
@@ -36,12 +38,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     loss.add_argument("--model", required=True, action="append", metavar="DIR",
                       help="a model with a masked-LM head (repeat: every model must tokenize the texts alike)")
     loss.add_argument("--text", required=True, nargs="+", metavar="FILE", help="held-out texts, one document each")
-    loss.add_argument("--length", type=int, metavar="N",
+    loss.add_argument("--length", type=positive, metavar="N",
                       help="tokens per document, specials excluded (default: what the longest model reads whole)")
-    loss.add_argument("--max-documents", type=int, metavar="N", help="score the first N documents only")
-    loss.add_argument("--seed", type=int, default=0, help="the masking keys' seed (default 0)")
+    loss.add_argument("--max-documents", type=positive, metavar="N", help="score the first N documents only")
+    loss.add_argument("--seed", type=seed, default=0, help="the masking keys' seed (default 0)")
     loss.add_argument("--encoding", default="utf-8", help="the texts' encoding (default utf-8)")
-    loss.add_argument("--batch-size", type=int, default=8, metavar="N", help="windows per forward (default 8)")
+    loss.add_argument("--batch-size", type=positive, default=8, metavar="N", help="windows per forward (default 8)")
     loss.set_defaults(func=run_mlm_loss)
 
 
@@ -49,11 +51,13 @@ def run_convert(args: argparse.Namespace) -> int:
     from bertology.io import check_output_directory, files_into
     from bertology.model import load
     from bertology.model.checkpoint import write_model_files
-    from bertology.model.longformer import check_window, longformer_from
+    from bertology.model.longformer import check_max_length, check_source, check_window, longformer_from
 
     check_window(args.window)  # before any work, as --out is
+    check_max_length(args.max_length)
     out = check_output_directory(args.out, RECORD, "a Longformer of `bertology longformer convert`", args.overwrite)
     source = load(args.model)
+    check_source(source.model)  # an ELMo or a decoder is named before its tokenizer is asked for separators
     sep = source.tokenizer.sep_id if source.tokenizer is not None else None
     model, dropped = longformer_from(source.model, args.max_length, args.window, sep_token_id=sep)
     if source.tokenizer is not None:
@@ -75,6 +79,7 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
 
     from bertology.errors import ConfigError, DataError
     from bertology.model import load
+    from bertology.model.encoder import EncoderModel
     from bertology.recipes.long_mlm import long_document_mlm_loss, mask_documents
 
     texts = []
@@ -87,6 +92,10 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
             raise DataError(f"--text {name}: not {args.encoding} at byte {error.start} (see --encoding)") from None
     models = [load(directory) for directory in args.model]
     for directory, pretrained in zip(args.model, models):
+        if not isinstance(pretrained.model, EncoderModel) or "mlm" not in pretrained.model.heads:
+            raise ConfigError(f"--model {directory}: a {getattr(pretrained.model.config, 'family', '?')} model without "
+                              "a masked-LM head ('mlm'); mlm-loss scores masked-LM encoders (BERT, RoBERTa, a "
+                              "Longformer)")
         if pretrained.tokenizer is None:
             raise ConfigError(f"--model {directory}: no tokenizer files")
     first = models[0].tokenizer

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.cli._types import seed
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-2, help="Adam learning rate (default 1e-2)")
     parser.add_argument("--l2", default="0,0.001", help="comma-separated L2 weights tried, chosen on dev "
                         "(default 0,0.001)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument("--batch-size", type=int, default=32, help="sentences per forward pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_device_arguments(parser)

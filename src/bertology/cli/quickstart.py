@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bertology.cli._types import seed
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -24,7 +26,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "20 with --quick)")
     parser.add_argument("--preset", default="tiny", help="model size: tiny, mini, small, medium, base, large "
                         "(default: tiny, 2 layers of 128)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for data order, masking and initialisation")
+    parser.add_argument("--seed", type=seed, default=0, help="seed for data order, masking and initialisation")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke run in seconds: the first documents of each text, a small vocabulary, few steps")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")

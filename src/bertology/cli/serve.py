@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-outputs", type=int, default=2048, metavar="N",
                         help="fill-mask candidates (masks x top_k) or search hits (queries x k) per request "
                         "(default: 2048)")
+    parser.add_argument("--max-generated", type=int, default=4096, metavar="N",
+                        help="an encoder-decoder's fill-mask work per request: texts x beams (top_k, at least 4) x "
+                        "max_new_tokens decoder steps (default: 4096)")
     add_device_arguments(parser, int8=True, int8_help="the encoder's linear layers in int8 "
                          "(bertology.model.quantize): faster on CPU, vectors close to but not equal to float32's")
     parser.add_argument("--index", metavar="DIR", default=None,
@@ -72,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     serve(args.model, host=args.host, port=args.port, log_level=args.log_level,
           max_batch_tokens=args.max_batch_tokens, max_wait_ms=args.max_wait_ms, api_key_file=args.api_key_file,
           max_body_bytes=args.max_body_bytes, max_texts=args.max_texts, max_chars=args.max_chars,
-          max_tokens=args.max_tokens, max_values=args.max_values, max_outputs=args.max_outputs, dtype=where.dtype,
+          max_tokens=args.max_tokens, max_values=args.max_values, max_outputs=args.max_outputs,
+          max_generated=args.max_generated, dtype=where.dtype,
           index=args.index, device=where.device)
     return 0

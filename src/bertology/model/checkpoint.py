@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -22,11 +22,14 @@ from bertology.errors import BertologyError, CheckpointError
 from bertology.io import atomic_directory, recover
 from bertology.model.config import EncoderConfig
 from bertology.model.convert import (
+    DEPTH_FIELDS,
     CheckpointFamily,
+    check_depth,
     check_keys,
     checkpoint_family,
     config_from_hf,
     config_to_hf,
+    declared_depths,
     family_for_config,
     from_state_dict,
     head_specs,
@@ -190,6 +193,56 @@ def read_weights(directory: Path, *, renamed: bool = True) -> dict[str, Tensor]:
     return out
 
 
+def weight_file_name(directory: Path) -> str:
+    """The weight file(s) of a model directory, as errors name them."""
+    for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return str(directory / name)
+    return str(directory / "model.safetensors")
+
+
+def stored_tensor_count(directory: Path) -> int | None:
+    """How many tensors a model directory's safetensors weights hold, from their headers alone (nothing loaded);
+    None when that cannot be told so (a pytorch_model.bin, an unreadable file: reading the weights says why)."""
+    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    try:
+        if single.is_file():
+            paths = [single]
+        elif index.is_file():
+            weight_map = read_json_object(index).get("weight_map")
+            if not isinstance(weight_map, dict):
+                return None
+            paths = [directory / shard for shard in sorted(set(map(str, weight_map.values())))]
+        else:
+            return None
+        count = 0
+        for path in paths:
+            with safe_open(path, framework="pt") as handle:
+                count += len(handle.keys())
+        return count
+    except (SafetensorError, OSError, ValueError, CheckpointError):
+        return None
+
+
+# Buffers a model builds beyond its weights (sinusoid tables sized by the declared positions) may hold at most this
+# many values more than the weights do: nothing the file stores bounds them otherwise.
+BUFFER_ALLOWANCE = 1 << 22
+
+
+def planned(build: Any, weights: Mapping[str, Tensor], source: str) -> Model:
+    """`build()` on the meta device: the model's parameter names and shapes, nothing allocated. Its buffers (which
+    no weight file holds) may not outgrow the weights by more than BUFFER_ALLOWANCE values."""
+    with torch.device("meta"):
+        skeleton_model = build()
+    stored = sum(tensor.numel() for tensor in weights.values())
+    buffers = sum(buffer.numel() for buffer in skeleton_model.buffers())
+    if buffers > stored + BUFFER_ALLOWANCE:
+        raise CheckpointError(f"{source}: the model it declares builds {buffers} values of fixed tables (position "
+                              f"sinusoids) beside {stored} stored weights: its positions or widths are larger than "
+                              "any its weights were trained for")
+    return skeleton_model
+
+
 def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Model:
     """Build an EncoderModel from a model directory: transformers' layout (config.json), with the heads its
     architecture names, or bertology's native format (bertology.json), with its heads and extensions. `heads`
@@ -215,9 +268,15 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
                                   f"give {named}")
         raise CheckpointError(f"{directory}: config.json is missing")
     hf = read_json_object(config_path)
+    family = checkpoint_family(hf.get("model_type"), str(config_path))
+    # The depths config.json declares against what the weights hold, before anything is built from them (a
+    # Longformer's windows, one a layer, included).
+    tensors = stored_tensor_count(directory)
+    if tensors is not None:
+        check_depth(declared_depths(family, hf), tensors, str(config_path), weight_file_name(directory))
     config = config_from_hf(hf, str(config_path))
-    family = checkpoint_family(hf["model_type"], str(config_path))
     weights = read_weights(directory)
+    check_depth(declared_depths(family, hf), len(weights), str(config_path), weight_file_name(directory))
     prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
     architectures = hf.get("architectures") or [family.class_stem + "Model"]
     if not isinstance(architectures, list):
@@ -232,8 +291,15 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
         config.pooler = any(base + key in weights for entry in family.weights if entry.when == "pooler"
                             for key in entry.theirs)
     specs = head_specs(family, config, tuple(heads), weights, str(config_path))
+    # Every shape the config declares is compared with the stored ones on a meta-device skeleton first: a config
+    # declaring a hidden size of 2**20 is refused, naming the weights that do not fit, before anything is allocated.
+    skeleton_model = planned(lambda: model_class(built)(config, specs), weights, str(config_path))
+    try:
+        state = to_state_dict(skeleton_model, weights, prefixed, str(directory), family)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error} (the model's shapes are those {config_path} declares)") from None
     model = model_class(built)(config, specs)
-    model.load_state_dict(to_state_dict(model, weights, prefixed, str(directory), family))
+    model.load_state_dict(state)
     return model.eval()
 
 
@@ -331,8 +397,17 @@ def load_native(directory: Path, heads: tuple[str, ...] | None) -> Model:
         metadata = {**metadata, "heads": [spec for spec in metadata["heads"] if spec["name"] in heads]}
         dropped = tuple(f"heads.{name}." for name in saved - set(heads))
         weights = {k: v for k, v in weights.items() if not k.startswith(dropped)}
+    config_data = metadata.get("encoder" if metadata.get("version") == 1 else "config")
+    if isinstance(config_data, dict):  # the depths declared against the weights, before any module is built
+        check_depth({f"config.{field}": config_data.get(field) for field in DEPTH_FIELDS}, len(weights), str(path),
+                    str(directory / "model.safetensors"))
+    # The shapes declared against the stored ones on a meta-device skeleton, before anything is allocated.
+    skeleton_model = planned(lambda: build_native(metadata, str(path)), weights, str(path))
+    try:
+        check_native_keys(str(directory), skeleton_model, weights)
+    except CheckpointError as error:
+        raise CheckpointError(f"{error} (the model's shapes are those {path} declares)") from None
     model = build_native(metadata, str(path))
-    check_native_keys(str(directory), model, weights)
     model.load_state_dict(weights)
     return model.eval()
 

@@ -426,6 +426,27 @@ def check_mixed_keys(family: CheckpointFamily, hf: Mapping[str, Any], source: st
                                   f"{family.model_type} one: the file mixes two families' fields")
 
 
+# Config fields that each count layers (or highway layers, ELMo's), every one of which holds weights of its own: no
+# file can declare more of them than it stores tensors. ALBERT's shared layers hold one group, but a depth that many
+# times the stored tensors is no model anyone trained either.
+DEPTH_FIELDS = ("num_layers", "num_decoder_layers", "num_highway")
+
+
+def check_depth(declared: Mapping[str, Any], tensors: int, source: str, weights: str) -> None:
+    """A CheckpointError naming `source` and the key when a depth in `declared` (key -> value, as the file spells
+    them) exceeds the `tensors` the weight file `weights` holds: checked before any model, even its meta-device
+    skeleton (a module a layer), is built."""
+    for key, value in declared.items():
+        if isinstance(value, int) and not isinstance(value, bool) and value > tensors:
+            raise CheckpointError(f"{source}: {key} {value}: {weights} holds {tensors} tensors, fewer than one a "
+                                  "layer; the file declares layers its weights do not have")
+
+
+def declared_depths(family: CheckpointFamily, hf: Mapping[str, Any]) -> dict[str, Any]:
+    """config.json's depth keys (the family's spelling of DEPTH_FIELDS) and their values."""
+    return {key.key: hf.get(key.key) for key in family.config_keys if key.field in DEPTH_FIELDS}
+
+
 def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderConfig:
     """Map a transformers config.json onto an EncoderConfig; keys bertology does not use are kept in `extra`."""
     family = checkpoint_family(hf.get("model_type"), source)

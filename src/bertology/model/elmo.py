@@ -123,6 +123,12 @@ def batch_to_ids(sentences: Sequence[Sequence[str]], max_characters: int = 50,
 RELEASED_FILTERS = [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]
 
 
+# The most character ids a word may have: each word of a batch is that many character vectors through the CNN, so
+# the cap bounds that work; 256 holds 254 UTF-8 bytes, more than any word of any script needs (the released models
+# have 50, and cut longer words).
+MAX_CHARACTERS_PER_TOKEN = 256
+
+
 @dataclass
 class ElmoConfig:
     """The released "original" ELMo by default (2 x 4096 -> 512, 2048 filters, 2 highway layers)."""
@@ -153,8 +159,10 @@ class ElmoConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-        if self.max_characters_per_token < 3:
-            raise ConfigError(f"max_characters_per_token must be >= 3, got {self.max_characters_per_token}")
+        if not 3 <= self.max_characters_per_token <= MAX_CHARACTERS_PER_TOKEN:
+            raise ConfigError(f"max_characters_per_token must lie in [3, {MAX_CHARACTERS_PER_TOKEN}] (a word's "
+                              "UTF-8 bytes and its two markers; longer words are cut, and every word of a batch costs "
+                              f"this many character vectors), got {self.max_characters_per_token}")
         if not isinstance(self.vocab_size, int) or self.vocab_size < 0:
             raise ConfigError(f"vocab_size must be >= 0, got {self.vocab_size!r}")
         if not isinstance(self.num_highway, int) or self.num_highway < 0:

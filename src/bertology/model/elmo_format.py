@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,15 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
         with h5py.File(path, "r") as handle:
             def visit(name: str, node: Any) -> None:
                 if isinstance(node, h5py.Dataset):
+                    # Bytes kept outside the file (external storage, a virtual dataset's sources) could be any file
+                    # on the machine: only the weight file itself is read.
+                    if node.is_virtual:
+                        raise CheckpointError(f"{path}: dataset {name!r} is a virtual dataset, whose values live in "
+                                              "other files; ELMo weights are read from the weight file only")
+                    if node.external:
+                        raise CheckpointError(f"{path}: dataset {name!r} keeps its values in external storage "
+                                              f"({node.external[0][0]!r}); ELMo weights are read from the weight "
+                                              "file only")
                     if node.size * node.dtype.itemsize > size:
                         raise CheckpointError(f"{path}: dataset {name!r} claims {tuple(node.shape)} "
                                               f"{node.dtype} values, more than the file's {size} bytes")
@@ -240,7 +250,24 @@ def read_arrays(path: Path) -> dict[str, np.ndarray]:
     return arrays
 
 
+def stored_count(arrays: dict[str, np.ndarray], pattern: str) -> int:
+    """How many numbered groups (LSTM cells, highway layers) the weight file holds: `pattern` matches a name and
+    captures the number."""
+    numbers = {int(match.group(1)) for name in arrays if (match := re.fullmatch(pattern, name))}
+    return len(numbers)
+
+
 def check_arrays(config: ElmoConfig, arrays: dict[str, np.ndarray], options: str, weights: str) -> None:
+    # The depths options.json declares against what the file holds, before the table of expected weights (a few
+    # entries a layer) is made: lstm.n_layers 10**9 is refused at once.
+    for key, declared, pattern in (
+            ("lstm.n_layers", config.num_layers, r"RNN_0/RNN/MultiRNNCell/Cell(\d+)/LSTMCell/W_0"),
+            ("char_cnn.n_highway", config.num_highway, r"CNN_high_(\d+)/W_transform"),
+            ("char_cnn.filters", len(config.filters), r"CNN/W_cnn_(\d+)")):
+        stored = stored_count(arrays, pattern)
+        if declared > stored:
+            raise CheckpointError(f"{options}: {key} declares {declared} (layers or filters), but {weights} holds "
+                                  f"weights for {stored}")
     expected = expected_shapes(config, softmax="softmax/W" in arrays or "softmax/b" in arrays)
     if config.vocab_size and "softmax/W" not in arrays:
         raise CheckpointError(f"{weights}: missing 'softmax/W': {options} gives 'n_tokens_vocab' "

@@ -106,6 +106,40 @@ register_model("longformer", LongformerModel)
 SOURCE_FAMILIES = ("bert", "roberta", "xlm-roberta")
 
 
+# The longest Longformer `longformer convert` makes: 2**17 = 131,072 tokens, 32 times the published models' 4,096.
+# Its position table repeats the source's rows (nothing is learned past them), and one document of that length
+# already asks window x length scores per head and layer (512 x 2**17 x 12 heads: 3 GiB a layer in float32); the
+# table alone of 10**8 positions would be 300 GB at width 768.
+MAX_LENGTH = 1 << 17
+
+
+def check_max_length(max_length: Any, source_length: int | None = None) -> int:
+    """`max_length` (--max-length) for a Longformer: an integer from the source model's positions up to
+    MAX_LENGTH."""
+    if isinstance(max_length, bool) or not isinstance(max_length, int):
+        raise ConfigError(f"max_length (--max-length) {max_length!r}: expected a number of tokens")
+    if max_length > MAX_LENGTH:
+        raise ConfigError(f"max_length (--max-length) {max_length} is above the limit of {MAX_LENGTH} tokens: the "
+                          "position table repeats the source's positions, and one document that long already asks "
+                          "window x length attention scores per head and layer (see docs/LONG.md)")
+    if source_length is not None and max_length < source_length:
+        raise ConfigError(f"max_length (--max-length) {max_length!r} is shorter than the source model's "
+                          f"{source_length} positions: a Longformer is longer than the model it is made from")
+    return max_length
+
+
+def check_source(model: Any) -> None:
+    """A ConfigError unless `model` is an encoder a Longformer can be made from."""
+    source = model.config
+    if type(model) is not EncoderModel or getattr(source, "family", None) not in SOURCE_FAMILIES:
+        raise ConfigError(f"model (--model): a Longformer is made from a {', '.join(SOURCE_FAMILIES)} encoder, got "
+                          f"{getattr(source, 'family', type(model).__name__)!r}")
+    if source.num_layer_groups is not None or source.embedding_size is not None or source.pruned_heads \
+            or model.extensions or source.attention_window is not None:
+        raise ConfigError("model (--model): shared layers, projected embeddings, pruned heads, windows and extensions "
+                          "have no place in a Longformer")
+
+
 def check_window(window: Any) -> int:
     if isinstance(window, bool) or not isinstance(window, int) or window <= 0 or window % 2:
         raise ConfigError(f"window (--window) {window!r}: the attention window must be an even, positive number of "
@@ -125,17 +159,9 @@ def longformer_from(model: EncoderModel, max_length: int, window: int,
     from bertology.model.families.longformer import FAMILY  # the table imports this module
 
     check_window(window)
+    check_source(model)
     source = model.config
-    if type(model) is not EncoderModel or source.family not in SOURCE_FAMILIES:
-        raise ConfigError(f"model (--model): a Longformer is made from a {', '.join(SOURCE_FAMILIES)} encoder, got "
-                          f"{getattr(source, 'family', type(model).__name__)!r}")
-    if source.num_layer_groups is not None or source.embedding_size is not None or source.pruned_heads \
-            or model.extensions or source.attention_window is not None:
-        raise ConfigError("model (--model): shared layers, projected embeddings, pruned heads, windows and extensions "
-                          "have no place in a Longformer")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < source.max_length:
-        raise ConfigError(f"max_length (--max-length) {max_length!r} is shorter than the source model's "
-                          f"{source.max_length} positions: a Longformer is longer than the model it is made from")
+    check_max_length(max_length, source.max_length)
     values = {f.name: getattr(source, f.name) for f in dataclasses.fields(EncoderConfig)}
     extra = {k: v for k, v in source.extra.items() if k not in ("model_type", "architectures", "_name_or_path")}
     if sep_token_id is None:

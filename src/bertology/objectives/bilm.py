@@ -49,6 +49,15 @@ class BidirectionalLM(nn.Module):
         self.register_buffer("c", torch.zeros(0))
         self.eval_state: Any = None
 
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """A sampled softmax draws fewer negatives than there are words (its [tokens, 1 + sampled] logits would
+        otherwise outgrow the full softmax's [tokens, vocabulary]): a ConfigError naming the key, before the first
+        step, otherwise."""
+        if self.sampled >= vocab_size:
+            raise ConfigError(f"objectives.{self.name}.sampled: {self.sampled} negatives for a vocabulary of "
+                              f"{vocab_size} words; a sampled softmax draws fewer than the vocabulary (use 0 for the "
+                              "full softmax)")
+
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec("lm", "tied_lm_bias"),)
 
@@ -80,6 +89,8 @@ class BidirectionalLM(nn.Module):
             self.eval_state = state
         p = model.config.dropout
         sampled = self.sampled if self.training else 0
+        if sampled:
+            self.check_vocabulary(model.config.vocab_size)
         negatives = log_uniform_sample(self.sampled, model.config.vocab_size, out.forward_top.device) \
             if sampled else None
         weight, bias = model.word_embeddings.weight, model.heads["lm"].bias

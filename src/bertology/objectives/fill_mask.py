@@ -129,10 +129,16 @@ def check_top_k(top_k: int) -> None:
         raise BertologyError(f"top_k must be >= 1, got {top_k!r}")
 
 
+def span_beams(top_k: int) -> int:
+    """The beams an encoder-decoder's fill-mask searches with for `top_k` fillings (the service bounds its work
+    by them)."""
+    return max(top_k, 4)
+
+
 def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, device: str | torch.device | None,
                dtype: str, max_new_tokens: int) -> list[list[Prediction]]:
     """`fill_mask` for an encoder-decoder: T5's sentinel spans or BART's denoised text, generated."""
-    from bertology.generation import generate, generation_model
+    from bertology.generation import decode_limit, generate, generation_model
 
     check_top_k(top_k)
     try:
@@ -167,8 +173,9 @@ def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, de
     model.eval()
     try:
         with where.autocast():
-            sequences = generate(model, ids, max_new_tokens=min(max_new_tokens, limit - 1),
-                                 num_beams=max(top_k, 4), num_return_sequences=top_k, length_penalty=0.0)
+            sequences = generate(model, ids, max_new_tokens=min(max_new_tokens, limit - 1,
+                                                                 decode_limit(model.config)[0] - 1),
+                                 num_beams=span_beams(top_k), num_return_sequences=top_k, length_penalty=0.0)
             log_probs = sequence_log_probabilities(model, ids.to(sequences.device), sequences)
     finally:
         model.train(was_training)

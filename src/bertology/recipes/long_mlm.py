@@ -74,6 +74,8 @@ def mask_documents(tokenizer, texts: Sequence[str], length: int, *, seed: int = 
                    masking: MaskingConfig | None = None, max_documents: int | None = None) -> MaskedDocuments:
     """Cut the texts into documents of ``length`` tokens and mask each once, keyed by (seed, document number)."""
     masking = masking or MaskingConfig()
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ConfigError(f"seed (--seed): must be an integer in [0, 2**63), got {seed!r}")
     if masking.whole_word or masking.spans is not None:
         raise ConfigError("masking: the long-document loss masks single tokens (whole_word and spans are off)")
     masker = Masker(masking, tokenizer.framing, tokenizer.vocab_size)
@@ -95,6 +97,8 @@ def long_document_mlm_loss(pretrained: Pretrained, documents: MaskedDocuments, *
     """The held-out MLM loss of a model with a masked-LM head on masked documents (see the module docstring):
     windows of ``window`` tokens (default and at most the model's length), ``stride`` content tokens apart."""
     model, tokenizer = pretrained.model, pretrained.tokenizer
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"batch_size: expected a positive number of windows per forward, got {batch_size!r}")
     if "mlm" not in model.heads:
         raise ConfigError(f"model: {type(model).__name__} has no masked-LM head ('mlm'); heads: "
                           f"{', '.join(model.heads) or 'none'}")

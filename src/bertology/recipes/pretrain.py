@@ -526,6 +526,10 @@ def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.D
 
     vocabulary = _on_rank0_first(env, make)
     model_config = config.model.elmo_config(vocabulary.vocab_size)
+    for objective in objectives:  # what depends on the vocabulary (a sampled softmax's negatives), before any step
+        check = getattr(objective, "check_vocabulary", None)
+        if check is not None:
+            check(model_config.vocab_size)
     window, seed = config.data.instances.max_seq_length, config.run.seed
     width = model_config.max_characters_per_token
     train = WordStreams(train_docs, vocabulary, window, seed, width)

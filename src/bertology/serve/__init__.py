@@ -58,14 +58,16 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
                max_batch_tokens: int = 8192, max_wait_ms: float = 5.0, api_key: str | None = None,
                api_key_file: str | os.PathLike | None = None, max_body_bytes: int = 4 * 1024 * 1024,
                max_texts: int = 256, max_chars: int = 20_000, max_tokens: int = 16_384,
-               max_values: int = 1_048_576, max_outputs: int = 2048, dtype: str = "float32",
+               max_values: int = 1_048_576, max_outputs: int = 2048, max_generated: int = 4096,
+               dtype: str = "float32",
                index: str | os.PathLike | None = None) -> FastAPI:
     """The service's ASGI app for a model directory (or a loaded `Pretrained`).
 
     Requests to `POST /v1/embed` that arrive within `max_wait_ms` of the oldest waiting one are embedded together,
     up to `max_batch_tokens` real tokens per forward. With `api_key` (or `api_key_file`), every endpoint but
     `/health`, `/docs` and `/openapi.json` needs `Authorization: Bearer <key>`. Every request is bounded
-    (`bertology.serve.limits.Limits`: body, texts, characters, tokens of work, numbers returned, candidates);
+    (`bertology.serve.limits.Limits`: body, texts, characters, tokens of work, numbers returned, candidates, an
+    encoder-decoder's generation steps);
     over a bound it is answered 413 naming the option. `dtype="int8"` quantizes the
     encoder's linear layers (`bertology.model.quantize`). With `index` (a directory of `bertology index build`),
     `POST /v1/search` answers queries against it; an index built with another model is refused here (the check
@@ -94,7 +96,7 @@ def create_app(model: str | os.PathLike | Pretrained, *, model_name: str | None 
     if api_key is not None and not api_key:
         raise ConfigError("api_key is empty")
     limits = Limits(max_body_bytes=max_body_bytes, max_texts=max_texts, max_chars=max_chars, max_tokens=max_tokens,
-                    max_values=max_values, max_outputs=max_outputs)
+                    max_values=max_values, max_outputs=max_outputs, max_generated=max_generated)
     if isinstance(model, Pretrained):
         pretrained, name = model, model_name or "model"
         if pretrained.tokenizer is None:

@@ -30,7 +30,7 @@ from bertology.errors import BertologyError
 from bertology.model import Pretrained
 from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
-from bertology.objectives.fill_mask import fill_mask
+from bertology.objectives.fill_mask import fill_mask, span_beams
 from bertology.serve.batcher import Batcher, EmbedOptions
 from bertology.serve.docs_page import add_docs
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
@@ -278,6 +278,11 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         limits.check("max_tokens", tokens, "the tokens of the texts", field="texts")
         limits.check("max_outputs", sum(masks) * request.top_k, f"the candidates asked for ({sum(masks)} masks x "
                      f"top_k {request.top_k})", field="top_k")
+        if isinstance(pretrained.model, Seq2SeqModel):  # generated spans: bounded by the decoder steps they cost
+            beams = span_beams(request.top_k)
+            limits.check("max_generated", len(texts) * beams * request.max_new_tokens,
+                         f"the generation asked for ({len(texts)} texts x {beams} beams (top_k {request.top_k}, at "
+                         f"least 4) x max_new_tokens {request.max_new_tokens})", field="max_new_tokens")
         # One text at a time on the encoder's thread: embedding batches run between them, so a small request
         # never waits for all of a large one.
         results = [await batcher.run(_fill_mask, pretrained, i, text, request.top_k, request.max_new_tokens)

@@ -24,7 +24,8 @@ class ServiceError(HTTPException):
 
 # The option that sets each limit, named in the 413 answers.
 OPTIONS = {"max_body_bytes": "--max-body-bytes", "max_texts": "--max-texts", "max_chars": "--max-chars",
-           "max_tokens": "--max-tokens", "max_values": "--max-values", "max_outputs": "--max-outputs"}
+           "max_tokens": "--max-tokens", "max_values": "--max-values", "max_outputs": "--max-outputs",
+           "max_generated": "--max-generated"}
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class Limits:
     tokens the texts cost the encoder, specials and window overlaps included); `max_values` bounds an embedding
     response (numbers returned: vectors x their width; at word and token level the content tokens count, an upper
     bound of the words); `max_outputs` bounds a fill-mask response (masks x top_k candidates, each repeating its
-    filled text) and a search response (queries x k passages)."""
+    filled text) and a search response (queries x k passages); `max_generated` bounds an encoder-decoder's
+    fill-mask work as `max_tokens` bounds the encoder's: the decoder steps of its beam search, texts x beams
+    (top_k, at least 4) x max_new_tokens, summed over the request."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_texts: int = 256
@@ -43,6 +46,7 @@ class Limits:
     max_tokens: int = 16_384
     max_values: int = 1_048_576
     max_outputs: int = 2048
+    max_generated: int = 4096
 
     def __post_init__(self) -> None:
         for name in OPTIONS:

@@ -320,13 +320,17 @@ def probe(pretrained: Any, ud_dir: str | os.PathLike, out_dir: str | os.PathLike
     return numbers, [figure]
 
 
+# Sentences per split the quick report probes (docs/ANALYSIS.md's probing rows use as many).
+QUICK_SENTENCES = 300
+
+
 def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | os.PathLike,
                    model_dir: str = "MODEL", limit: int | None = 2000, quick: bool = False) -> Section:
-    """The probing part of the report: UD English-EWT, the first `limit` sentences of each split (a quarter of them
-    with `quick`)."""
+    """The probing part of the report: UD English-EWT, the first `limit` sentences of each split
+    (QUICK_SENTENCES with `quick`)."""
     ud = Path(data_dir) / "ud-english-ewt"
-    if quick and limit:
-        limit //= 4
+    if quick:
+        limit = min(limit or QUICK_SENTENCES, QUICK_SENTENCES)
     numbers, figures = probe(pretrained, ud, out_dir, limit=limit)
     notes = []
     headline: dict[str, Any] = {}

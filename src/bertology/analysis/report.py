@@ -109,7 +109,7 @@ def build_report(model_dir: str | os.PathLike, out_dir: str | os.PathLike, only:
         except BertologyError as error:
             result.skipped.append(Skipped(name, f"failed: {error}"))
             continue
-        result.seconds[name] = round(time.perf_counter() - start, 1)
+        result.seconds[section.name] = round(time.perf_counter() - start, 1)
         result.sections.append(section)
     if only is not None:  # --only redoes its sections and keeps the rest of an earlier report of this model
         kept = earlier_report(out / "report.json", model_dir, data_dir, quick, set(names))

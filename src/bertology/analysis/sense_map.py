@@ -173,17 +173,19 @@ def _plot(numbers: dict[str, Any], senses: list[str], path: Path) -> Path:
 
 
 def report_section(pretrained: Any, out_dir: str | os.PathLike, data_dir: str | os.PathLike,
-                   model_dir: str = "MODEL", lemma: str = "make") -> Section:
-    """The map of one frequent, ambiguous SemCor lemma (`make` by default; senses seen at least 3 times)."""
+                   model_dir: str = "MODEL", lemma: str = "make", quick: bool = False) -> Section:
+    """The map of one frequent, ambiguous SemCor lemma (`make` by default; senses seen at least 3 times). With
+    `quick`, projected by PCA: UMAP's first call compiles its kernels (most of this section's time)."""
     semcor = Path(data_dir) / "semcor3.0-subset"
     occurrences = semcor_occurrences(semcor, lemma)
-    numbers, figures = sense_map(pretrained, occurrences, out_dir, word=lemma, min_count=3)
+    method = "pca" if quick else "auto"
+    numbers, figures = sense_map(pretrained, occurrences, out_dir, word=lemma, min_count=3, method=method)
     separation = numbers["separation"]
     notes = [f"{numbers['occurrences']} SemCor occurrences of {lemma!r} in {len(numbers['senses'])} senses; mean "
              f"cosine within a sense {separation['within_sense']:.3f}, between senses "
              f"{separation['between_senses']:.3f}."]
     command = shell_command("bertology", "sense-map", "--model", model_dir, "--semcor", semcor, "--lemma", lemma,
-                            "--min-count", 3, "--out", out_dir)
+                            "--min-count", 3, "--out", out_dir, *(("--method", "pca") if quick else ()))
     headline = {"occurrences": numbers["occurrences"], "senses": len(numbers["senses"]),
                 "mean cosine within a sense": round(separation["within_sense"], 3),
                 "mean cosine between senses": round(separation["between_senses"], 3)}

@@ -317,7 +317,7 @@ def render(result: ReportResult, model: str, data: str, *, quick: bool = False) 
              f"{_text(time.strftime('%Y-%m-%d %H:%M:%S %Z'))}.</p>"]
     parts.append(_headline_table(result.sections))
     if result.skipped:
-        parts.append('<details id="skipped"><summary>' + f"{len(result.skipped)} analyses skipped" + "</summary><ul>"
+        parts.append('<details id="skipped"><summary>' + f"{len(result.skipped)} {'analysis' if len(result.skipped) == 1 else 'analyses'} skipped" + "</summary><ul>"
                      + "".join(f'<li class="skipped"><b>{_text(s.name)}</b>: {_text(s.reason)}</li>'
                                for s in result.skipped) + "</ul></details>")
     for section in result.sections:

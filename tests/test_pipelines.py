@@ -287,6 +287,18 @@ def test_predict_command_errors(models, tmp_path, capsys):
     assert "--aggregation: for token-classification; this is text-classification" in capsys.readouterr().err
     assert main(["predict", "--model", str(models["cls"]), "--task", "sst2", "--input", str(plain)]) == 2
     assert "predicting a task file needs --output" in capsys.readouterr().err
+    # A task file that is raw text: the error says how to answer raw text instead.
+    binary = save_hf("BertForSequenceClassification", tmp_path / "binary", ["negative", "positive"])
+    capsys.readouterr()  # transformers' progress output
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("a charming film\n", encoding="utf-8")
+    assert main(["predict", "--model", str(binary), "--task", "sst2", "--input", str(sentences), "--output",
+                 str(tmp_path / "p.tsv")]) == 2
+    err = capsys.readouterr().err
+    assert f"{sentences}: line 1" in err and "leave --task out" in err and err.count("\n") == 1
+    assert not (tmp_path / "p.tsv").exists()
+    assert main(["predict", "--model", str(binary), "--input", str(sentences)]) == 0
+    assert json.loads(capsys.readouterr().out)["labels"][0]["label"] in ("negative", "positive")
     existing = tmp_path / "keep.jsonl"
     existing.write_text("kept\n", encoding="utf-8")
     assert main(["predict", "--model", str(models["qa"]), "--input", str(missing), "--output", str(existing)]) == 2

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_task_file(args: argparse.Namespace) -> int:
-    from bertology.errors import ConfigError
+    from bertology.errors import ConfigError, DataError
     from bertology.recipes.finetune import predict_file
 
     given = [flag for flag, value in (("--text", args.text), ("--text-pair", args.text_pair),
@@ -124,8 +124,16 @@ def run_task_file(args: argparse.Namespace) -> int:
         raise ConfigError(f"--task {args.task}: predicting a task file needs {' and '.join(missing)} (for raw text, "
                           f"leave --task out or name a pipeline task such as text-classification)")
     where = placement_from_args(args, int8=True)
-    count = predict_file(args.model, args.task, args.input, args.output, args.max_length, args.batch_size,
-                         dtype=where.dtype, device=where.device)
+    try:
+        count = predict_file(args.model, args.task, args.input, args.output, args.max_length, args.batch_size,
+                             dtype=where.dtype, device=where.device)
+    except DataError as error:
+        if not str(error).startswith(str(args.input)):
+            raise
+        # The file is not in the task's layout: raw text is what a pipeline reads.
+        raise DataError(f"{error} (--task {args.task} reads the task's own file layout; for raw text, one item a "
+                        f"line, leave --task out: bertology predict --model {args.model} --input {args.input})") \
+            from None
     print(f"{count} predictions written to {args.output}", file=sys.stderr)
     return 0
 

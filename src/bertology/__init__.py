@@ -18,6 +18,8 @@ _EXPORTS = {
     "preset": "bertology.model",
     "embed": "bertology.embeddings",
     "generate": "bertology.generation",
+    "pipeline": "bertology.pipelines",
+    "Pipeline": "bertology.pipelines",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from bertology.embeddings import embed
     from bertology.generation import generate
     from bertology.model import EncoderConfig, EncoderModel, Pretrained, load, preset
+    from bertology.pipelines import Pipeline, pipeline
 
 
 def __getattr__(name: str) -> Any:

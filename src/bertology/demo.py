@@ -191,7 +191,7 @@ def sense_tables(
     if not flat:
         raise EmbeddingError("sense_tables: no example sentences")
     result = embed(model, [s for _, _, s in flat], tokenizer=tokenizer, layers=layers, combine=combine,
-                   pooling=pooling, levels=("token",), device=device, dtype=dtype)
+                   pooling=pooling, levels=("token",), model_settings=False, device=device, dtype=dtype)
     vectors = np.stack([result.vector(i, word) for i, (word, _, _) in enumerate(flat)])
     tables = []
     first = 0

@@ -390,3 +390,38 @@ def generate(
         return greedy_or_sample(step, settings, generator)
     finally:
         model.train(training)
+
+
+def generate_texts(model_or_pretrained: Any, tokenizer: Any, texts: Sequence[str], **options: Any) -> list[str]:
+    """`generate` on texts: each text tokenised by `tokenizer` (its framing), the prompts batched (a decoder's
+    padded on the left, an encoder-decoder's on the right), and per text the decoded output up to the first EOS: a
+    decoder's prompt and its continuation, an encoder-decoder's generated text. `options` are `generate`'s. An
+    `InputError` names a text (1-based) that has no tokens."""
+    model = generation_model(model_or_pretrained)
+    decoder = isinstance(model, DecoderModel)
+    prompts = [tokenizer.encode(text).ids for text in texts]
+    for number, ids in enumerate(prompts, start=1):
+        if not ids:
+            raise InputError(f"TEXT {number} ({texts[number - 1]!r}) has no tokens")
+    if not prompts:
+        return []
+    width, pad = max(map(len, prompts)), model.config.pad_token_id
+    pad = pad if pad is not None else 0
+    # a decoder's prompts are padded on the left (its new tokens follow the last column), an encoder's on the right
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p if decoder else p + [pad] * (width - len(p))
+                              for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if decoder else
+                                   [1] * len(p) + [0] * (width - len(p)) for p in prompts])
+    device = next(model.parameters()).device
+    sequences = generate(model, input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **options)
+    eos = model.config.eos_token_id
+    eos_ids = set(token_ids(eos, "eos_token_id")) if eos is not None else set()
+    out = []
+    for prompt, row in zip(prompts, sequences.cpu().tolist()):
+        new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token
+        for k, token in enumerate(new):
+            if token in eos_ids:
+                new = new[:k]
+                break
+        out.append(tokenizer.decode((prompt if decoder else []) + new))
+    return out

@@ -55,7 +55,7 @@ def direct(pretrained: Pretrained, texts: list[str]):
 
 
 def test_tokens_and_sentences_equal_the_direct_forward(minilm):
-    result = embed(minilm, TEXTS)
+    result = embed(minilm, TEXTS, normalize=False)  # MiniLM's directory normalises by default (test_sentence_config)
     hidden, batch = direct(minilm, TEXTS)
     last = hidden[-1]
     assert result.sentences.dtype == np.float32 and result.sentences.shape == (len(TEXTS), 384)
@@ -67,7 +67,7 @@ def test_tokens_and_sentences_equal_the_direct_forward(minilm):
         assert result.tokens.ids[rows].tolist() == encoding.ids[1:-1]
         assert list(zip(result.tokens.start[rows], result.tokens.end[rows])) == encoding.offsets[1:-1]
         np.testing.assert_allclose(result.sentences[i], last[i, :n].mean(0), atol=1e-5)
-    cls = embed(minilm, TEXTS, sentence="cls", levels=("sentence",))
+    cls = embed(minilm, TEXTS, sentence="cls", levels=("sentence",), normalize=False)
     np.testing.assert_allclose(cls.sentences, last[:, 0], atol=1e-5)
     assert cls.tokens is None and cls.words is None
 
@@ -168,7 +168,7 @@ def test_order_is_restored_after_length_sorting(minilm):
 
 
 def test_empty_and_whitespace_texts_have_no_words_and_a_specials_sentence_vector(minilm):
-    result = embed(minilm, ["", "   \t\n ", "\u200b\u200b", "ok"])
+    result = embed(minilm, ["", "   \t\n ", "\u200b\u200b", "ok"], normalize=False)
     hidden, _ = direct(minilm, [""])
     specials_mean = hidden[-1][0, :2].mean(0)
     for i in range(3):

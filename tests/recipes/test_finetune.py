@@ -75,11 +75,17 @@ def test_sst2_learns_keeps_the_best_model_and_transformers_loads_it(glue, model_
     assert result.dev_metrics == official and official["accuracy"] == pytest.approx(best["value"])
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForSequenceClassification.from_pretrained(out / "model").eval()
-    assert hf.config.id2label == {0: "0", 1: "1"}
+    assert hf.config.id2label == {0: "negative", 1: "positive"}  # the names, not the file's codes
     ours = load(out / "model")
     ids = torch.tensor([ours.tokenizer.encode("the film was great").ids])
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, ours.model(ids).logits, atol=1e-5, rtol=1e-5)
+    # Raw text in, label names out; the official predictions file keeps GLUE's 0/1.
+    from bertology import pipeline
+
+    answers = pipeline(model=out / "model")(["the film was great", "the plot was awful"])
+    assert [a[0]["label"] for a in answers] == ["positive", "negative"] and answers[0][0]["score"] > 0.5
+    assert (out / "dev_predictions.tsv").read_text().splitlines()[1].split("\t")[1] in ("0", "1")
 
 
 def test_stsb_regression_and_early_stopping(glue, model_dir, tmp_path):

@@ -227,8 +227,8 @@ def test_load_errors_name_the_file(tiny, tmp_path):
     meta_file.write_text(json.dumps({**meta, "version": 99}))
     with pytest.raises(DataError, match="index.json: index format version 99"):
         Index.load(tmp_path / "index")
-    meta_file.write_text(json.dumps({**meta, "embedding": {**meta["embedding"], "sentence": "max"}}))
-    with pytest.raises(DataError, match=r"index.json: embedding.sentence: expected one of 'mean', 'cls'"):
+    meta_file.write_text(json.dumps({**meta, "embedding": {**meta["embedding"], "sentence": "median"}}))
+    with pytest.raises(DataError, match=r"index.json: embedding.sentence: expected one of 'mean', 'cls', 'max'"):
         Index.load(tmp_path / "index")
     meta_file.write_text(json.dumps(meta))
     (tmp_path / "index" / "vectors.faiss").write_bytes(b"not a faiss index")
@@ -260,7 +260,9 @@ def test_options_follow_the_model_directory(minilm_path, tiny_dir, tmp_path):
     pooling.write_text(json.dumps({**config, "pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))
     assert model_options(directory).sentence == "cls"
     pooling.write_text(json.dumps({**config, "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True}))
-    with pytest.raises(ConfigError, match=r"1_Pooling/config.json: pooling pooling_mode_max_tokens is not supported"):
+    assert model_options(directory).sentence == "max"
+    pooling.write_text(json.dumps({**config, "pooling_mode_mean_tokens": False, "pooling_mode_lasttoken": True}))
+    with pytest.raises(ConfigError, match=r"1_Pooling/config.json: pooling lasttoken is not supported"):
         model_options(directory)
     pooling.write_text("{")
     with pytest.raises(ConfigError, match="config.json: cannot read it as JSON"):
@@ -269,7 +271,7 @@ def test_options_follow_the_model_directory(minilm_path, tiny_dir, tmp_path):
 
 def test_option_errors():
     with pytest.raises(ConfigError, match="embedding.sentence"):
-        EmbeddingOptions(sentence="max")
+        EmbeddingOptions(sentence="median")
     with pytest.raises(ConfigError, match="needs embedding.max_length"):
         EmbeddingOptions(long_texts="truncate")
     with pytest.raises(ConfigError, match="structure.kind"):

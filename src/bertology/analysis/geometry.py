@@ -106,7 +106,7 @@ def layer_vectors(
         for first in range(0, len(texts), CHUNK_TEXTS):
             chunk = texts[first: first + CHUNK_TEXTS]
             result = embed(pretrained, chunk, layers=list(wanted), combine="concat", levels=("token",),
-                           batch_size=batch_size, device=device, dtype=dtype)
+                           batch_size=batch_size, model_settings=False, device=device, dtype=dtype)
             capacity = result.window_length - 2
             tokens = result.tokens
             for t, source in enumerate(chunk):

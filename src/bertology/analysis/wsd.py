@@ -524,7 +524,7 @@ def _gloss_vectors(pretrained: Any, wordnet: WordNet, keys: Sequence[str], confi
     texts = [wordnet.gloss_text(k) for k in keys]
     result = embed(pretrained, texts, layers=config["layers"], combine=config["combine"], levels=("sentence",),
                    batch_size=batch_size, max_length=config["max_length"],
-                   show_progress=show_progress and len(texts) > batch_size, dtype=dtype)
+                   show_progress=show_progress and len(texts) > batch_size, model_settings=False, dtype=dtype)
     return dict(zip(keys, result.sentences))
 
 
@@ -542,7 +542,8 @@ def _span_vectors(pretrained: Any, texts: Sequence[str], spans: Sequence[Sequenc
         for first in range(0, len(texts), CHUNK_SENTENCES):
             chunk = list(texts[first: first + CHUNK_SENTENCES])
             result = embed(pretrained, chunk, layers=config["layers"], combine=config["combine"],
-                           levels=("token",), batch_size=batch_size, max_length=config["max_length"], dtype=dtype)
+                           levels=("token",), batch_size=batch_size, max_length=config["max_length"],
+                           model_settings=False, dtype=dtype)
             capacity = result.window_length - 2
             out, missing = [], []
             long_texts = 0

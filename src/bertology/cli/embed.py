@@ -55,8 +55,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="how explicit layer indices are combined (default: mean)")
     parser.add_argument("--pooling", choices=("first", "mean", "last"), default="mean",
                         help="subword pooling for word vectors (default: mean)")
-    parser.add_argument("--sentence", choices=("mean", "cls"), default="mean",
-                        help="sentence vector: mean of all tokens, specials included, or the first token")
+    parser.add_argument("--sentence", choices=("mean", "cls", "max"), default=None,
+                        help="sentence vector: mean of all tokens, specials included, the summary token, or the "
+                        "maximum over the tokens (default: a sentence-transformers directory's pooling, else mean)")
+    parser.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                        help="unit-length sentence vectors (default: as a sentence-transformers directory's "
+                        "Normalize module says, else no)")
+    parser.add_argument("--long-texts", choices=("windows", "truncate"), default=None,
+                        help="truncate: a text's first tokens only (sentence-transformers' default, at its "
+                        "max_seq_length); windows: all of it in overlapping windows (the default elsewhere)")
+    parser.add_argument("--prompt", default=None, help="text prepended to every input (default: a "
+                        "sentence-transformers directory's default prompt, if it has one)")
+    parser.add_argument("--prompt-name", default=None, help="one of a sentence-transformers directory's prompts")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=None,
                         help="tokens per window, specials included (default: the model's positions)")
@@ -94,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
                                             ("--gpus-per-worker", args.gpus_per_worker is not None)) if given]
     if corpus_only:
         raise ConfigError(f"{', '.join(corpus_only)}: for corpus mode only (--input a directory or a glob pattern)")
+    if args.prompt is not None and args.prompt_name is not None:
+        raise ConfigError("--prompt and --prompt-name: give one of them, not both")
     if args.threads is not None:
         if args.threads < 1:
             raise ConfigError(f"threads must be a positive integer, got {args.threads}")
@@ -113,6 +125,10 @@ def run(args: argparse.Namespace) -> int:
         batch_size=args.batch_size,
         max_length=args.max_length,
         stride=args.stride,
+        long_texts=args.long_texts,
+        normalize=args.normalize,
+        prompt=args.prompt,
+        prompt_name=args.prompt_name,
         show_progress=not args.quiet and sys.stderr.isatty() and len(texts) > args.batch_size,
         device=where.device,
         dtype=where.float_dtype,
@@ -127,9 +143,16 @@ def run_corpus(args: argparse.Namespace) -> int:
     # The local engine runs here: its device is resolved now. Ray's actors resolve theirs (run_ray checks it).
     if args.gpus_per_worker is not None and args.engine != "ray":
         raise ConfigError("--gpus-per-worker: for corpus mode with --engine ray only")
+    single_only = [flag for flag, given in (("--normalize", args.normalize is not None),
+                                            ("--long-texts", args.long_texts is not None),
+                                            ("--prompt", args.prompt is not None),
+                                            ("--prompt-name", args.prompt_name is not None)) if given]
+    if single_only:
+        raise ConfigError(f"{', '.join(single_only)}: not in corpus mode (a corpus run embeds whole texts in windows "
+                          "with bertology's options, recorded in its manifest)")
     device = placement_from_args(args, int8=True).device if args.engine == "local" else args.device
     settings = CorpusSettings(level=args.level, layers=args.layers, combine=args.combine, pooling=args.pooling,
-                              sentence=args.sentence, batch_size=args.batch_size, max_length=args.max_length,
+                              sentence=args.sentence or "mean", batch_size=args.batch_size, max_length=args.max_length,
                               stride=args.stride, dtype=args.dtype, format=args.format, text_field=args.text_field,
                               id_field=args.id_field, shard_size=args.shard_size)
     report = embed_corpus(args.model, args.input, args.output, settings, resume=args.resume, engine=args.engine,

@@ -41,13 +41,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    import torch
-
-    from bertology.errors import CheckpointError, InputError
-    from bertology.generation import generate
+    from bertology.errors import CheckpointError
+    from bertology.generation import generate_texts
     from bertology.model import load_model
     from bertology.model.checkpoint import TOKENIZER_FILES
-    from bertology.model.transformer import DecoderModel
     from bertology.tokenization import load_tokenizer
 
     where = placement_from_args(args)
@@ -55,29 +52,12 @@ def run(args: argparse.Namespace) -> int:
     if not any((Path(args.model) / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
     tokenizer = load_tokenizer(args.model)
-    decoder = isinstance(model, DecoderModel)
-    prompts = [tokenizer.encode(text).ids for text in args.texts]
-    for number, ids in enumerate(prompts, start=1):
-        if not ids:
-            raise InputError(f"TEXT {number} ({args.texts[number - 1]!r}) has no tokens")
-    width, pad = max(map(len, prompts)), model.config.pad_token_id
-    # a decoder's prompts are padded on the left (its new tokens follow the last column), an encoder's on the right
-    input_ids = torch.tensor([[pad] * (width - len(p)) + p if decoder else p + [pad] * (width - len(p))
-                              for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if decoder else
-                                   [1] * len(p) + [0] * (width - len(p)) for p in prompts])
     where.move(model)
     with where.autocast():
-        sequences = generate(model, input_ids=input_ids, attention_mask=attention_mask,
-                             max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, do_sample=args.do_sample,
-                             temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                             length_penalty=args.length_penalty, early_stopping=args.early_stopping, seed=args.seed,
-                             prefix_lm=args.prefix_lm)
-    eos = model.config.eos_token_id
-    for prompt, row in zip(prompts, sequences.cpu().tolist()):
-        new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token
-        if eos is not None and eos in new:
-            new = new[:new.index(eos)]
-        text = tokenizer.decode((prompt if decoder else []) + new)
+        texts = generate_texts(model, tokenizer, args.texts, max_new_tokens=args.max_new_tokens,
+                               num_beams=args.num_beams, do_sample=args.do_sample, temperature=args.temperature,
+                               top_k=args.top_k, top_p=args.top_p, length_penalty=args.length_penalty,
+                               early_stopping=args.early_stopping, seed=args.seed, prefix_lm=args.prefix_lm)
+    for text in texts:
         print(text.replace("\r", "\\r").replace("\n", "\\n"))
     return 0

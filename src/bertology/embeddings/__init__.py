@@ -6,6 +6,7 @@ from bertology.embeddings.core import embed, word_vector
 from bertology.embeddings.corpus import CorpusReport, CorpusSettings, embed_corpus, iter_shards, load_corpus
 from bertology.embeddings.files import check_output, load_vectors, read_texts, save_vectors
 from bertology.embeddings.layers import LayerSelection, parse_layers, select_layers
+from bertology.embeddings.sentence_config import SentenceConfig, read_sentence_config
 from bertology.embeddings.result import EmbeddingError, Embeddings, Pieces, normalize, pool
 from bertology.embeddings.windows import max_context_window, plan_windows
 
@@ -20,6 +21,7 @@ __all__ = [
     "Embeddings",
     "LayerSelection",
     "Pieces",
+    "SentenceConfig",
     "check_output",
     "embed",
     "embed_corpus",
@@ -31,6 +33,7 @@ __all__ = [
     "parse_layers",
     "plan_windows",
     "pool",
+    "read_sentence_config",
     "read_texts",
     "save_vectors",
     "select_layers",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import numpy as np
 import torch
@@ -24,7 +25,9 @@ from bertology.embeddings.result import (
     Pieces,
     Pooling,
     SentencePooling,
+    normalize as normalize_rows,
 )
+from bertology.embeddings.sentence_config import SentenceConfig, read_sentence_config
 from bertology.embeddings.windows import max_context_window, plan_windows
 from bertology.errors import ConfigError
 from bertology.model import Model, Pretrained
@@ -43,11 +46,16 @@ def embed(
     layers: LayerSpec = "last",
     combine: Combine | None = None,
     pooling: Pooling = "mean",
-    sentence: SentencePooling = "mean",
+    sentence: SentencePooling | None = None,
     levels: Sequence[Level] = LEVELS,
     batch_size: int = 32,
     max_length: int | None = None,
     stride: int | None = None,
+    long_texts: Literal["windows", "truncate"] | None = None,
+    normalize: bool | None = None,
+    prompt: str | None = None,
+    prompt_name: str | None = None,
+    model_settings: bool = True,
     show_progress: bool = False,
     device: str | torch.device | None = None,
     dtype: str = "float32",
@@ -65,15 +73,30 @@ def embed(
       by `pooling` ("first", "mean" or "last"), and its span runs from its first token's start to its last
       token's end.
     - sentences: `sentence="mean"` averages every token the model saw, the specials included (sentence-transformers'
-      mean pooling); `"cls"` takes the backbone's summary token ([CLS] for BERT, which comes first; XLNet's <cls>
-      comes last). An empty or whitespace-only text has no tokens and no words, and its sentence vector comes from
-      its specials alone.
+      mean pooling); `"max"` takes each dimension's maximum over the same tokens; `"cls"` takes the backbone's
+      summary token ([CLS] for BERT, which comes first; XLNet's <cls> comes last). An empty or whitespace-only text
+      has no tokens and no words, and its sentence vector comes from its specials alone. `normalize=True` scales
+      each sentence vector to unit L2 norm (token and word vectors are left as they are).
+
+    A sentence-transformers directory (a `Pretrained` loaded from one: its ``modules.json`` names a Pooling module;
+    see `bertology.embeddings.sentence_config`) supplies the defaults of the options not given: `sentence` from its
+    pooling mode, `long_texts="truncate"` at ``max_seq_length`` tokens (unless a `stride` asks for windows, which
+    then hold the model's positions or `max_length`), `normalize` from a Normalize
+    module, lower-casing from ``do_lower_case``, and its default prompt (``default_prompt_name``; `prompt_name`
+    picks another of its ``prompts``, `prompt` gives the text itself), whose tokens are left out of mean and max
+    pooling when its Pooling config says ``include_prompt: false``. So by default `embed` gives what
+    ``SentenceTransformer.encode`` gives there; `long_texts="windows"` embeds long texts whole, in windows, instead.
+    `model_settings=False` ignores the directory's settings (bertology's defaults: mean, windows, no
+    normalisation). Elsewhere the defaults are mean pooling, windows and no normalisation. A prompt is prepended to
+    each text; token and word offsets still index the text as given, the prompt's own tokens excluded.
 
     `layers` picks hidden states (see `select_layers`: "last", "sum-last-four", "mean", "concat", "mix" (the
     model's scalar mix), or indices with `combine`). Texts are sorted by length into batches of `batch_size`
     windows; results come back in input order.
 
-    Windows: a window holds `max_length` tokens, specials included (default and upper bound: the backbone's
+    Long texts: `long_texts="truncate"` keeps a text's first tokens, as many as a window holds (sentence-transformers'
+    truncation); `"windows"` (the default outside sentence-transformers directories) embeds all of it. Windows: a
+    window holds `max_length` tokens, specials included (default and upper bound: the backbone's
     `max_length`, capped by the tokenizer's model_max_length). A longer text is split into overlapping windows
     whose starts are `stride` content tokens apart (stride is the step, not the overlap; consecutive windows share
     capacity - stride tokens, capacity being max_length minus the specials; default half the capacity). A token
@@ -89,6 +112,21 @@ def embed(
     """
     backbone = as_backbone(model, tokenizer)
     tokenizer = _tokenizer(model, backbone, tokenizer)
+    settings = read_sentence_config(model.directory) if model_settings and isinstance(model, Pretrained) else None
+    if sentence is None:
+        sentence = settings.sentence if settings is not None else "mean"
+    if normalize is None:
+        normalize = settings.normalize if settings is not None else False
+    if not isinstance(normalize, bool):
+        raise ConfigError(f"normalize must be True or False, got {normalize!r}")
+    if long_texts is None:  # a stride is the step between windows: asking for one asks for windows
+        truncates = settings is not None and settings.max_length is not None and stride is None
+        long_texts = "truncate" if truncates else "windows"
+    if long_texts not in ("windows", "truncate"):
+        raise ConfigError(f'long_texts: unknown {long_texts!r}; expected "windows" or "truncate"')
+    if long_texts == "truncate" and max_length is None and settings is not None and settings.max_length is not None:
+        max_length = min(settings.max_length, backbone.max_length)
+    prompt_text = _prompt(settings, prompt, prompt_name)
     where = place(model, device, dtype)
     selection = select_layers(layers, combine, backbone.num_layers, _mix_weights(model, backbone))
     if pooling not in POOLINGS:
@@ -99,6 +137,8 @@ def embed(
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
     texts = _check_texts(texts)
+    lower_case = settings is not None and settings.lower_case
+    run_texts = [(prompt_text + text).lower() if lower_case else prompt_text + text for text in texts]
     layout = _Layout.of(backbone)
     if sentence == "cls" and layout.summary is None:
         raise ConfigError(f'sentence="cls": {type(backbone).__name__} has no summary token; use sentence="mean"')
@@ -111,17 +151,22 @@ def embed(
     plan_windows(0, capacity, stride)  # validates stride against the capacity
 
     width = selection.width(backbone.hidden_size)
-    collected = _Collector(texts, width, wanted)
+    prompt_tokens = 0
+    if prompt_text and settings is not None and not settings.include_prompt:
+        run_prompt = prompt_text.lower() if lower_case else prompt_text
+        prompt_tokens = layout.before + len(tokenizer.encode(run_prompt, add_special_tokens=False).ids)
+    collected = _Collector(texts, run_texts, len(prompt_text), prompt_tokens, width, wanted)
     with _evaluating(backbone), torch.inference_mode(), where.autocast(), tqdm(
         total=len(texts), unit="text", disable=not show_progress, dynamic_ncols=True
     ) as bar:
-        for chunk in _chunks(texts, tokenizer, capacity, stride, layout):
+        for chunk in _chunks(run_texts, tokenizer, capacity, stride, layout, long_texts == "truncate"):
             _run(backbone, layout, chunk, selection, width, batch_size, bar)
             for doc in chunk:
                 collected.add(doc, layout, pooling, sentence)
     return Embeddings(
         texts=texts,
-        sentences=collected.sentence_array() if "sentence" in wanted else None,
+        sentences=(normalize_rows(collected.sentences) if normalize else collected.sentences)
+        if "sentence" in wanted else None,
         tokens=collected.pieces("token") if "token" in wanted else None,
         words=collected.pieces("word") if "word" in wanted else None,
         layers=selection.indices,
@@ -151,7 +196,8 @@ def word_vector(
     """The vector of one word occurrence in `text`: `target` is a word (its `occurrence`-th whole-word,
     case-sensitive match) or a (start, end) character span; the overlapping subword tokens are pooled."""
     result = embed(model, [text], tokenizer=tokenizer, layers=layers, combine=combine, pooling=pooling,
-                   levels=("token",), max_length=max_length, stride=stride, device=device, dtype=dtype)
+                   levels=("token",), max_length=max_length, stride=stride, long_texts="windows",
+                   model_settings=False, device=device, dtype=dtype)
     return result.vector(0, target, occurrence)
 
 
@@ -230,11 +276,14 @@ class _Document:
 
 
 def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int,
-            layout: _Layout) -> Iterator[list[_Document]]:
+            layout: _Layout, truncate: bool) -> Iterator[list[_Document]]:
     chunk: list[_Document] = []
     windows = 0
     for index, text in enumerate(texts):
         encoding = tokenizer.encode(text, add_special_tokens=False)
+        if truncate and len(encoding.ids) > capacity:  # the first tokens only, one window
+            encoding = replace(encoding, **{name: getattr(encoding, name)[:capacity] for name in (
+                "ids", "tokens", "type_ids", "offsets", "word_ids", "sequence_ids", "special_tokens_mask")})
         n = len(encoding.ids)
         spans = plan_windows(n, capacity, stride)
         chunk.append(_Document(index, encoding, spans, max_context_window(spans, n)))
@@ -284,8 +333,12 @@ def _check_hidden(backbone: Backbone, hidden: Sequence[torch.Tensor], shape: tor
 class _Collector:
     """Accumulates each finished document's requested levels, in input order."""
 
-    def __init__(self, texts: list[str], width: int, wanted: set[str]) -> None:
+    def __init__(self, texts: list[str], run_texts: list[str], prompt_chars: int, prompt_tokens: int, width: int,
+                 wanted: set[str]) -> None:
         self.texts = texts
+        self.run_texts = run_texts  # what was tokenised: the prompt, then the text (lower-cased where asked)
+        self.prompt_chars = prompt_chars  # the prompt's characters at the start of each run text
+        self.prompt_tokens = prompt_tokens  # leading rows left out of mean and max pooling (include_prompt false)
         self.width = width
         self.wanted = wanted
         self.sentences = np.zeros((len(texts), width), dtype=np.float32)
@@ -299,19 +352,34 @@ class _Collector:
 
     def add(self, doc: _Document, layout: _Layout, pooling: str, sentence: str) -> None:
         vectors = doc.vectors
+        pooled = vectors[self.prompt_tokens:]
         if sentence == "cls":
-            self.sentences[doc.index] = vectors[layout.summary]
+            # sentence-transformers takes the first row it pools: past an excluded prompt when [CLS] comes first
+            summary = layout.summary if layout.summary != 0 else min(self.prompt_tokens, len(vectors) - 1)
+            self.sentences[doc.index] = vectors[summary]
+        elif not len(pooled):
+            self.sentences[doc.index] = 0.0
+        elif sentence == "max":
+            self.sentences[doc.index] = pooled.max(0)
         else:
-            self.sentences[doc.index] = vectors.mean(0, dtype=np.float64)
-        n = doc.num_tokens
+            self.sentences[doc.index] = pooled.mean(0, dtype=np.float64)
         enc = doc.encoding
-        content = vectors[layout.before: layout.before + n]
-        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(n, 2)
-        raw_words = np.asarray([-1 if w is None else w for w in enc.word_ids], dtype=np.int64)
+        offsets = np.asarray(enc.offsets, dtype=np.int64).reshape(doc.num_tokens, 2)
+        keep = np.arange(doc.num_tokens)
+        if self.prompt_chars:  # the prompt's tokens are no tokens of the text; offsets index the text as given
+            keep = np.flatnonzero(offsets[:, 0] >= self.prompt_chars)
+            offsets = offsets[keep] - self.prompt_chars
+        n = len(keep)
+        content = vectors[layout.before + keep]
+        run_source = self.run_texts[doc.index][self.prompt_chars:]
+        source = self.texts[doc.index]
+        if len(source) != len(run_source):  # lower-casing changed the length: offsets index the lower-cased text
+            source = run_source
+        self.texts[doc.index] = source
+        raw_words = np.asarray([-1 if enc.word_ids[i] is None else enc.word_ids[i] for i in keep], dtype=np.int64)
         # Tokens covering only whitespace (byte-level BPE's lone "Ġ", whose trimmed span is empty) belong to no
         # word, so runs of spaces make no words and a word's vector and span come from its visible pieces.
-        source = self.texts[doc.index]
-        raw_words[np.asarray([not source[a:b].strip() for a, b in enc.offsets], dtype=bool)] = -1
+        raw_words[np.asarray([not run_source[a:b].strip() for a, b in offsets.tolist()], dtype=bool)] = -1
         # Word numbers in order of first appearance, so they run 0..m-1 whatever the tokenizer's numbering.
         valid = np.flatnonzero(raw_words >= 0)
         unique, first = np.unique(raw_words[valid], return_index=True)
@@ -321,8 +389,8 @@ class _Collector:
         word_index[valid] = rank[np.searchsorted(unique, raw_words[valid])]
         if "token" in self.wanted:
             self._append("token", vectors=content, index=np.arange(n), word_index=word_index,
-                         start=offsets[:, 0], end=offsets[:, 1], strings=list(enc.tokens),
-                         ids=np.asarray(enc.ids, dtype=np.int64))
+                         start=offsets[:, 0], end=offsets[:, 1], strings=[enc.tokens[i] for i in keep],
+                         ids=np.asarray(enc.ids, dtype=np.int64)[keep])
         if "word" in self.wanted:
             self._add_words(doc.index, content, word_index, offsets, pooling)
         doc.vectors = None  # the document's token buffer is no longer needed
@@ -350,9 +418,6 @@ class _Collector:
         self._append("word", vectors=pooled, index=np.arange(m), word_index=np.arange(m), start=char_start,
                      end=char_end, strings=[source[a:b] for a, b in zip(char_start.tolist(), char_end.tolist())],
                      ids=None)
-
-    def sentence_array(self) -> np.ndarray:
-        return self.sentences
 
     def pieces(self, level: str) -> Pieces:
         parts, counts = self.parts[level], self.counts[level]
@@ -386,6 +451,21 @@ def _mix_weights(model: object, backbone: Backbone) -> tuple[float, ...] | None:
         return None
     with torch.no_grad():
         return tuple((mix.gamma * mix.weights()).float().cpu().tolist())
+
+
+def _prompt(settings: SentenceConfig | None, prompt: str | None, prompt_name: str | None) -> str:
+    if prompt is not None and prompt_name is not None:
+        raise ConfigError("prompt and prompt_name: give one of them, not both")
+    if prompt is not None:
+        if not isinstance(prompt, str):
+            raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+        return prompt
+    if settings is None:
+        if prompt_name is not None:
+            raise ConfigError(f"prompt_name {prompt_name!r}: the model is not a sentence-transformers directory with "
+                              "named prompts; pass the prompt's text as prompt=")
+        return ""
+    return settings.prompt(prompt_name)
 
 
 def _tokenizer(model: object, backbone: Backbone, tokenizer: Tokenizer | None) -> Tokenizer:

@@ -90,7 +90,7 @@ class CorpusSettings:
         return {"layers": self.layers if not isinstance(self.layers, tuple) else list(self.layers),
                 "combine": self.combine, "pooling": self.pooling, "sentence": self.sentence,
                 "levels": (self.level,), "batch_size": self.batch_size, "max_length": self.max_length,
-                "stride": self.stride}
+                "stride": self.stride, "long_texts": "windows", "model_settings": False}
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -12,8 +12,8 @@ from bertology.errors import BertologyError, ConfigError
 
 Pooling = Literal["first", "mean", "last"]
 POOLINGS: tuple[str, ...] = ("first", "mean", "last")
-SentencePooling = Literal["mean", "cls"]
-SENTENCE_POOLINGS: tuple[str, ...] = ("mean", "cls")
+SentencePooling = Literal["mean", "cls", "max"]
+SENTENCE_POOLINGS: tuple[str, ...] = ("mean", "cls", "max")
 Level = Literal["token", "word", "sentence"]
 LEVELS: tuple[str, ...] = ("token", "word", "sentence")
 

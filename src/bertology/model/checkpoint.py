@@ -448,10 +448,12 @@ def write_model_files(model: Model, directory: Path, format: Format = "auto") ->
 
 @dataclass
 class Pretrained:
-    """A loaded checkpoint: the model (in eval mode) and its tokenizer."""
+    """A loaded checkpoint: the model (in eval mode), its tokenizer, and the directory it was loaded from (None
+    for a model built in memory; `bertology.embed` reads a sentence-transformers directory's settings there)."""
 
     model: Model
     tokenizer: Any  # bertology.tokenization.Tokenizer, or None for a directory without tokenizer files
+    directory: Path | None = None
 
     @property
     def config(self) -> EncoderConfig:
@@ -478,7 +480,7 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
     model = load_model(directory, heads)
     tokenizer = None
     if getattr(model.config, "family", None) == "elmo":  # a word vocabulary (ELMo's softmax), if one is there
-        return Pretrained(model=model, tokenizer=WordVocabulary.find(directory))
+        return Pretrained(model=model, tokenizer=WordVocabulary.find(directory), directory=directory)
     if any((directory / name).is_file() for name in TOKENIZER_FILES):
         from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
 
@@ -486,4 +488,4 @@ def load(path: str | os.PathLike, heads: tuple[str, ...] | None = None) -> Pretr
         # tokenizer's files say which framing they have.
         family = getattr(model.config, "family", None)
         tokenizer = load_tokenizer(directory, model_type=family if family in MODEL_TYPE_STYLE else None)
-    return Pretrained(model=model, tokenizer=tokenizer)
+    return Pretrained(model=model, tokenizer=tokenizer, directory=directory)

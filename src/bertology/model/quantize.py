@@ -87,7 +87,7 @@ def quantize(model: Quantizable, *, inplace: bool = False) -> Quantizable:
     by `Int8Linear`, in eval mode. A copy unless `inplace`; a `Pretrained` keeps its tokenizer."""
     if isinstance(model, Pretrained):
         inner = quantize(model.model, inplace=inplace)
-        return model if inplace else Pretrained(model=inner, tokenizer=model.tokenizer)
+        return model if inplace else Pretrained(model=inner, tokenizer=model.tokenizer, directory=model.directory)
     if not isinstance(model, (EncoderModel, Encoder)):
         raise ConfigError(f"quantize needs a Pretrained, EncoderModel or Encoder, got {type(model).__name__}")
     _check_int_mm()

@@ -377,7 +377,8 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
     for spec in heads:
         if spec in pretrained.model.head_specs:
             model.heads[spec.name].load_state_dict(pretrained.model.heads[spec.name].state_dict())
-    names = task.label_names()
+    # The names a pipeline reports (SST-2's negative/positive, CoNLL's tags): a task's own, else its file labels.
+    names = getattr(task, "config_label_names", task.label_names)()
     if names is not None:
         model.config.extra["id2label"] = {str(i): name for i, name in enumerate(names)}
         model.config.extra["label2id"] = {name: i for i, name in enumerate(names)}

@@ -22,6 +22,7 @@ import torch
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.embeddings.result import normalize
+from bertology.embeddings.sentence_config import read_sentence_config
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.inputs import check_faiss
 from bertology.io import atomic_directory, file_in_the_way, recover
@@ -34,6 +35,7 @@ VERSION = 1
 META_FILE = "index.json"
 FAISS_FILE = "vectors.faiss"
 PASSAGES_FILE = "passages.jsonl"
+SENTENCE_TRANSFORMERS = "sentence-transformers config"  # EmbeddingOptions.source of a directory's own settings
 
 
 class IndexMismatchError(BertologyError):
@@ -53,7 +55,7 @@ class EmbeddingOptions:
 
     layers: Union[str, int, list[int]] = "last"
     combine: Union[Literal["sum", "mean", "concat"], None] = None
-    sentence: Literal["mean", "cls"] = "mean"
+    sentence: Literal["mean", "cls", "max"] = "mean"
     max_length: Union[int, None] = None
     stride: Union[int, None] = None
     long_texts: Literal["windows", "truncate"] = "windows"
@@ -66,50 +68,16 @@ class EmbeddingOptions:
 
 
 def model_options(model_dir: str | os.PathLike | None) -> EmbeddingOptions:
-    """The sentence-embedding options a model was trained with: from a sentence-transformers directory
-    (``modules.json`` naming a Pooling module: its ``1_Pooling/config.json`` mode, mean or CLS, of the last layer,
-    and ``sentence_bert_config.json``'s ``max_seq_length`` with truncation, as sentence-transformers encodes);
+    """The sentence-embedding options a model was trained with: from a sentence-transformers directory (its
+    pooling mode of the last layer, and ``max_seq_length`` with truncation, as sentence-transformers encodes; read
+    by `bertology.embeddings.read_sentence_config`, which `embed` also follows, prompts and lower-casing included);
     otherwise bertology's defaults (mean of the last layer, long texts in windows)."""
-    if model_dir is None:
+    settings = read_sentence_config(model_dir)
+    if settings is None:
         return EmbeddingOptions(source="bertology defaults")
-    directory = Path(model_dir)
-    modules_file = directory / "modules.json"
-    if not modules_file.is_file():
-        return EmbeddingOptions(source="bertology defaults")
-    modules = _json_file(modules_file)
-    pooling = [m for m in modules if isinstance(m, Mapping) and str(m.get("type", "")).endswith(".Pooling")] \
-        if isinstance(modules, list) else []
-    if not pooling:
-        return EmbeddingOptions(source="bertology defaults")
-    config_file = directory / str(pooling[0].get("path", "")) / "config.json"
-    config = _json_file(config_file)
-    modes = [key for key, on in config.items() if key.startswith("pooling_mode_") and on is True]
-    if modes == ["pooling_mode_mean_tokens"]:
-        sentence = "mean"
-    elif modes == ["pooling_mode_cls_token"]:
-        sentence = "cls"
-    else:
-        raise ConfigError(f"{config_file}: pooling {', '.join(modes) or 'none'} is not supported (mean or CLS "
-                          f"only); pass the embedding options explicitly")
-    max_length = None
-    settings_file = directory / "sentence_bert_config.json"
-    if settings_file.is_file():
-        value = _json_file(settings_file).get("max_seq_length")
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 3):
-            raise ConfigError(f"{settings_file}: max_seq_length must be an integer of at least 3, got {value!r}")
-        max_length = value
-    return EmbeddingOptions(sentence=sentence, max_length=max_length,
-                            long_texts="truncate" if max_length is not None else "windows",
-                            source="sentence-transformers config")
-
-
-def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ConfigError(f"{path}: cannot read it as JSON: {error}") from None
+    return EmbeddingOptions(sentence=settings.sentence, max_length=settings.max_length,  # type: ignore[arg-type]
+                            long_texts="truncate" if settings.max_length is not None else "windows",
+                            source=SENTENCE_TRANSFORMERS)
 
 
 @dataclass(frozen=True)
@@ -493,28 +461,16 @@ def encode(model: Pretrained, texts: str | Sequence[str], options: EmbeddingOpti
            dtype: str = "float32") -> np.ndarray:
     """Normalised sentence vectors [N, D] of `texts` by `bertology.embed` with `options` (on `device` in `dtype`,
     as `embed` takes them)."""
-    from bertology.embeddings import as_backbone, embed
+    from bertology.embeddings import embed
 
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    if options.long_texts == "truncate":
-        specials = len(as_backbone(model, None).frame([]).ids)
-        capacity = options.max_length - specials
-        if capacity < 1:
-            raise ConfigError(f"embedding.max_length {options.max_length} leaves no room beside {specials} specials")
-        texts = [_truncate(model, text, capacity) for text in texts]
+    # Options read from a sentence-transformers directory follow the rest of its settings too (prompts,
+    # lower-casing), as `embed` does by default; other options are embed's plain ones.
     result = embed(model, texts, layers=options.layers, combine=options.combine, sentence=options.sentence,
                    levels=("sentence",), batch_size=batch_size, max_length=options.max_length,
-                   stride=options.stride, show_progress=show_progress, device=device, dtype=dtype)
-    return normalize(result.sentences)
-
-
-def _truncate(model: Pretrained, text: str, capacity: int) -> str:
-    """`text` up to the end of its `capacity`-th token. WordPiece tokenises such a prefix into exactly those
-    tokens: greedy longest-match pieces of a word stay the same when the word is cut after one of them."""
-    offsets = model.tokenizer.encode(text, add_special_tokens=False).offsets
-    if len(offsets) <= capacity:
-        return text
-    return text[: offsets[capacity - 1][1]]
+                   stride=options.stride, long_texts=options.long_texts, normalize=True,
+                   model_settings=options.source == SENTENCE_TRANSFORMERS, show_progress=show_progress,
+                   device=device, dtype=dtype)
+    return result.sentences
 
 
 def corpus_vectors(output: str | os.PathLike, passages: Sequence[Passage]) -> tuple[np.ndarray, EmbeddingOptions]:

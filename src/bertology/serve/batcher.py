@@ -86,7 +86,7 @@ class Batcher:
         # The model is moved to `device` (None: it stays where it is); the forwards run in `dtype` there.
         self.placement = place(pretrained, device, dtype)
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
-        probe = embed(pretrained, [""], levels=("sentence",), dtype=self.placement.dtype)
+        probe = embed(pretrained, [""], levels=("sentence",), model_settings=False, dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
         self.specials = len(as_backbone(pretrained, None).frame([]).ids)  # the specials around every window
         if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) \
@@ -228,7 +228,8 @@ class Batcher:
             try:
                 result = embed(self.pretrained, texts, layers=layers, combine=options.combine,
                                pooling=options.pooling, sentence=options.sentence, levels=(options.level,),
-                               batch_size=batch_size, dtype=self.placement.dtype)
+                               batch_size=batch_size, long_texts="windows", model_settings=False,
+                               dtype=self.placement.dtype)
             except Exception as error:  # noqa: BLE001 - handed to the requests of this group
                 for i in members:
                     outcomes[i] = error

@@ -79,6 +79,8 @@ class FinetuneTask(Protocol):
     # Optional: ``for_model(model)`` returns the task as it runs on that model (GLUE and SQuAD on an encoder-decoder
     # without a classifier or a span head for them become text-to-text: ``bertology.tasks.text_to_text``).
     # Optional: ``labels_input_tokens = True`` (tagging): on an encoder-decoder the encoder alone is fine-tuned.
+    # Optional: ``config_label_names()``: what the labels mean, when ``label_names`` are a file's codes (SST-2's
+    # 0/1: negative/positive); config.json's ``id2label`` takes these (``bertology.pipeline`` reports them).
     # Optional: ``read_input(path)`` reads what ``bertology predict`` is given when that may be more than ``read``
     # takes (CoNLL tagging: a file of words only, without tags); without it ``predict`` reads with ``read``.
 

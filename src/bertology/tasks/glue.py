@@ -56,6 +56,11 @@ class GlueFinetuneTask:
     def label_names(self) -> tuple[str, ...] | None:
         return self.spec.labels.names if self.spec.labels is not None else None
 
+    def config_label_names(self) -> tuple[str, ...] | None:
+        """What the labels mean (SST-2: negative, positive), for config.json's ``id2label``; the file's labels
+        when they are names already (RTE)."""
+        return self.spec.names if self.spec.names is not None else self.label_names()
+
     def heads(self, config: EncoderConfig) -> list[HeadSpec]:
         names = self.label_names()
         return [classifier_head(config, len(names) if names is not None else 1)]

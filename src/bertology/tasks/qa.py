@@ -343,12 +343,16 @@ class SpanExtraction:
 # -------------------------------------------------------------------------------------------------- prediction
 @torch.no_grad()
 def window_logits(model: Model, windows: EncodedExamples, batch_size: int = 64, head: str = QA) -> np.ndarray:
-    """The head's start and end logits at every position of every window, ``[total positions, 2]`` float32:
-    window ``w``'s rows are ``windows.offsets[w]:windows.offsets[w + 1]``."""
+    """The head's logits at every position of every window, ``[total positions, outputs]`` float32 (a QA head's
+    start and end; a token classifier's labels): window ``w``'s rows are ``windows.offsets[w]:windows.offsets[w +
+    1]``."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    out = np.zeros((int(windows.offsets[-1]), 2), dtype=np.float32)
+    spec = next((spec for spec in model.head_specs if spec.name == head), None)
+    if spec is None:
+        raise ConfigError(f"the model has no {head!r} head (heads: {', '.join(model.heads) or 'none'})")
+    out = np.zeros((int(windows.offsets[-1]), spec.num_labels), dtype=np.float32)
     try:
         for batch in windows.batches(0, batch_size, drop_last=False):
             rows = batch.example_ids.numpy()
@@ -392,12 +396,19 @@ def question_spans(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20,
                    max_answer_length: int = 30) -> list[tuple[int, int] | None]:
     """Per question, the best span's first and last context token over all its windows (see ``best_span``; a
     start counts only in the window where it has the most context), None when no window has a valid span."""
-    spans: list[tuple[int, int] | None] = []
+    return [None if found is None else (found[0], found[1])
+            for found in question_answers(windows, logits, n_best=n_best, max_answer_length=max_answer_length)]
+
+
+def question_answers(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20,
+                     max_answer_length: int = 30) -> list[tuple[int, int, int] | None]:
+    """``question_spans`` with the window each best span was found in: ``(first token, last token, window)``."""
+    spans: list[tuple[int, int, int] | None] = []
     for q in range(windows.num_questions):
         ws = windows.windows_of(q)
         plan = [(int(windows.start[w]), int(windows.stop[w])) for w in ws]
         choice = max_context_window(plan, len(windows.context_offsets[q]))
-        best: tuple[float, int, int] | None = None
+        best: tuple[float, int, int, int] | None = None
         for k, w in enumerate(ws):
             start, stop = plan[k]
             if stop == start:
@@ -407,8 +418,8 @@ def question_spans(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20,
             found = best_span(part[:, 0], part[:, 1], n_best=n_best, max_answer_length=max_answer_length,
                               allowed_starts=choice[start:stop] == k)
             if found is not None and (best is None or found[0] > best[0]):
-                best = (found[0], start + found[1], start + found[2])
-        spans.append(None if best is None else (best[1], best[2]))
+                best = (found[0], start + found[1], start + found[2], w)
+        spans.append(None if best is None else (best[1], best[2], best[3]))
     return spans
 
 

@@ -120,7 +120,8 @@ class GlueTask:
     """The file layout of one GLUE task: ``columns`` per row, the ``header`` row (None: the file has none), the
     column of the text, of the pair (None: single sentences) and of the label; ``labels`` for classification,
     ``score_range`` for regression; ``directory`` is the task's folder in the GLUE distribution; ``metrics``: the
-    names ``bertology.tasks.metrics`` reports for it."""
+    names ``bertology.tasks.metrics`` reports for it; ``names``: what each label means, in the labels' order (the
+    names a fine-tuned model's config.json gives them, ``id2label``), when the files' labels are codes."""
 
     name: str
     directory: str
@@ -133,6 +134,7 @@ class GlueTask:
     labels: LabelSet | None = None
     score_range: tuple[float, float] | None = None
     metrics: tuple[str, ...] = ("accuracy",)
+    names: tuple[str, ...] | None = None
 
     def path(self, root: PathLike, split: str) -> Path:
         """``root/<directory>/<split>.tsv`` (``root``: the GLUE folder)."""
@@ -141,10 +143,12 @@ class GlueTask:
 
 _BINARY = LabelSet(("0", "1"))
 GLUE_TASKS: dict[str, GlueTask] = {
-    "sst2": GlueTask("sst2", "SST-2", "classification", 2, ("sentence", "label"), 0, None, 1, _BINARY),
-    "cola": GlueTask("cola", "CoLA", "classification", 4, None, 3, None, 1, _BINARY, metrics=("mcc",)),
+    "sst2": GlueTask("sst2", "SST-2", "classification", 2, ("sentence", "label"), 0, None, 1, _BINARY,
+                     names=("negative", "positive")),
+    "cola": GlueTask("cola", "CoLA", "classification", 4, None, 3, None, 1, _BINARY, metrics=("mcc",),
+                     names=("unacceptable", "acceptable")),
     "mrpc": GlueTask("mrpc", "MRPC", "classification", 5, ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
-                     3, 4, 0, _BINARY, metrics=("accuracy", "f1")),
+                     3, 4, 0, _BINARY, metrics=("accuracy", "f1"), names=("not_equivalent", "equivalent")),
     "rte": GlueTask("rte", "RTE", "classification", 4, ("index", "sentence1", "sentence2", "label"), 1, 2, 3,
                     LabelSet(("entailment", "not_entailment"))),
     "stsb": GlueTask("stsb", "STS-B", "regression", 10,

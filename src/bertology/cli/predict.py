@@ -23,6 +23,7 @@ def _formats() -> str:
     return "what --output holds, per task:\n" + "".join(
         f"  {tasks}:\n" + "".join(f"    {line}\n" for line in textwrap.wrap(text, 84)) for tasks, text in FORMATS)
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -59,5 +60,6 @@ def run(args: argparse.Namespace) -> int:
     where = placement_from_args(args, int8=True)
     count = predict_file(args.model, args.task, args.input, args.output, args.max_length, args.batch_size,
                          dtype=where.dtype, device=where.device)
+    print_result({"output": args.output, "task": args.task, "predictions": count})
     print(f"{count} predictions written to {args.output}", file=sys.stderr)
     return 0

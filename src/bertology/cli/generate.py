@@ -42,15 +42,19 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from bertology.errors import CheckpointError, InputError
+    from bertology.errors import CheckpointError, ConfigError, InputError
     from bertology.generation import generate
     from bertology.model import load_model
     from bertology.model.checkpoint import TOKENIZER_FILES
-    from bertology.model.transformer import DecoderModel
+    from bertology.model.transformer import DecoderModel, Seq2SeqModel
     from bertology.tokenization import load_tokenizer
 
     where = placement_from_args(args)
     model = load_model(args.model)
+    if not isinstance(model, (DecoderModel, Seq2SeqModel)):  # before the tokenizer: ELMo's is a word list
+        raise ConfigError(f"--model {args.model}: generation needs a decoder (GPT-2) or an encoder-decoder (T5, "
+                          f"BART); this is a {getattr(model.config, 'family', type(model).__name__)} model "
+                          f"({type(model).__name__})")
     if not any((Path(args.model) / name).is_file() for name in TOKENIZER_FILES):
         raise CheckpointError(f"{args.model}: no tokenizer files next to the model")
     tokenizer = load_tokenizer(args.model)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from bertology.cli._result import print_result
+
 RECORD = "longformer.json"
 
 
@@ -54,7 +56,8 @@ def run_convert(args: argparse.Namespace) -> int:
     check_window(args.window)  # before any work, as --out is
     out = check_output_directory(args.out, RECORD, "a Longformer of `bertology longformer convert`", args.overwrite)
     source = load(args.model)
-    sep = source.tokenizer.sep_id if source.tokenizer is not None else None
+    # The separator id from a subword tokenizer only (ELMo's word list has none; longformer_from refuses ELMo).
+    sep = getattr(source.tokenizer, "sep_id", None)
     model, dropped = longformer_from(source.model, args.max_length, args.window, sep_token_id=sep)
     if source.tokenizer is not None:
         source.tokenizer.model_max_length = args.max_length
@@ -65,6 +68,7 @@ def run_convert(args: argparse.Namespace) -> int:
         if source.tokenizer is not None:
             source.tokenizer.save(tmp)
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print_result({"out": out, **record})
     note = f" (dropped heads: {', '.join(dropped)})" if dropped else ""
     print(f"a Longformer of {args.max_length} tokens, window {args.window}, saved to {out}{note}", file=sys.stderr)
     return 0
@@ -74,7 +78,7 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertology.errors import ConfigError, DataError
-    from bertology.model import load
+    from bertology.model import ElmoModel, load
     from bertology.recipes.long_mlm import long_document_mlm_loss, mask_documents
 
     texts = []
@@ -89,6 +93,9 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
     for directory, pretrained in zip(args.model, models):
         if pretrained.tokenizer is None:
             raise ConfigError(f"--model {directory}: no tokenizer files")
+        if isinstance(pretrained.model, ElmoModel):
+            raise ConfigError(f"--model {directory}: an ELMo model (character CNN and LSTM language models over "
+                              "words) has no masked-LM head, so no masked-LM loss")
     first = models[0].tokenizer
     for directory, pretrained in zip(args.model[1:], models[1:]):
         if any(pretrained.tokenizer.encode(t[:2000], add_special_tokens=False).ids

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from bertology.errors import CheckpointError
-from bertology.model import EncoderConfig, Pretrained, load
+from bertology.model import Encoder, EncoderConfig, Pretrained, load
 from bertology.model.checkpoint import architecture_name
 
 
@@ -84,20 +84,7 @@ class ModelInfo:
         if p.shared:
             lines.append(f"  (layers are shared: {p.layers:,} unique weights do the work of {p.layers_as_run:,})")
         lines += ["", "tokenizer"]
-        t = self.tokenizer
-        if t is None:
-            lines.append("  none (no tokenizer files in the directory)")
-        else:
-            lines += [
-                f"  {'kind':<14}{t.kind}",
-                f"  {'style':<14}{t.style}",
-                f"  {'vocabulary':<14}{t.vocab_size}",
-                f"  {'lowercases':<14}{'yes' if t.lowercase else 'no'}",
-                f"  {'max length':<14}{t.model_max_length if t.model_max_length is not None else 'not set'}",
-                f"  {'specials':<14}" + "  ".join(f"{role}={token!r} ({i})" for role, (token, i) in t.specials.items()),
-            ]
-            if t.vocab_size != c.vocab_size:
-                lines.append(f"  note: the tokenizer has {t.vocab_size} tokens, the model's vocabulary {c.vocab_size}")
+        lines += format_tokenizer(self.tokenizer, c.vocab_size)
         return "\n".join(lines)
 
 
@@ -143,12 +130,92 @@ class ElmoInfo:
         return "\n".join(lines)
 
 
-def describe(model: str | os.PathLike | Pretrained) -> ModelInfo | ElmoInfo:
+@dataclass(frozen=True)
+class StackInfo:
+    """A model that is not one BERT-style encoder: a decoder (GPT-2), an encoder-decoder (T5, BART), an
+    encoder-decoder's encoder alone, or XLNet. Its sizes, its stacks' parameter counts and its tokenizer."""
+
+    source: str
+    model: nn.Module
+    architecture: str | None
+    tokenizer: TokenizerFacts | None
+
+    def stacks(self) -> list[tuple[str, nn.Module]]:
+        """The model's stacks of layers, by name: XLNet's layers, or each side's Stack."""
+        m = self.model
+        if isinstance(getattr(m, "layers", None), nn.ModuleList):  # XLNet: the layers straight on the model
+            return [("layers", m.layers)]
+        return [(name, getattr(m, name)) for name in ("encoder", "decoder") if isinstance(getattr(m, name, None),
+                                                                                         nn.Module)]
+
+    def format(self) -> str:
+        m, c = self.model, self.model.config
+        kind = {"DecoderModel": "decoder (causal language model)", "Seq2SeqModel": "encoder-decoder",
+                "EncoderStackModel": "an encoder-decoder's encoder alone",
+                "XLNetModel": "permutation language model (two-stream attention, relative positions)"}.get(
+                    type(m).__name__, type(m).__name__)
+        decoder_layers = getattr(c, "num_decoder_layers", None)
+        depth = str(c.num_layers) if type(m).__name__ != "Seq2SeqModel" else (
+            f"{c.num_layers} encoder, {decoder_layers if decoder_layers is not None else c.num_layers} decoder")
+        head_dim = getattr(c, "attention_head_size", None) or c.hidden_size // c.num_heads
+        positions = getattr(c, "positions", "relative")
+        if positions == "learned":
+            where = f"learned, {c.max_position_embeddings}"
+        else:
+            where = "relative" + (f" ({c.relative_attention_num_buckets} buckets up to distance "
+                                  f"{c.relative_attention_max_distance})" if hasattr(c, "relative_attention_num_buckets")
+                                  else "")
+        rows = [
+            ("model", self.source),
+            ("family", f"{c.family}, {kind}" + (f" ({self.architecture})" if self.architecture else "")),
+            ("layers", depth),
+            ("hidden size", str(c.hidden_size)),
+            ("attention heads", f"{c.num_heads} (head size {head_dim})"),
+            ("intermediate", f"{c.intermediate_size} ({c.hidden_act})"),
+            ("positions", where),
+            ("vocabulary", str(c.vocab_size)),
+            ("task heads", ", ".join(spec.name for spec in m.head_specs) or "none"),
+        ]
+        lines = [f"{key:<16}{value}" for key, value in rows]
+        lines += ["", "parameters"]
+        counts = [("total", count(m)), ("embeddings", count(getattr(m, "embeddings", None)))]
+        counts += [(name, count(stack)) for name, stack in self.stacks()]
+        counts.append(("heads", count(getattr(m, "heads", None))))
+        lines += [f"  {key:<14}{value:>14,}" for key, value in counts]
+        lines += ["", "tokenizer"]
+        lines += format_tokenizer(self.tokenizer, c.vocab_size)
+        return "\n".join(lines)
+
+
+def format_tokenizer(t: TokenizerFacts | None, model_vocab: int) -> list[str]:
+    if t is None:
+        return ["  none (no tokenizer files in the directory)"]
+    lines = [
+        f"  {'kind':<14}{t.kind}",
+        f"  {'style':<14}{t.style}",
+        f"  {'vocabulary':<14}{t.vocab_size}",
+        f"  {'lowercases':<14}{'yes' if t.lowercase else 'no'}",
+        f"  {'max length':<14}{t.model_max_length if t.model_max_length is not None else 'not set'}",
+        f"  {'specials':<14}" + "  ".join(f"{role}={token!r} ({i})" for role, (token, i) in t.specials.items()),
+    ]
+    if t.vocab_size != model_vocab:
+        lines.append(f"  note: the tokenizer has {t.vocab_size} tokens, the model's vocabulary {model_vocab}")
+    return lines
+
+
+def describe(model: str | os.PathLike | Pretrained) -> ModelInfo | ElmoInfo | StackInfo:
     """Architecture, parameter counts and tokenizer facts of a model directory or a loaded checkpoint."""
     source = str(model) if not isinstance(model, Pretrained) else "(in memory)"
     pretrained = model if isinstance(model, Pretrained) else load(model)
     if getattr(pretrained.model.config, "family", None) == "elmo":
         return ElmoInfo(source, pretrained.model, pretrained.tokenizer)
+    if not isinstance(getattr(pretrained.model, "encoder", None), Encoder):  # GPT-2, T5, BART, XLNet
+        heads = tuple(spec.name for spec in pretrained.model.head_specs)
+        try:
+            architecture = architecture_name(pretrained.model.config.family, heads)
+        except CheckpointError:
+            architecture = None
+        return StackInfo(source, pretrained.model, architecture, tokenizer_facts(pretrained.tokenizer))
     encoder_model, config = pretrained.model, pretrained.model.config
     encoder = encoder_model.encoder
     per_layer = [count(layer) for layer in encoder.layers]

@@ -35,7 +35,7 @@ import stat
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -349,6 +349,49 @@ def check_output_directory(path: str | os.PathLike, own: str, what: str, overwri
     return path
 
 
+def link_out_of(root: str | os.PathLike, path: str | os.PathLike) -> Path | None:
+    """Where ``path`` (inside ``root``) really leads when a symbolic link on the way from ``root`` takes it out of
+    ``root``; None when it stays inside (or has no link)."""
+    root, path = Path(root), Path(path)
+    base = root.resolve()
+    at = root
+    for part in path.relative_to(root).parts:
+        at = at / part
+        if at.is_symlink():
+            target = at.resolve()
+            if target != base and base not in target.parents:
+                return target
+    return None
+
+
+def check_links(root: str | os.PathLike, names: Iterable[str], flag: str = "--out") -> None:
+    """Refuse, before any work, an entry ``root/name`` that is a symbolic link leading out of ``root``: what
+    bertology writes, replaces or deletes there must stay in the directory it was given (a ConfigError naming the
+    link and its target). A link that stays inside is followed for reading and writing, never deleted through."""
+    from bertology.errors import ConfigError
+
+    root = Path(root)
+    if not root.is_dir():
+        return
+    for name in names:
+        target = link_out_of(root, root / name)
+        if target is not None:
+            raise ConfigError(f"{flag} {root}: {root / name} is a link to {target}, outside that directory; "
+                              f"bertology writes {name} only inside it: remove the link or choose another "
+                              "directory")
+
+
+def remove_output(path: str | os.PathLike, ignore_errors: bool = False) -> None:
+    """Delete an output bertology wrote (a file, or a directory tree; `ignore_errors` as shutil.rmtree's); a
+    symbolic link is removed itself, never what it points to."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    else:
+        shutil.rmtree(path, ignore_errors=ignore_errors)
+
+
 @contextlib.contextmanager
 def files_into(directory: str | os.PathLike) -> Iterator[Path]:
     """Yield a hidden temporary directory inside `directory` (created if missing); on success every file written
@@ -368,6 +411,10 @@ def files_into(directory: str | os.PathLike) -> Iterator[Path]:
                 target = directory / Path(root).relative_to(tmp) / file
                 if target.is_dir() and not target.is_symlink():
                     raise ConfigError(f"{target}: is a directory where a file is to be written")
+                outside = link_out_of(directory, target.parent)
+                if outside is not None:
+                    raise ConfigError(f"{target}: a link on the way leads to {outside}, outside {directory}; "
+                                      "bertology writes only inside the output directory")
         for root, dirs, files in os.walk(tmp):
             relative = Path(root).relative_to(tmp)
             for sub in dirs:

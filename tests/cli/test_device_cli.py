@@ -241,6 +241,7 @@ def test_serve_and_search_take_the_device(files, tmp_path, capsys):
     assert answers[0] == answers[1] == answers[2]
     assert run("index", "build", "--model", files / "model", "--input", files / "passages.jsonl", "--out",
                tmp_path / "index", "--quiet") == 0
+    assert json.loads(capsys.readouterr().out)["passages"] == 12  # the build's result, one JSON object
     printed = []
     for extra in ([], ["--device", "cpu"]):
         assert run("search", "--index", tmp_path / "index", "--k", "2", *extra, "paris", "the bank") == 0

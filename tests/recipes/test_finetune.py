@@ -131,6 +131,8 @@ def test_predict_writes_what_evaluate_reads(glue, model_dir, tmp_path, capsys):
     assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input", str(dev),
                  "--output", str(predictions)]) == 0
     assert predictions.read_text() == (out / "dev_predictions.tsv").read_text()
+    rows = len(predictions.read_text().splitlines()) - 1
+    assert json.loads(capsys.readouterr().out) == {"output": str(predictions), "task": "sst2", "predictions": rows}
     assert main(["evaluate", "--task", "sst2", "--gold", str(dev), "--predictions", str(predictions)]) == 0
     assert json.loads(capsys.readouterr().out) == json.loads((out / "dev_metrics.json").read_text())
     assert main(["predict", "--model", str(out / "model"), "--task", "stsb", "--input", str(dev),

@@ -101,7 +101,7 @@ def test_t5_sst2_is_text_to_text(glue, models, tmp_path):
     # on it, differs between processes).
     assert result.best["value"] > 60
     predictions = (out / "dev_predictions.tsv").read_text().splitlines()
-    assert predictions[0] == "index\tprediction" and len(predictions) == 33
+    assert predictions[0] == "index\tprediction\tgenerated" and len(predictions) == 33
     assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv",
                                                 open_labels=True)
     saved = json.loads((out / "model" / "config.json").read_text())
@@ -127,10 +127,20 @@ def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp
     gold = tmp_path / "dev.tsv"
     gold.write_text("sentence\tlabel\n" + "".join(f"x\t{e.label}\n" for e in examples), encoding="utf-8")
     task.write(tmp_path / "p.tsv", ["1", "posi", "0", ""], examples)
-    assert evaluate_files("sst2", tmp_path / "p.tsv", gold, open_labels=True) == {"accuracy": 50.0}
-    with pytest.raises(DataError, match=r"p.tsv:3: label 'posi' is not one of 0, 1"):
+    # The generated text in a third column; the prediction empty where it is no label: evaluate counts it wrong.
+    assert (tmp_path / "p.tsv").read_text().splitlines() == [
+        "index\tprediction\tgenerated", "0\t1\tpositive", "1\t\tposi", "2\t0\tnegative", "3\t\t"]
+    assert evaluate_files("sst2", tmp_path / "p.tsv", gold) == {"accuracy": 50.0}
+    assert main(["evaluate", "--task", "sst2", "--gold", str(gold), "--predictions", str(tmp_path / "p.tsv")]) == 0
+    assert json.loads(capsys.readouterr().out) == {"accuracy": 50.0}
+    (tmp_path / "p.tsv").write_text("index\tprediction\tgenerated\n0\tposi\tposi\n1\t1\tx\n2\t0\tx\n3\t0\tx\n")
+    with pytest.raises(DataError, match=r"p.tsv:2: label 'posi' is not one of 0, 1"):  # a filled prediction: a label
         evaluate_files("sst2", tmp_path / "p.tsv", gold)
-    assert main(["evaluate", "--task", "sst2", "--gold", str(gold), "--predictions", str(tmp_path / "p.tsv"),
+    # A two-column file of free texts (GLUE's own format) is scored with open labels only.
+    (tmp_path / "p2.tsv").write_text("index\tprediction\n0\t1\n1\tposi\n2\t0\n3\t\n")
+    with pytest.raises(DataError, match=r"p2.tsv:3: label 'posi' is not one of 0, 1"):
+        evaluate_files("sst2", tmp_path / "p2.tsv", gold)
+    assert main(["evaluate", "--task", "sst2", "--gold", str(gold), "--predictions", str(tmp_path / "p2.tsv"),
                  "--open-labels"]) == 0
     assert json.loads(capsys.readouterr().out) == {"accuracy": 50.0}
     # STS-B: scores rounded to 0.2 as targets; a text that is not a number reads as -1 (T5's convention).

@@ -37,8 +37,9 @@ ALIASES: dict[str, str] = {
 }
 
 
-class AnalysisUnavailable(Exception):
-    """A report_section's data or model lacks what it needs (a head, a data set): the report lists it as skipped."""
+class AnalysisUnavailable(BertologyError):
+    """A report_section's data or model lacks what it needs (a head, a data set): the report lists it as skipped;
+    a command that runs the analysis alone refuses in one line."""
 
 
 @dataclass

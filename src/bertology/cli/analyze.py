@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from bertology.analysis.report import build_report, chosen_analyses
+    from bertology.cli._result import print_result
 
     where = placement_from_args(args)
     chosen_analyses(args.only)  # a bad --only fails before the model is loaded
@@ -51,5 +52,7 @@ def run(args: argparse.Namespace) -> int:
                           show_progress=sys.stderr.isatty(), device=where.device, dtype=where.dtype)
     for skipped in result.skipped:
         print(f"skipped {skipped.name}: {skipped.reason}", file=sys.stderr)
+    print_result({"report": result.path, "analyses": [section.name for section in result.sections],
+                  "skipped": {skipped.name: skipped.reason for skipped in result.skipped}, "seconds": result.seconds})
     print(f"wrote {result.path} ({len(result.sections)} analyses, {len(result.skipped)} skipped)", file=sys.stderr)
     return 0

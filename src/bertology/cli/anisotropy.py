@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 from bertology.errors import ConfigError
 
@@ -66,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
               f"[{raw['anisotropy']['low']:.3f}, {raw['anisotropy']['high']:.3f}], standardised "
               f"{std['anisotropy']['mean']:.3f}; self-similarity {raw['self_similarity']:.3f}; intra-sentence "
               f"{raw['intra_sentence_similarity']:.3f}; top-{len(raw['rogue']['top'])} dimensions' share "
-              f"{raw['rogue']['top_share']:.2f}")
+              f"{raw['rogue']['top_share']:.2f}", file=sys.stderr)
+    print_result({"out": args.out, "numbers": Path(args.out) / "anisotropy.json", "figures": figures,
+                  "anisotropy": {row["layer"]: row["raw"]["anisotropy"]["mean"] for row in numbers["layers"]}})
     print(f"wrote {args.out}/anisotropy.json and {', '.join(str(f) for f in figures)}", file=sys.stderr)
     return 0

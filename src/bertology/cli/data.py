@@ -7,6 +7,7 @@ import sys
 
 from bertology.cli._types import seed
 from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
+from bertology.cli._result import print_result
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.tokenization import load_tokenizer
 
@@ -62,7 +63,11 @@ def run_prepare(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     heldout = corpus.directory / HELDOUT_DIR
+    result = {"out": args.out, "documents": len(corpus), "sentences": corpus.num_sentences,
+              "tokens": corpus.num_tokens, "shards": len(corpus.metadata["shards"])}
     if heldout.is_dir():
         held = TokenizedCorpus(heldout)
+        result["heldout"] = {"out": heldout, "documents": len(held), "tokens": held.num_tokens}
         print(f"held out {len(held)} documents, {held.num_tokens} tokens in {heldout}", file=sys.stderr)
+    print_result(result)
     return 0

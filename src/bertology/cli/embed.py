@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 from bertology.embeddings import check_output, embed, parse_layers, read_texts, save_vectors
 from bertology.embeddings.corpus import CorpusSettings, embed_corpus, is_corpus_input
@@ -134,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
         dtype=where.float_dtype,
     )
     rows = save_vectors(result, args.output, args.level, meta={"model": str(args.model), "input": str(args.input)})
+    print_result({"output": args.output, "level": args.level, "vectors": rows, "dim": result.dim,
+                  "texts": len(texts)})
     print(f"wrote {rows} {args.level} vectors ({result.dim} dimensions) for {len(texts)} texts to {args.output}",
           file=sys.stderr)
     return 0
@@ -159,6 +162,8 @@ def run_corpus(args: argparse.Namespace) -> int:
                           address=args.address, workers=args.workers, threads=args.threads, device=device,
                           gpus_per_worker=args.gpus_per_worker,
                           show_progress=not args.quiet and sys.stderr.isatty())
+    print_result({"output": report.output, "texts": report.texts, "files": len(report.files),
+                  "shards": report.shards, "written": report.written, "skipped": report.skipped, "dim": report.dim})
     print(f"{report.texts} texts in {len(report.files)} files: {report.written} shards written, {report.skipped} "
           f"already done, {report.shards} in all ({report.dim} dimensions) in {report.output}", file=sys.stderr)
     return 0

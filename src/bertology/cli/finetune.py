@@ -39,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.cli._result import print_result
     from bertology.recipes.finetune import FinetuneConfig, finetune
     from bertology.training.config import apply_overrides, read_config_file
 
@@ -57,6 +58,9 @@ def run(args: argparse.Namespace) -> int:
     config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))
     result = finetune(config, resume=args.resume, overwrite=args.overwrite)
     best = result.best
+    print_result({"output_dir": result.output_dir, "model": result.model_dir, "steps": result.steps,
+                  "trainable": result.trainable.trainable, "parameters": result.trainable.total, "best": best,
+                  "dev_metrics": result.dev_metrics})
     print(f"fine-tuned {result.steps} steps ({result.trainable}); best dev {best['metric']} {best['value']:.2f} at step {best['step']}; "
           f"model at {result.model_dir}; dev metrics {json.dumps(result.dev_metrics)}", file=sys.stderr)
     return 0

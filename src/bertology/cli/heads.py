@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -150,6 +151,8 @@ def run_importance(args: argparse.Namespace) -> int:
                                  max_share=args.max_share, keep=args.keep,
                                  show_progress=not args.quiet and sys.stderr.isatty(), dtype=args.dtype)
     curve = ", ".join(f"{c['share_removed']:.0%}: {c['metric']:.2f}" for c in numbers["curve"])
+    print_result({"out": args.out, "numbers": Path(args.out) / "importance.json", "metric": numbers["metric"],
+                  "curve": numbers["curve"], "prunable_share": numbers["prunable_share"]})
     print(f"{numbers['metric']} by share of heads removed: {curve}; prunable share {numbers['prunable_share']:.0%}",
           file=sys.stderr)
     return 0
@@ -192,6 +195,7 @@ def run_prune(args: argparse.Namespace) -> int:
             record["metric_of_pruned_model"] = data.metric(pretrained.model,
                                                            existing_heads(pretrained.model).float())
     save_pruned(pretrained, args.out, record, overwrite=args.overwrite)
+    print_result({"out": args.out, **record})
     print(f"removed {total - record['heads_after']} of {total} heads; parameters {before:,} -> "
           f"{record['parameters_after']:,}; saved to {args.out}", file=sys.stderr)
     return 0

@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -103,6 +104,7 @@ def run_build(args: argparse.Namespace) -> int:
                             show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model,
                             device=where.device, dtype=where.dtype)
     index.save(args.out)
+    print_result({"out": args.out, "passages": len(index), "dim": index.dim, "structure": structure.kind})
     print(f"indexed {len(index)} passages ({index.dim} dimensions, {structure.kind}) in "
           f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)
     return 0

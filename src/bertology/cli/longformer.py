@@ -7,6 +7,7 @@ import json
 import sys
 
 from bertology.cli._types import positive, seed
+from bertology.cli._result import print_result
 
 RECORD = "longformer.json"
 
@@ -69,6 +70,7 @@ def run_convert(args: argparse.Namespace) -> int:
         if source.tokenizer is not None:
             source.tokenizer.save(tmp)
         (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    print_result({"out": out, **record})
     note = f" (dropped heads: {', '.join(dropped)})" if dropped else ""
     print(f"a Longformer of {args.max_length} tokens, window {args.window}, saved to {out}{note}", file=sys.stderr)
     return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -55,9 +57,10 @@ def run(args: argparse.Namespace) -> int:
                             show_progress=not args.quiet and sys.stderr.isatty(), device=where.device,
                             dtype=where.dtype)
     for query in numbers["queries"]:
-        print(f"{query['word']!r} in {query['sentence']!r}")
+        print(f"{query['word']!r} in {query['sentence']!r}", file=sys.stderr)
         for n in query["contextual"]:
-            print(f"  {n['cosine']:.3f}  {n['word']:<15} {n['sentence'][:100]}")
-        print("  static: " + ", ".join(f"{n['type']} ({n['cosine']:.2f})" for n in query["static"]))
+            print(f"  {n['cosine']:.3f}  {n['word']:<15} {n['sentence'][:100]}", file=sys.stderr)
+        print("  static: " + ", ".join(f"{n['type']} ({n['cosine']:.2f})" for n in query["static"]), file=sys.stderr)
+    print_result({"out": args.out, "numbers": Path(args.out) / "neighbours.json", "queries": numbers["queries"]})
     print(f"wrote {args.out}/neighbours.json", file=sys.stderr)
     return 0

@@ -23,6 +23,7 @@ def _formats() -> str:
     return "what --output holds, per task:\n" + "".join(
         f"  {tasks}:\n" + "".join(f"    {line}\n" for line in textwrap.wrap(text, 84)) for tasks, text in FORMATS)
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -134,6 +135,7 @@ def run_task_file(args: argparse.Namespace) -> int:
         raise DataError(f"{error} (--task {args.task} reads the task's own file layout; for raw text, one item a "
                         f"line, leave --task out: bertology predict --model {args.model} --input {args.input})") \
             from None
+    print_result({"output": args.output, "task": args.task, "predictions": count})
     print(f"{count} predictions written to {args.output}", file=sys.stderr)
     return 0
 
@@ -191,6 +193,7 @@ def run_pipeline(args: argparse.Namespace) -> int:
     else:
         with atomic_write(args.output, "w", encoding="utf-8") as handle:
             handle.writelines(lines)
+        print_result({"output": args.output, "task": task, "predictions": len(lines)})
         print(f"{len(lines)} {task} results written to {args.output}", file=sys.stderr)
     return 0
 

@@ -27,11 +27,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from bertology.cli._result import print_result
     from bertology.recipes.pretrain import pretrain
     from bertology.training.config import load_config
 
     config = load_config(args.config, args.overrides)
     result = pretrain(config, resume=args.resume, plot=True if args.plot else None, overwrite=args.overwrite)
+    print_result({"output_dir": result.output_dir, "model": result.model_dir, "steps": result.steps,
+                  "metrics": result.metrics})
     shown = ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items() if isinstance(v, float))
     print(f"trained {result.steps} steps; model at {result.model_dir}" + (f"; {shown}" if shown else ""),
           file=sys.stderr)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bertology.cli._types import seed
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -68,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     for task, result in numbers["tasks"].items():
         for row in result["layers"]:
             print(f"{task} layer {row['layer']}: test accuracy {row['test_accuracy']:.3f}, control "
-                  f"{row['control_test_accuracy']:.3f}, selectivity {row['selectivity']:.3f}")
+                  f"{row['control_test_accuracy']:.3f}, selectivity {row['selectivity']:.3f}", file=sys.stderr)
+    print_result({"out": args.out, "numbers": Path(args.out) / "probing.json", "figures": figures,
+                  "test_accuracy": {task: {row["layer"]: row["test_accuracy"] for row in result["layers"]}
+                                    for task, result in numbers["tasks"].items()}})
     print(f"wrote {args.out}/probing.json and {figures[0]}", file=sys.stderr)
     return 0

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+from bertology.cli._result import print_result
 from bertology.device import add_device_arguments, placement_from_args
 
 
@@ -54,6 +56,9 @@ def run(args: argparse.Namespace) -> int:
                                  dtype=where.dtype)
     print(f"{numbers['occurrences']} occurrences in {len(numbers['senses'])} senses ({numbers['method']}); "
           f"mean cosine within a sense {numbers['separation']['within_sense']:.3f}, between senses "
-          f"{numbers['separation']['between_senses']:.3f}")
+          f"{numbers['separation']['between_senses']:.3f}", file=sys.stderr)
+    print_result({"out": args.out, "numbers": Path(args.out) / "sense_map.json", "figures": figures,
+                  "occurrences": numbers["occurrences"], "senses": len(numbers["senses"]), "method": numbers["method"],
+                  "separation": numbers["separation"]})
     print(f"wrote {args.out}/sense_map.json and {figures[0]}", file=sys.stderr)
     return 0

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from bertology.cli._corpus_args import PREFIX_HELP, add_corpus_arguments, sources_from_args
+from bertology.cli._result import print_result
 from bertology.errors import ConfigError
 from bertology.io import file_in_the_way
 from bertology.tokenization import train_tokenizer
@@ -79,6 +80,7 @@ def run_train(args: argparse.Namespace) -> int:
         sentinels=args.sentinels,
     )
     tokenizer.save(out)
+    print_result({"out": out, "kind": args.kind, "style": tokenizer.style, "vocab_size": tokenizer.vocab_size})
     print(f"wrote {args.kind} tokenizer ({tokenizer.vocab_size} tokens, {tokenizer.style} style) to {out}",
           file=sys.stderr)
     if tokenizer.vocab_size < args.vocab_size:

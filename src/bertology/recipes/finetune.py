@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import CheckpointError, ConfigError, DataError
-from bertology.io import atomic_directory, atomic_write, check_output_file
+from bertology.io import atomic_directory, atomic_write, check_output_file, remove_output
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import EncoderConfig
 from bertology.model.convert import family_for_config
@@ -548,12 +547,12 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
     try:
         if overwrite and not resume:
             if env.is_main:
-                check_output_dir(out, resume=False, overwrite=True)
-                shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+                check_output_dir(out, resume=False, overwrite=True, outputs=(BEST_DIR, BEST_FILE))
+                remove_output(out / BEST_DIR, ignore_errors=True)
                 (out / BEST_FILE).unlink(missing_ok=True)
             D.barrier(env)
         else:
-            check_output_dir(out, resume=resume, overwrite=False)
+            check_output_dir(out, resume=resume, overwrite=False, outputs=(BEST_DIR, BEST_FILE))
         if resume and (out / BEST_FILE).is_file():
             return _finished(config, out, env)
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
@@ -634,9 +633,9 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
 def drop_working_copies(out: Path, keep_checkpoint: bool) -> None:
     """A finished run's clean-up: ``best/`` (``model/`` is its copy now) and, unless ``keep_checkpoint``, the
     checkpoints."""
-    shutil.rmtree(out / BEST_DIR, ignore_errors=True)
+    remove_output(out / BEST_DIR, ignore_errors=True)
     if not keep_checkpoint:
-        shutil.rmtree(out / CHECKPOINTS_DIR, ignore_errors=True)
+        remove_output(out / CHECKPOINTS_DIR, ignore_errors=True)
 
 
 def _finished(config: FinetuneConfig, out: Path, env: D.DistEnv) -> FinetuneResult:

@@ -22,10 +22,12 @@ import torch
 
 from bertology.device import place
 from bertology.embeddings import Embeddings, Pieces, as_backbone, embed, plan_windows
+from bertology.embeddings.elmo import MAX_WORDS
 from bertology.embeddings.layers import Combine
 from bertology.embeddings.result import Level, Pooling, SentencePooling
 from bertology.errors import ConfigError
 from bertology.model import Pretrained
+from bertology.tokenization.words import WORD
 
 T = TypeVar("T")
 MAX_WAIT_MS = 10_000.0  # the longest a request may be held for others to join its batch
@@ -88,9 +90,19 @@ class Batcher:
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
         probe = embed(pretrained, [""], levels=("sentence",), model_settings=False, dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
-        self.specials = len(as_backbone(pretrained, None).frame([]).ids)  # the specials around every window
-        if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int) \
-                or max_batch_tokens < self.window_length:
+        backbone = as_backbone(pretrained, None)
+        self.specials = len(backbone.frame([]).ids)  # the specials around every window
+        # ELMo reads words: its backbone splits them (the model's tokenizer is its softmax's word list).
+        self.reads_words = bool(getattr(backbone, "reads_words", False))
+        if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int):
+            raise ConfigError(f"max_batch_tokens must be an integer, got {max_batch_tokens!r}")
+        # A model without a position limit (ELMo's LSTMs: a window of 65,536 words; T5's and XLNet's relative
+        # positions: 2**30) has a window that is only a bound: the service's windows are then the budget's.
+        if backbone.max_length >= MAX_WORDS and self.specials < max_batch_tokens < self.window_length:
+            probe = embed(pretrained, [""], levels=("sentence",), max_length=max_batch_tokens,
+                          model_settings=False, dtype=self.placement.dtype)
+            self.window_length, self.stride = probe.window_length, probe.stride
+        if max_batch_tokens < self.window_length:
             raise ConfigError(f"max_batch_tokens must be an integer of at least the model's window of "
                               f"{self.window_length} tokens, got {max_batch_tokens!r}")
         self.max_batch_tokens = max_batch_tokens
@@ -109,7 +121,8 @@ class Batcher:
         capacity = self.window_length - self.specials
         tokens = windows = longest = content = 0
         for text in texts:
-            n = len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+            n = (len(WORD.findall(text)) if self.reads_words  # the words ELMo's backbone splits, one token each
+                 else len(self.tokenizer.encode(text, add_special_tokens=False).ids))
             content += n
             for start, stop in plan_windows(n, capacity, self.stride):
                 length = stop - start + self.specials
@@ -229,7 +242,7 @@ class Batcher:
                 result = embed(self.pretrained, texts, layers=layers, combine=options.combine,
                                pooling=options.pooling, sentence=options.sentence, levels=(options.level,),
                                batch_size=batch_size, long_texts="windows", model_settings=False,
-                               dtype=self.placement.dtype)
+                               max_length=self.window_length, dtype=self.placement.dtype)
             except Exception as error:  # noqa: BLE001 - handed to the requests of this group
                 for i in members:
                     outcomes[i] = error

@@ -446,7 +446,8 @@ def evaluate_files(task: str, predictions: str | Path, gold: str | Path | None =
       the header ``index<TAB>prediction`` and one row per gold row (its 0-based index among the gold file's data
       rows) holding a label of the task (``0``/``1``; ``entailment``/``not_entailment``; a number for STS-B).
       With ``open_labels`` a prediction that is not one of the task's labels counts as wrong (a text-to-text
-      model's free text, a class of its own for the MCC) instead of being an error.
+      model's free text, a class of its own for the MCC) instead of being an error. A text-to-text model's file
+      (header ``index<TAB>prediction<TAB>generated``) counts an empty prediction as wrong in the same way.
     """
     task = task.lower()
     if task in CONLL_TASKS:
@@ -551,17 +552,25 @@ def _check_label(text: str, spec: GlueTask, path: str | Path, number: int, open_
     return text
 
 
+# The header of a text-to-text model's GLUE predictions (`bertology.tasks.text_to_text`): the label, empty where
+# the generated text (the third column) is none of the task's words.
+GENERATED = ("index", "prediction", "generated")
+
+
 def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: str | Path,
                            open_labels: bool = False) -> list[Any]:
     rows = _tsv_rows(path)
     (_, header), rows = rows[0], rows[1:]
-    if header != ["index", "prediction"]:
-        raise DataError(f"{path}:1: the header must be 'index<TAB>prediction'")
+    generated = tuple(header) == GENERATED
+    if header != ["index", "prediction"] and not generated:
+        raise DataError(f"{path}:1: the header must be 'index<TAB>prediction' (or 'index<TAB>prediction<TAB>"
+                        "generated', a text-to-text model's)")
+    columns = len(header)
     predicted: list[Any] = [None] * count
     for number, fields in rows:
-        if len(fields) != 2:
-            raise DataError(f"{path}:{number}: {len(fields)} columns, expected 2 (index, prediction)")
-        index_text, label = fields
+        if len(fields) != columns:
+            raise DataError(f"{path}:{number}: {len(fields)} columns, expected {columns} ({', '.join(header)})")
+        index_text, label = fields[:2]
         if not index_text.isascii() or not index_text.isdigit():
             raise DataError(f"{path}:{number}: index {index_text!r} is not a non-negative integer")
         index = int(index_text)
@@ -569,7 +578,9 @@ def _read_glue_predictions(path: str | Path, spec: GlueTask, count: int, gold: s
             raise DataError(f"{path}:{number}: index {index} is out of range: {gold} has {count} rows")
         if predicted[index] is not None:
             raise DataError(f"{path}:{number}: index {index} is repeated")
-        predicted[index] = _check_label(label, spec, path, number, open_labels)
+        # A generated text that is none of the labels: an empty prediction, counted wrong (as a class of its own).
+        predicted[index] = fields[2] if generated and not label else _check_label(label, spec, path, number,
+                                                                                    open_labels)
     missing = [index for index, value in enumerate(predicted) if value is None]
     if missing:
         raise DataError(f"{path}: no prediction for {len(missing)} of {count} rows of {gold}: "

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from bertology.errors import ConfigError, DataError
+from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
@@ -253,7 +254,17 @@ class GlueTextToText:
         return self.glue.scores(predictions, examples)
 
     def write(self, path: Path, predictions: Sequence[Any], examples: Sequence[TextExample]) -> None:
-        self.glue.write(path, predictions, examples)
+        """STS-B: the GLUE file (every prediction is a number). A classification: ``index<TAB>prediction<TAB>
+        generated``, the prediction empty where the generated text is none of the task's words, which
+        `bertology evaluate` then counts as wrong (``bertology.tasks.metrics.GENERATED``)."""
+        if self.words is None:
+            self.glue.write(path, predictions, examples)
+            return
+        with atomic_write(path, "w", encoding="utf-8") as handle:
+            handle.write("\t".join(metrics.GENERATED) + "\n")
+            for example, prediction in zip(examples, predictions, strict=True):
+                label = str(prediction) if str(prediction) in self.words else ""
+                handle.write(f"{example.id}\t{label}\t{self.words[label] if label else prediction}\n")
 
     def evaluate(self, predictions_path: Path, gold_path: Path) -> dict[str, Any]:
         return metrics.evaluate_files(self.name, predictions_path, gold=gold_path, open_labels=True)

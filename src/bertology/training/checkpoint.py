@@ -20,7 +20,6 @@ import json
 import math
 import random
 import re
-import shutil
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError
-from bertology.io import atomic_directory, clean_stale
+from bertology.io import atomic_directory, clean_stale, remove_output
 from bertology.model.checkpoint import NATIVE_FILE, read_state_dict, write_model_files
 from bertology.model.protocol import Model
 
@@ -229,7 +228,7 @@ def prune_checkpoints(output_dir: str | Path, keep_last: int) -> list[Path]:
         for target in sorted(targets):
             removed.extend(clean_stale(root / target))
     for _, path in list_checkpoints(output_dir)[:-keep_last]:
-        shutil.rmtree(path, ignore_errors=True)
+        remove_output(path, ignore_errors=True)  # a link itself, never what it points to
         removed.append(path)
     return removed
 

@@ -17,7 +17,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from tqdm import tqdm
 
 from bertology import faults
 from bertology.errors import CheckpointError, ConfigError, TrainingError
-from bertology.io import atomic_write
+from bertology.io import atomic_write, check_links, remove_output
 from bertology.model.blocks import compile_blocks
 from bertology.model.packing import Layout
 from bertology.model.protocol import Model
@@ -148,13 +147,17 @@ class Schedule:
                                            ("checkpoint", due(self.checkpoint_every))) if on)
 
 
-def check_output_dir(output_dir: str | os.PathLike, resume: bool, overwrite: bool) -> list[Path]:
+def check_output_dir(output_dir: str | os.PathLike, resume: bool, overwrite: bool,
+                     outputs: tuple[str, ...] = ()) -> list[Path]:
     """Refuse to start a fresh run where an earlier run's outputs are, unless ``resume`` or ``overwrite``; with
-    ``overwrite`` (and no ``resume``) those outputs are removed. Returns what was there. Call before any work."""
+    ``overwrite`` (and no ``resume``) those outputs are removed (a link itself, never what it points to). An
+    output (the run's, and the caller's `outputs`) that is a link leading out of the directory is refused.
+    Returns what was there. Call before any work."""
     output_dir = Path(output_dir)
     if output_dir.exists() and not output_dir.is_dir():
         raise ConfigError(f"run.output_dir: {output_dir} exists and is not a directory")
-    found = [output_dir / name for name in RUN_OUTPUTS if (output_dir / name).exists()]
+    check_links(output_dir, (*RUN_OUTPUTS, *outputs), flag="run.output_dir:")
+    found = [output_dir / name for name in RUN_OUTPUTS if os.path.lexists(output_dir / name)]
     if not found or resume:
         return found
     if not overwrite:
@@ -162,10 +165,7 @@ def check_output_dir(output_dir: str | os.PathLike, resume: bool, overwrite: boo
         raise TrainingError(f"run.output_dir: {output_dir} already holds a run ({shown}); pass --resume to continue "
                             "it, --overwrite to replace it, or choose another run.output_dir")
     for path in found:
-        if path.is_dir():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
+        remove_output(path)
     return found
 
 

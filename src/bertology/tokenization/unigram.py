@@ -1,0 +1,146 @@
+"""The scores of a trained Unigram vocabulary, estimated again in a fixed order, so that the same text gives the
+same ``tokenizer.json`` in every run and process.
+
+The tokenizers library's Unigram trainer visits the corpus words in the iteration order of a hash map seeded afresh
+in every process: its expected counts are float sums taken in that order (the scores then differ in the last
+digits from one process to the next: 548 of 2,000 on Brown's categories a-c), the characters it must add get
+their small scores in hash-set order, and pieces of equal score are listed in hash order. Its choice of pieces
+did not move (measured: the same pieces in six processes each on five corpora and sizes, from 57 to 4,000 pieces);
+only their scores and order did. So the trainer chooses the pieces, and this module gives them their scores: the
+same EM as the trainer's (expected counts over every segmentation of every distinct word, weighted by the word's
+count; the digamma M-step of SentencePiece's Bayesian EM), started from the pieces' corpus frequencies and run
+over the words in sorted order, with the sums taken by ``numpy.bincount`` (sequential, in array order). The scores depend only on the pieces and the word
+counts, never on the trainer's order. (Should the trainer ever choose other pieces in another process, on a
+near-tie of its pruning, the tokenizers would differ; no such case has been seen.)
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+
+import numpy as np
+
+# EM rounds on the final vocabulary. The trainer's own scores come from two rounds on a vocabulary 10 % larger.
+# Measured on Brown (1,000 pieces from category a, words of category r): after 2 rounds 99.6 % of the held-out
+# words are split as with the trainer's scores, from 4 rounds on 99.5 % and the same token count (-0.01 %).
+EM_ROUNDS = 4
+# The tokenizers library's (and SentencePiece's) penalty of an unknown character below the lowest score.
+UNK_PENALTY = 10.0
+# SentencePiece drops a piece whose expected count falls below this; the vocabulary is fixed here, so such a piece
+# keeps the score of this count instead (the lowest any piece gets).
+MIN_EXPECTED = 0.5
+
+
+def digamma(x: np.ndarray) -> np.ndarray:
+    """The digamma function for positive ``x`` (as SentencePiece computes it: the recurrence up to 7, then the
+    asymptotic series)."""
+    x = np.array(x, dtype=np.float64)
+    result = np.zeros_like(x)
+    small = x < 7.0
+    while small.any():
+        result[small] -= 1.0 / x[small]
+        x[small] += 1.0
+        small = x < 7.0
+    x -= 0.5
+    xx = 1.0 / x
+    xx2 = xx * xx
+    xx4 = xx2 * xx2
+    return (result + np.log(x) + xx2 / 24.0 - 7.0 / 960.0 * xx4 + 31.0 / 8064.0 * xx4 * xx2
+            - 127.0 / 30720.0 * xx4 * xx4)
+
+
+class _Lattices:
+    """Every segmentation of every distinct word into ``pieces``, as arrays: node ``first[w] + i`` is the boundary
+    before character ``i`` of word ``w``; an edge is a piece (or the unknown piece, id ``len(pieces)``, for a
+    character that starts no one-character piece, as the tokenizers library's lattice has it) from one node to
+    another."""
+
+    def __init__(self, pieces: list[str], words: list[tuple[str, int]]) -> None:
+        index = {piece: i for i, piece in enumerate(pieces)}
+        unk = len(pieces)
+        longest = max(len(piece) for piece in pieces)
+        edges = array("q")  # flat: start node, end node, piece, the position in its word it ends at; per edge
+        firsts: list[int] = []
+        base = 0
+        for word, _ in words:
+            firsts.append(base)
+            n = len(word)
+            for start in range(n):
+                if word[start] not in index:
+                    edges.extend((base + start, base + start + 1, unk, start + 1))
+                for end in range(start + 1, min(n, start + longest) + 1):
+                    piece = index.get(word[start:end])
+                    if piece is not None:
+                        edges.extend((base + start, base + end, piece, end))
+            base += n + 1
+        table = np.frombuffer(edges, dtype=np.int64).reshape(-1, 4)
+        self.nodes = base
+        self.source, self.target, self.piece, end = table.T
+        lengths = np.asarray([len(word) for word, _ in words], dtype=np.int64)
+        self.counts = np.asarray([count for _, count in words], dtype=np.float64)
+        self.first = np.asarray(firsts, dtype=np.int64)
+        self.last = self.first + lengths
+        self.word = np.repeat(np.arange(len(words)), lengths + 1)[self.source]
+        start = end - (self.target - self.source)
+        # The forward pass fills the nodes in the order of the position they are at, the backward pass in reverse.
+        self.forward = _groups(end, self.target)
+        self.backward = _groups(start, self.source)[::-1]
+
+    def expected_counts(self, scores: np.ndarray) -> np.ndarray:
+        """Each piece's expected count over the words' segmentations under ``scores`` (log probabilities, the
+        unknown piece's last), weighted by the words' counts."""
+        edge_score = scores[self.piece]
+        alpha = np.full(self.nodes, -np.inf)
+        alpha[self.first] = 0.0
+        for edges, nodes, cuts in self.forward:
+            alpha[nodes] = _log_sums(alpha[self.source[edges]] + edge_score[edges], cuts)
+        beta = np.full(self.nodes, -np.inf)
+        beta[self.last] = 0.0
+        for edges, nodes, cuts in self.backward:
+            beta[nodes] = _log_sums(beta[self.target[edges]] + edge_score[edges], cuts)
+        total = alpha[self.last]
+        marginal = np.exp(alpha[self.source] + edge_score + beta[self.target] - total[self.word])
+        return np.bincount(self.piece, weights=marginal * self.counts[self.word], minlength=len(scores))
+
+
+def _groups(positions: np.ndarray, nodes: np.ndarray) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The edges by ``positions``, each group ordered by ``nodes``: (edges, the group's nodes once each, where each
+    node's edges begin in the group)."""
+    order = np.lexsort((nodes, positions))
+    breaks = np.flatnonzero(np.diff(positions[order])) + 1
+    groups = []
+    for edges in np.split(order, breaks):
+        keys = nodes[edges]
+        cuts = np.concatenate([[0], np.flatnonzero(np.diff(keys)) + 1])
+        groups.append((edges, keys[cuts], cuts))
+    return groups
+
+
+def _log_sums(terms: np.ndarray, cuts: np.ndarray) -> np.ndarray:
+    """log(sum(exp(terms))) of each run of ``terms`` that begins at one of ``cuts``."""
+    peak = np.maximum.reduceat(terms, cuts)
+    counts = np.diff(np.append(cuts, len(terms)))
+    return peak + np.log(np.add.reduceat(np.exp(terms - np.repeat(peak, counts)), cuts))
+
+
+def unigram_scores(pieces: list[str], words: Counter[str], rounds: int = EM_ROUNDS) -> list[float]:
+    """The log probabilities of ``pieces`` (a Unigram vocabulary without its special tokens) estimated on
+    ``words`` (each distinct pre-tokenized word and its count): ``rounds`` of EM from the pieces' frequencies in
+    the words."""
+    if not pieces:
+        return []
+    lattices = _Lattices(pieces, sorted(words.items()))
+    size = len(pieces)
+    lengths = np.asarray([len(piece) for piece in pieces] + [1], dtype=np.float64)
+    # Start as SentencePiece's seeds do: a piece's frequency times its length.
+    expected = np.bincount(lattices.piece, weights=lattices.counts[lattices.word],
+                           minlength=size + 1) * lengths
+    scores = np.empty(size + 1)
+    for round_ in range(rounds + 1):
+        if round_:
+            expected = lattices.expected_counts(scores)
+        kept = np.maximum(expected[:size], MIN_EXPECTED)
+        scores[:size] = digamma(kept) - digamma(kept.sum())
+        scores[size] = scores[:size].min() - UNK_PENALTY
+    return [float(score) for score in scores[:size]]

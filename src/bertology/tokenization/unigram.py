@@ -12,6 +12,10 @@ count; the digamma M-step of SentencePiece's Bayesian EM), started from the piec
 over the words in sorted order, with the sums taken by ``numpy.bincount`` (sequential, in array order). The scores depend only on the pieces and the word
 counts, never on the trainer's order. (Should the trainer ever choose other pieces in another process, on a
 near-tie of its pruning, the tokenizers would differ; no such case has been seen.)
+
+Cost, measured on the 13 Gutenberg books (T5 style, 8,000 pieces, 93,632 distinct words; two processes of
+different hash seeds wrote the same tokenizer.json): the trainer 26 s of CPU, counting the words it sees 2.3 s more,
+these scores about 3 s.
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ FAMILIES: dict[str, tuple[dict, dict, dict, dict]] = {
                     {"mlm": {}}),
     "t5": ({"family": "t5"}, {"kind": "unigram", "style": "t5"},
            {"instances": {"kind": "doc-sentences"}, "span_corruption": {}}, {"denoise": {}}),
-    "xlnet": ({"max_position_embeddings": None}, {"kind": "unigram", "style": "xlnet"},
+    "xlnet": ({"max_position_embeddings": None},  # relative positions: XLNet has no position table to size
+              {"kind": "unigram", "style": "xlnet"},
               {"instances": {"kind": "doc-sentences"}}, {"plm": {"k": 4}}),
     "bart": ({"family": "bart"}, {"kind": "bpe"}, {"instances": {"kind": "doc-sentences"}, "noise": NOISE},
              {"denoise": {}}),

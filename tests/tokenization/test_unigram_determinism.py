@@ -26,7 +26,7 @@ from bertology.tokenization import load_tokenizer, train_tokenizer
 from bertology.tokenization._pipeline import TRAINING_SPECIALS, default_specials
 from bertology.tokenization.tokenizer import Tokenizer, as_saved
 from bertology.tokenization.training import _pipeline
-from bertology.tokenization.unigram import _Lattices, digamma, unigram_scores
+from bertology.tokenization.unigram import _Lattices, digamma, exp, log, unigram_scores
 
 from tok_data import CORPUS
 
@@ -61,6 +61,36 @@ def test_the_same_tokenizer_files_in_processes_of_different_hash_seeds(tmp_path)
         assert "tokenizer.json" in first
         assert saved_files(tmp_path / "2" / style) == first, style
         assert saved_files(tmp_path / "here" / style) == first, style
+
+
+def test_the_same_tokenizer_files_whatever_simd_code_numpy_picks(tmp_path):
+    """Machines differ in the SIMD code numpy runs (an AVX-512 one takes other exp and log code than an AVX2 one);
+    the same tokenizer with every optional code path of this CPU disabled (``NPY_DISABLE_CPU_FEATURES``)."""
+    from numpy._core import _multiarray_umath as umath
+
+    optional = [name for name in umath.__cpu_dispatch__ if umath.__cpu_features__.get(name)]
+    if not optional:
+        pytest.skip("numpy runs its baseline code only on this CPU: nothing to disable")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(CORPUS, encoding="utf-8")
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), NPY_DISABLE_CPU_FEATURES=" ".join(optional))
+    subprocess.run([sys.executable, "-c", TRAIN_AND_SAVE.format(sizes={"t5": 200}), str(corpus),
+                    str(tmp_path / "baseline")], env=env, check=True, capture_output=True, timeout=300)
+    train_tokenizer([corpus], "unigram", 200, style="t5", show_progress=False).save(tmp_path / "here")
+    assert saved_files(tmp_path / "baseline" / "t5") == saved_files(tmp_path / "here")
+
+
+def test_exp_and_log_are_the_functions_values():
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.uniform(-745, 709, 20000), rng.uniform(-1, 1, 20000), [0.0, 1.0, -0.5]])
+    theirs = np.array([math.exp(v) for v in x])
+    normal = theirs > np.finfo(np.float64).tiny
+    # A 14-term Horner polynomial after an exact range reduction: a few units in the last place (eps 2.2e-16).
+    np.testing.assert_allclose(exp(x)[normal], theirs[normal], rtol=6e-16, atol=0)
+    assert exp(np.array([-np.inf, -800.0, 0.0])).tolist() == [0.0, 0.0, 1.0]
+    y = np.concatenate([np.exp(rng.uniform(-700, 700, 20000)), rng.uniform(0.5, 2.0, 20000), [1.0, 2.0, 7.0]])
+    np.testing.assert_allclose(log(y), [math.log(v) for v in y], rtol=1e-15, atol=1e-15)
+    assert log(np.array([1.0]))[0] == 0.0
 
 
 def test_the_same_tokenizer_from_every_call_and_input_form(tmp_path):

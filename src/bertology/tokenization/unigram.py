@@ -9,9 +9,11 @@ did not move (measured: the same pieces in six processes each on five corpora an
 only their scores and order did. So the trainer chooses the pieces, and this module gives them their scores: the
 same EM as the trainer's (expected counts over every segmentation of every distinct word, weighted by the word's
 count; the digamma M-step of SentencePiece's Bayesian EM), started from the pieces' corpus frequencies and run
-over the words in sorted order, with the sums taken by ``numpy.bincount`` (sequential, in array order). The scores depend only on the pieces and the word
-counts, never on the trainer's order. (Should the trainer ever choose other pieces in another process, on a
-near-tie of its pruning, the tokenizers would differ; no such case has been seen.)
+over the words in sorted order, with the sums taken by ``numpy.bincount`` (sequential, in array order) and exp
+and log computed from IEEE arithmetic alone (numpy's own take other code on CPUs with AVX-512). The scores depend
+only on the pieces and the word counts, never on the trainer's order or the CPU. (Should the trainer ever choose
+other pieces in another process, on a near-tie of its pruning, the tokenizers would differ; no such case has been
+seen.)
 
 Cost, measured on the 13 Gutenberg books (T5 style, 8,000 pieces, 93,632 distinct words; two processes of
 different hash seeds wrote the same tokenizer.json): the trainer 26 s of CPU, counting the words it sees 2.3 s more,
@@ -21,6 +23,7 @@ these scores about 3 s.
 from __future__ import annotations
 
 from array import array
+import math
 from collections import Counter
 
 import numpy as np
@@ -34,6 +37,47 @@ UNK_PENALTY = 10.0
 # SentencePiece drops a piece whose expected count falls below this; the vocabulary is fixed here, so such a piece
 # keeps the score of this count instead (the lowest any piece gets).
 MIN_EXPECTED = 0.5
+
+
+# exp and log from +, -, *, / only, which IEEE rounds the same on every CPU: numpy's own float64 exp and log take
+# another code path where the CPU has AVX-512, and rounded differently there (measured: with that path disabled
+# through NPY_DISABLE_CPU_FEATURES the scores, and so tokenizer.json, changed). Both are within a few units in the
+# last place of the true value (tested against math.exp and math.log).
+_LN2_HI = 6.93147180369123816490e-01  # ln 2 in two parts: k * _LN2_HI is exact for any exponent k of a double
+_LN2_LO = 1.90821492927058770002e-10
+_INV_LN2 = 1.44269504088896338700e+00
+_SQRT_HALF = 0.7071067811865476
+_EXP_TERMS = [1.0 / math.factorial(n) for n in range(14)]  # |r| <= ln(2) / 2: r^14 / 14! < 1e-17
+_LOG_TERMS = [1.0 / n for n in range(1, 24, 2)]  # |s| <= 0.172: s^24 / 25 < 1e-19
+# Below this, exp is 0 in float64.
+_EXP_UNDERFLOW = -745.2
+
+
+def exp(x: np.ndarray) -> np.ndarray:
+    """e ** x, elementwise, the same on every CPU (``-inf`` and anything below the float64 range give 0)."""
+    x = np.asarray(x, dtype=np.float64)
+    under = x < _EXP_UNDERFLOW
+    x = np.where(under, 0.0, x)
+    k = np.rint(x * _INV_LN2)
+    r = (x - k * _LN2_HI) - k * _LN2_LO
+    value = np.full_like(r, _EXP_TERMS[-1])
+    for term in reversed(_EXP_TERMS[:-1]):
+        value = value * r + term
+    return np.where(under, 0.0, np.ldexp(value, k.astype(np.int64)))
+
+
+def log(x: np.ndarray) -> np.ndarray:
+    """The natural logarithm of positive finite ``x``, elementwise, the same on every CPU."""
+    mantissa, exponent = np.frexp(np.asarray(x, dtype=np.float64))
+    low = mantissa < _SQRT_HALF
+    mantissa = np.where(low, mantissa * 2.0, mantissa)  # in [sqrt(1/2), sqrt(2))
+    exponent = (exponent - low).astype(np.float64)
+    s = (mantissa - 1.0) / (mantissa + 1.0)  # log m = 2 atanh(s) = 2 (s + s^3 / 3 + s^5 / 5 + ...)
+    s2 = s * s
+    series = np.full_like(s, _LOG_TERMS[-1])
+    for term in reversed(_LOG_TERMS[:-1]):
+        series = series * s2 + term
+    return exponent * _LN2_HI + (2.0 * s * series + exponent * _LN2_LO)
 
 
 def digamma(x: np.ndarray) -> np.ndarray:
@@ -50,7 +94,7 @@ def digamma(x: np.ndarray) -> np.ndarray:
     xx = 1.0 / x
     xx2 = xx * xx
     xx4 = xx2 * xx2
-    return (result + np.log(x) + xx2 / 24.0 - 7.0 / 960.0 * xx4 + 31.0 / 8064.0 * xx4 * xx2
+    return (result + log(x) + xx2 / 24.0 - 7.0 / 960.0 * xx4 + 31.0 / 8064.0 * xx4 * xx2
             - 127.0 / 30720.0 * xx4 * xx4)
 
 
@@ -104,7 +148,7 @@ class _Lattices:
         for edges, nodes, cuts in self.backward:
             beta[nodes] = _log_sums(beta[self.target[edges]] + edge_score[edges], cuts)
         total = alpha[self.last]
-        marginal = np.exp(alpha[self.source] + edge_score + beta[self.target] - total[self.word])
+        marginal = exp(alpha[self.source] + edge_score + beta[self.target] - total[self.word])
         return np.bincount(self.piece, weights=marginal * self.counts[self.word], minlength=len(scores))
 
 
@@ -125,7 +169,7 @@ def _log_sums(terms: np.ndarray, cuts: np.ndarray) -> np.ndarray:
     """log(sum(exp(terms))) of each run of ``terms`` that begins at one of ``cuts``."""
     peak = np.maximum.reduceat(terms, cuts)
     counts = np.diff(np.append(cuts, len(terms)))
-    return peak + np.log(np.add.reduceat(np.exp(terms - np.repeat(peak, counts)), cuts))
+    return peak + log(np.add.reduceat(exp(terms - np.repeat(peak, counts)), cuts))
 
 
 def unigram_scores(pieces: list[str], words: Counter[str], rounds: int = EM_ROUNDS) -> list[float]:

@@ -71,7 +71,8 @@ def test_empty_directory_and_unmatched_glob(tmp_path: Path) -> None:
 
 def test_glob_and_iterator_inputs_agree(tmp_path: Path) -> None:
     (tmp_path / "part1.txt").write_text(CORPUS, encoding="utf-8")
-    for kind in ("bpe", "wordpiece"):  # both train deterministically (WordPiece: test_tok_determinism.py)
+    # All three train deterministically (WordPiece: test_tok_determinism.py, Unigram: test_unigram_determinism.py).
+    for kind in ("bpe", "wordpiece", "unigram"):
         from_glob = train(str(tmp_path / "part*.txt"), kind=kind)
         from_texts = train(iter(CORPUS.splitlines()), kind=kind)
         assert from_glob.backend.get_vocab() == from_texts.backend.get_vocab()

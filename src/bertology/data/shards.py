@@ -39,6 +39,7 @@ from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.inputs import load_npy
 from bertology.io import atomic_directory, atomic_write
 from bertology.prefetch import prefetched
+from bertology.tokenization.tokenizer import as_saved
 
 __all__ = [
     "FORMAT_VERSION",
@@ -70,8 +71,10 @@ def _backend(tokenizer: Any):
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """SHA-256 of the tokenizer's JSON definition, ignoring runtime padding and truncation settings."""
-    definition = json.loads(_backend(tokenizer).to_str())
+    """SHA-256 of the tokenizer's JSON definition as a saved copy of it loads (``as_saved``: a Unigram model's
+    scores read back rounded in the last digit), ignoring runtime padding and truncation settings: a tokenizer,
+    its saved copy and that copy loaded again have one fingerprint."""
+    definition = json.loads(as_saved(_backend(tokenizer)).to_str())
     definition.pop("padding", None)
     definition.pop("truncation", None)
     canonical = json.dumps(definition, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -117,7 +117,9 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
                                     show_progress=False, sentinels=tok.sentinels)
         tokenizer.save(directory)
-        return tokenizer
+        # The saved copy, as a resumed run (and every other rank) reads it: one tokenizer for every run of the
+        # directory, whose fingerprint the shards record.
+        return load_tokenizer(directory)
 
     return _on_rank0_first(env, make)
 

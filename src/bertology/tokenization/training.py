@@ -23,7 +23,8 @@ from bertology.tokenization._pipeline import (
     check_choice,
     default_specials,
 )
-from bertology.tokenization.tokenizer import Tokenizer
+from bertology.tokenization.tokenizer import Tokenizer, as_saved
+from bertology.tokenization.unigram import unigram_scores
 
 if TYPE_CHECKING:
     from bertology.data.corpus import CorpusSource
@@ -78,9 +79,9 @@ def train_tokenizer(
     (T5TokenizerFast, GPT2TokenizerFast, BartTokenizerFast). ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
     to Unigram. BPE and WordPiece training are deterministic: the same text gives the same tokenizer in every run
-    and process (WordPiece reads the text twice for that: ``_train_wordpiece``); Unigram ids can differ between
-    runs on the same text, because the tokenizers library breaks count ties in hash-map order: save it, do not
-    retrain.
+    and process (WordPiece reads the text twice for that: ``_train_wordpiece``), and so is Unigram training: the
+    trainer chooses the pieces, ``bertology.tokenization.unigram`` scores them in a fixed order
+    (``_rescore_unigram``), and the result is already in the form its saved copy loads as (``as_saved``).
 
     A corpus without usable text (nothing but whitespace, control or format characters once normalised, e.g. a
     file of NUL bytes) is a DataError naming its files. A small corpus legitimately gives a vocabulary smaller
@@ -120,6 +121,11 @@ def train_tokenizer(
     if kind == "wordpiece":
         backend = _train_wordpiece(backend, files_or_texts, texts, describe, vocab_size, min_frequency,
                                    show_progress, special_list, limit_alphabet)
+    elif kind == "unigram":
+        words: Counter[str] = Counter()
+        backend.train_from_iterator(_batches(texts, backend.normalizer, describe, words=words,
+                                             pre_tokenizer=backend.pre_tokenizer), trainer)
+        backend = _rescore_unigram(backend, special_list, words)
     else:
         backend.train_from_iterator(_batches(texts, backend.normalizer, describe), trainer)
     if sentinels:  # numbered down from the end: <extra_id_0> last
@@ -135,9 +141,11 @@ def _has_usable_character(text: str) -> bool:
 
 
 def _batches(texts: Iterable[str], normalizer: normalizers.Normalizer | None, describe: Callable[[int, int], str],
-             counts: Counter[str] | None = None) -> Iterator[list[str]]:
-    """The non-blank texts in batches for the trainer (``counts``, when given, counts their characters); a corpus
-    without usable text is a DataError raised from inside, so the trainer stops before computing a vocabulary."""
+             counts: Counter[str] | None = None, words: Counter[str] | None = None,
+             pre_tokenizer: pre_tokenizers.PreTokenizer | None = None) -> Iterator[list[str]]:
+    """The non-blank texts in batches for the trainer (``counts``, when given, counts their characters; ``words``
+    the words the trainer sees: the texts normalised and split by ``pre_tokenizer``); a corpus without usable text
+    is a DataError raised from inside, so the trainer stops before computing a vocabulary."""
     lines = characters = 0
     usable = False
     batch: list[str] = []
@@ -152,6 +160,9 @@ def _batches(texts: Iterable[str], normalizer: normalizers.Normalizer | None, de
         usable = usable or _has_usable_character(normalizer.normalize_str(text) if normalizer else text)
         if counts is not None:
             counts.update(text)
+        if words is not None and pre_tokenizer is not None:
+            words.update(word for word, _ in
+                         pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(text) if normalizer else text))
         batch.append(text)
         if len(batch) == _BATCH_LINES:
             yield batch
@@ -208,6 +219,23 @@ def _train_wordpiece(backend: tokenizers.Tokenizer, files_or_texts: TrainingInpu
     reserved = set(alphabet + continuation)  # plain vocabulary, not tokens matched in the raw text
     state["added_tokens"] = [entry for entry in state["added_tokens"] if entry["content"] not in reserved]
     return tokenizers.Tokenizer.from_str(json.dumps(state))
+
+
+def _rescore_unigram(backend: tokenizers.Tokenizer, special_list: list[str], words: Counter[str]
+                     ) -> tokenizers.Tokenizer:
+    """``backend`` (just trained) with the pieces the trainer chose, scored again by ``unigram_scores`` and listed
+    by score (ties by piece) after the special tokens: the same on every run and in every process (see
+    ``bertology.tokenization.unigram`` for what the trainer leaves to hash order)."""
+    state = json.loads(backend.to_str())
+    vocab = state["model"]["vocab"]
+    specials = vocab[:len(special_list)]
+    if [piece for piece, _ in specials] != special_list:
+        raise TokenizerError(f"the Unigram trainer did not put the special tokens {special_list} first "
+                             f"(found {[piece for piece, _ in specials]})")
+    pieces = [piece for piece, _ in vocab[len(special_list):]]
+    scored = sorted(zip(pieces, unigram_scores(pieces, words)), key=lambda item: (-item[1], item[0]))
+    state["model"]["vocab"] = specials + [[piece, score] for piece, score in scored]
+    return as_saved(tokenizers.Tokenizer.from_str(json.dumps(state, ensure_ascii=False)))
 
 
 def _is_corpus_source(item: object) -> bool:

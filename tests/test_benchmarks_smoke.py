@@ -138,3 +138,41 @@ def test_gpu_families_on_the_cpu(script):
     out = script("gpu_families", "--device", "cpu", "--training-size", "none")
     results = json_lines(out)
     assert results and all(r["result"] == "family" for r in results), [r for r in results if r["result"] == "error"]
+
+
+def test_finetune(script):
+    out = script("finetune", "--task", "sst2", "--batch-size", "4", "--batches", "1", "--repeats", "1", "--warmup", "0",
+                 "--dev-limit", "8", "--train-limit", "64")
+    kinds = [r[0] for r in table_rows(out) if r[0]]
+    assert kinds == ["training step", "prediction"]
+
+
+def test_serve(script):
+    """bertology's server alone (a subprocess) answers every request with embed's vectors; the baseline server is
+    left out with a note (--no-baseline here, or sentence-transformers not installed)."""
+    out = script("serve", "--concurrency", "1", "--per-level", "4", "--max-seconds", "60", "--no-baseline")
+    rows = table_rows(out)
+    assert [r[1] for r in rows] == ["bertology serve"] and rows[0][3] == "4/4" and rows[0][4] == "0"
+    assert "sentence-transformers + FastAPI not run" in out
+
+
+@pytest.mark.parametrize("name, phases", [
+    ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table"]),
+    ("long_quality", ["prepare", "short", "convert", "squad", "table"]),
+    ("finetune_quality", ["--task", "--limit-train"]),
+])
+def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases):
+    """The multi-stage studies (pretraining runs of minutes each, on prepared corpora) have no size that fits the
+    suite: here they import (every module they name) and parse their command line, listing their stages."""
+    with pytest.raises(SystemExit) as done:
+        script(name, "--help")
+    assert done.value.code == 0
+    usage = capsys.readouterr().out
+    assert all(phase in usage for phase in phases)
+
+
+def test_every_script_is_covered():
+    covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
+               "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality"}
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
+    assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

@@ -29,9 +29,14 @@ def installed(name: str) -> bool:
 @pytest.fixture
 def script(monkeypatch, capsys):
     """Run benchmarks/NAME.py's main with these arguments (as its command line) and return its stdout; torch's
-    thread count, the random state and sys.path are restored after."""
+    thread count, the random state, transformers' log level, sys.path and the modules the script imported from
+    benchmarks/ (common, inference) are restored after."""
+    from transformers.utils import logging as hf_logging
+
     threads = torch.get_num_threads()
     state = torch.get_rng_state()
+    verbosity = hf_logging.get_verbosity()
+    modules = set(sys.modules)
     monkeypatch.syspath_prepend(str(BENCHMARKS))
 
     def run(name: str, *argv: str) -> str:
@@ -47,6 +52,11 @@ def script(monkeypatch, capsys):
     yield run
     torch.set_num_threads(threads)
     torch.set_rng_state(state)
+    hf_logging.set_verbosity(verbosity)
+    hf_logging.enable_progress_bar()
+    for name in set(sys.modules) - modules:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(BENCHMARKS)):
+            del sys.modules[name]
 
 
 def table_rows(out: str) -> list[list[str]]:

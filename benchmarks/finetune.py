@@ -735,7 +735,7 @@ def run_task(bench: TaskBench, args: argparse.Namespace, tokenizer, hf_tokenizer
     torch.manual_seed(args.seed)
     config = finetune_config(bench, workdir, args.batch_size, args.threads)
     trainer = bertology_trainer(bench, config, args.seed)
-    train_split = bench.split(tokenizer, hf_tokenizer, "train", args.seed)
+    train_split = bench.split(tokenizer, hf_tokenizer, "train", args.seed, args.train_limit)
     ours, random, grouped = training_workloads(bench, train_split, hf_tokenizer, args.batches, args.batch_size,
                                                args.seed)
     for w in (ours, random, grouped):
@@ -816,6 +816,9 @@ def main() -> int:
     parser.add_argument("--dev-limit", type=int, default=None,
                         help="predict on the first N dev sentences of each task (default: all; SST-2 has 872, "
                              "CoNLL-2003's eng.testa 3,250)")
+    parser.add_argument("--train-limit", type=int, default=None,
+                        help="draw the training batches from the first N training examples (default: all; a small N "
+                             "checks the script in seconds)")
     parser.add_argument("--no-predict", action="store_true", help="time the training step only")
     parser.add_argument("--write", action="store_true",
                         help="rewrite the Fine-tuning section of RESULTS.md (the measured tasks' subsections)")

@@ -611,6 +611,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                         help="bf16 autocast on both sides (auto: on CUDA only)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip", nargs="*", default=[], choices=("inference", "training", "compile"),
+                        help="sections not to run (on the CPU, compile takes minutes even --quick)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -632,12 +634,15 @@ def main(argv: list[str] | None = None) -> None:
               "quick": args.quick, "bf16_autocast": bf16, "model": "BERT-base" if not args.quick else "tiny",
               "peak_tflops_measured": peak / 1e12, "peak_dtype": peak_dtype})
 
-        with section("inference"):
-            run_inference(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started)
-        with section("training"):
-            run_training(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started, args.seed)
-        with section("compile"):
-            run_compile(sizes, texts, tokenizer, base, workdir, device, bf16, name, started, args.seed)
+        if "inference" not in args.skip:
+            with section("inference"):
+                run_inference(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started)
+        if "training" not in args.skip:
+            with section("training"):
+                run_training(sizes, texts, tokenizer, base, workdir, device, bf16, peak, name, started, args.seed)
+        if "compile" not in args.skip:
+            with section("compile"):
+                run_compile(sizes, texts, tokenizer, base, workdir, device, bf16, name, started, args.seed)
     emit({"result": "done", "seconds": time.perf_counter() - started})
 
 

@@ -5,6 +5,8 @@ xlnet-mini: XLNet of the preset's shape) against transformers' XLNetModel on the
     python benchmarks/inference.py                       # every model, print the tables
     python benchmarks/inference.py --write               # ... and rewrite the "## Inference" section of RESULTS.md
     python benchmarks/inference.py --models base --batches 2 --repeats 1   # a quick look
+    python benchmarks/inference.py --models minilm --no-peers --compete 1  # against one busy process (RESULTS.md)
+    python benchmarks/inference.py --quick                # the tiny model, one batch, one pass: checks the script
 
 Throughput counts real (non-pad) tokens only; "x transformers" is the ratio to transformers measured in this run;
 "% peak" is model FLOPs over real tokens (benchmarks/common.py: model_flops) per second over the machine's measured
@@ -18,6 +20,7 @@ import contextlib
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import warnings
@@ -243,8 +246,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed passes over all batches; the median is kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-peers", action="store_true", help="skip ONNX Runtime and CTranslate2")
+    parser.add_argument("--compete", type=int, default=0, metavar="N",
+                        help="N single-threaded busy processes run beside the whole measurement (a shared machine)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tiny model, one padded batch, no unpadded one, one pass, no peers: seconds")
     parser.add_argument("--write", action="store_true", help="rewrite the Inference section of RESULTS.md")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.models, args.batches, args.uniform_batches, args.warmup, args.repeats = "tiny", 1, 0, 1, 1
+        args.no_peers = True
+    if args.compete < 0:
+        parser.error("--compete must be 0 or more")
     models = args.models.split(",")
     unknown = sorted(set(models) - set(MODELS))
     if unknown:
@@ -256,16 +268,17 @@ def main(argv: list[str] | None = None) -> None:
     hf_logging.disable_progress_bar()
     torch.set_num_threads(args.threads)
 
-    peak = common.matmul_peak_gflops()
+    peak = common.matmul_peak_gflops((256,), repeats=3) if args.quick else common.matmul_peak_gflops()
     tokenizer = load_tokenizer(common.minilm_dir())
     padded = common.mixed_batches(tokenizer, args.batches, seed=args.seed)
-    uniform = common.uniform_batches(tokenizer, args.uniform_batches)
+    uniform = common.uniform_batches(tokenizer, args.uniform_batches) if args.uniform_batches else []
     lengths = sorted(n for b in padded for n in b.lengths)
     command = " ".join(["python", "benchmarks/inference.py", *(argv if argv is not None else sys.argv[1:])])
     out = ["## Inference", "", f"Reproduce: `{command}` (from the repository root, with the virtualenv active).", "",
            "| machine | |", "|---|---|"]
     out += [f"| {k} | {v} |" for k, v in common.machine_facts(args.threads).items()]
     out += [f"| OMP_WAIT_POLICY | {os.environ['OMP_WAIT_POLICY']} |",
+            f"| competing busy processes (`while True: pass`, one thread each) | {args.compete} |",
             f"| load average at start (1/5/15 min) | {' / '.join(f'{x:.1f}' for x in os.getloadavg())} |"]
     out += [f"| measured fp32 matmul peak | {peak:.1f} GFLOP/s (square torch.matmul, n = 1024, 2048, 3072, fastest call) |", ""]
     out += [f"Padded batches: {len(padded)} x 32 texts, each an SST-2 dev sentence or (p = 0.2) a Gutenberg "
@@ -280,6 +293,22 @@ def main(argv: list[str] | None = None) -> None:
             "mini presets' shapes (seed 0) fed the same batches (right-padded, masked), without memory; their "
             "% of peak counts the BERT-shaped FLOPs (not the relative-position terms).", ""]
     notes: set[str] = set()
+    competitors = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.compete)]
+    try:
+        measure_models(args, models, padded, uniform, peak, out, notes)
+    finally:
+        for competitor in competitors:
+            competitor.kill()
+            competitor.wait()
+    out += sorted(notes)
+    out += [f"Load average at the end (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}."]
+    print("\n".join(out))
+    if args.write:
+        write_results(out)
+
+
+def measure_models(args: argparse.Namespace, models: list[str], padded: list[TextBatch], uniform: list[TextBatch],
+                   peak: float, out: list[str], notes: set[str]) -> None:
     with torch.inference_mode():
         for name in models:
             with tempfile.TemporaryDirectory() as tmp:
@@ -294,14 +323,11 @@ def main(argv: list[str] | None = None) -> None:
                 shape = f"{config.num_layers} layers, hidden {config.hidden_size}"
                 # Peers run on the padded batches only: that is where they compete (and each run is minutes long).
                 for setting, batches, who in (("padded", padded, runners), ("unpadded 32 x 128", uniform, runners[:2])):
+                    if not batches:
+                        continue
                     print(f"{label} ({shape}), {setting}", file=sys.stderr, flush=True)
                     out += [f"### {label} ({shape}), {setting}", ""]
                     out += measure(who, batches, config, peak, max(args.warmup, 1), args.repeats) + [""]
-    out += sorted(notes)
-    out += [f"Load average at the end (1/5/15 min): {' / '.join(f'{x:.1f}' for x in os.getloadavg())}."]
-    print("\n".join(out))
-    if args.write:
-        write_results(out)
 
 
 if __name__ == "__main__":

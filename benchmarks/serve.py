@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import signal
@@ -231,6 +232,7 @@ def main() -> int:
     parser.add_argument("--max-batch-tokens", type=int, default=8192)
     parser.add_argument("--dtype", default="float32", choices=("float32", "int8"))
     parser.add_argument("--json", default=None, help="also write the numbers to this JSON file")
+    parser.add_argument("--no-baseline", action="store_true", help="bertology's server alone (checks the script)")
     parser.add_argument("--serve-baseline", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     model_dir = str(minilm_dir())
@@ -255,10 +257,24 @@ def main() -> int:
                   str(ours_port), "--threads", str(args.threads), "--max-wait-ms", str(args.max_wait_ms),
                   "--max-batch-tokens", str(args.max_batch_tokens), "--dtype", args.dtype, "--log-level",
                   "warning", "--max-texts", "1024"], ours_port)
-    base = start([sys.executable, __file__, "--serve-baseline", str(base_port), "--threads", str(args.threads)],
-                 base_port)
-    sides = {"bertology serve": ours[1], "sentence-transformers + FastAPI": base[1]}
-    pids = {"bertology serve": ours[0].pid, "sentence-transformers + FastAPI": base[0].pid}
+    sides = {"bertology serve": ours[1]}
+    pids = {"bertology serve": ours[0].pid}
+    base = None
+    notes: list[str] = []
+    try:
+        if args.no_baseline:
+            notes.append("sentence-transformers + FastAPI not run: --no-baseline.")
+        elif importlib.util.find_spec("sentence_transformers") is not None:
+            base = start([sys.executable, __file__, "--serve-baseline", str(base_port), "--threads",
+                          str(args.threads)], base_port)
+            sides["sentence-transformers + FastAPI"] = base[1]
+            pids["sentence-transformers + FastAPI"] = base[0].pid
+        else:
+            notes.append("sentence-transformers + FastAPI not run: sentence-transformers is not installed here "
+                         "(the bench extra).")
+    except BaseException:
+        stop(ours[0])
+        raise
     rows: list[dict] = []
     problems: list[str] = []
     try:
@@ -297,7 +313,8 @@ def main() -> int:
         metrics = __import__("httpx").get(f"{ours[1]}/metrics", timeout=10).text
     finally:
         stop(ours[0])
-        stop(base[0])
+        if base is not None:
+            stop(base[0])
 
     from bertology.serve.metrics import metric_value
 
@@ -322,6 +339,8 @@ def main() -> int:
               f"{row['failed']} | {row['p50_ms']:.1f} | {row['p99_ms']:.1f} | {row['rps']:.1f} | {ratio} | "
               f"{row['cpu_ms_per_request']:.1f} | {cpu_ratio} | {row['max_abs_diff_vs_embed']:.1e} | "
               f"{row['load']:.1f} |")
+    for note in notes:
+        print(f"\n{note}")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "problems": problems}, indent=2) + "\n")
     if problems:

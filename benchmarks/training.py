@@ -1161,7 +1161,12 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="instead of the table: torch.profiler op totals of each side's step, first model and "
                              "workload")
+    parser.add_argument("--quick", action="store_true",
+                        help="the tiny model, one batch of 4, one pass, no warm-up, a small matmul peak: checks the "
+                             "script in seconds (objectives as given)")
     args = parser.parse_args()
+    if args.quick:
+        args.models, args.batch_size, args.batches, args.repeats, args.warmup = ["tiny"], 4, 1, 1, 0
     args.objectives = [o for item in args.objectives for o in item.split(",") if o]
     unknown = sorted(set(args.objectives) - set(OBJECTIVES))
     if unknown:
@@ -1180,7 +1185,8 @@ def main() -> int:
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     before = load_average()
-    peak_before = common.matmul_peak_gflops()
+    peak = (lambda: common.matmul_peak_gflops((256,), repeats=3)) if args.quick else common.matmul_peak_gflops
+    peak_before = peak()
     print(f"fp32 matmul peak: {peak_before:.0f} GFLOP/s at {args.threads} threads; load {before}", file=sys.stderr)
     tokenizer = load_tokenizer(common.minilm_dir())
     hf_tokenizer = AutoTokenizer.from_pretrained(common.minilm_dir())
@@ -1215,7 +1221,7 @@ def main() -> int:
             if "xlnet-plm" in args.objectives:
                 rows += measure_xlnet(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()
-    peak_after = common.matmul_peak_gflops()
+    peak_after = peak()
     print(f"fp32 matmul peak: {peak_after:.0f} GFLOP/s at the end; load {after}", file=sys.stderr)
     print(table(rows, max(peak_before, peak_after)))
     if args.write:

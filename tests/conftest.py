@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-import torch
+# Passive OpenMP waiting, as `import bertology` and the command line set it, before torch loads OpenMP (the tests
+# share the machine with other work); a value already in the environment is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from bertology.recipes.quickstart import minilm_dir
 

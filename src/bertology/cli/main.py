@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import pkgutil
 import sys
 
-# Passive OpenMP waiting, set before torch loads: with spinning workers every parallel region waits for a
-# descheduled partner whenever another process shares the cores (measured: 2-10x slower). Override by setting it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-from bertology import __version__  # noqa: E402  (after the environment is set)
-from bertology.errors import BertologyError  # noqa: E402
+# `import bertology` (the package, imported before this module runs) sets passive OpenMP waiting before torch loads.
+from bertology import __version__
+from bertology.errors import BertologyError
 
 # The commands in the order `--help` lists them; any other module under bertology.cli that defines
 # `register(subparsers) -> None` follows in alphabetical order, so a new command is one new file.

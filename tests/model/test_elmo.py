@@ -90,14 +90,20 @@ def test_three_layers_token_layer_twice_then_each_bilstm_layer():
     assert torch.equal(out.last_hidden_state, states[2])
     assert torch.equal(states[2][..., :64], out.forward_top) and torch.equal(states[2][..., 64:], out.backward_top)
     assert states[1][mask == 0].eq(0).all()
-    # Each row alone (no padding) gives the same vectors: padding and batch neighbours change nothing.
+    # Each row alone (no padding) gives the same vectors: padding and batch neighbours change nothing. Another batch
+    # shape, other kernels: float32 lies up to ~1.3e-4 from float64 on the top layer (values up to 6), so the identity
+    # is checked in float64 (~1e-12 expected; a neighbour leaking in moves vectors by ~1), float32 as accurate as it.
+    double = float64(elmo)
+    with torch.no_grad():
+        states64 = double.layer_states(chars, mask)
     for row, sentence in enumerate(SENTENCES):
         alone, alone_mask = batch_to_ids([sentence])
         with torch.no_grad():
-            single = elmo.layer_states(alone, alone_mask)
+            single, single64 = elmo.layer_states(alone, alone_mask), double.layer_states(alone, alone_mask)
         n = alone.shape[1]
         for layer in range(3):
-            torch.testing.assert_close(single[layer][0], states[layer][row, :n], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(single64[layer][0], states64[layer][row, :n], atol=1e-9, rtol=0)
+            assert_as_accurate(single[layer][0], states[layer][row, :n], states64[layer][row, :n], what=str(layer))
     assert isinstance(elmo, Model)
     with pytest.raises(ConfigError, match="needs a bidirectional encoder"):
         require_encoder(elmo, "head pruning")
@@ -120,16 +126,27 @@ def test_fused_lstm_equals_the_step_loop_without_clipping():
     elmo = model(cell_clip=None, proj_clip=None)
     assert all(layer.fused for layer in elmo.forward_layers)
     chars, mask = batch_to_ids(SENTENCES)
-    with torch.no_grad():
-        fused = elmo(chars, mask, output_hidden_states=True)
-        for layer in (*elmo.forward_layers, *elmo.backward_layers):
-            layer.fused = False
-        loop = elmo(chars, mask, output_hidden_states=True)
-    # float32 rounding of two orders of summation over states that reach about 10 at these weights
-    for a, b in zip(fused.hidden_states, loop.hidden_states):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(fused.state.h, loop.state.h, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(fused.state.c, loop.state.c, atol=1e-4, rtol=1e-5)
+
+    def both(elmo):
+        with torch.no_grad():
+            fused = elmo(chars, mask, output_hidden_states=True)
+            for layer in (*elmo.forward_layers, *elmo.backward_layers):
+                layer.fused = False
+            return fused, elmo(chars, mask, output_hidden_states=True)
+
+    # Two orders of summation over states that reach about 10: float32 lies up to ~1.1e-4 from float64, on either
+    # path, so the identity is checked in float64 (~1e-12 expected), and the fused float32 path is as accurate as
+    # the loop's.
+    fused, loop = both(elmo)
+    fused64, loop64 = both(float64(model(cell_clip=None, proj_clip=None)))
+    pairs = [*zip(fused.hidden_states, loop.hidden_states, loop64.hidden_states),
+             (fused.state.h, loop.state.h, loop64.state.h), (fused.state.c, loop.state.c, loop64.state.c)]
+    pairs64 = [*zip(fused64.hidden_states, loop64.hidden_states), (fused64.state.h, loop64.state.h),
+               (fused64.state.c, loop64.state.c)]
+    for a, b in pairs64:
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    for a, b, reference in pairs:
+        assert_as_accurate(a, b, reference)
 
 
 def test_clipping_bounds_the_cell_and_the_projection():
@@ -150,15 +167,25 @@ def test_clipping_bounds_the_cell_and_the_projection():
 def test_state_carried_across_windows_equals_one_pass(clip):
     """Truncated backpropagation's windows: the forward LM reads the document in order, the backward LM from its end,
     each starting from the state the previous window left; together they equal one pass over the whole."""
-    elmo = model(cell_clip=clip, proj_clip=clip)
     words = "a b c d e f g h".split()
     chars, mask = batch_to_ids([words], boundaries=False)
-    with torch.no_grad():
-        whole = elmo(chars, mask)
-        first = elmo(chars[:, :4], backward_input_ids=chars[:, 4:])
-        second = elmo(chars[:, 4:], backward_input_ids=chars[:, :4], state=first.state)
-    torch.testing.assert_close(torch.cat([first.forward_top, second.forward_top], 1), whole.forward_top)
-    torch.testing.assert_close(torch.cat([second.backward_top, first.backward_top], 1), whole.backward_top)
+
+    def windows(elmo):
+        with torch.no_grad():
+            whole = elmo(chars, mask)
+            first = elmo(chars[:, :4], backward_input_ids=chars[:, 4:])
+            second = elmo(chars[:, 4:], backward_input_ids=chars[:, :4], state=first.state)
+        return (whole, first, second, torch.cat([first.forward_top, second.forward_top], 1),
+                torch.cat([second.backward_top, first.backward_top], 1))
+
+    # Windows of 4 words against one of 8: other shapes, other kernels; float32 lies ~1e-4 from float64 at these
+    # weights, so the identity is checked in float64 (~1e-12 expected), float32 as accurate as the one pass.
+    whole, first, second, forward, backward = windows(model(cell_clip=clip, proj_clip=clip))
+    whole64, _, _, forward64, backward64 = windows(float64(model(cell_clip=clip, proj_clip=clip)))
+    torch.testing.assert_close(forward64, whole64.forward_top, atol=1e-9, rtol=0)
+    torch.testing.assert_close(backward64, whole64.backward_top, atol=1e-9, rtol=0)
+    assert_as_accurate(forward, whole.forward_top, whole64.forward_top, what="forward")
+    assert_as_accurate(backward, whole.backward_top, whole64.backward_top, what="backward")
     assert isinstance(second.state, ElmoState) and second.state.h.shape == (4, 1, 64)
 
 

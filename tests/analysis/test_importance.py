@@ -23,6 +23,7 @@ from bertology.analysis.importance import (
 from bertology.errors import ConfigError, InputError
 from bertology.model import EncoderModel, Pretrained, load, preset
 from bertology.model.encoder import HeadSpec
+from numerics import assert_within_scale
 
 ROOT = Path(__file__).resolve().parents[2]
 GLUE = ROOT.parent / "shared" / "data" / "glue"
@@ -67,7 +68,9 @@ def test_head_mask_of_ones_is_no_mask_and_paths_agree():
     for packed in (True, False):
         plain = model(ids, mask, packed=packed, output_attentions=True)
         masked = model(ids, mask, packed=packed, head_mask=ones, output_attentions=True)
-        assert torch.allclose(real(plain.last_hidden_state, mask), real(masked.last_hidden_state, mask), atol=1e-6)
+        # another kernel path: float32 lies up to ~8.5e-7 from float64 on values up to 2.9, on any element: bound
+        # relative to the scale (1e-5: a wrong head mask moves the states by ~0.1)
+        assert_within_scale(real(masked.last_hidden_state, mask), real(plain.last_hidden_state, mask), 1e-5)
     a = model(ids, mask, head_mask=zeroed, output_attentions=True)
     b = model(ids, mask, head_mask=zeroed, packed=False, output_attentions=True)
     assert torch.allclose(real(a.last_hidden_state, mask), real(b.last_hidden_state, mask), atol=1e-5)
@@ -126,11 +129,11 @@ def test_pruned_model_is_smaller_equals_the_masked_one_and_round_trips(tmp_path)
     assert sum(p.numel() for p in model.parameters()) == before - 7 * (3 * (8 * 32 + 8) + 32 * 8)
     for packed in (True, False):
         out = model(ids, mask, packed=packed, output_attentions=True)
-        assert torch.allclose(real(out.last_hidden_state, mask), real(expected, mask), atol=1e-6)
+        assert_within_scale(real(out.last_hidden_state, mask), real(expected, mask), 1e-5)  # narrower matmuls
         assert [a.shape[1] for a in out.attentions] == [3, 0, 2]
     # A head mask keeps the unpruned numbering: the entries of pruned heads are ignored.
-    assert torch.allclose(model(ids, mask, head_mask=torch.ones(3, 4)).last_hidden_state,
-                          model(ids, mask).last_hidden_state, atol=1e-6)
+    assert_within_scale(model(ids, mask, head_mask=torch.ones(3, 4)).last_hidden_state,
+                        model(ids, mask).last_hidden_state, 1e-5)
     Pretrained(model, None).save(tmp_path / "pruned")
     config = json.loads((tmp_path / "pruned" / "config.json").read_text())
     assert config["pruned_heads"] == {"0": [1], "1": [0, 1, 2, 3], "2": [0, 3]}

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +16,8 @@ from bertology.embeddings import embed
 from bertology.errors import ConfigError
 from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
 from bertology.model.quantize import Int8Linear, check_dtype, is_quantized, quantize, with_dtype
+
+quantize_module = sys.modules["bertology.model.quantize"]
 
 TEXTS = [
     "The bank raised its rates.",
@@ -32,10 +38,14 @@ def minilm_int8(minilm) -> Pretrained:
     return quantize(minilm)
 
 
-def test_int8_linear_is_exact_on_values_it_can_represent():
+@pytest.mark.parametrize("split", [False, True])
+def test_int8_linear_is_exact_on_values_it_can_represent(monkeypatch, split):
     # Weights that are integers in [-127, 127] times a per-row scale, and input rows that are low + integers in
     # [0, 255] times a per-row step, are represented exactly: the int8 product equals the float one up to float32
-    # rounding.
+    # rounding. Both ends of both ranges are reached, so a matmul that saturates 16-bit pair sums would be off by
+    # ~10^4; `split`: the weight split in two as where the CPU's int8 matmul saturates, whatever this CPU does.
+    if split:
+        monkeypatch.setattr(quantize_module, "int_mm_saturates", lambda: True)
     g = torch.Generator().manual_seed(0)
     linear = nn.Linear(24, 10)
     with torch.no_grad():
@@ -50,6 +60,30 @@ def test_int8_linear_is_exact_on_values_it_can_represent():
     x = -1.5 + levels * 0.0625  # the step is a power of two: x is exact in float32
     torch.testing.assert_close(q(x), linear(x).detach(), rtol=1e-5, atol=1e-5)
     assert q(x).shape == (3, 5, 10)
+
+
+def test_int8_linear_is_exact_where_the_cpus_int8_matmul_saturates():
+    """oneDNN without AVX512-VNNI (ONEDNN_MAX_CPU_ISA=AVX2 caps any x86-64 CPU to it) sums pairs of byte products in
+    saturating 16 bits: the probe sees it, and the layer stays exact on full-range operands."""
+    code = (
+        "import platform, torch\n"
+        "from bertology.model.quantize import Int8Linear, int_mm_saturates\n"
+        "assert int_mm_saturates() or platform.machine().lower() not in ('x86_64', 'amd64')\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "ints = torch.randint(-127, 128, (16, 32), generator=g).float()\n"
+        "ints[:, 0], ints[0], ints[1] = 127, 127, -127  # rows of 127s: pairs of 255 x 127 products\n"
+        "linear = torch.nn.Linear(32, 16, bias=False)\n"
+        "with torch.no_grad():\n"
+        "    linear.weight.copy_(ints * (torch.arange(16.0)[:, None] + 1) / 8)\n"
+        "levels = torch.randint(0, 256, (9, 32), generator=g).float()\n"
+        "levels[:, 0], levels[:, 1], levels[0, 2:] = 0, 255, 255  # each row spans 255 steps; one of 255s\n"
+        "x = -2.0 + levels / 16\n"
+        "q = Int8Linear.from_linear(linear)\n"
+        "y = linear(x).detach()  # float32 rounding of terms up to ~4e3, relative to the scale; saturation: ~10^3\n"
+        "assert (q(x) - y).abs().max() <= 1e-5 * y.abs().max(), (q(x) - y).abs().max()\n")
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
 
 
 def test_int8_linear_handles_zero_rows_and_no_rows():

@@ -21,6 +21,7 @@ from bertology.model.elmo import (
     word_to_char_ids,
 )
 from bertology.model.protocol import Model, require_encoder
+from numerics import assert_as_accurate, assert_within_scale, float64
 
 SENTENCES = [["The", "cat", "sat", "."], ["Über", "naïve", "tests"], ["a"]]
 
@@ -89,14 +90,20 @@ def test_three_layers_token_layer_twice_then_each_bilstm_layer():
     assert torch.equal(out.last_hidden_state, states[2])
     assert torch.equal(states[2][..., :64], out.forward_top) and torch.equal(states[2][..., 64:], out.backward_top)
     assert states[1][mask == 0].eq(0).all()
-    # Each row alone (no padding) gives the same vectors: padding and batch neighbours change nothing.
+    # Each row alone (no padding) gives the same vectors: padding and batch neighbours change nothing. Another batch
+    # shape, other kernels: float32 lies up to ~1.3e-4 from float64 on the top layer (values up to 6), so the identity
+    # is checked in float64 (~1e-12 expected; a neighbour leaking in moves vectors by ~1), float32 as accurate as it.
+    double = float64(elmo)
+    with torch.no_grad():
+        states64 = double.layer_states(chars, mask)
     for row, sentence in enumerate(SENTENCES):
         alone, alone_mask = batch_to_ids([sentence])
         with torch.no_grad():
-            single = elmo.layer_states(alone, alone_mask)
+            single, single64 = elmo.layer_states(alone, alone_mask), double.layer_states(alone, alone_mask)
         n = alone.shape[1]
         for layer in range(3):
-            torch.testing.assert_close(single[layer][0], states[layer][row, :n], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(single64[layer][0], states64[layer][row, :n], atol=1e-9, rtol=0)
+            assert_as_accurate(single[layer][0], states[layer][row, :n], states64[layer][row, :n], what=str(layer))
     assert isinstance(elmo, Model)
     with pytest.raises(ConfigError, match="needs a bidirectional encoder"):
         require_encoder(elmo, "head pruning")
@@ -119,16 +126,27 @@ def test_fused_lstm_equals_the_step_loop_without_clipping():
     elmo = model(cell_clip=None, proj_clip=None)
     assert all(layer.fused for layer in elmo.forward_layers)
     chars, mask = batch_to_ids(SENTENCES)
-    with torch.no_grad():
-        fused = elmo(chars, mask, output_hidden_states=True)
-        for layer in (*elmo.forward_layers, *elmo.backward_layers):
-            layer.fused = False
-        loop = elmo(chars, mask, output_hidden_states=True)
-    # float32 rounding of two orders of summation over states that reach about 10 at these weights
-    for a, b in zip(fused.hidden_states, loop.hidden_states):
-        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(fused.state.h, loop.state.h, atol=1e-4, rtol=1e-5)
-    torch.testing.assert_close(fused.state.c, loop.state.c, atol=1e-4, rtol=1e-5)
+
+    def both(elmo):
+        with torch.no_grad():
+            fused = elmo(chars, mask, output_hidden_states=True)
+            for layer in (*elmo.forward_layers, *elmo.backward_layers):
+                layer.fused = False
+            return fused, elmo(chars, mask, output_hidden_states=True)
+
+    # Two orders of summation over states that reach about 10: float32 lies up to ~1.1e-4 from float64, on either
+    # path, so the identity is checked in float64 (~1e-12 expected), and the fused float32 path is as accurate as
+    # the loop's.
+    fused, loop = both(elmo)
+    fused64, loop64 = both(float64(model(cell_clip=None, proj_clip=None)))
+    pairs = [*zip(fused.hidden_states, loop.hidden_states, loop64.hidden_states),
+             (fused.state.h, loop.state.h, loop64.state.h), (fused.state.c, loop.state.c, loop64.state.c)]
+    pairs64 = [*zip(fused64.hidden_states, loop64.hidden_states), (fused64.state.h, loop64.state.h),
+               (fused64.state.c, loop64.state.c)]
+    for a, b in pairs64:
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=0)
+    for a, b, reference in pairs:
+        assert_as_accurate(a, b, reference)
 
 
 def test_clipping_bounds_the_cell_and_the_projection():
@@ -149,15 +167,25 @@ def test_clipping_bounds_the_cell_and_the_projection():
 def test_state_carried_across_windows_equals_one_pass(clip):
     """Truncated backpropagation's windows: the forward LM reads the document in order, the backward LM from its end,
     each starting from the state the previous window left; together they equal one pass over the whole."""
-    elmo = model(cell_clip=clip, proj_clip=clip)
     words = "a b c d e f g h".split()
     chars, mask = batch_to_ids([words], boundaries=False)
-    with torch.no_grad():
-        whole = elmo(chars, mask)
-        first = elmo(chars[:, :4], backward_input_ids=chars[:, 4:])
-        second = elmo(chars[:, 4:], backward_input_ids=chars[:, :4], state=first.state)
-    torch.testing.assert_close(torch.cat([first.forward_top, second.forward_top], 1), whole.forward_top)
-    torch.testing.assert_close(torch.cat([second.backward_top, first.backward_top], 1), whole.backward_top)
+
+    def windows(elmo):
+        with torch.no_grad():
+            whole = elmo(chars, mask)
+            first = elmo(chars[:, :4], backward_input_ids=chars[:, 4:])
+            second = elmo(chars[:, 4:], backward_input_ids=chars[:, :4], state=first.state)
+        return (whole, first, second, torch.cat([first.forward_top, second.forward_top], 1),
+                torch.cat([second.backward_top, first.backward_top], 1))
+
+    # Windows of 4 words against one of 8: other shapes, other kernels; float32 lies ~1e-4 from float64 at these
+    # weights, so the identity is checked in float64 (~1e-12 expected), float32 as accurate as the one pass.
+    whole, first, second, forward, backward = windows(model(cell_clip=clip, proj_clip=clip))
+    whole64, _, _, forward64, backward64 = windows(float64(model(cell_clip=clip, proj_clip=clip)))
+    torch.testing.assert_close(forward64, whole64.forward_top, atol=1e-9, rtol=0)
+    torch.testing.assert_close(backward64, whole64.backward_top, atol=1e-9, rtol=0)
+    assert_as_accurate(forward, whole.forward_top, whole64.forward_top, what="forward")
+    assert_as_accurate(backward, whole.backward_top, whole64.backward_top, what="backward")
     assert isinstance(second.state, ElmoState) and second.state.h.shape == (4, 1, 64)
 
 
@@ -217,10 +245,10 @@ def test_both_directions_stepped_together_equal_each_alone(lengths1, lengths2):
 @pytest.mark.parametrize("clip", [None, 0.5])
 def test_inference_equals_the_training_path(clip):
     """Without gradients (embed, frozen features) the character CNN runs once per distinct word and the clipped
-    layers step both directions together: the same layers and state as with gradients. One thread: with more, the
-    two paths' different batch shapes change the matmuls' rounding (~1e-7), which these large weights amplify."""
-    torch.set_num_threads(1)
-    elmo = model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25)
+    layers step both directions together: the same layers and state as with gradients. In float64: the two paths'
+    batch shapes differ, and so do their kernels' rounding, which these std-1.5 weights amplify ~10^8-fold (float32
+    is off float64 by up to 5 on outputs of 50, on any path); on 1e-16 that gain leaves ~1e-8, 10^2 below the bound."""
+    elmo = float64(model(std=1.5, cell_clip=clip, proj_clip=None if clip is None else 0.25))
     chars, mask = batch_to_ids(SENTENCES + [["The", "cat", "The", "cat", "ran"]])
     with torch.no_grad():
         inference = elmo(chars, mask, output_hidden_states=True)
@@ -266,7 +294,9 @@ def test_token_layer_once_per_distinct_word_keeps_every_gradient():
     each = torch.zeros_like(tokens)
     each[real] = elmo.characters(chars[real])
     (each * weights).sum().backward()
-    torch.testing.assert_close(tokens, each, atol=1e-6, rtol=1e-5)
+    # another batch of words, another kernel's order of sums: float32 rounding of the largest terms (float32 lies
+    # ~5e-7 of the scale from float64 here), so relative to the scale
+    assert_within_scale(tokens, each, 1e-5, "token layer")
     for name, parameter in elmo.characters.named_parameters():  # sums in another order: relative to the largest
         scale = parameter.grad.abs().max()
         assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * scale, name
@@ -275,16 +305,25 @@ def test_token_layer_once_per_distinct_word_keeps_every_gradient():
 @pytest.mark.usefixtures("one_thread")
 def test_backward_window_read_with_the_forward_one_equals_each_alone():
     """Truncated backpropagation: the forward and the backward window's words go through the CNN in one call; the
-    outputs equal reading each window separately."""
-    elmo = model(std=0.5)
+    outputs equal reading each window separately. The batch shapes differ, and so do the kernels and their rounding
+    (which ones depends on the CPU); these std-0.5 weights amplify float32 rounding ~10^3-fold (each float32 read lies
+    up to ~6e-4 from float64 on outputs of 6). So the identity is checked in float64 (the same ~10^3 gain on 1e-16
+    gives ~1e-12; 1e-9 leaves a margin of 10^3, and a window read wrong moves outputs by ~1), and in float32 the read
+    together is as close to float64 as each read alone."""
     chars, mask = batch_to_ids([["the", "cat", "sat"], ["a", "dog", "ran"]], boundaries=False)
     back, back_mask = batch_to_ids([["ran", "dog", "the"], ["sat", "the", "a"]], boundaries=False)
-    with torch.no_grad():
-        together = elmo(chars, mask, backward_input_ids=back, backward_attention_mask=back_mask)
-        alone = elmo(back, back_mask)
-        first = elmo(chars, mask)
-    torch.testing.assert_close(together.forward_top, first.forward_top, atol=1e-6, rtol=1e-5)
-    torch.testing.assert_close(together.backward_top, alone.backward_top, atol=1e-6, rtol=1e-5)
+
+    def reads(elmo):
+        with torch.no_grad():
+            together = elmo(chars, mask, backward_input_ids=back, backward_attention_mask=back_mask)
+            return together, elmo(back, back_mask), elmo(chars, mask)
+
+    together, alone, first = reads(model(std=0.5))
+    together64, alone64, first64 = reads(float64(model(std=0.5)))
+    torch.testing.assert_close(together64.forward_top, first64.forward_top, atol=1e-9, rtol=0)
+    torch.testing.assert_close(together64.backward_top, alone64.backward_top, atol=1e-9, rtol=0)
+    assert_as_accurate(together.forward_top, first.forward_top, first64.forward_top, what="forward")
+    assert_as_accurate(together.backward_top, alone.backward_top, alone64.backward_top, what="backward")
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -306,6 +345,6 @@ def test_character_cnn_reads_only_the_positions_it_needs(words):
         full.square().sum().backward()
     finally:
         encoder.widest = widest
-    torch.testing.assert_close(out, full, atol=1e-6, rtol=1e-5)
+    assert_within_scale(out, full, 1e-5, "cut CNN")  # relative to the scale, as the gradients below
     for name, parameter in encoder.named_parameters():
         assert (grads[name] - parameter.grad).abs().max() <= 1e-5 * parameter.grad.abs().max(), name

@@ -21,7 +21,10 @@ def _seeded():
 
 def by_definition(q, k, v, left, right, real, flags, global_qkv=None, scale=None):
     """Query i of a local token sees the real keys i - left .. i + right and the real global keys; a global token's
-    query (with global_qkv's projections when given) sees every real key. One query at a time."""
+    query (with global_qkv's projections when given) sees every real key. One query at a time, in float64 (returned
+    in q's dtype): a bound then covers the rounding of the kernel under test alone, not that of two float32 paths."""
+    dtype, (q, k, v) = q.dtype, (t.double() for t in (q, k, v))
+    global_qkv = None if global_qkv is None else tuple(t.double() for t in global_qkv)
     batch, heads, length, d = q.shape
     scale = scale or d ** -0.5
     out = torch.zeros_like(q)
@@ -37,7 +40,7 @@ def by_definition(q, k, v, left, right, real, flags, global_qkv=None, scale=None
             if len(keys):
                 scores = (qs[b, :, i, None] @ ks[b, :, keys].transpose(-1, -2)) * scale
                 out[b, :, i] = (scores.softmax(-1) @ vs[b, :, keys]).squeeze(1)
-    return out
+    return out.to(dtype)
 
 
 def random_case(generator: torch.Generator, length: int):

@@ -33,7 +33,10 @@ def _seeded():
 
 
 def reference_attention(q, k, v, allowed, bias=None, scale=None):
-    """Attention by the definition, one query at a time, with an explicit [B, Lq, Lk] mask."""
+    """Attention by the definition, one query at a time, with an explicit [B, Lq, Lk] mask; in float64, returned in
+    q's dtype (a bound then covers the rounding of the kernel under test alone, not that of two float32 paths)."""
+    dtype, (q, k, v) = q.dtype, (t.double() for t in (q, k, v))
+    bias = None if bias is None else bias.double()
     batch, heads, num_q, d = q.shape
     out = torch.zeros_like(q)
     for b in range(batch):
@@ -45,7 +48,7 @@ def reference_attention(q, k, v, allowed, bias=None, scale=None):
             if bias is not None:
                 scores = scores + bias[:, i, keys]
             out[b, :, i] = (scores.softmax(-1)[:, None] @ v[b, :, keys]).squeeze(1)
-    return out
+    return out.to(dtype)
 
 
 def qkv(batch=2, heads=2, num_q=6, num_k=6, d=4):

@@ -96,19 +96,24 @@ def test_classifier_learns_and_transformers_gives_the_same_logits(glue, models, 
 
 def test_t5_sst2_is_text_to_text(glue, models, tmp_path):
     out = tmp_path / "run"
-    result = finetune(config(glue, models["t5"], out, epochs=8, lr=1e-2))
-    # Above chance (50) with a margin: 72 to over 80 in five processes (a Unigram vocabulary, and so the random T5 built
-    # on it, differs between processes).
-    assert result.best["value"] > 60
+    result = finetune(config(glue, models["t5"], out, epochs=12, lr=1e-2))
+    # What text-to-text means: every generated text is a label word (written as its label, an unknown text as itself),
+    # the decoder's cross-entropy of the label words falls, and the label follows the input. The Unigram vocabulary,
+    # and so the random T5 built on it, differs between processes, and kernels differ between CPUs: after 8 epochs
+    # the accuracy spread from 68.75 to 100 over 21 runs (5 processes, seeds 0-4; 56.25 once in a suite), after 12
+    # from 96.9 to 100 over 11 runs (4 processes, seeds 0-1 or 0-4), the last evaluation's loss 0.012-0.028 of the
+    # first's, and every prediction a label.
     predictions = (out / "dev_predictions.tsv").read_text().splitlines()
     assert predictions[0] == "index\tprediction\tgenerated" and len(predictions) == 33
+    assert {line.split("\t")[1] for line in predictions[1:]} <= {"0", "1"}, predictions  # every one a label word
+    assert result.best["value"] > 75, result.best
     assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv",
                                                 open_labels=True)
     saved = json.loads((out / "model" / "config.json").read_text())
     assert saved["architectures"] == ["T5ForConditionalGeneration"] and "id2label" not in saved
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["lm_loss"] for r in evals if r["kind"] == "eval"]
-    assert losses[-1] < losses[0]  # the decoder's cross-entropy of the label words falls
+    assert losses[-1] < 0.25 * losses[0], losses  # the decoder's cross-entropy of the label words falls
     # `bertology predict` generates the same labels from the saved model.
     assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
                  str(glue / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0

@@ -47,15 +47,25 @@ def start_server(model_dir, port: int, *extra: str) -> subprocess.Popen:
     raise AssertionError(f"the server did not answer /health within {START_TIMEOUT} s")
 
 
-@pytest.fixture(scope="module")
-def server(tiny_dir):
-    """One server for the module (starting one costs seconds); the SIGTERM test, last, ends it."""
+def serving(tiny_dir):
     port = free_port()
     process = start_server(tiny_dir, port, "--max-wait-ms", "3000", "--max-body-bytes", "4096")
     yield process, f"http://127.0.0.1:{port}"
     if process.poll() is None:
         process.kill()
         process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    """One server for the module's tests that leave it running (starting one costs seconds)."""
+    yield from serving(tiny_dir)
+
+
+@pytest.fixture
+def own_server(tiny_dir):
+    """A server of its own for the test that ends it, so that the others pass in any order."""
+    yield from serving(tiny_dir)
 
 
 def test_streamed_body_over_the_limit_is_413(server):
@@ -100,11 +110,11 @@ def test_it_listens_on_loopback_only_by_default(server):
     assert httpx.get(f"{url}/health", timeout=10).status_code == 200
 
 
-def test_sigterm_answers_every_request_in_flight_then_exits(server, tiny_dir):
+def test_sigterm_answers_every_request_in_flight_then_exits(own_server, tiny_dir):
     """Requests wait up to 3 s for a batch; SIGTERM arrives while all of them wait: the listening socket closes
     (a new connection is refused), every waiting request is answered with its correct vectors, then the process
     exits."""
-    process, url = server
+    process, url = own_server
     texts = [[f"the cat sat on the mat {'.' * (i % 3)}", "a dog ran"] for i in range(12)]
 
     async def scenario():

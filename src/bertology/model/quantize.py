@@ -13,6 +13,12 @@ costs every other token its precision; per-row 8-bit activations keep all-MiniLM
 float32 and the int32 matmul is at least as fast (benchmarks/int8.py, RESULTS.md "int8 on CPU"). `torch.ao`'s
 eager quantization is also deprecated.
 
+`torch._int_mm` on CPU is oneDNN's, which is exact only with AVX512-VNNI (or AMX): without them (an AVX2 CPU, an
+AVX-512 one before VNNI, or `ONEDNN_MAX_CPU_ISA` set lower) it sums pairs of byte products in saturating 16 bits, and
+two products of 255 x 127 overflow them (results off by up to ~10^4 a pair). `int_mm_saturates` probes that once; on
+such a CPU the int8 weight is split as 2 * high + low (high in [-64, 63], low in {0, 1}), whose pair sums stay below
+2^15, and the two exact products are summed: the same result, two int8 matmuls instead of one.
+
 A quantized model is for inference: it is not saved (its weights are no longer what a checkpoint holds); quantize the
 float32 model after loading it. Modules a wrapper replaced (LoRA) and extensions stay float32.
 """
@@ -20,6 +26,7 @@ float32 model after loading it. Modules a wrapper replaced (LoRA) and extensions
 from __future__ import annotations
 
 import copy
+import functools
 from typing import TypeVar
 
 import torch
@@ -71,7 +78,11 @@ class Int8Linear(nn.Module):
         scale = (rows.amax(dim=1, keepdim=True) - low).div_(255.0).clamp_(min=torch.finfo(torch.float32).tiny)
         q = (rows - low).div_(scale).round_().sub_(128.0).to(torch.int8)  # in [-128, 127] by construction
         # weight.t() is a column-major view: _int_mm takes it without a copy (and runs faster than a row-major copy).
-        out = torch._int_mm(q, self.weight.t()).float()
+        if q.device.type == "cpu" and int_mm_saturates():
+            high = torch.div(self.weight, 2, rounding_mode="floor")  # [-64, 63]; weight - 2 high in {0, 1}
+            out = torch._int_mm(q, high.t()).mul_(2).add_(torch._int_mm(q, (self.weight - 2 * high).t())).float()
+        else:
+            out = torch._int_mm(q, self.weight.t()).float()
         # x W^T = scale * (q W^T) + (128 * scale + low) * (row sums of W), W = int8 weight * weight_scale.
         out = out.mul_(scale).addr_(low.add_(scale, alpha=128.0).squeeze(1), self.weight_sums).mul_(self.weight_scale)
         if self.bias is not None:
@@ -113,6 +124,15 @@ def _check_int_mm() -> None:
     except (AttributeError, RuntimeError, NotImplementedError) as error:
         raise ConfigError(f"int8 needs torch >= 2.3 (an int8 matmul on CPU, torch._int_mm); this is torch "
                           f"{torch.__version__}: {error}") from None
+
+
+@functools.cache
+def int_mm_saturates() -> bool:
+    """True when `torch._int_mm` on CPU is inexact for int8 operands of full range (oneDNN without AVX512-VNNI sums
+    pairs of byte products in saturating 16 bits): probed once with extreme rows against an exact int64 product."""
+    a = torch.tensor([[127] * 16, [-128] * 16, [127, -128] * 8, [-128, 127] * 8] * 2, dtype=torch.int8)
+    b = torch.tensor([[127] * 16, [-127] * 16, [127, -127] * 8, [-127, 127] * 8] * 2, dtype=torch.int8)
+    return not torch.equal(torch._int_mm(a, b.t()).long(), a.long() @ b.long().t())
 
 
 def is_quantized(model: Pretrained | nn.Module) -> bool:

@@ -170,7 +170,8 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
             return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
         if config.data.span_corruption is not None:  # T5: sources and targets for the encoder-decoder
             room = inst.max_seq_length - special.overhead(False)
-            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room)
+            maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room,
+                                   tokenizer.vocab_size, tokenizer.special_ids)
             pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
             return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         if config.data.noise is not None:  # BART: the original text from its noised copy

@@ -76,6 +76,36 @@ def test_t5_pretrains_saves_loads_and_reports_perplexity(t5_assets, tmp_path):
     torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("objective", ["iid-spans", "bert", "mass", "drop", "deshuffle", "prefix-lm"])
+def test_each_t5_objective_pretrains_and_saves_a_t5_model(t5_assets, tmp_path, objective):
+    """A few steps of each of T5's objectives (data.span_corruption.objective): a finite loss that is not the same
+    every step, and a model that transformers loads as T5ForConditionalGeneration with our logits."""
+    import transformers
+
+    import bertology
+    from bertology.recipes.pretrain import pretrain
+
+    raw = raw_config(t5_assets, tmp_path / "run", data={"span_corruption": {"objective": objective}},
+                     optim={"total_steps": 3}, run={"eval_every": 3, "checkpoint_every": 0})
+    result = pretrain(build(raw))
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r["loss"] for r in rows if r["kind"] == "train"]
+    final = [r for r in rows if r["kind"] == "eval"][-1]
+    assert len(train) == 3 and all(np.isfinite(train)) and len(set(train)) > 1
+    assert np.isfinite(final["denoise_loss"]) and final["denoise_loss"] > 0
+    assert json.loads((result.model_dir / "config.json").read_text())["architectures"] == [
+        "T5ForConditionalGeneration"]
+    tokenizer = load_tokenizer(t5_assets["tokenizer"])
+    source = torch.tensor([tokenizer.encode("the cat <extra_id_0> near the house .").ids])
+    labels = torch.tensor([tokenizer.encode("the cat sat near the house .").ids])
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(result.model_dir).eval()
+    with torch.no_grad():
+        ours = bertology.load(result.model_dir).model.eval()(source, labels=labels)
+        theirs = hf(input_ids=source, labels=labels)
+    torch.testing.assert_close(ours.logits, theirs.logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ours.loss, theirs.loss, atol=1e-5, rtol=1e-5)
+
+
 def test_a_resumed_t5_run_is_bitwise_identical(t5_assets, tmp_path):
     extra = dict(optim={"total_steps": 6, "grad_accumulation": 2}, run={"checkpoint_every": 2, "eval_every": 0})
     assert_resume_is_bitwise(lambda output_dir: raw_config(t5_assets, output_dir, **extra), tmp_path, crash_at=5)
@@ -122,6 +152,18 @@ def test_shipped_t5_config_runs_on_brown(tmp_path):
     assert rows[-1]["kind"] == "eval" and rows[-1]["denoise_loss"] > 0
     tokenizer = load_tokenizer(tmp_path / "run" / "model")  # config.json says t5: the sentinels are found
     assert tokenizer.style == "t5" and len(tokenizer.framing.sentinels) == 100
+
+
+def test_shipped_t5_objectives_config_runs_on_brown(tmp_path):
+    if not BROWN.is_dir():
+        pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
+    corpus = [BROWN / f"ca0{i}" for i in range(1, 5)]
+    path = ROOT / "configs" / "t5-objectives-tiny.yaml"
+    assert run_shipped_config_briefly(path, tmp_path / "run", corpus) == 0
+    recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())["data"]["span_corruption"]
+    assert recorded["objective"] == "iid-spans"
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["kind"] == "eval" and np.isfinite(rows[-1]["denoise_loss"]) and rows[-1]["denoise_loss"] > 0
 
 
 @pytest.mark.slow  # two spawned processes: about 20 s on a shared 2-core machine

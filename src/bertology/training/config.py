@@ -199,7 +199,8 @@ class DataConfig:
     bucket_window: int = 0
     # Language-tagged corpora mixed by XLM-R's sampling (bertology.data.multilingual), instead of ``corpus``.
     multilingual: MultilingualConfig | None = None
-    # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective.
+    # T5's span corruption (bertology.data.span_corruption): the sources and targets of the denoise objective;
+    # its ``objective`` picks another of T5's Table 3 (i.i.d. spans, BERT-style, MASS, drop, deshuffle, prefix LM).
     span_corruption: SpanCorruptionConfig | None = None
     # BART's noise functions (bertology.data.bart_noise): the other way to make them.
     noise: NoiseConfig | None = None

@@ -265,17 +265,22 @@ def test_the_sentinel_overflow_probability_is_exact():
 
 
 def test_iid_spans_never_use_more_sentinels_than_there_are():
+    """8 tokens at density 0.2 need more than 4 sentinels only as noise, kept, noise, kept, ... (4 spans and a
+    closing sentinel), with probability 0.2^4 0.8^4 = 6.6e-4: over 10,000 rows such first draws occur (about 6.6;
+    within 4 binomial standard deviations) and are drawn again."""
     few = SENTINELS[:4]
-    config = SpanCorruptionConfig(objective="iid-spans", noise_density=0.3)
-    redrawn = 0
-    for k in range(2000):
-        text = np.arange(3, 15)
+    config = SpanCorruptionConfig(objective="iid-spans", noise_density=0.2)
+    chance = iid_overflow(8, 0.2, 4)
+    assert chance == pytest.approx(0.2 ** 4 * 0.8 ** 4, rel=1e-12)
+    rows_, redrawn = 10_000, 0
+    for k in range(rows_):
+        text = np.arange(3, 11)
         source, target = corrupt(text, config, few, row_key_generator(k))
         used = set(source.tolist()) | set(target.tolist())
         assert used & set(SENTINELS.tolist()) <= set(few.tolist())
         assert restore(source, target, few).tolist() == text.tolist()
-        redrawn += sentinels_needed(draw_noise(12, config, 100, row_key_generator(k)).mask) > 4
-    assert redrawn > 0  # some first draws needed more: the redraw ran
+        redrawn += sentinels_needed(draw_noise(8, config, 100, row_key_generator(k)).mask) > 4
+    assert redrawn > 0 and within(redrawn, rows_ * chance, math.sqrt(rows_ * chance * (1 - chance)))
 
 
 def batch_of(texts: list[list[int]], ids: list[int], epoch: int = 0) -> InstanceBatch:
@@ -310,8 +315,8 @@ def test_every_objective_is_keyed_by_instance_and_epoch(objective):
 
 def test_an_unknown_objective_names_the_key():
     with pytest.raises(ConfigError, match=r"^data\.span_corruption\.objective: expected one of 'random-spans', "
-                                          r"'iid-spans', 'bert', 'mass', 'drop', 'deshuffle', 'prefix-lm' or null, got str "
-                                          r"'bart'"):
+                                          r"'iid-spans', 'bert', 'mass', 'drop', 'deshuffle', 'prefix-lm' or null, "
+                                          r"got str 'bart'"):
         SpanCorruptionConfig.from_dict({"objective": "bart"})
     with pytest.raises(ConfigError, match=r"^data\.span_corruption\.random_token_rate: must be in \[0, 1\]"):
         SpanCorruptionConfig.from_dict({"objective": "bert", "random_token_rate": 1.5})
@@ -362,3 +367,5 @@ def test_iid_spans_refuse_a_length_that_would_run_out_of_sentinels():
                                           r"of 40 tokens needs more than the tokenizer's 3 sentinels with "
                                           r"probability 0\.\d+"):
         SpanCorruption(config, few, seed=0, max_text_length=40)
+    with pytest.raises(ConfigError, match=r"a text of 5 tokens needs more than the tokenizer's 0 sentinels"):
+        corrupt(np.arange(3, 8), config, SENTINELS[:0], row_key_generator(0))  # never drawn forever

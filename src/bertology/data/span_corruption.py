@@ -35,6 +35,9 @@ party last week .":
 - ``deshuffle``: the source is the text's tokens in a uniformly random order; the target is the text.
 - ``prefix-lm``: the text is cut at a point drawn uniformly from 1 .. n - 1: the source is the prefix, the
   target the rest ("Thank you for inviting" -> "me to your party last week .").
+
+``draw_noise`` makes a row's random choices (a ``Noise``) from its stream, ``apply_noise`` the source and target
+from them; ``corrupt`` is the two in turn.
 """
 
 from __future__ import annotations
@@ -172,6 +175,17 @@ def iid_overflow(length: int, density: float, sentinels: int) -> float:
     return float(p[sentinels + 1].sum() + p[sentinels, 0])
 
 
+def check_iid_sentinels(length: int, density: float, sentinels: int) -> None:
+    """Refuse a text length at which more than ``_MAX_REDRAW`` of the i.i.d. masks need more sentinels than there
+    are (iid-spans redraws those)."""
+    chance = iid_overflow(int(length), float(density), int(sentinels))
+    if chance > _MAX_REDRAW:
+        raise ConfigError(f"{WHERE}.noise_density: with objective iid-spans a text of {length} tokens needs more than "
+                          f"the tokenizer's {sentinels} sentinels with probability {chance:.3g} (noise_density "
+                          f"{density}); lower noise_density or data.instances.max_seq_length, or use a tokenizer "
+                          f"with more sentinels")
+
+
 def iid_mask(length: int, density: float, rng: np.random.Generator) -> np.ndarray:
     """[length] bool: each token noise independently with probability ``density`` (T5's ``iid_noise_mask``)."""
     return rng.random(length) < density
@@ -198,8 +212,9 @@ def draw_noise(length: int, config: SpanCorruptionConfig, sentinels: int, rng: n
     if objective == "random-spans":
         return Noise(mask=noise_mask(length, config, rng))
     if objective == "iid-spans":
+        check_iid_sentinels(length, config.noise_density, sentinels)  # so that a redraw is rare
         mask = iid_mask(length, config.noise_density, rng)
-        while sentinels_needed(mask) > sentinels:  # rare: the maker refuses lengths where it is not
+        while sentinels_needed(mask) > sentinels:
             mask = iid_mask(length, config.noise_density, rng)
         return Noise(mask=mask)
     if objective in ("mass", "drop"):
@@ -305,13 +320,7 @@ class SpanCorruption:
 
     def check_length(self, length: int) -> None:
         if self.config.variant == "iid-spans":
-            chance = iid_overflow(int(length), float(self.config.noise_density), len(self.sentinels))
-            if chance > _MAX_REDRAW:
-                raise ConfigError(
-                    f"{WHERE}.noise_density: with objective iid-spans a text of {length} tokens needs more than "
-                    f"the tokenizer's {len(self.sentinels)} sentinels with probability {chance:.3g} (noise_density "
-                    f"{self.config.noise_density}); lower noise_density or data.instances.max_seq_length, or use a "
-                    f"tokenizer with more sentinels")
+            check_iid_sentinels(length, self.config.noise_density, len(self.sentinels))
             return
         if self.config.variant != "random-spans":
             return

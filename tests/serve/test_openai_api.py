@@ -5,9 +5,6 @@ dimensions, usage, every bad field answered in OpenAI's error shape, the API key
 from __future__ import annotations
 
 import base64
-import json
-import shutil
-
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -35,25 +32,6 @@ def client(tiny_dir):
     with TestClient(create_app(tiny_dir, model_name="tiny", max_wait_ms=2, api_key=KEY, max_texts=16,
                                max_tokens=2000)) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def st_dir(tiny_dir, tmp_path_factory):
-    """The tiny model as a sentence-transformers directory: CLS pooling, Normalize, max_seq_length 12, a prompt."""
-    directory = tmp_path_factory.mktemp("st") / "tiny-st"
-    shutil.copytree(tiny_dir, directory)
-    (directory / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
-    (directory / "1_Pooling").mkdir()
-    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
-                                                                      "pooling_mode": "cls"}))
-    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12,
-                                                                      "do_lower_case": False}))
-    (directory / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: "},
-                                                                             "default_prompt_name": None}))
-    return directory
 
 
 def post(client, body, **headers):

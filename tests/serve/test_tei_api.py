@@ -214,3 +214,35 @@ def test_rerank_refuses_a_classifier_of_three_labels(sentiment):
 def test_openapi_schema_lists_the_routes(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/embed", "/tokenize", "/info", "/predict", "/rerank"} <= set(paths)
+
+
+def test_sentence_transformers_prompt_pooling_and_length(st_dir):
+    st = load(st_dir)
+    texts = ["good film", "a cat"]
+    with TestClient(create_app(st_dir, model_name="st", max_wait_ms=2)) as c:
+        vectors = c.post("/embed", json={"inputs": texts, "prompt_name": "query"}).json()
+        plain = c.post("/embed", json={"inputs": texts}).json()
+        tokens = c.post("/tokenize", json={"inputs": "good film", "prompt_name": "query"}).json()[0]
+        unknown = c.post("/embed", json={"inputs": texts, "prompt_name": "passage"})
+        long = c.post("/embed", json={"inputs": ["good film", "the cat sat on the mat . a dog ran in the park !"]})
+        info = c.get("/info").json()
+    # the directory's own settings: CLS pooling, Normalize, max_seq_length 12, the prompt prepended
+    expected = embed(st, texts, levels=("sentence",), prompt_name="query").sentences
+    np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(plain, embed(st, texts, levels=("sentence",)).sentences, atol=1e-6, rtol=0)
+    assert not np.allclose(vectors, plain, atol=1e-3)
+    assert [t["id"] for t in tokens] == st.tokenizer.encode("query: good film").ids
+    content = [t for t in tokens if t["start"] is not None]
+    assert content and all(t["text"] == "good film"[t["start"]:t["stop"]] for t in content)
+    assert "".join(t["text"] for t in content) == "goodfilm"
+    assert "passage" in tei_error(unknown, 422, "prompt_name")["error"]
+    assert "12" in tei_error(long, 413, "inputs[1]")["error"]
+    assert info["model_type"] == {"embedding": {"pooling": "cls"}} and info["max_input_length"] == 12
+    assert info["prompts"] == {"query": "query: "}
+
+
+def test_predict_names_the_text_over_the_character_limit(tiny_dir, tmp_path):
+    directory = classifier_dir(tiny_dir, tmp_path / "cls", 2)
+    with TestClient(create_app(directory, max_chars=20)) as c:
+        response = c.post("/predict", json={"inputs": [["good film"], ["good", "x" * 21]]})
+    tei_error(response, 413, "inputs[1][1]")

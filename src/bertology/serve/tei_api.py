@@ -163,11 +163,12 @@ def router(served: Served, route_class: type) -> APIRouter:
         if classifier is None:
             raise _no_classifier(served.model_name, "/predict")
         single, items = _predict_items(request.inputs)
-        limits.check_texts([t for item in items for t in (item["text"], item["text_pair"]) if t is not None],
-                           field="inputs")
         if len(items) > limits.max_texts:
             raise ServiceError(413, f"inputs: {len(items)} inputs in one request; the limit is {limits.max_texts} "
                                     "(--max-texts)", field="inputs")
+        for i, item in enumerate(items):  # characters and Unicode of each text, named inputs[i][k]
+            limits.check_texts([t for t in (item["text"], item["text_pair"]) if t is not None],
+                               field="inputs" if single else f"inputs[{i}]")
         await _check_lengths(tokenizer, items, pair_length, request.truncate, limits, "inputs")
         logits = await batcher.run(classifier.logits, items)
         results = []

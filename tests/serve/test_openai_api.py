@@ -5,6 +5,8 @@ dimensions, usage, every bad field answered in OpenAI's error shape, the API key
 from __future__ import annotations
 
 import base64
+import json
+import shutil
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -218,3 +220,18 @@ def test_metrics_count_the_compatible_routes_and_their_batches(tiny_dir):
     assert metric_value(text, "bertology_requests_total", {"endpoint": "/embed", "status": 200}) == 1
     assert metric_value(text, "bertology_batch_texts_sum") == 3  # both went through the batcher
     assert metric_value(text, "bertology_batch_tokens_sum") == 3 * 4  # [CLS] a cat [SEP]
+
+
+def test_unsupported_sentence_transformers_modules_are_501_on_the_sentence_routes(st_dir, tmp_path):
+    directory = tmp_path / "dense"
+    shutil.copytree(st_dir, directory)
+    modules = json.loads((directory / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense", "type": "sentence_transformers.models.Dense"})
+    (directory / "modules.json").write_text(json.dumps(modules))
+    with TestClient(create_app(directory, model_name="dense")) as c:
+        assert c.post("/v1/embed", json={"texts": ["a cat"]}).status_code == 200  # its own route still serves
+        response = c.post("/v1/embeddings", json={"input": "a cat", "model": "dense"})
+        assert response.status_code == 501 and "Dense" in response.json()["error"]["message"]
+        assert response.json()["error"]["type"] == "server_error"
+        response = c.post("/embed", json={"inputs": "a cat"})
+        assert response.status_code == 501 and "Dense" in response.json()["error"]

@@ -99,6 +99,7 @@ class Batcher:
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
         probe = embed(pretrained, [""], levels=("sentence",), model_settings=False, dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
+        self.dim = probe.dim  # the width of a sentence vector of the last layer
         backbone = as_backbone(pretrained, None)
         self.specials = len(backbone.frame([]).ids)  # the specials around every window
         # ELMo reads words: its backbone splits them (the model's tokenizer is its softmax's word list).

@@ -36,13 +36,21 @@ class Served:
     dtype: str
     created: int  # when the service started (Unix seconds): OpenAI's `created` of the model
     settings: SentenceConfig | None = field(init=False)
+    unsupported: str | None = field(init=False)  # why the directory's sentence settings cannot be followed
 
     def __post_init__(self) -> None:
-        self.settings = read_sentence_config(self.pretrained.directory)
+        # A sentence-transformers directory whose modules bertology does not reproduce (a Dense projection, ...)
+        # is still served by /v1/embed; the sentence-vector endpoints refuse it (501) rather than answer vectors
+        # that differ from the directory's own.
+        self.unsupported = None
+        try:
+            self.settings = read_sentence_config(self.pretrained.directory)
+        except ConfigError as error:
+            self.settings, self.unsupported = None, str(error)
 
     @property
     def dim(self) -> int:
-        return int(self.pretrained.model.config.hidden_size)
+        return int(self.batcher.dim)
 
     @property
     def sentence(self) -> str:
@@ -86,6 +94,9 @@ class Served:
                                prompt_name: str | None = None, field: str = "input") -> tuple[np.ndarray, Cost]:
         """The sentence vectors of `texts` (float32, one row a text) from one batched `embed` call, and what they
         cost. Limits are checked before anything is queued; errors name `field` (and the text's index)."""
+        if self.unsupported is not None:
+            raise ServiceError(501, f"{self.model_name}'s sentence vectors cannot be computed as its directory "
+                                    f"defines them: {self.unsupported}")
         texts = self.limits.check_texts(texts, field=field)
         prompt = self.prompt(prompt_name)
         runs = [self.run_text(text, prompt) for text in texts]
@@ -141,7 +152,7 @@ def tei_error(status: int, message: str, param: str | None, kind: str | None = N
 
 def error_shape(path: str):
     """The error body maker of the API `path` belongs to; None: the service's own `{"detail", "field"}`."""
-    if path in OPENAI_PATHS or path.startswith("/v1/models/"):
+    if path in OPENAI_PATHS or (path.startswith("/v1/models/") and path.count("/") == 3):
         return openai_error
     if path in TEI_PATHS:
         return tei_error

@@ -83,6 +83,13 @@ def test_embed_long_text_is_413_unless_truncated(client, pretrained):
     expected = embed(pretrained, ["good film", LONG], levels=("sentence",), normalize=True,
                      long_texts="truncate").sentences
     np.testing.assert_allclose(vectors, expected, atol=1e-6, rtol=0)
+    left = client.post("/embed", json={"inputs": ["good film", LONG], "truncate": True,
+                                       "truncation_direction": "Left"}, headers=AUTH).json()
+    expected = embed(pretrained, ["good film", LONG], levels=("sentence",), normalize=True, long_texts="truncate",
+                     truncation_side="left").sentences
+    np.testing.assert_allclose(left, expected, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(left[0], vectors[0], atol=1e-6, rtol=0)  # a short text is not cut either way
+    assert not np.allclose(left[1], vectors[1], atol=1e-3)
 
 
 @pytest.mark.parametrize("body,status,words", [
@@ -91,7 +98,7 @@ def test_embed_long_text_is_413_unless_truncated(client, pretrained):
     ({"inputs": ["a", 5]}, 422, "inputs[1]"),
     ({"inputs": "a", "normalize": "yes"}, 422, "normalize"),
     ({"inputs": "a", "truncate": 1}, 422, "truncate"),
-    ({"inputs": "a", "truncation_direction": "Left"}, 422, "truncation_direction"),
+    ({"inputs": "a", "truncation_direction": "Middle"}, 422, "truncation_direction"),
     ({"inputs": "a", "prompt_name": "query"}, 422, "prompt_name"),
     ({"inputs": "a", "pooling": "cls"}, 422, "pooling"),
     ({"inputs": ["a"] * 17}, 413, "--max-texts"),
@@ -161,6 +168,7 @@ def test_predict_equals_the_pipeline(sentiment):
     ({"inputs": []}, 400, "inputs"),
     ({"inputs": LONG}, 413, "inputs"),
     ({"inputs": "a", "raw_scores": "yes"}, 422, "raw_scores"),
+    ({"inputs": "a", "truncation_direction": "Left"}, 422, "truncation_direction"),
 ])
 def test_predict_bad_fields(sentiment, body, status, words):
     client, _ = sentiment

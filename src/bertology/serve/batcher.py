@@ -48,6 +48,7 @@ class EmbedOptions:
     # than embedded in windows, and a sentence-transformers directory's own prompt and lower-casing.
     normalize: bool = False
     long_texts: str = "windows"
+    truncation_side: str = "right"
     max_length: int | None = None
     model_settings: bool = False
     prompt_name: str | None = None
@@ -257,6 +258,7 @@ class Batcher:
                 result = embed(self.pretrained, texts, layers=layers, combine=options.combine,
                                pooling=options.pooling, sentence=options.sentence, levels=(options.level,),
                                batch_size=batch_size, long_texts=options.long_texts,
+                               truncation_side=options.truncation_side,
                                model_settings=options.model_settings, normalize=options.normalize,
                                prompt_name=options.prompt_name,
                                max_length=options.max_length or self.window_length, dtype=self.placement.dtype)

@@ -91,9 +91,11 @@ class Served:
         return joined.lower() if self.settings is not None and self.settings.lower_case else joined
 
     async def sentence_vectors(self, texts: list[str], *, long_texts: LongTexts, normalize: bool,
-                               prompt_name: str | None = None, field: str = "input") -> tuple[np.ndarray, Cost]:
+                               prompt_name: str | None = None, truncation_side: str = "right",
+                               field: str = "input") -> tuple[np.ndarray, Cost]:
         """The sentence vectors of `texts` (float32, one row a text) from one batched `embed` call, and what they
-        cost. Limits are checked before anything is queued; errors name `field` (and the text's index)."""
+        cost. Limits are checked before anything is queued; errors name `field` (and the text's index). A text
+        truncated keeps its first tokens (`truncation_side` "left": the prompt's, then its last ones)."""
         if self.unsupported is not None:
             raise ServiceError(501, f"{self.model_name}'s sentence vectors cannot be computed as its directory "
                                     f"defines them: {self.unsupported}")
@@ -117,7 +119,7 @@ class Served:
                           f"of {self.dim})", field=field)
         options = EmbedOptions(
             level="sentence", sentence=self.sentence, normalize=normalize,
-            long_texts="windows" if long_texts == "windows" else "truncate",
+            long_texts="windows" if long_texts == "windows" else "truncate", truncation_side=truncation_side,
             max_length=None if long_texts == "windows" else self.max_input_length,
             model_settings=self.settings is not None, prompt_name=prompt_name)
         result = await self.batcher.embed(texts, options, cost)

@@ -19,7 +19,8 @@ from bertology.pipelines import CLASSIFIER, label_names, pipeline
 from bertology.serve.compat import INLINE_CHARS, Served
 from bertology.serve.limits import ServiceError
 
-Direction = Literal["Right", "right"]  # keep a long text's first tokens; "Left" (its last) is not supported yet
+Direction = Literal["Right", "Left", "right", "left"]  # a truncated text keeps its first tokens, or its last
+PairDirection = Literal["Right", "right"]  # a pair is truncated longest first from the right (Left: not yet)
 
 
 class TEIEmbedRequest(BaseModel):
@@ -29,8 +30,8 @@ class TEIEmbedRequest(BaseModel):
     normalize: StrictBool = Field(True, description="scale each vector to unit L2 norm")
     truncate: StrictBool | None = Field(False, description="false: a text over max_input_length tokens is a 413; "
                                         "true: its first max_input_length tokens are embedded")
-    truncation_direction: Direction = Field("Right", description="Right: keep the first tokens (Left is not "
-                                            "supported yet)")
+    truncation_direction: Direction = Field("Right", description="with truncate, Right keeps a text's first "
+                                            "tokens, Left its last (after a prompt's, which stay)")
     prompt_name: StrictStr | None = Field(None, description="one of a sentence-transformers directory's prompts")
 
 
@@ -67,7 +68,7 @@ class TEIPredictRequest(BaseModel):
     raw_scores: StrictBool = Field(False, description="the logits instead of probabilities")
     truncate: StrictBool | None = Field(False, description="false: an input over max_input_length tokens is a "
                                         "413; true: it is truncated (longest first)")
-    truncation_direction: Direction = "Right"
+    truncation_direction: PairDirection = Field("Right", description="Right only, for now")
 
 
 class TEIPrediction(BaseModel):
@@ -84,7 +85,7 @@ class TEIRerankRequest(BaseModel):
                                    "probability of relevance")
     return_text: StrictBool = False
     truncate: StrictBool | None = False
-    truncation_direction: Direction = "Right"
+    truncation_direction: PairDirection = Field("Right", description="Right only, for now")
 
 
 class TEIRank(BaseModel):
@@ -140,7 +141,7 @@ def router(served: Served, route_class: type) -> APIRouter:
         texts = _texts(request.inputs)
         vectors, _ = await served.sentence_vectors(
             texts, long_texts="truncate" if request.truncate else "error", normalize=request.normalize,
-            prompt_name=request.prompt_name, field="inputs")
+            prompt_name=request.prompt_name, truncation_side=request.truncation_direction.lower(), field="inputs")
         body = json.dumps(vectors.tolist(), allow_nan=False, separators=(",", ":")).encode("utf-8") \
             if len(texts) <= 8 else await asyncio.to_thread(_dump, vectors)
         return Response(body, media_type="application/json")

@@ -235,3 +235,26 @@ def test_unsupported_sentence_transformers_modules_are_501_on_the_sentence_route
         assert response.json()["error"]["type"] == "server_error"
         response = c.post("/embed", json={"inputs": "a cat"})
         assert response.status_code == 501 and "Dense" in response.json()["error"]
+
+
+@pytest.mark.slow
+def test_the_openai_client_against_a_real_server(tiny_dir, pretrained, tmp_path):
+    """The `openai` client over the network to a `bertology serve` process (uvicorn on a free loopback port)."""
+    openai = pytest.importorskip("openai")
+    from test_server import free_port, start_server
+
+    key_file = tmp_path / "key.txt"
+    key_file.write_text(KEY + "\n")
+    port = free_port()
+    process = start_server(tiny_dir, port, "--max-wait-ms", "2", "--api-key-file", str(key_file))
+    try:
+        api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=60)
+        name = api.models.list().data[0].id
+        result = api.embeddings.create(model=name, input=TEXTS)
+        expected = embed(pretrained, TEXTS, levels=("sentence",), normalize=True).sentences
+        np.testing.assert_allclose([d.embedding for d in result.data], expected, atol=1e-6, rtol=0)
+        with pytest.raises(openai.NotFoundError):
+            api.embeddings.create(model=name + "-other", input="a")
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

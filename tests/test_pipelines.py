@@ -92,6 +92,20 @@ def test_text_classification_equals_transformers(models):
     assert [x["label"] for x in top] == [x["label"] for x in ours[-1][:2]]
 
 
+def test_classifier_logits_equal_transformers(models):
+    items = [{"text": "paris", "text_pair": None}, {"text": "who lives there ?", "text_pair": "john smith"}]
+    ours = pipeline(model=models["cls"]).logits(items)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(models["cls"]))
+    reference = transformers.AutoModelForSequenceClassification.from_pretrained(str(models["cls"])).eval()
+    with torch.no_grad():
+        theirs = np.concatenate([reference(**tokenizer(item["text"], item["text_pair"], return_tensors="pt")).logits
+                                 .numpy() for item in items])
+    assert ours.shape == (2, 3) and ours.dtype == np.float32
+    np.testing.assert_allclose(ours, theirs, atol=1e-5, rtol=0)
+    with pytest.raises(ConfigError, match="a fill-mask pipeline has no classifier logits"):
+        pipeline(model=models["mlm"]).logits(items)
+
+
 @pytest.mark.parametrize("aggregation", ["none", "simple", "first", "average", "max"])
 def test_token_classification_equals_transformers(models, aggregation):
     ours = pipeline(model=models["ner"], aggregation=aggregation)(NER_TEXT)

@@ -247,20 +247,30 @@ class Pipeline:
             raise ConfigError(f"max_length must be an integer of at least 2, got {max_length!r}")
         return min(max_length, limit)
 
-    def _classify(self, items: list[dict[str, Any]], top_k: int | None, max_length: int | None) -> list[Any]:
+    def logits(self, items: list[dict[str, Any]], max_length: int | None = None) -> np.ndarray:
+        """text-classification: the classifier's logits, (inputs, labels) float32, of inputs already checked by
+        `item` (a text, or a text and its pair), each truncated to `max_length` tokens (None: the model's)."""
         from bertology.tasks.sequence import EncodedExamples, predict_logits
 
+        if self.task != "text-classification":
+            raise ConfigError(f"logits: a {self.task} pipeline has no classifier logits")
         names = label_names(self.pretrained, CLASSIFIER)
         logits = np.zeros((len(items), len(names)), dtype=np.float32)
         length = self._max_length(max_length)
-        for paired in (False, True):  # single texts and pairs are encoded apart
-            rows = [i for i, item in enumerate(items) if (item.get("text_pair") is not None) == paired]
-            if not rows:
-                continue
-            encoded = EncodedExamples.from_texts(
-                self.tokenizer, [items[i]["text"] for i in rows],
-                [items[i]["text_pair"] for i in rows] if paired else None, max_length=length, shuffle=False)
-            logits[rows] = predict_logits(self.model, encoded, self.batch_size)
+        with torch.inference_mode(), self.placement.autocast():
+            for paired in (False, True):  # single texts and pairs are encoded apart
+                rows = [i for i, item in enumerate(items) if (item.get("text_pair") is not None) == paired]
+                if not rows:
+                    continue
+                encoded = EncodedExamples.from_texts(
+                    self.tokenizer, [items[i]["text"] for i in rows],
+                    [items[i]["text_pair"] for i in rows] if paired else None, max_length=length, shuffle=False)
+                logits[rows] = predict_logits(self.model, encoded, self.batch_size)
+        return logits
+
+    def _classify(self, items: list[dict[str, Any]], top_k: int | None, max_length: int | None) -> list[Any]:
+        names = label_names(self.pretrained, CLASSIFIER)
+        logits = self.logits(items, max_length)
         results = []
         for row in logits.astype(np.float64):
             if len(names) == 1:  # regression: the value itself

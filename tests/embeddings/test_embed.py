@@ -583,3 +583,35 @@ def test_backbone_contract_is_checked(toy_tokenizer):
         embed(bare, ["a"])
     with pytest.raises(EmbeddingError, match=r"needs a Backbone \(num_layers, .*got object"):
         embed(object(), ["a"], tokenizer=toy_tokenizer)
+
+
+def test_left_truncation_keeps_the_last_tokens_after_the_prompt(small, one_thread):
+    tokenizer = small.tokenizer
+    text = " ".join(TEXTS * 3)  # well over the 16-token window below
+    ids = tokenizer.encode(text, add_special_tokens=False).ids
+    prompt = "query: "
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False).ids
+    assert tokenizer.encode(prompt + text, add_special_tokens=False).ids == prompt_ids + ids
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+
+    def mean(content: list[int]) -> np.ndarray:  # the direct forward's mean over every row, in float64
+        framed = torch.tensor([[cls, *content, sep]])
+        with torch.no_grad():
+            out = small.model(framed, torch.ones_like(framed), output_hidden_states=True)
+        return out.hidden_states[-1][0].double().numpy().mean(0)
+
+    options = dict(levels=("sentence", "token"), long_texts="truncate", max_length=16, model_settings=False)
+    left = embed(small, [text], truncation_side="left", **options)
+    np.testing.assert_allclose(left.sentences[0], mean(ids[-14:]), atol=1e-5, rtol=0)
+    assert left.tokens.ids.tolist() == ids[-14:]
+    assert [text[a:b] for a, b in zip(left.tokens.start, left.tokens.end)][-1] == text.split()[-1][-1]
+    right = embed(small, [text], **options)
+    np.testing.assert_allclose(right.sentences[0], mean(ids[:14]), atol=1e-5, rtol=0)
+    prompted = embed(small, [text], truncation_side="left", prompt=prompt, **options)
+    kept = prompt_ids + ids[-(14 - len(prompt_ids)):]
+    np.testing.assert_allclose(prompted.sentences[0], mean(kept), atol=1e-5, rtol=0)
+    assert prompted.tokens.ids.tolist() == ids[-(14 - len(prompt_ids)):]  # the text's tokens, not the prompt's
+    short = embed(small, ["Hi"], truncation_side="left", **options).sentences[0]  # nothing to cut
+    np.testing.assert_allclose(short, embed(small, ["Hi"], **options).sentences[0], atol=0, rtol=0)
+    with pytest.raises(ConfigError, match="truncation_side: unknown 'middle'"):
+        embed(small, [text], truncation_side="middle", **options)

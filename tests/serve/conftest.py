@@ -1,7 +1,10 @@
-"""Fixtures for the service tests: a tiny random model directory (with and without a masked-LM head)."""
+"""Fixtures for the service tests: a tiny random model directory (with and without a masked-LM head, and as a
+sentence-transformers directory)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -39,4 +42,23 @@ def mlm_dir(tiny_dir, tmp_path_factory) -> Path:
     model.init_weights(torch.Generator().manual_seed(1))
     directory = tmp_path_factory.mktemp("serve-mlm") / "tiny-mlm"
     Pretrained(model, base.tokenizer).save(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def st_dir(tiny_dir, tmp_path_factory):
+    """The tiny model as a sentence-transformers directory: CLS pooling, Normalize, max_seq_length 12, a prompt."""
+    directory = tmp_path_factory.mktemp("st") / "tiny-st"
+    shutil.copytree(tiny_dir, directory)
+    (directory / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    (directory / "1_Pooling").mkdir()
+    (directory / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                      "pooling_mode": "cls"}))
+    (directory / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 12,
+                                                                      "do_lower_case": False}))
+    (directory / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "query: "},
+                                                                             "default_prompt_name": None}))
     return directory

@@ -52,6 +52,7 @@ def embed(
     max_length: int | None = None,
     stride: int | None = None,
     long_texts: Literal["windows", "truncate"] | None = None,
+    truncation_side: Literal["right", "left"] = "right",
     normalize: bool | None = None,
     prompt: str | None = None,
     prompt_name: str | None = None,
@@ -95,7 +96,8 @@ def embed(
     windows; results come back in input order.
 
     Long texts: `long_texts="truncate"` keeps a text's first tokens, as many as a window holds (sentence-transformers'
-    truncation); `"windows"` (the default outside sentence-transformers directories) embeds all of it. Windows: a
+    truncation; `truncation_side="left"` keeps its last ones instead, after a prompt's tokens, which stay);
+    `"windows"` (the default outside sentence-transformers directories) embeds all of it. Windows: a
     window holds `max_length` tokens, specials included (default and upper bound: the backbone's
     `max_length`, capped by the tokenizer's model_max_length). A longer text is split into overlapping windows
     whose starts are `stride` content tokens apart (stride is the step, not the overlap; consecutive windows share
@@ -126,6 +128,8 @@ def embed(
         raise ConfigError(f'long_texts: unknown {long_texts!r}; expected "windows" or "truncate"')
     if long_texts == "truncate" and max_length is None and settings is not None and settings.max_length is not None:
         max_length = min(settings.max_length, backbone.max_length)
+    if truncation_side not in ("right", "left"):
+        raise ConfigError(f'truncation_side: unknown {truncation_side!r}; expected "right" or "left"')
     prompt_text = _prompt(settings, prompt, prompt_name)
     where = place(model, device, dtype)
     selection = select_layers(layers, combine, backbone.num_layers, _mix_weights(model, backbone))
@@ -151,15 +155,18 @@ def embed(
     plan_windows(0, capacity, stride)  # validates stride against the capacity
 
     width = selection.width(backbone.hidden_size)
-    prompt_tokens = 0
-    if prompt_text and settings is not None and not settings.include_prompt:
+    prompt_tokens = prompt_content = 0
+    if prompt_text:
         run_prompt = prompt_text.lower() if lower_case else prompt_text
-        prompt_tokens = layout.before + len(tokenizer.encode(run_prompt, add_special_tokens=False).ids)
+        prompt_content = len(tokenizer.encode(run_prompt, add_special_tokens=False).ids)
+        if settings is not None and not settings.include_prompt:
+            prompt_tokens = layout.before + prompt_content
     collected = _Collector(texts, run_texts, len(prompt_text), prompt_tokens, width, wanted)
     with _evaluating(backbone), torch.inference_mode(), where.autocast(), tqdm(
         total=len(texts), unit="text", disable=not show_progress, dynamic_ncols=True
     ) as bar:
-        for chunk in _chunks(run_texts, tokenizer, capacity, stride, layout, long_texts == "truncate"):
+        truncate = truncation_side if long_texts == "truncate" else None
+        for chunk in _chunks(run_texts, tokenizer, capacity, stride, layout, truncate, prompt_content):
             _run(backbone, layout, chunk, selection, width, batch_size, bar)
             for doc in chunk:
                 collected.add(doc, layout, pooling, sentence)
@@ -275,14 +282,20 @@ class _Document:
         return self.remaining == 0
 
 
-def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int,
-            layout: _Layout, truncate: bool) -> Iterator[list[_Document]]:
+def _chunks(texts: list[str], tokenizer: Tokenizer, capacity: int, stride: int, layout: _Layout,
+            truncate: str | None, prompt_tokens: int = 0) -> Iterator[list[_Document]]:
+    """The texts' documents, a chunk of at most CHUNK_WINDOWS windows at a time. `truncate` "right" keeps a
+    long text's first `capacity` tokens, "left" its first `prompt_tokens` (the prompt's) and then its last ones."""
     chunk: list[_Document] = []
     windows = 0
     for index, text in enumerate(texts):
         encoding = tokenizer.encode(text, add_special_tokens=False)
-        if truncate and len(encoding.ids) > capacity:  # the first tokens only, one window
-            encoding = replace(encoding, **{name: getattr(encoding, name)[:capacity] for name in (
+        n = len(encoding.ids)
+        if truncate is not None and n > capacity:  # one window
+            head = min(prompt_tokens, capacity) if truncate == "left" else capacity
+            tail = n - (capacity - head)
+            encoding = replace(encoding, **{name: getattr(encoding, name)[:head] + getattr(encoding, name)[tail:]
+                                            if head < capacity else getattr(encoding, name)[:capacity] for name in (
                 "ids", "tokens", "type_ids", "offsets", "word_ids", "sequence_ids", "special_tokens_mask")})
         n = len(encoding.ids)
         spans = plan_windows(n, capacity, stride)

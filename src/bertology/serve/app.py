@@ -2,8 +2,10 @@
 
 Endpoints: `POST /v1/embed`, `POST /v1/fill-mask` (a masked-LM's tokens, XLNet's through its permutation mask, an
 encoder-decoder's generated spans), `GET /health`, `GET /metrics` (Prometheus text format), and
-FastAPI's OpenAPI schema at `/openapi.json` (interactive at `/docs`). Every response that is not a success is a
-JSON object `{"detail": message}` (plus `"field"` when one field of the request is at fault).
+FastAPI's OpenAPI schema at `/openapi.json` (interactive at `/docs`); beside them OpenAI's embeddings API
+(`bertology.serve.openai_api`) and text-embeddings-inference's (`bertology.serve.tei_api`). Every response of the
+service's own endpoints that is not a success is a JSON object `{"detail": message}` (plus `"field"` when one field
+of the request is at fault); the compatible APIs answer in their own error shapes (`bertology.serve.compat`).
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ from bertology.model import Pretrained
 from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
 from bertology.objectives.fill_mask import fill_mask, span_beams
+from bertology.serve import openai_api, tei_api
 from bertology.serve.batcher import Batcher, EmbedOptions
+from bertology.serve.compat import INLINE_CHARS, OPENAI_PATHS, TEI_PATHS, Served, error_shape, openai_error
 from bertology.serve.docs_page import add_docs
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
 from bertology.serve.metrics import ServiceMetrics
 
-INLINE_CHARS = 2000  # requests up to this many characters are tokenised on the event loop (well under a millisecond)
-ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/v1/search", "/health", "/metrics", "/openapi.json", "/docs")
+ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/v1/search", "/health", "/metrics", "/openapi.json", "/docs",
+             *OPENAI_PATHS, *TEI_PATHS)
 
 
 # ----------------------------------------------------------------------------------------- request and response
@@ -202,7 +206,7 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     app.state.batcher = batcher
     app.state.metrics = metrics
     app.state.limits = limits
-    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, shape=_shaped)
     app.add_middleware(_Metered, metrics=metrics)  # added last, so outermost: it counts the 413s BodyLimit answers
 
     bearer = HTTPBearer(auto_error=False, description="the service's API key, when it was started with one")
@@ -222,14 +226,26 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        field = getattr(error, "field", None)
+        shape = error_shape(request.url.path)
+        if shape is not None:
+            status = _status(shape, error.status_code)
+            return JSONResponse(shape(status, str(error.detail), field, getattr(error, "kind", None)),
+                                status_code=status, headers=error.headers)
         body = {"detail": str(error.detail)}
-        if getattr(error, "field", None) is not None:
-            body["field"] = error.field
+        if field is not None:
+            body["field"] = field
         return JSONResponse(body, status_code=error.status_code, headers=error.headers)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        return _validation_response(error)
+        response = _validation_response(error)
+        shape = error_shape(request.url.path)
+        if shape is None:
+            return response
+        body = json.loads(response.body)
+        status = _status(shape, response.status_code)
+        return JSONResponse(shape(status, body["detail"], body.get("field")), status_code=status)
 
     @app.get("/health", summary="liveness and the model served")
     async def health() -> dict[str, Any]:
@@ -289,6 +305,10 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                    for i, text in enumerate(texts)]
         return JSONResponse({"model": model_name, "results": results})
 
+    served = Served(pretrained, batcher, limits, model_name, dtype, int(time.time()))
+    app.include_router(openai_api.router(served, _StrictJSONRoute), dependencies=guarded)
+    app.include_router(tei_api.router(served, _StrictJSONRoute), dependencies=guarded)
+
     if index is not None:
         @app.post("/v1/search", summary="the index's passages nearest to each query", dependencies=guarded,
                   response_model=SearchResponse, responses=ERRORS)
@@ -305,6 +325,17 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                 [{"id": hit.id, "score": hit.score, "text": hit.text} for hit in row] for row in hits]})
 
     return app
+
+
+def _shaped(path: str, status: int, message: str) -> dict[str, Any] | None:
+    """The error body of the API `path` belongs to (None: the service's own), for BodyLimit's answers."""
+    shape = error_shape(path)
+    return None if shape is None else shape(_status(shape, status), message, None)
+
+
+def _status(shape: Callable, status: int) -> int:
+    """OpenAI answers every invalid request 400 (the service's own endpoints and TEI's: 422 for a field)."""
+    return 400 if shape is openai_error and status == 422 else status
 
 
 def can_fill(model: Any) -> bool:

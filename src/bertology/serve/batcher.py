@@ -43,6 +43,15 @@ class EmbedOptions:
     combine: Combine | None = None
     pooling: Pooling = "mean"
     sentence: SentencePooling = "mean"
+    # The sentence-vector options of the OpenAI- and TEI-compatible endpoints (`bertology.serve.compat`):
+    # unit-norm sentence vectors, texts truncated to `max_length` tokens (None: the batcher's window) rather
+    # than embedded in windows, and a sentence-transformers directory's own prompt and lower-casing.
+    normalize: bool = False
+    long_texts: str = "windows"
+    truncation_side: str = "right"
+    max_length: int | None = None
+    model_settings: bool = False
+    prompt_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,7 @@ class Cost:
     windows: int
     longest: int
     content: int = 0  # content tokens of the texts, each counted once (what token-level vectors there will be)
+    counts: tuple[int, ...] = ()  # each text's content tokens, before any truncation
 
 
 @dataclass
@@ -90,6 +100,7 @@ class Batcher:
         # embed's own window length and default stride for this model, read from embed itself on an empty text.
         probe = embed(pretrained, [""], levels=("sentence",), model_settings=False, dtype=self.placement.dtype)
         self.window_length, self.stride = probe.window_length, probe.stride
+        self.dim = probe.dim  # the width of a sentence vector of the last layer
         backbone = as_backbone(pretrained, None)
         self.specials = len(backbone.frame([]).ids)  # the specials around every window
         # ELMo reads words: its backbone splits them (the model's tokenizer is its softmax's word list).
@@ -116,20 +127,25 @@ class Batcher:
 
     # ------------------------------------------------------------------------------------------------ public
 
-    def cost(self, texts: Sequence[str]) -> Cost:
-        """Real tokens, windows and longest window of `texts` under embed's windowing (tokenises them)."""
-        capacity = self.window_length - self.specials
+    def cost(self, texts: Sequence[str], truncate_to: int | None = None) -> Cost:
+        """Real tokens, windows and longest window of `texts` under embed's windowing (tokenises them); with
+        `truncate_to`, each text is cut to its first tokens, `truncate_to` with the specials, in one window."""
+        capacity = self.window_length - self.specials if truncate_to is None else truncate_to - self.specials
         tokens = windows = longest = content = 0
+        counts = []
         for text in texts:
             n = (len(WORD.findall(text)) if self.reads_words  # the words ELMo's backbone splits, one token each
                  else len(self.tokenizer.encode(text, add_special_tokens=False).ids))
+            counts.append(n)
+            if truncate_to is not None:
+                n = min(n, capacity)
             content += n
-            for start, stop in plan_windows(n, capacity, self.stride):
+            for start, stop in plan_windows(n, capacity, self.stride if truncate_to is None else capacity):
                 length = stop - start + self.specials
                 tokens += length
                 windows += 1
                 longest = max(longest, length)
-        return Cost(tokens, windows, longest, content)
+        return Cost(tokens, windows, longest, content, tuple(counts))
 
     async def start(self) -> None:
         self._arrived = asyncio.Event()
@@ -241,8 +257,11 @@ class Batcher:
             try:
                 result = embed(self.pretrained, texts, layers=layers, combine=options.combine,
                                pooling=options.pooling, sentence=options.sentence, levels=(options.level,),
-                               batch_size=batch_size, long_texts="windows", model_settings=False,
-                               max_length=self.window_length, dtype=self.placement.dtype)
+                               batch_size=batch_size, long_texts=options.long_texts,
+                               truncation_side=options.truncation_side,
+                               model_settings=options.model_settings, normalize=options.normalize,
+                               prompt_name=options.prompt_name,
+                               max_length=options.max_length or self.window_length, dtype=self.placement.dtype)
             except Exception as error:  # noqa: BLE001 - handed to the requests of this group
                 for i in members:
                     outcomes[i] = error

@@ -17,9 +17,10 @@ class ServiceError(HTTPException):
     """An error response (`{"detail": ..., "field": ...}`) naming the request field at fault."""
 
     def __init__(self, status_code: int, detail: str, field: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, kind: str | None = None) -> None:
         super().__init__(status_code, detail, headers)
         self.field = field
+        self.kind = kind  # the API's own error code where it has one (OpenAI's `code`, TEI's `error_type`)
 
 
 # The option that sets each limit, named in the 413 answers.
@@ -85,9 +86,11 @@ class BodyLimit:
     """Answers 413 to a request body over `max_bytes`, by its Content-Length or, when streamed, as soon as the
     bytes received pass the limit (an ASGI middleware; Starlette's own gives no message naming the limit)."""
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+    def __init__(self, app: Any, max_bytes: int,
+                 shape: Callable[[str, int, str], dict[str, Any]] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.shape = shape  # (path, status, message) -> the error body of the API the path belongs to
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "http":
@@ -98,11 +101,11 @@ class BodyLimit:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await self._reject(send, "Content-Length is not a number", 400)
+                    await self._reject(send, "Content-Length is not a number", 400, scope)
                     return
                 if declared > self.max_bytes:
                     await self._reject(send, f"the request body is {declared} bytes; the limit is "
-                                             f"{self.max_bytes} (--max-body-bytes)")
+                                             f"{self.max_bytes} (--max-body-bytes)", 413, scope)
                     return
         received = 0
         started = False
@@ -127,11 +130,11 @@ class BodyLimit:
         except _TooLarge as error:
             if started:
                 raise
-            await self._reject(send, error.detail)
+            await self._reject(send, error.detail, 413, scope)
 
-    @staticmethod
-    async def _reject(send: Callable, message: str, status: int = 413) -> None:
-        body = json.dumps({"detail": message}).encode()
+    async def _reject(self, send: Callable, message: str, status: int, scope: dict) -> None:
+        shaped = self.shape(scope.get("path", ""), status, message) if self.shape is not None else None
+        body = json.dumps(shaped if shaped is not None else {"detail": message}).encode()
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})

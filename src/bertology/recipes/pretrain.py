@@ -82,7 +82,8 @@ def corpus_source(config: PretrainConfig, env: D.DistEnv | None = None) -> Corpu
     neither is given."""
     data = config.data
     if data.multilingual is None:
-        return CorpusSource(data.corpus, data.format, data.text_field, data.encoding) if data.corpus else None
+        return CorpusSource(data.corpus, data.format, data.text_field, data.encoding,
+                            data.task) if data.corpus else None
     from bertology.data.multilingual import MIXTURE_FILE, check_mixture, sample_mixture, write_mixture
 
     directory = Path(config.run.output_dir) / MIXTURE_DIR

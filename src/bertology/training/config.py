@@ -187,8 +187,10 @@ class DataConfig:
     """The corpus and its shards. ``shards`` defaults to ``<output_dir>/shards`` (prepared once, then reused)."""
 
     corpus: list[str] = field(default_factory=list)
-    format: Literal["bert", "text", "jsonl", "brown"] = "bert"
+    format: Literal["bert", "text", "jsonl", "brown", "glue"] = "bert"
     text_field: str = "text"
+    # With format glue: the GLUE task whose train.tsv texts are the corpus (task-adaptive pretraining).
+    task: str | None = None
     encoding: str = "utf-8"
     shards: str | None = None
     heldout_documents: int | float = 0  # a count, or a fraction of the documents, held out for evaluation
@@ -226,6 +228,18 @@ class DataConfig:
             raise ConfigError(f"data.bucket_window: must be >= 0, got {self.bucket_window}")
         if self.multilingual is not None and self.corpus:
             raise ConfigError("data.corpus: give the corpora under data.multilingual.languages, not both")
+        if self.format == "glue":
+            from bertology.tasks.readers import glue_task
+
+            if self.task is None:
+                raise ConfigError("data.task: the glue format reads a GLUE task's train.tsv: name the task (sst2, "
+                                  "cola, mrpc, rte, stsb)")
+            try:
+                glue_task(self.task)
+            except ConfigError as error:
+                raise ConfigError(f"data.{error}") from None
+        elif self.task is not None:
+            raise ConfigError(f"data.task: read by data.format glue only, but data.format is {self.format!r}")
 
 
 @dataclass

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bertology.data.corpus import read_documents
-from bertology.errors import ConfigError, TokenizerError
+from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.model import load_model
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.recipes.pretrain import build_model, build_tokenizer, pretrain
@@ -170,6 +170,9 @@ def test_extend_vocabulary_grows_the_embeddings_and_the_mlm_bias():
     assert model.word_embeddings.weight.grad[21].abs().sum() > 0
     with pytest.raises(ConfigError, match=r"new id 22 needs old pieces among 0..21, got \[22\]"):
         extend_vocabulary(model, [[22]])
+    untied = EncoderModel(config, [HeadSpec("lm", "lm")])
+    with pytest.raises(ConfigError, match="the lm head 'lm' has weights over the vocabulary that are not grown"):
+        extend_vocabulary(untied, [[3]])
 
 
 def test_an_extended_run_resumes_bitwise(tmp_path, base):
@@ -317,6 +320,35 @@ def test_an_init_directory_that_does_not_exist(tmp_path):
     with pytest.raises(ConfigError, match=rf"model.init_from: {missing} does not exist"):
         pretrain(PretrainConfig.from_dict(adapt_config(tmp_path, missing, corpus)))
     assert not (tmp_path / "run" / "shards").exists()  # refused before any work
+
+
+def test_an_init_directory_without_a_tokenizer(tmp_path, base):
+    from bertology.model import save_model
+
+    bare = tmp_path / "bare"
+    save_model(load_model(base), bare)  # the weights alone
+    corpus = write_corpus(tmp_path / "domain.txt")
+    with pytest.raises(TokenizerError, match=rf"model.init_from: {bare}: no tokenizer files .* or give "
+                                             r"tokenizer.path"):
+        pretrain(PretrainConfig.from_dict(adapt_config(tmp_path, bare, corpus)))
+    # With tokenizer.path the same directory continues.
+    assert pretrain(PretrainConfig.from_dict(adapt_config(tmp_path, bare, corpus, run="with-path",
+                                                          path=str(base)))).steps == 2
+
+
+def test_extending_with_another_kind_or_with_nothing_new(tmp_path, base):
+    corpus = write_corpus(tmp_path / "domain.txt")
+    raw = adapt_config(tmp_path, base, corpus, adapt="extend", extend_size=4, kind="bpe", vocab_size=200)
+    with pytest.raises(ConfigError, match=r"tokenizer.kind: bpe entries cannot extend tokenizer .*, a wordpiece "
+                                          r"tokenizer; set tokenizer.kind: wordpiece"):
+        pretrain(PretrainConfig.from_dict(raw))
+    # The model's own training text: the domain tokenizer learnt from it is the model's, nothing is new.
+    same = tmp_path / "same.txt"
+    same.write_text("\n".join([" ".join(BASE_WORDS)] * 5) + "\n")
+    raw = adapt_config(tmp_path, base, same, run="same", adapt="extend", extend_size=4, vocab_size=60,
+                       min_frequency=1)
+    with pytest.raises(DataError, match=r"has no entry that tokenizer .* lacks; nothing to extend it with"):
+        pretrain(PretrainConfig.from_dict(raw))
 
 
 @pytest.mark.parametrize("tokenizer, model, match", [

@@ -15,12 +15,16 @@ from bertology.model.protocol import require_encoder
 
 __all__ = ["extend_vocabulary"]
 
+# Head kinds with parameters over the vocabulary other than the masked-LM head's bias (which is grown).
+VOCABULARY_HEADS = ("lm", "tied_lm_bias", "span_boundary")
+
 
 @torch.no_grad()
 def extend_vocabulary(model: nn.Module, pieces: Sequence[Sequence[int]]) -> None:
     """Append ``len(pieces)`` ids to ``model``'s vocabulary, in place: id ``V + i`` gets the mean embedding (and
-    masked-LM bias) of the old ids ``pieces[i]``; ``config.vocab_size`` becomes ``V + len(pieces)``. An encoder's
-    heads other than the masked-LM head hold nothing of the vocabulary's size; any that does is refused."""
+    masked-LM bias) of the old ids ``pieces[i]``; ``config.vocab_size`` becomes ``V + len(pieces)``. A head with
+    other weights over the vocabulary (``VOCABULARY_HEADS``) is refused; the tied decoder grows with the
+    embeddings."""
     encoder = require_encoder(model, "vocabulary extension")
     embedding = encoder.word_embeddings
     size = embedding.num_embeddings
@@ -31,11 +35,10 @@ def extend_vocabulary(model: nn.Module, pieces: Sequence[Sequence[int]]) -> None
         if not ids or any(not 0 <= i < size for i in ids):
             raise ConfigError(f"vocabulary extension: new id {size + index} needs old pieces among 0..{size - 1}, "
                               f"got {list(ids)}")
-    for name, parameter in encoder.heads.named_parameters():
-        head = encoder.heads[name.split(".")[0]]
-        if size in parameter.shape and not (isinstance(head, MaskedLMHead) and name.endswith(".bias")):
-            raise ConfigError(f"vocabulary extension: head parameter {name} {tuple(parameter.shape)} has a "
-                              f"dimension of the vocabulary's size, which only the masked-LM head's bias may have")
+    for spec in encoder.head_specs:
+        if spec.kind in VOCABULARY_HEADS:
+            raise ConfigError(f"vocabulary extension: the {spec.kind} head {spec.name!r} has weights over the "
+                              f"vocabulary that are not grown (only the masked-LM head's are)")
     index = [torch.tensor(list(ids), dtype=torch.long) for ids in pieces]
     weight = embedding.weight
     rows = torch.stack([weight[ids].double().mean(0) for ids in index]).to(weight.dtype) if index else weight[:0]

@@ -120,11 +120,15 @@ def init_directory(config: PretrainConfig) -> Path | None:
 
 def base_tokenizer(config: PretrainConfig) -> Tokenizer:
     """The tokenizer of the model continued from: ``tokenizer.path``, else the one in ``model.init_from``."""
-    source = config.tokenizer.path
-    if source is None:
-        source = init_directory(config)
-        assert source is not None
-    return load_tokenizer(source)
+    if config.tokenizer.path is not None:
+        return load_tokenizer(config.tokenizer.path)
+    directory = init_directory(config)
+    assert directory is not None
+    try:
+        return load_tokenizer(directory)
+    except TokenizerError as error:
+        raise TokenizerError(f"model.init_from: {error}; the run reads the model's tokenizer from there, or give "
+                             "tokenizer.path") from None
 
 
 def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tokenizer:

@@ -207,6 +207,11 @@ def test_an_extended_model_loads_in_transformers_with_the_same_outputs(tmp_path,
     assert tokenizer.vocab_size == load_tokenizer(base).vocab_size + 8
     assert json.loads((result.model_dir / "config.json").read_text())["vocab_size"] == tokenizer.vocab_size
     hf_agrees(result.model_dir, ["the river near the green garden .", "quick blue water under a dark window"])
+    # Fine-tuning starts from the extended model and its tokenizer.
+    tuned = finetune_briefly(result.model_dir, write_sst2(tmp_path / "glue"), tmp_path / "finetuned")
+    assert tuned.steps == 4
+    assert load_model(tuned.model_dir).config.vocab_size == tokenizer.vocab_size
+    assert load_tokenizer(tuned.model_dir).backend.get_vocab() == tokenizer.backend.get_vocab()
 
 
 def test_a_byte_level_bpe_vocabulary_extended_through_its_merges(tmp_path):
@@ -238,13 +243,26 @@ def test_a_byte_level_bpe_vocabulary_extended_through_its_merges(tmp_path):
     hf_agrees(result.model_dir, text[:2])
 
 
-def test_tapt_reads_a_glue_tasks_training_text_and_finetune_starts_from_the_result(tmp_path, base):
+def write_sst2(directory: Path) -> Path:
+    """SST-2-format train.tsv (64 rows) and dev.tsv (16) of cue sentences under ``directory``/SST-2."""
     rng = np.random.default_rng(0)
-    glue = tmp_path / "glue" / "SST-2"
+    glue = directory / "SST-2"
     glue.mkdir(parents=True)
     for split, n in (("train", 64), ("dev", 16)):
         rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
         (glue / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s} \t{y}\n" for s, y in rows))
+    return glue
+
+
+def finetune_briefly(model_dir: Path, glue: Path, output_dir: Path):
+    return finetune(FinetuneConfig.from_dict({
+        "model": str(model_dir), "task": {"name": "sst2", "data": str(glue.parent), "epochs": 1},
+        "optim": {"batch_size": 16, "lr": 1e-3},
+        "run": {"output_dir": str(output_dir), "progress": False}, "speed": {"threads": 1, "prefetch": 0}}))
+
+
+def test_tapt_reads_a_glue_tasks_training_text_and_finetune_starts_from_the_result(tmp_path, base):
+    glue = write_sst2(tmp_path / "glue")
     sentences = [line.split("\t")[0] for line in (glue / "train.tsv").read_text().splitlines()[1:]]
     # The directory gives its train.tsv only; each example is one document of one sentence, labels left out.
     assert [d for d in read_documents(glue, "glue", task="sst2")] == [[s] for s in sentences]
@@ -255,11 +273,7 @@ def test_tapt_reads_a_glue_tasks_training_text_and_finetune_starts_from_the_resu
     metadata = json.loads((tmp_path / "tapt" / "shards" / "metadata.json").read_text())
     assert metadata["sources"][0]["task"] == "sst2"
     assert metadata["sources"][0]["files"] == [str(glue / "train.tsv")]
-    tuned = finetune(FinetuneConfig.from_dict({
-        "model": str(result.model_dir), "task": {"name": "sst2", "data": str(glue.parent), "epochs": 1},
-        "optim": {"batch_size": 16, "lr": 1e-3},
-        "run": {"output_dir": str(tmp_path / "finetuned"), "progress": False}, "speed": {"threads": 1,
-                                                                                          "prefetch": 0}}))
+    tuned = finetune_briefly(result.model_dir, glue, tmp_path / "finetuned")
     assert tuned.steps == 4 and 0.0 <= tuned.dev_metrics["accuracy"] <= 100.0  # per cent
     adapted = load_model(result.model_dir)
     tuned_model = load_model(tuned.model_dir)

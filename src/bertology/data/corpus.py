@@ -14,6 +14,10 @@ Formats:
   closing punctuation, `````` and ``''`` become ``"``, the period Brown adds after a sentence-final abbreviation
   is dropped). A directory given for this format contributes only its
   corpus files (``ca01`` ... ``cr09``), not ``README``, ``CONTENTS`` or ``cats.txt``.
+- ``"glue"``: a GLUE task's unlabelled text (task-adaptive pretraining): the ``train.tsv`` of the task named by
+  ``task`` (sst2, cola, mrpc, rte, stsb), read by :func:`bertology.tasks.readers.read_glue` with its checks; each
+  example is one document, its text (and its second text, for a pair) one sentence each; the labels are not read.
+  A directory given for this format contributes only its ``train.tsv`` files.
 
 Files are read line by line in binary and decoded per line, so the corpus never has to fit in memory and a decoding
 error can name the byte offset of the first bad byte. The encoding must be ASCII-compatible (UTF-8, Latin-1, ...).
@@ -39,13 +43,13 @@ from bertology.inputs import check_unicode
 
 __all__ = ["CORPUS_FORMATS", "CorpusFormat", "CorpusSource", "list_corpus_files", "read_documents", "read_sources"]
 
-CorpusFormat = Literal["bert", "text", "jsonl", "brown"]
-CORPUS_FORMATS: tuple[str, ...] = ("bert", "text", "jsonl", "brown")
+CorpusFormat = Literal["bert", "text", "jsonl", "brown", "glue"]
+CORPUS_FORMATS: tuple[str, ...] = ("bert", "text", "jsonl", "brown", "glue")
 
 PathsLike = str | os.PathLike | Iterable[str | os.PathLike]
 
 # Files a directory contributes for a format; formats not listed take every regular, non-hidden file.
-_DIRECTORY_FILES = {"brown": re.compile(r"c[a-r]\d\d")}
+_DIRECTORY_FILES = {"brown": re.compile(r"c[a-r]\d\d"), "glue": re.compile(r"train\.tsv")}
 _PARAGRAPH_BREAK = re.compile(r"\n[ \t\r\f\v]*\n")
 
 
@@ -214,28 +218,60 @@ def _brown_documents(path: Path, encoding: str) -> Iterator[list[str]]:
         yield document
 
 
+def _glue_documents(path: Path, task: str) -> Iterator[list[str]]:
+    from bertology.tasks.readers import read_glue  # imported here: the tasks package imports this module
+
+    for example in read_glue(task, path):
+        yield [example.text] if example.text_pair is None else [example.text, example.text_pair]
+
+
+def _check_task(format: str, task: str | None) -> None:
+    """The glue format names its task (a known one); the other formats name none."""
+    if format != "glue":
+        if task is not None:
+            raise DataError(f"a corpus task ({task!r}) is read by the glue format only, not by {format!r}")
+        return
+    if task is None:
+        raise DataError("the glue corpus format reads a GLUE task's train.tsv: name the task (sst2, cola, mrpc, "
+                        "rte, stsb)")
+    from bertology.errors import ConfigError
+    from bertology.tasks.readers import glue_task
+
+    try:
+        glue_task(task)
+    except ConfigError as error:  # the reader's own message, as a data error naming the corpus task
+        raise DataError(f"corpus {error}") from None
+
+
 def read_documents(
     paths: PathsLike,
     format: CorpusFormat = "bert",
     text_field: str = "text",
     encoding: str = "utf-8",
+    task: str | None = None,
 ) -> Iterator[list[str]]:
     """Stream the documents of a corpus, each as a list of sentences (see the module docstring for formats).
 
     ``paths`` is a file, a directory (read recursively in sorted order), a glob pattern, or a list of those.
-    Missing paths and unknown formats fail at once; file content errors surface while iterating.
+    ``task`` names the GLUE task of the ``"glue"`` format. Missing paths and unknown formats fail at once; file
+    content errors surface while iterating.
     """
     if format not in CORPUS_FORMATS:
         raise DataError(f"unknown corpus format {format!r}; expected one of {', '.join(CORPUS_FORMATS)}")
     _check_encoding(encoding)
+    _check_task(format, task)
     files = list_corpus_files(paths, format)
-    return _generate(files, format, text_field, encoding)
+    return _generate(files, format, text_field, encoding, task)
 
 
-def _generate(files: list[Path], format: str, text_field: str, encoding: str) -> Iterator[list[str]]:
+def _generate(files: list[Path], format: str, text_field: str, encoding: str,
+              task: str | None = None) -> Iterator[list[str]]:
     count = 0
     for path in files:
-        if format == "bert":
+        if format == "glue":
+            assert task is not None
+            documents = _glue_documents(path, task)
+        elif format == "bert":
             documents = _bert_documents(path, encoding)
         elif format == "text":
             documents = _text_documents(path, encoding)
@@ -259,12 +295,14 @@ class CorpusSource:
     format: CorpusFormat = "bert"
     text_field: str = "text"
     encoding: str = "utf-8"
+    task: str | None = None  # the GLUE task of the "glue" format
 
     def files(self) -> list[Path]:
         return list_corpus_files(self.paths, self.format)
 
     def documents(self) -> Iterator[list[str]]:
-        return read_documents(self.paths, self.format, text_field=self.text_field, encoding=self.encoding)
+        return read_documents(self.paths, self.format, text_field=self.text_field, encoding=self.encoding,
+                              task=self.task)
 
 
 def read_sources(sources: Iterable[CorpusSource]) -> Iterator[list[str]]:

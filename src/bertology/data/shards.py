@@ -502,7 +502,8 @@ def prepare_corpus(
     dtype = _id_dtype(vocab_size)
     # Resolve the files once so that both passes (and the metadata) see the same list.
     sources = [
-        CorpusSource(source.files(), source.format, source.text_field, source.encoding) for source in sources
+        CorpusSource(source.files(), source.format, source.text_field, source.encoding, source.task)
+        for source in sources
     ]
 
     heldout_mask = None
@@ -522,6 +523,7 @@ def prepare_corpus(
                 "format": source.format,
                 "encoding": source.encoding,
                 **({"text_field": source.text_field} if source.format == "jsonl" else {}),
+                **({"task": source.task} if source.format == "glue" else {}),
                 "files": [str(path) for path in source.paths],
             }
             for source in sources

@@ -29,7 +29,7 @@ from bertology.data.seq2seq import Seq2SeqBatches
 from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
-from bertology.errors import ConfigError, TokenizerError
+from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
 from bertology.model.convert import family_for_config
@@ -82,7 +82,8 @@ def corpus_source(config: PretrainConfig, env: D.DistEnv | None = None) -> Corpu
     neither is given."""
     data = config.data
     if data.multilingual is None:
-        return CorpusSource(data.corpus, data.format, data.text_field, data.encoding) if data.corpus else None
+        return CorpusSource(data.corpus, data.format, data.text_field, data.encoding,
+                            data.task) if data.corpus else None
     from bertology.data.multilingual import MIXTURE_FILE, check_mixture, sample_mixture, write_mixture
 
     directory = Path(config.run.output_dir) / MIXTURE_DIR
@@ -98,12 +99,46 @@ def corpus_source(config: PretrainConfig, env: D.DistEnv | None = None) -> Corpu
     return CorpusSource(str(_on_rank0_first(env or D.DistEnv(), make)), "bert")
 
 
+def init_directory(config: PretrainConfig) -> Path | None:
+    """``model.init_from``'s model directory (a path, or an installed model's name), checked before any work;
+    None without it."""
+    if config.model.init_from is None:
+        return None
+    from bertology.errors import CheckpointError
+    from bertology.model.local import resolve_model_path
+
+    try:
+        directory = resolve_model_path(config.model.init_from)
+    except CheckpointError as error:
+        raise ConfigError(f"model.init_from: {error}") from None
+    if not directory.is_dir():
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise ConfigError(f"model.init_from: {config.model.init_from} {what} (a model directory to continue "
+                          "pretraining from)")
+    return directory
+
+
+def base_tokenizer(config: PretrainConfig) -> Tokenizer:
+    """The tokenizer of the model continued from: ``tokenizer.path``, else the one in ``model.init_from``."""
+    if config.tokenizer.path is not None:
+        return load_tokenizer(config.tokenizer.path)
+    directory = init_directory(config)
+    assert directory is not None
+    try:
+        return load_tokenizer(directory)
+    except TokenizerError as error:
+        raise TokenizerError(f"model.init_from: {error}; the run reads the model's tokenizer from there, or give "
+                             "tokenizer.path") from None
+
+
 def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tokenizer:
-    """The configured tokenizer directory, or one trained on the corpus (kept at ``<output_dir>/tokenizer``)."""
+    """The configured tokenizer directory; with ``model.init_from`` and no path, that model's; with ``tokenizer.adapt:
+    extend``, that one extended by the corpus's frequent entries; else one trained on the corpus. Made ones are kept
+    at ``<output_dir>/tokenizer`` (and read from there by a resumed run)."""
     env = env or D.DistEnv()
     tok = config.tokenizer
-    if tok.path is not None:
-        return load_tokenizer(tok.path)
+    if tok.adapt == "keep" and (tok.path is not None or config.model.init_from is not None):
+        return base_tokenizer(config)
     directory = Path(config.run.output_dir) / TOKENIZER_DIR
 
     def make() -> Tokenizer:
@@ -112,6 +147,10 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
         source = corpus_source(config, env)
         if source is None:
             raise ConfigError("data.corpus: no corpus files given (needed to train the tokenizer)")
+        if tok.adapt == "extend":
+            extended = extended_tokenizer(config, source)
+            extended.save(directory)
+            return load_tokenizer(directory)
         documents = source.documents()
         tokenizer = train_tokenizer(chain.from_iterable(documents), tok.kind, tok.vocab_size, style=tok.style,
                                     lowercase=tok.lowercase, min_frequency=tok.min_frequency,
@@ -122,6 +161,31 @@ def build_tokenizer(config: PretrainConfig, env: D.DistEnv | None = None) -> Tok
         return load_tokenizer(directory)
 
     return _on_rank0_first(env, make)
+
+
+def extended_tokenizer(config: PretrainConfig, source: CorpusSource) -> Tokenizer:
+    """The base tokenizer (``base_tokenizer``) with the ``tokenizer.extend_size`` most frequent entries of a
+    ``tokenizer.kind`` tokenizer of ``tokenizer.vocab_size`` trained on the corpus (its lower-casing the base's
+    unless ``tokenizer.lowercase`` says otherwise; bertology.tokenization.extend)."""
+    from bertology.tokenization.extend import check_extension, domain_entries, extend_tokenizer, lowercases
+
+    tok = config.tokenizer
+    assert tok.extend_size is not None
+    old = base_tokenizer(config)
+    where = f"tokenizer {old.source or tok.path}"
+    check_extension(old, tok.extend_size, where)
+    if old.kind != tok.kind:
+        raise ConfigError(f"tokenizer.kind: {tok.kind} entries cannot extend {where}, a {old.kind} tokenizer; set "
+                          f"tokenizer.kind: {old.kind}")
+    lowercase = lowercases(old) if tok.lowercase is None else tok.lowercase
+    style = old.style if old.kind == "bpe" and old.style in ("roberta", "gpt2", "bart") else None
+    domain = train_tokenizer(chain.from_iterable(source.documents()), tok.kind, tok.vocab_size, style=style,
+                             lowercase=lowercase, min_frequency=tok.min_frequency, show_progress=False)
+    entries = domain_entries(old, domain, source.documents(), tok.extend_size)
+    if not entries:
+        raise DataError(f"tokenizer.adapt: the corpus's {tok.kind} vocabulary of {tok.vocab_size} has no entry "
+                        f"that {where} lacks; nothing to extend it with (use adapt keep)")
+    return extend_tokenizer(old, entries, domain)
 
 
 def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | None = None
@@ -416,7 +480,9 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
                           f"tokenizer), not of {config.model.family or 'bert'} models")
     if config.model.init_from is not None:
         source = config.model.init_from
-        pretrained = load_model(source)
+        pretrained = load_model(init_directory(config) or source)
+        if config.tokenizer.adapt == "extend":
+            grow_vocabulary(config, pretrained, tokenizer)
         model_config = pretrained.config
         check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
     else:
@@ -455,6 +521,23 @@ def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         if load_beside is not None and config.model.init_from is not None:
             load_beside(config.model.init_from)
     return model
+
+
+def grow_vocabulary(config: PretrainConfig, pretrained: Any, tokenizer: Tokenizer) -> None:
+    """``pretrained`` (model.init_from's model, which reads the base tokenizer) grown to the extended ``tokenizer``:
+    each new id's embedding and masked-LM bias the mean of those of the pieces the base tokenizer splits it into."""
+    from bertology.model.vocabulary import extend_vocabulary
+    from bertology.tokenization.extend import old_pieces
+
+    old = base_tokenizer(config)
+    check_model_matches(pretrained.config, old, config, f"model.init_from {config.model.init_from}")
+    added = range(old.vocab_size, tokenizer.vocab_size)
+    for index in range(old.vocab_size):  # the extended tokenizer keeps every id of the base one
+        if tokenizer.id_to_token(index) != old.id_to_token(index):
+            raise TokenizerError(f"{tokenizer.source}: id {index} is {tokenizer.id_to_token(index)!r}, but "
+                                 f"{old.source}'s is {old.id_to_token(index)!r}: not an extension of the model's "
+                                 f"tokenizer (remove {tokenizer.source} to extend again)")
+    extend_vocabulary(pretrained, [old_pieces(old, str(tokenizer.id_to_token(i))) for i in added])
 
 
 def objectives_to_save(config: PretrainConfig, trainer: Trainer, objectives: list[Objective]) -> list[Objective]:
@@ -564,6 +647,7 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
             D.barrier(env)
         else:
             check_output_dir(config.run.output_dir, resume=resume, overwrite=False)
+        init_directory(config)  # a missing model directory costs nothing either
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
         objectives = config.build_objectives()

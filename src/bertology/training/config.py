@@ -159,7 +159,14 @@ class TokenizerConfig:
     ``vocab_size``, ``style``, ...; ``bertology.tokenization.train_tokenizer``) and saved to
     ``<output_dir>/tokenizer``, or reused from there on later runs. ``style`` picks the family's special tokens and
     framing: ``gpt2`` (byte-level BPE, <|endoftext|>), ``t5`` (Unigram with ``sentinels`` sentinel tokens, T5's
-    100 by default), ``bart``, ``xlnet``, ``bert``, ``roberta``."""
+    100 by default), ``bart``, ``xlnet``, ``bert``, ``roberta``.
+
+    ``adapt`` (docs/ADAPTATION.md) says what a run does with a vocabulary: ``keep`` (the default) uses ``path``, or
+    with ``model.init_from`` and no ``path`` the tokenizer saved in that model directory, else trains one as
+    above; ``extend`` (with ``model.init_from``) appends the ``extend_size`` most frequent entries of a ``kind``
+    tokenizer of ``vocab_size`` trained on the corpus to the model's tokenizer (``path`` or the model directory's),
+    kept at ``<output_dir>/tokenizer``; ``new`` trains a fresh vocabulary on the corpus for a model pretrained from
+    scratch (SciBERT's SciVocab): neither ``path`` nor ``model.init_from``."""
 
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
@@ -168,9 +175,22 @@ class TokenizerConfig:
     lowercase: bool | None = None
     min_frequency: int = 2
     sentinels: int | None = None  # with style t5 (None: T5's 100)
+    adapt: Literal["keep", "extend", "new"] = "keep"
+    extend_size: int | None = None  # with adapt extend: how many entries are added
 
     def __post_init__(self) -> None:
         validate(self, "tokenizer")
+        if self.adapt == "extend":
+            if self.extend_size is None or self.extend_size < 1:
+                raise ConfigError(f"tokenizer.extend_size: adapt extend adds this many entries; must be >= 1, got "
+                                  f"{self.extend_size}")
+            if self.kind not in ("wordpiece", "bpe"):
+                raise ConfigError(f"tokenizer.kind: adapt extend learns WordPiece or BPE entries, got {self.kind!r}")
+        elif self.extend_size is not None:
+            raise ConfigError(f"tokenizer.extend_size: read with adapt extend only, but adapt is {self.adapt!r}")
+        if self.adapt == "new" and self.path is not None:
+            raise ConfigError("tokenizer.path: adapt new trains a fresh vocabulary on the corpus; leave path unset "
+                              "(or use adapt keep)")
         if self.vocab_size < 8:
             raise ConfigError(f"tokenizer.vocab_size: must be >= 8, got {self.vocab_size}")
         if self.min_frequency < 0:
@@ -187,8 +207,10 @@ class DataConfig:
     """The corpus and its shards. ``shards`` defaults to ``<output_dir>/shards`` (prepared once, then reused)."""
 
     corpus: list[str] = field(default_factory=list)
-    format: Literal["bert", "text", "jsonl", "brown"] = "bert"
+    format: Literal["bert", "text", "jsonl", "brown", "glue"] = "bert"
     text_field: str = "text"
+    # With format glue: the GLUE task whose train.tsv texts are the corpus (task-adaptive pretraining).
+    task: str | None = None
     encoding: str = "utf-8"
     shards: str | None = None
     heldout_documents: int | float = 0  # a count, or a fraction of the documents, held out for evaluation
@@ -227,6 +249,18 @@ class DataConfig:
             raise ConfigError(f"data.bucket_window: must be >= 0, got {self.bucket_window}")
         if self.multilingual is not None and self.corpus:
             raise ConfigError("data.corpus: give the corpora under data.multilingual.languages, not both")
+        if self.format == "glue":
+            from bertology.tasks.readers import glue_task
+
+            if self.task is None:
+                raise ConfigError("data.task: the glue format reads a GLUE task's train.tsv: name the task (sst2, "
+                                  "cola, mrpc, rte, stsb)")
+            try:
+                glue_task(self.task)
+            except ConfigError as error:
+                raise ConfigError(f"data.{error}") from None
+        elif self.task is not None:
+            raise ConfigError(f"data.task: read by data.format glue only, but data.format is {self.format!r}")
 
 
 @dataclass
@@ -461,6 +495,7 @@ class PretrainConfig:
             raise ConfigError(f"objectives.sop: sentence-order prediction needs data.instances.kind 'sop', "
                               f"got {self.data.instances.kind!r}")
         self._check_elmo()
+        self._check_adapt()
         spans = self.data.masking.spans
         if "span_boundary" in self.objectives and spans is None:
             raise ConfigError("objectives.span_boundary: the span boundary objective needs span masking "
@@ -488,6 +523,22 @@ class PretrainConfig:
                 raise ConfigError(f"objectives.{others[0]}: an ELMo run trains the bilm objective only")
             if self.model.init_from is not None:
                 raise ConfigError("model.init_from: ELMo runs start from a fresh model")
+
+    def _check_adapt(self) -> None:
+        """Vocabulary adaptation: extending needs a model to extend and a corpus to learn from; a new vocabulary
+        means pretraining from scratch."""
+        adapt = self.tokenizer.adapt
+        if adapt == "extend":
+            if self.model.init_from is None:
+                raise ConfigError("tokenizer.adapt: extend grows the vocabulary of model.init_from's model; set "
+                                  "model.init_from")
+            if self.model.elmo is not None or self.model.kind != "encoder":
+                raise ConfigError("tokenizer.adapt: extend grows an encoder's vocabulary (BERT family)")
+            if not self.data.corpus:
+                raise ConfigError("tokenizer.adapt: extend learns the new entries from data.corpus; give it")
+        if adapt == "new" and self.model.init_from is not None:
+            raise ConfigError("tokenizer.adapt: new is a fresh vocabulary for a model pretrained from scratch; leave "
+                              "model.init_from unset (keep or extend continue a model)")
 
     def _build_objectives(self) -> dict[str, Any]:
         from bertology.objectives import build_objectives

@@ -7,6 +7,7 @@ Every check raises the caller's `BertologyError` subclass with a message naming 
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 import tokenize
@@ -57,6 +58,20 @@ def check_unicode(value: Any, where: str, error: type[BertologyError] = DataErro
         raise error(f"{where}: {what}: character {index} is a lone surrogate (U+{ord(char):04X}, from a "
                     f"\\u{ord(char):04x} escape), which is not Unicode text")
     return value
+
+
+def json_object(line: str, where: str, error: type[BertologyError] = DataError) -> dict[str, Any]:
+    """One JSON-lines record: the object on `line`, or an error naming `where` (file and line) and what is wrong:
+    invalid JSON (with its column), nesting too deep for the parser, or a value that is not an object."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as problem:
+        raise error(f"{where}: invalid JSON: {problem.msg} (column {problem.colno})") from None
+    except RecursionError:
+        raise error(f"{where}: invalid JSON: arrays or objects nested too deeply") from None
+    if not isinstance(record, dict):
+        raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record
 
 
 def text_lines(path: str | os.PathLike, error: type[BertologyError] = DataError) -> Iterator[tuple[int, str]]:

@@ -229,10 +229,8 @@ def _text_records(args: argparse.Namespace, task: str) -> list[tuple[str, dict]]
 
 
 def _file_records(path, format: str, task: str) -> list[tuple[str, dict]]:
-    import json
-
     from bertology.errors import DataError
-    from bertology.inputs import check_unicode, text_lines
+    from bertology.inputs import check_unicode, json_object, text_lines
 
     jsonl = format == "jsonl" or (format == "auto" and path.suffix.lower() == ".jsonl")
     records: list[tuple[str, dict]] = []
@@ -246,14 +244,7 @@ def _file_records(path, format: str, task: str) -> list[tuple[str, dict]]:
             if not line.strip():
                 continue
             where = f"{path}: line {number}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{where}: invalid JSON: {error.msg} (column {error.colno})") from None
-            except RecursionError:
-                raise DataError(f"{where}: invalid JSON: arrays or objects nested too deeply") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            record = json_object(line, where)
             check_unicode(record, where)
             records.append((where, record))
     if not records:

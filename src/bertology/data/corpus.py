@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import codecs
 import glob
-import json
 import os
 import re
 from itertools import chain
@@ -39,7 +38,7 @@ from typing import Literal
 
 from bertology.data.sentences import split_sentences
 from bertology.errors import DataError
-from bertology.inputs import check_unicode
+from bertology.inputs import check_unicode, json_object
 
 __all__ = ["CORPUS_FORMATS", "CorpusFormat", "CorpusSource", "list_corpus_files", "read_documents", "read_sources"]
 
@@ -107,14 +106,7 @@ def _check_encoding(encoding: str) -> None:
 
 def jsonl_text(line: str, path: Path, number: int, text_field: str) -> str:
     """The string under ``text_field`` of one JSONL line; errors name the file, the line and what is wrong."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
-    except RecursionError:
-        raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{path}: line {number}: expected a JSON object, got {type(record).__name__}")
+    record = json_object(line, f"{path}: line {number}")
     if text_field not in record:
         keys = ", ".join(map(repr, record)) or "none"
         raise DataError(f"{path}: line {number}: missing field {text_field!r} (fields: {keys})")

@@ -132,9 +132,20 @@ def without_seconds(value):
     return value
 
 
+def printed_lines(printed: str) -> list[object]:
+    """What a command printed, line by line; a JSON line (a command's result) read back without its timings."""
+    lines: list[object] = []
+    for line in printed.splitlines():
+        try:
+            lines.append(without_seconds(json.loads(line)))
+        except ValueError:
+            lines.append(line)
+    return lines
+
+
 def results(out: Path, printed: str) -> dict[str, object]:
     """What a command left: its printed output and every file under `out` (arrays and JSON read back)."""
-    found: dict[str, object] = {"printed": printed}
+    found: dict[str, object] = {"printed": printed_lines(printed)}
     for path in sorted(p for p in out.rglob("*") if p.is_file()):
         name = str(path.relative_to(out))
         if path.suffix == ".npz":

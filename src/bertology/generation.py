@@ -34,6 +34,7 @@ from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.heads import head_reads
+from bertology.model.protocol import DECODER_ONLY, capabilities
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
 NEVER = -1.0e9  # transformers' score of a hypothesis that must not be chosen
@@ -398,7 +399,7 @@ def generate_texts(model_or_pretrained: Any, tokenizer: Any, texts: Sequence[str
     decoder's prompt and its continuation, an encoder-decoder's generated text. `options` are `generate`'s. An
     `InputError` names a text (1-based) that has no tokens."""
     model = generation_model(model_or_pretrained)
-    decoder = isinstance(model, DecoderModel)
+    decoder = DECODER_ONLY in capabilities(model)
     prompts = [tokenizer.encode(text).ids for text in texts]
     for number, ids in enumerate(prompts, start=1):
         if not ids:

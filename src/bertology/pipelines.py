@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from bertology.errors import ConfigError, InputError
-from bertology.model import Pretrained
+from bertology.model import GENERATES, Pretrained, capabilities
 
 TASKS = ("text-classification", "token-classification", "question-answering", "fill-mask", "text-generation",
          "feature-extraction")
@@ -72,14 +72,12 @@ def model_task(pretrained: Pretrained) -> str:
     """The task a model is for, read from its heads (config.json's architecture): a sequence classifier, a token
     classifier, a QA head; else a decoder or an encoder-decoder generates, a masked-LM head fills masks, and any
     other model extracts features."""
-    from bertology.model.transformer import DecoderModel, Seq2SeqModel
-
     heads = pretrained.model.heads
     for head, task in ((CLASSIFIER, "text-classification"), (TOKEN_CLASSIFIER, "token-classification"),
                        (QA, "question-answering")):
         if head in heads:
             return task
-    if isinstance(pretrained.model, (DecoderModel, Seq2SeqModel)):
+    if GENERATES in capabilities(pretrained.model):
         return "text-generation"
     if "mlm" in heads:
         return "fill-mask"

@@ -43,14 +43,13 @@ def run(args: argparse.Namespace) -> int:
 
     from bertology.errors import CheckpointError, ConfigError
     from bertology.generation import generate_texts
-    from bertology.model import load_model
+    from bertology.model import GENERATES, capabilities, load_model
     from bertology.model.checkpoint import TOKENIZER_FILES
-    from bertology.model.transformer import DecoderModel, Seq2SeqModel
     from bertology.tokenization import load_tokenizer
 
     where = placement_from_args(args)
     model = load_model(args.model)
-    if not isinstance(model, (DecoderModel, Seq2SeqModel)):  # before the tokenizer: ELMo's is a word list
+    if GENERATES not in capabilities(model):  # before the tokenizer: ELMo's is a word list
         raise ConfigError(f"--model {args.model}: generation needs a decoder (GPT-2) or an encoder-decoder (T5, "
                           f"BART); this is a {getattr(model.config, 'family', type(model).__name__)} model "
                           f"({type(model).__name__})")

@@ -80,8 +80,7 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from bertology.errors import ConfigError, DataError
-    from bertology.model import load
-    from bertology.model.encoder import EncoderModel
+    from bertology.model import MASKED_LM, capabilities, load
     from bertology.recipes.long_mlm import long_document_mlm_loss, mask_documents
 
     texts = []
@@ -94,7 +93,7 @@ def run_mlm_loss(args: argparse.Namespace) -> int:
             raise DataError(f"--text {name}: not {args.encoding} at byte {error.start} (see --encoding)") from None
     models = [load(directory) for directory in args.model]
     for directory, pretrained in zip(args.model, models):
-        if not isinstance(pretrained.model, EncoderModel) or "mlm" not in pretrained.model.heads:
+        if MASKED_LM not in capabilities(pretrained.model):
             raise ConfigError(f"--model {directory}: a {getattr(pretrained.model.config, 'family', '?')} model without "
                               "a masked-LM head ('mlm'); mlm-loss scores masked-LM encoders (BERT, RoBERTa, a "
                               "Longformer)")

@@ -9,7 +9,8 @@ from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
 from bertology.model.packing import Layout
-from bertology.model.protocol import Model, require_encoder
+from bertology.model.protocol import (DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, Model, capabilities,
+                                      require_encoder)
 from bertology.model.registry import register_model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
 from bertology.model.xlnet import XLNetConfig, XLNetModel
@@ -19,6 +20,11 @@ from bertology.model.identity import fingerprint
 from bertology.model.quantize import with_dtype
 
 __all__ = [
+    "DECODER_ONLY",
+    "ENCODER_DECODER",
+    "GENERATES",
+    "MASKED_LM",
+    "capabilities",
     "BIDIRECTIONAL",
     "Block",
     "BlockSpec",

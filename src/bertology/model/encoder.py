@@ -41,7 +41,7 @@ from bertology.model.heads import (
     head_reads,
 )
 from bertology.model.packing import Layout
-from bertology.model.protocol import check_id_range
+from bertology.model.protocol import MASKED_LM, check_id_range
 
 __all__ = [
     "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
@@ -272,6 +272,10 @@ class EncoderModel(nn.Module):
     """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
 
     config_class = EncoderConfig
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
 
     def __init__(self, config: EncoderConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__()

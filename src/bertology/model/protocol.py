@@ -49,6 +49,19 @@ class Model(Protocol):
     def word_embeddings(self) -> nn.Embedding: ...
 
 
+# What a model can do, declared by its class as `capabilities` (a frozenset of these names), so that code above the
+# model package asks for what it needs instead of which class it holds.
+GENERATES = "generates"              # autoregressive decoding through a key/value cache (`bertology.generate`)
+DECODER_ONLY = "decoder-only"        # a causal decoder: a prompt is the start of its own output
+ENCODER_DECODER = "encoder-decoder"  # an encoder read once, then a decoder generating from its start token
+MASKED_LM = "masked-lm"              # a bidirectional encoder with a masked-LM head ('mlm')
+
+
+def capabilities(model: Any) -> frozenset[str]:
+    """What `model` declares it can do; nothing for a model that declares nothing."""
+    return frozenset(getattr(model, "capabilities", ()))
+
+
 def require_encoder(model: Any, feature: str) -> Any:
     """`model` when it is a bidirectional encoder; else a ConfigError saying that `feature` needs one."""
     from bertology.model.encoder import EncoderModel

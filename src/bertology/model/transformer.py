@@ -28,7 +28,7 @@ from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
-from bertology.model.protocol import check_id_range
+from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
 from bertology.model.registry import register_model
 
 PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
@@ -333,6 +333,8 @@ class TransformerModel(nn.Module):
 class DecoderModel(TransformerModel):
     """A causal decoder (GPT-style) with heads; the first head is the primary one (`logits`)."""
 
+    capabilities = frozenset({GENERATES, DECODER_ONLY})
+
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
         self.decoder = Stack(config, config.num_layers, causal=True, cross_attention=False)
@@ -410,6 +412,8 @@ def shift_right(labels: Tensor, start: int, pad: int) -> Tensor:
 class Seq2SeqModel(TransformerModel):
     """An encoder-decoder (BART/T5-style) sharing one token embedding; the decoder cross-attends to the encoder's
     last hidden state."""
+
+    capabilities = frozenset({GENERATES, ENCODER_DECODER})
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)

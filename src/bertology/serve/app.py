@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 
 from bertology.embeddings import Embeddings, Pieces, parse_layers, select_layers
 from bertology.errors import BertologyError
-from bertology.model import Pretrained
+from bertology.model import ENCODER_DECODER, Pretrained, capabilities
 from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
 from bertology.objectives.fill_mask import fill_mask, span_beams
@@ -294,7 +294,7 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         limits.check("max_tokens", tokens, "the tokens of the texts", field="texts")
         limits.check("max_outputs", sum(masks) * request.top_k, f"the candidates asked for ({sum(masks)} masks x "
                      f"top_k {request.top_k})", field="top_k")
-        if isinstance(pretrained.model, Seq2SeqModel):  # generated spans: bounded by the decoder steps they cost
+        if ENCODER_DECODER in capabilities(pretrained.model):  # generated spans: bounded by the steps they cost
             beams = span_beams(request.top_k)
             limits.check("max_generated", len(texts) * beams * request.max_new_tokens,
                          f"the generation asked for ({len(texts)} texts x {beams} beams (top_k {request.top_k}, at "

@@ -13,7 +13,7 @@ transformers = pytest.importorskip("transformers")
 
 import bertology  # noqa: E402
 from bertology.model import HeadSpec, save_model  # noqa: E402
-from bertology.model.blocks import FUSE_MIN_ROWS, Block, BlockSpec  # noqa: E402
+from bertology.model.blocks import Block, BlockSpec  # noqa: E402
 from bertology.model.elmo import ElmoModel, batch_to_ids, tiny_config  # noqa: E402
 
 VOCAB = 61
@@ -128,10 +128,10 @@ def test_generation_under_inference_mode_equals_generation_without_gradients(dir
 
 
 @pytest.mark.usefixtures("one_thread")
-@pytest.mark.parametrize("rows", [1, FUSE_MIN_ROWS])
+@pytest.mark.parametrize("rows", [1, 512])
 def test_fused_projections_of_inference_tensors_follow_in_place_changes(rows):
     """Inference tensors have no version counter, so nothing is kept: a weight changed in place inside inference
-    mode is seen at the next call, for inputs below the fusing threshold (three products) and at it (one)."""
+    mode is seen at the next call (three products, at any number of rows)."""
     torch.manual_seed(0)
     with torch.inference_mode():
         block = Block(BlockSpec(hidden_size=16, num_heads=2, head_dim=8, intermediate_size=32)).eval()
@@ -145,7 +145,7 @@ def test_fused_projections_of_inference_tensors_follow_in_place_changes(rows):
             block.key.weight.mul_(2.0)  # in place, no version bump
             block.value.bias.add_(1.0)
         assert "_fused_qkv" not in block.__dict__
-        assert (block.fused_qkv(rows=rows) is None) == (rows < FUSE_MIN_ROWS)
+        assert block.fused_qkv() is None
 
 
 def test_fused_projections_of_normal_weights_are_kept_under_inference_mode():

@@ -30,7 +30,7 @@ from bertology.model.attention import BIDIRECTIONAL, attend, scatter_attention, 
 from bertology.model.blocks import Block, BlockSpec, init_parameters, plain_linear
 from bertology.model.config import EncoderConfig
 from bertology.model.dropout import fast_dropout
-from bertology.model.extensions import BUILTIN_EXTENSIONS, EXTENSIONS, add_extension, register_extension
+from bertology.model.extensions import EXTENSIONS, add_extension, register_extension
 from bertology.model.heads import (
     HEAD_KINDS,
     HeadInputs,
@@ -44,7 +44,7 @@ from bertology.model.packing import Layout
 from bertology.model.protocol import MASKED_LM, check_id_range
 
 __all__ = [
-    "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
+    "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
     "HeadSpec", "Layout", "activation", "attend", "plain_linear", "register_extension", "scatter_attention",
 ]
 

@@ -29,7 +29,6 @@ from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBias
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
 from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
-from bertology.model.registry import register_model
 
 PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
 
@@ -546,7 +545,3 @@ class EncoderStackModel(TransformerModel):
         self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 
-
-register_model("decoder", DecoderModel)
-register_model("seq2seq", Seq2SeqModel)
-register_model("encoder-stack", EncoderStackModel)

@@ -75,7 +75,7 @@ from bertology.io import atomic_write  # noqa: E402
 from bertology.model.checkpoint import load, write_model_files  # noqa: E402
 from bertology.model.encoder import EncoderModel  # noqa: E402
 from bertology.recipes.finetune import FinetuneConfig, build_model  # noqa: E402
-from bertology.tasks.base import get_task  # noqa: E402
+from bertology.tasks.lookup import get_task  # noqa: E402
 from bertology.tasks.sequence import EncodedExamples, TaskBatch, predict_logits  # noqa: E402
 from bertology.tasks.tagging import IGNORE, TOKEN_CLASSIFIER, TokenExamples, predict_word_labels  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402

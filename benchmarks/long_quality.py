@@ -153,7 +153,7 @@ def squad_data(root: Path, train_questions: int, dev_questions: int,
                source: Path = DATA / "squad" / "squad-v1.1-dev-part-a.json") -> None:
     """Whole articles, a few questions of each, as the official file pair (train-v1.1.json, dev-v1.1.json)."""
     sys.path.insert(0, str(HERE.parent / "src"))
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
     from bertology.tasks.qa import split_path
 
     folder = root / "squad"
@@ -218,7 +218,7 @@ def window_counts(root: Path, short: Path, lengths: dict[str, int]) -> dict:
     out = root / "squad-windows.json"
     if not out.is_file():
         sys.path.insert(0, str(HERE.parent / "src"))
-        from bertology.tasks.base import get_task
+        from bertology.tasks.lookup import get_task
         from bertology.tokenization import load_tokenizer
 
         task, tokenizer, counts = get_task("squad-article"), load_tokenizer(short), {}

@@ -51,10 +51,11 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from bertology.embeddings import embed
-    from bertology.generation import generate
-    from bertology.model import TransformerConfig, EncoderModel, Pretrained, load, preset
-    from bertology.pipelines import Pipeline, pipeline
+    from bertology.embeddings import embed as embed
+    from bertology.generation import generate as generate
+    from bertology.model import TransformerConfig as TransformerConfig, EncoderModel as EncoderModel
+    from bertology.model import Pretrained as Pretrained, load as load, preset as preset
+    from bertology.pipelines import Pipeline as Pipeline, pipeline as pipeline
 
 
 def __getattr__(name: str) -> Any:

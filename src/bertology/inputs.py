@@ -74,6 +74,23 @@ def json_object(line: str, where: str, error: type[BertologyError] = DataError) 
     return record
 
 
+def json_file(path: str | os.PathLike, error: type[BertologyError] = DataError) -> dict[str, Any]:
+    """The JSON object a whole file holds; anything else (bad UTF-8, bad JSON, nesting too deep, a list) is an
+    `error` naming the file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as problem:
+        raise error(f"{path}: not UTF-8 text ({problem})") from None
+    except json.JSONDecodeError as problem:
+        raise error(f"{path}: not valid JSON: {problem}") from None
+    except RecursionError:
+        raise error(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object, got a {type(data).__name__}")
+    return data
+
+
 def text_lines(path: str | os.PathLike, error: type[BertologyError] = DataError) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a UTF-8 text file, line ends (LF or CRLF) and a leading byte-order mark removed;
     bytes that are not UTF-8 are an `error` naming the file, the line and the byte offset."""

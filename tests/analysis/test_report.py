@@ -3,7 +3,6 @@ rendered by a real headless Chromium with no console errors and no request leavi
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import types

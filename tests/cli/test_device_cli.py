@@ -56,7 +56,7 @@ def files(tmp_path_factory) -> Path:
     model.init_weights(torch.Generator().manual_seed(0))
     Pretrained(model, tokenizer).save(root / "model")
 
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
 
     classifier = EncoderModel(config, get_task("sst2").heads(config))
     classifier.init_weights(torch.Generator().manual_seed(1))

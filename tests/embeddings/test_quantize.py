@@ -17,8 +17,6 @@ from bertology.errors import ConfigError
 from bertology.model import TransformerConfig, EncoderModel, Pretrained, load
 from bertology.model.quantize import Int8Linear, check_dtype, is_quantized, quantize, with_dtype
 
-quantize_module = sys.modules["bertology.model.quantize"]
-
 TEXTS = [
     "The bank raised its rates.",
     "An unaffable clerk stamped the form twice, then left.",
@@ -45,7 +43,7 @@ def test_int8_linear_is_exact_on_values_it_can_represent(monkeypatch, split):
     # rounding. Both ends of both ranges are reached, so a matmul that saturates 16-bit pair sums would be off by
     # ~10^4; `split`: the weight split in two as where the CPU's int8 matmul saturates, whatever this CPU does.
     if split:
-        monkeypatch.setattr(quantize_module, "int_mm_saturates", lambda: True)
+        monkeypatch.setattr("bertology.model.int8.int_mm_saturates", lambda: True)  # where Int8Linear reads it
     g = torch.Generator().manual_seed(0)
     linear = nn.Linear(24, 10)
     with torch.no_grad():
@@ -196,7 +194,7 @@ def test_embed_cli_bad_dtype(minilm_path, tmp_path, capsys):
 
 
 def test_predict_cli_int8_agrees_with_float32(tmp_path, capsys):
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
     from finetune_helpers import save_tiny_model
 
     words = ["good", "bad", "film", "plot", "great", "dull", "the", "was", "a", "very"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bertology.cli.embed as embed_cli
-import bertology.data.corpus as corpus_module
+import bertology.text.corpus as corpus_module
 from bertology.cli.main import main
 from bertology.embeddings import embed, load_vectors, read_texts, save_vectors
 from bertology.errors import DataError

@@ -137,7 +137,7 @@ def test_pruned_last_layer_gives_the_same_logits_and_gradients(family):
     mask[1, 7:] = 0
     mask[3, 3:] = 0
     positions = torch.tensor([[0, 3], [1, 2], [1, 6], [2, 11], [3, 1], [0, 5], [0, 3]])  # repeats are allowed
-    grads = []
+    grads, full = [], {}
     nothing_else = torch.empty(0, 2, dtype=torch.long)  # the caller reads only what the heads read
     for pruned in (False, True):
         model.zero_grad()

@@ -244,7 +244,7 @@ def test_resuming_a_finished_run_with_broken_records_names_the_file(glue, model_
 
 def test_the_dev_set_is_predicted_once_per_evaluation_and_never_again_at_the_end(glue, model_dir, tmp_path,
                                                                                   monkeypatch, capsys):
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
 
     task = get_task("sst2")
     calls = []

@@ -11,7 +11,7 @@ from bertology.errors import ConfigError
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune, predict_file, task_heads
 from bertology.tasks import read_conll
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.metrics import evaluate_files
 from finetune_helpers import save_tiny_model, toy_conll
 

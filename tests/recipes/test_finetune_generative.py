@@ -15,7 +15,7 @@ from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import TextExample
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.text_to_text import GlueTextToText, score_text, read_score

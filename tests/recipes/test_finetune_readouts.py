@@ -11,7 +11,7 @@ import torch
 from bertology.errors import ConfigError
 from bertology.model import EncoderModel, HeadSpec, Pretrained, load, preset
 from bertology.recipes.finetune import FinetuneConfig, finetune, predict_file
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.metrics import evaluate_files
 from finetune_helpers import BAD, FILL, GOOD, save_tiny_model
 from finetune_helpers import cue_sentence as _sentence

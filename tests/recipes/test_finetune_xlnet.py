@@ -14,7 +14,7 @@ import torch
 from bertology.cli.main import main
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import PairFrame, QAWindows
 from bertology.tasks.sequence import EncodedExamples

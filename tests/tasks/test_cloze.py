@@ -11,7 +11,7 @@ from bertology.errors import ConfigError
 from bertology.model import EncoderModel, Pretrained, load, preset
 from bertology.model.encoder import HeadSpec
 from bertology.recipes.finetune import FinetuneConfig, build_model, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.cloze import ClozeTask, cloze_scores, zero_shot
 from bertology.tasks.examples import TextExample
 from bertology.tasks.glue import GlueFinetuneTask

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.qa import split_path
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_quality.py"

@@ -15,7 +15,7 @@ from bertology.errors import ConfigError, DataError
 from bertology.model import EncoderModel, Pretrained, load, preset
 from bertology.objectives.base import Passes
 from bertology.recipes.finetune import FinetuneConfig, finetune, predict_file
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.qa import (

@@ -13,7 +13,7 @@ import torch
 from bertology.cli.main import main
 from bertology.model import EncoderModel, LongformerModel, Pretrained, load, preset
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import ARTICLE_SEPARATOR, split_path, whole_articles
 from bertology.tokenization import train_tokenizer

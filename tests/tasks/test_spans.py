@@ -15,7 +15,7 @@ from bertology.errors import ConfigError, DataError, InputError
 from bertology.model import EncoderModel, load, save_model
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.spans import (
     SpanTask,
     encode_spans,

@@ -12,7 +12,7 @@ import torch
 from bertology.cli.main import main
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.qa import write_squad_json
 from bertology.tasks.text_to_text import SquadTextToText

@@ -12,7 +12,7 @@ import torch
 
 from bertology.model import load
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.qa import PairFrame, QAWindows, write_squad_json
 from finetune_helpers import save_family_model
 

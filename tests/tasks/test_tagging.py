@@ -14,7 +14,7 @@ from bertology.cli.main import main
 from bertology.errors import DataError
 from bertology.model import EncoderModel, load
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.tagging import IGNORE, TaggingTask, chunk_words, encode_chunks, encode_tagged
 from bertology.tokenization import load_tokenizer

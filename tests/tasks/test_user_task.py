@@ -13,7 +13,7 @@ import pytest
 from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
 from bertology.recipes.finetune import FinetuneConfig, finetune
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.tasks.user import UserTask
 from finetune_helpers import BAD, FILL, GOOD, cue_sentence, save_tiny_model
 

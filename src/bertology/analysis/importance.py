@@ -83,7 +83,7 @@ class TaskData:
 
     def __init__(self, pretrained: Pretrained, task: str, data: str | Path, *, importance_examples: int = 256,
                  eval_examples: int | None = None, max_length: int = 128, batch_size: int = 64) -> None:
-        from bertology.tasks.base import get_task
+        from bertology.tasks.lookup import get_task
 
         self.task = get_task(task)
         if self.task.label_names() is None:

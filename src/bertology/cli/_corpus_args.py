@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from bertology.data.corpus import CORPUS_FORMATS, CorpusSource
+from bertology.text.corpus import CORPUS_FORMATS, CorpusSource
 from bertology.errors import ConfigError
 
 PREFIX_HELP = ("A FILE may start with FORMAT: (e.g. brown:../shared/data/brown-nltk) to read it in another format "

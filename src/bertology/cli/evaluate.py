@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         metrics = evaluate_files(name, args.predictions, args.gold, allow_missing=args.allow_missing,
                                  open_labels=args.open_labels)
     else:  # any other registered task (span typing) or a user's task file scores with its own evaluate
-        from bertology.tasks.base import get_task
+        from bertology.tasks.lookup import get_task
 
         task = get_task(name)
         gold = Path(args.gold) if args.gold else None

@@ -2,7 +2,7 @@
 memory-mapped shards and XLM-R's multilingual sampling."""
 
 from bertology.data.bart_noise import BartNoise, DenoisingBatches, NoiseConfig, NoisedBatch
-from bertology.data.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
+from bertology.text.corpus import CORPUS_FORMATS, list_corpus_files, read_documents
 from bertology.data.dataset import PackedInstances, PretrainingBatch, PretrainingDataset, StepClock
 from bertology.data.instances import (
     DocumentSource,
@@ -22,7 +22,7 @@ from bertology.data.multilingual import (
     sampling_probabilities,
     write_mixture,
 )
-from bertology.data.sentences import split_sentences
+from bertology.text.sentences import split_sentences
 from bertology.data.shards import TokenizedCorpus, prepare_corpus, tokenizer_fingerprint
 from bertology.data.span_masking import SpanBatch, SpanBatches
 

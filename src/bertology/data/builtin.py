@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertology.data.corpus import read_lines
-from bertology.data.sentences import split_sentences
+from bertology.text.corpus import read_lines
+from bertology.text.sentences import split_sentences
 from bertology.errors import DataError
 from bertology.io import atomic_write
 

@@ -3,20 +3,76 @@
 Instances of kind ``packed-documents`` (``bertology.data.instances``) fill every row with documents laid end to
 end; the batch keeps each token's document id, so that the model attends only within a document
 (``bertology.model.packing``: each document is a sequence of the packed layout, its positions counted from 0) and
-a position predicts the next token only when that token is of the same document (``objectives.clm.lm_batch``).
+a position predicts the next token only when that token is of the same document (``lm_batch``).
 Other instance kinds give one document part per row. A causal-LM batch is a function of its instances; a prefix-LM
 batch's splits are keyed by seed, instance and epoch, so it is a pure function of them too.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch import Tensor
 
 from bertology.data.dataset import InstanceBatch
 from bertology.data.masking import masking_seeds
 from bertology.data.span_masking import row_key_generator
-from bertology.objectives.clm import LMBatch, lm_batch
-from bertology.objectives.prefixlm import PrefixLMBatch
+
+
+@dataclass
+class LMBatch:
+    """A padded batch of token sequences for causal LM (see `lm_batch`); `documents` [B, L] when rows hold several
+    packed documents (the model then attends within each), `instance_ids` [B] when they come from a dataset."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    masked_positions: Tensor
+    lm_labels: Tensor
+    documents: Tensor | None = None
+    instance_ids: Tensor | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> LMBatch:
+        return LMBatch(*(None if t is None else t.to(device, non_blocking=non_blocking) for t in (
+            self.input_ids, self.attention_mask, self.masked_positions, self.lm_labels, self.documents,
+            self.instance_ids)))
+
+
+def lm_batch(input_ids: Tensor, attention_mask: Tensor | None = None, documents: Tensor | None = None,
+             instance_ids: Tensor | None = None) -> LMBatch:
+    """The causal-LM targets of a padded batch, vectorised: every real position whose next position is real predicts
+    that token (padding on either side). With `documents` [B, L] (an id per token), only a position whose next
+    token is of the same document predicts it: the last token of a document does not predict the first of the
+    next."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    real = attention_mask.bool()
+    predicts = real[:, :-1] & real[:, 1:]
+    if documents is not None:
+        predicts &= documents[:, :-1] == documents[:, 1:]
+    rows, cols = predicts.nonzero(as_tuple=True)
+    return LMBatch(input_ids, attention_mask, torch.stack([rows, cols], 1), input_ids[rows, cols + 1], documents,
+                   instance_ids)
+
+
+@dataclass
+class PrefixLMBatch:
+    """A causal batch (see `LMBatch`) with `lm_prefix` [B, L] bool, the prefix tokens, and
+    `split` [B], each row's first continuation position."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    masked_positions: Tensor
+    lm_labels: Tensor
+    lm_prefix: Tensor
+    split: Tensor
+    documents: Tensor | None = None
+    instance_ids: Tensor | None = None
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PrefixLMBatch:
+        return PrefixLMBatch(*(None if t is None else t.to(device, non_blocking=non_blocking) for t in (
+            self.input_ids, self.attention_mask, self.masked_positions, self.lm_labels, self.lm_prefix, self.split,
+            self.documents, self.instance_ids)))
 
 
 class CausalBatches:

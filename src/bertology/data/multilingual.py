@@ -31,7 +31,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bertology.config import validate
-from bertology.data.corpus import CorpusFormat, list_corpus_files, read_documents
+from bertology.text.corpus import CorpusFormat, list_corpus_files, read_documents
 from bertology.data.instances import derive_seed
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_directory

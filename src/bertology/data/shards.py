@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import hashlib
 import json
 import os
 from collections.abc import Iterator
@@ -34,12 +33,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from bertology.data.corpus import CORPUS_FORMATS, CorpusFormat, CorpusSource, PathsLike, read_sources
+from bertology.text.corpus import CORPUS_FORMATS, CorpusFormat, CorpusSource, PathsLike, read_sources
 from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.inputs import load_npy
 from bertology.io import atomic_directory, atomic_write
 from bertology.prefetch import prefetched
-from bertology.tokenization.tokenizer import as_saved
+from bertology.tokenization.tokenizer import backend_of, tokenizer_fingerprint
 
 __all__ = [
     "FORMAT_VERSION",
@@ -60,29 +59,8 @@ _ARRAYS = ("ids", "word_start", "sentences", "documents")
 _BATCH_SENTENCES = 4096
 
 
-def _backend(tokenizer: Any):
-    """The ``tokenizers.Tokenizer`` behind a bertology ``Tokenizer`` (or the backend itself)."""
-    backend = getattr(tokenizer, "backend", tokenizer)
-    if not (hasattr(backend, "encode_batch") and hasattr(backend, "to_str")):
-        raise TokenizerError(
-            f"expected a bertology Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
-        )
-    return backend
-
-
-def tokenizer_fingerprint(tokenizer: Any) -> str:
-    """SHA-256 of the tokenizer's JSON definition as a saved copy of it loads (``as_saved``: a Unigram model's
-    scores read back rounded in the last digit), ignoring runtime padding and truncation settings: a tokenizer,
-    its saved copy and that copy loaded again have one fingerprint."""
-    definition = json.loads(as_saved(_backend(tokenizer)).to_str())
-    definition.pop("padding", None)
-    definition.pop("truncation", None)
-    canonical = json.dumps(definition, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
 def _vocab_size(tokenizer: Any) -> int:
-    return int(_backend(tokenizer).get_vocab_size(with_added_tokens=True))
+    return int(backend_of(tokenizer).get_vocab_size(with_added_tokens=True))
 
 
 def _id_dtype(vocab_size: int) -> np.dtype:
@@ -497,7 +475,7 @@ def prepare_corpus(
         raise ConfigError(f"shard_size_tokens must be a positive int, got {shard_size_tokens!r}")
     out_dir = Path(out_dir)
     _check_output(out_dir, overwrite)
-    backend = _backend(tokenizer)
+    backend = backend_of(tokenizer)
     vocab_size = _vocab_size(tokenizer)
     dtype = _id_dtype(vocab_size)
     # Resolve the files once so that both passes (and the metadata) see the same list.

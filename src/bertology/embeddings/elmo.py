@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bertology.embeddings.backbone import Framed
+from bertology.embeddings.protocol import Framed
 from bertology.embeddings.result import EmbeddingError
 from bertology.model.checkpoint import Pretrained
 from bertology.model.elmo import CharacterMapper, ElmoModel

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from bertology.data.corpus import jsonl_text, read_lines
+from bertology.text.corpus import jsonl_text, read_lines
 from bertology.embeddings.result import LEVELS, Embeddings, Level
 from bertology.errors import ConfigError, DataError
 from bertology.inputs import load_npy, read_npz

@@ -1,7 +1,7 @@
 """The corpus run on Ray Data: the shards of the plan as a dataset, mapped by an actor pool of encoders.
 
 Each actor loads the model once (in the run's dtype) and embeds whole shards, reading each shard's texts from its
-file at the shard's byte offset (`corpus.embed_shard`, the code the local engine runs), so the shards are the same
+file at the shard's byte offset (`shards.embed_shard`, the code the local engine runs), so the shards are the same
 as a local run's. Vectors and index rows come back to the driver, which writes every shard atomically and keeps the
 manifest: only the driver needs the output directory; the model directory and the input files must be readable at
 the same paths on every node (a shared file system).
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bertology.embeddings.corpus import CorpusSettings, Shard, embed_shard, load_encoder
+from bertology.embeddings.shards import CorpusSettings, Shard, embed_shard, load_encoder
 from bertology.errors import BertologyError, ConfigError
 
 DEFAULT_WORKERS = 2

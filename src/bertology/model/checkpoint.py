@@ -19,6 +19,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from bertology.errors import BertologyError, CheckpointError
+from bertology.inputs import json_file
 from bertology.io import atomic_directory, recover
 from bertology.model.config import TransformerConfig
 from bertology.model.convert import (
@@ -38,12 +39,12 @@ from bertology.model.convert import (
     registry,
     to_state_dict,
 )
-from bertology.model.encoder import EncoderModel, HeadSpec
+from bertology.model.encoder import HeadSpec
+from bertology.model.elmo_format import read_elmo  # ELMo's released format (h5py is imported when it is read)
+from bertology.model.int8 import is_quantized
 from bertology.model.local import resolve_model_path
 from bertology.model.protocol import Model
-from bertology.model.registry import model_class, model_name, register_model, registered
-
-register_model("encoder", EncoderModel)
+from bertology.model.registry import model_class, model_name, registered
 
 __all__ = [  # what other modules import from here, the engine's names included
     "FAMILY_FIXED", "HEADS", "NATIVE_FILE", "TOKENIZER_FILES", "CheckpointFamily", "Pretrained", "architecture_name",
@@ -132,17 +133,7 @@ Format = Literal["auto", "hf", "native"]
 
 def read_json_object(path: Path) -> dict[str, Any]:
     """A JSON object from `path`; anything else (bad UTF-8, bad JSON, a list) is a CheckpointError naming the file."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as error:
-        raise CheckpointError(f"{path}: not UTF-8 text ({error})") from None
-    except json.JSONDecodeError as error:
-        raise CheckpointError(f"{path}: not valid JSON: {error}") from None
-    except RecursionError:
-        raise CheckpointError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got a {type(data).__name__}")
-    return data
+    return json_file(path, CheckpointError)
 
 
 def read_safetensors(path: Path) -> dict[str, Tensor]:
@@ -256,8 +247,6 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
         return load_native(directory, heads)
     config_path = directory / "config.json"
     if not config_path.is_file() and (directory / "options.json").is_file() and (directory / "weights.hdf5").is_file():
-        from bertology.model.elmo_format import read_elmo  # ELMo's released format (needs h5py)
-
         return read_elmo(directory / "options.json", directory / "weights.hdf5")
     if not config_path.is_file():
         inside = sorted(sub.name for sub in directory.iterdir() if sub.is_dir() and not sub.name.startswith(".")
@@ -427,8 +416,6 @@ def save_model(model: Model, directory: str | os.PathLike, extra_files: dict[str
 
 
 def write_model_files(model: Model, directory: Path, format: Format = "auto") -> None:
-    from bertology.model.quantize import is_quantized  # here: quantize imports this module
-
     if is_quantized(model):  # int8 weights have no place in either layout; refuse rather than write a broken model
         raise CheckpointError("an int8-quantized model is for inference only and cannot be saved; save the float32 "
                               "model it was made from (bertology.model.quantize(model) copies it by default)")

@@ -12,7 +12,6 @@ that names every missing, unexpected and mis-shaped key with the file they came 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from bertology.builtins import Registry
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.encoder import HeadSpec
@@ -351,20 +351,8 @@ class CheckpointFamily:
 
 # --- the registry -------------------------------------------------------------------------------------------------
 
-# Modules of bertology.model.families, registered in this order.
-BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart", "xlnet",
-            "longformer")
-REGISTRY: dict[str, CheckpointFamily] = {}
-_loaded = False
-
-
-def registry() -> dict[str, CheckpointFamily]:
-    """model_type -> family, the built-in ones first (their modules are imported on first use)."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for module in BUILT_IN:
-            register_family(importlib.import_module(f"bertology.model.families.{module}").FAMILY)
+def registry() -> Registry[CheckpointFamily]:
+    """model_type -> family, the built-in ones first (bertology.builtins registers them on first use)."""
     return REGISTRY
 
 
@@ -380,6 +368,10 @@ def register_family(family: CheckpointFamily, *, replace: bool = False) -> Check
                           "replace=True to replace it)")
     known[family.model_type] = family
     return family
+
+
+# model_type -> family; the built-in tables are registered from bertology.builtins on first use.
+REGISTRY: Registry[CheckpointFamily] = Registry("families", lambda model_type, family: register_family(family))
 
 
 def checkpoint_family(model_type: Any, source: str = "config.json") -> CheckpointFamily:

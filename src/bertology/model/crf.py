@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from bertology.errors import InputError
 from bertology.model.dropout import fast_dropout
-from bertology.model.heads import HeadInputs, HeadSpec, register_head
+from bertology.model.heads import HeadInputs, HeadSpec
 
 
 def compact(values: Tensor, keep: Tensor) -> tuple[Tensor, Tensor]:
@@ -159,8 +159,6 @@ class BiLSTMCRFHead(nn.Module):
         return self.crf.viterbi(scores, mask, allowed, allowed_start), mask
 
 
-register_head("bilstm_crf", BiLSTMCRFHead)
-
 
 class BiLSTMMaxHead(nn.Module):
     """Kind "bilstm_max": a sentence classifier that reads the words, not their average (InferSent's encoder): a
@@ -180,5 +178,3 @@ class BiLSTMMaxHead(nn.Module):
         pooled = torch.where(torch.isfinite(pooled), pooled, 0.0)  # a row without tokens reads zeros
         return self.out(fast_dropout(pooled, self.dropout, self.training))
 
-
-register_head("bilstm_max", BiLSTMMaxHead)

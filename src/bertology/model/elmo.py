@@ -44,7 +44,6 @@ from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.model.protocol import check_id_range
-from bertology.model.registry import register_model
 
 # --- characters ---------------------------------------------------------------------------------------------------
 
@@ -665,6 +664,3 @@ class ElmoModel(nn.Module):
         logits = self.heads[head](HeadInputs(hidden=rows, attention_mask=mask,
                                              word_embeddings=self.word_embeddings.weight))
         return logits.reshape(*states.shape[:-1], -1)
-
-
-register_model("elmo", ElmoModel)

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from bertology.errors import BertologyError, CheckpointError
+from bertology.inputs import json_file
 from bertology.io import atomic_directory
-from bertology.model.checkpoint import read_json_object
 from bertology.model.elmo import NUM_CHARACTERS, ElmoConfig, ElmoModel
 from bertology.model.heads import HeadSpec
 
@@ -295,7 +295,7 @@ def read_elmo(options_file: str | os.PathLike, weight_file: str | os.PathLike) -
     for path in (options_path, weights_path):
         if not path.is_file():
             raise CheckpointError(f"{path}: no such file")
-    options = read_json_object(options_path)
+    options = json_file(options_path, CheckpointError)
     arrays = read_arrays(weights_path)
     config = config_from_options(options, str(options_path))
     if "softmax/W" in arrays and not config.vocab_size:

@@ -29,7 +29,7 @@ from bertology.errors import ConfigError, InputError
 from bertology.model.attention import attend, scatter_attention
 from bertology.model.blocks import Block, init_parameters, plain_linear
 from bertology.model.config import TransformerConfig
-from bertology.model.extensions import BUILTIN_EXTENSIONS, EXTENSIONS, add_extension, register_extension
+from bertology.model.extensions import EXTENSIONS, add_extension, register_extension
 from bertology.model.heads import (
     HEAD_KINDS,
     HeadInputs,
@@ -44,7 +44,7 @@ from bertology.model.protocol import MASKED_LM
 from bertology.model.stack import Stack
 
 __all__ = [
-    "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
+    "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
     "HeadSpec", "Layout", "activation", "attend", "plain_linear", "register_extension", "scatter_attention",
 ]
 

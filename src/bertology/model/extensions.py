@@ -3,33 +3,26 @@ classifiers, the scalar mix), by registered factory name, recorded so that the n
 
 from __future__ import annotations
 
-import importlib
 import json
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
+from bertology.builtins import Registry
 from bertology.errors import ConfigError
-
-# Factories of modules plugged into a model, by name. A factory is called as factory(config, current_module_or_None,
-# **options) and returns the module to put in its place.
-EXTENSIONS: dict[str, Callable[..., nn.Module]] = {}
-# Factories bertology ships, by the module that registers them when imported: a checkpoint naming one loads without
-# the caller importing that module first.
-BUILTIN_EXTENSIONS: dict[str, str] = {
-    "lora": "bertology.peft.lora",
-    "bottleneck_adapter": "bertology.peft.adapters",
-    "prefix": "bertology.peft.prefix",
-    "span_classifier": "bertology.tasks.spans",
-    "scalar_mix": "bertology.peft.scalar_mix",
-}
 
 
 def register_extension(name: str, factory: Callable[..., nn.Module]) -> None:
     """Make `factory` available to `add_extension` under `name`. A checkpoint in the native format names its
-    extensions' factories: register them before loading it."""
+    extensions' factories: register them before loading it (the built-in ones need nothing)."""
     EXTENSIONS[name] = factory
+
+
+# Factories of modules plugged into a model, by name. A factory is called as factory(config, current_module_or_None,
+# **options) and returns the module to put in its place. The built-in ones are registered from bertology.builtins on
+# first use, so a checkpoint naming one loads whatever was imported first.
+EXTENSIONS: Registry[Callable[..., nn.Module]] = Registry("extensions", register_extension)
 
 
 def add_extension(model: nn.Module, where: str, factory: str, **options: Any) -> nn.Module:
@@ -37,8 +30,6 @@ def add_extension(model: nn.Module, where: str, factory: str, **options: Any) ->
     example "encoder.layers.3.attn_adapter", or "encoder.layers.0.query" to wrap that projection; `current` is what
     is there now) and record it in `model.extensions`, so that the native checkpoint format can rebuild it. Options
     must be JSON values. Returns the new module."""
-    if factory not in EXTENSIONS and factory in BUILTIN_EXTENSIONS:
-        importlib.import_module(BUILTIN_EXTENSIONS[factory])
     if factory not in EXTENSIONS:
         raise ConfigError(f"unknown extension {factory!r}; registered: {', '.join(sorted(EXTENSIONS)) or 'none'} "
                           "(bertology.model.register_extension)")

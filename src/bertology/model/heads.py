@@ -8,7 +8,6 @@ kind each family uses for each task, and the weight names, are data in the check
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from bertology.builtins import Registry
 from bertology.errors import ConfigError, InputError
 from bertology.model.dropout import fast_dropout
 
@@ -82,17 +82,18 @@ class HeadKind:
     reads: str = "every_token"
 
 
-HEAD_REGISTRY: dict[str, HeadKind] = {}
-# The registered kinds' names, in registration order (a live view of the registry's keys).
-HEAD_KINDS = HEAD_REGISTRY.keys()
-
-
 def register_head(kind: str, cls: type[nn.Module], *, reads: str = "every_token") -> None:
     """Make `kind` available to HeadSpec: models build `cls(config, spec)` and call it with `HeadInputs`. `reads`
     (HEAD_READS) says where it reads the last layer; the default never lets the model prune it."""
     if reads not in HEAD_READS:
         raise ConfigError(f"head kind {kind!r}: reads must be one of {', '.join(HEAD_READS)}, got {reads!r}")
     HEAD_REGISTRY[kind] = HeadKind(cls, reads)
+
+
+# kind -> HeadKind; the built-in kinds are registered from bertology.builtins on first use.
+HEAD_REGISTRY: Registry[HeadKind] = Registry("heads", register_head)
+# The registered kinds' names, in registration order (a live view of the registry's keys).
+HEAD_KINDS = HEAD_REGISTRY.keys()
 
 
 def head_reads(kind: str) -> str:
@@ -287,17 +288,6 @@ class SpanBoundaryHead(nn.Module):
         return tied_logits(x, inputs, self.bias)
 
 
-register_head("masked_lm", MaskedLMHead, reads="masked_positions")
-register_head("pooled", LinearHead, reads="pooler")
-register_head("first_token", FirstTokenHead, reads="first_token")
-register_head("mean_pooled", MeanPooledHead)
-register_head("max_pooled", MaxPooledHead)
-register_head("token", TokenLinearHead)
-register_head("token_mlp", TokenMLPHead)
-register_head("span", SpanHead)
-register_head("span_attention", SpanHead)
-register_head("span_boundary", SpanBoundaryHead)
-register_head("tied_lm", TiedLMHead, reads="masked_positions")
 
 
 class LastTokenHead(nn.Module):
@@ -316,7 +306,6 @@ class LastTokenHead(nn.Module):
         return self.out(h[torch.arange(h.shape[0], device=h.device), last])
 
 
-register_head("last_token", LastTokenHead)
 
 
 class LMHead(nn.Linear):
@@ -335,7 +324,6 @@ class LMHead(nn.Linear):
         return F.linear(h * self.scale if self.scale != 1.0 else h, self.weight)
 
 
-register_head("lm", LMHead, reads="masked_positions")
 
 
 class TiedLMBiasHead(TiedLMHead):
@@ -385,8 +373,24 @@ class EosTokenHead(nn.Module):
         return self.out(fast_dropout(x, self.dropout, self.training))
 
 
-register_head("tied_lm_bias", TiedLMBiasHead, reads="masked_positions")
-register_head("eos_token", EosTokenHead)
+# Span typing's classifier, plugged in as the extension "span_classifier" at the model's `heads` (the span task,
+# bertology.tasks.spans, adds it; bertology.json records it, so that loading rebuilds it).
+SPAN = "span"  # the classifier's key in model.heads (parameters heads.span.*) and the span objective's name
+SPAN_EXTENSION = "span_classifier"  # the extension factory's registered name
+SPAN_POOLINGS = ("mean", "attention")
 
-# The BiLSTM-CRF tagger (kind "bilstm_crf") lives in its own module, which builds on the above and registers it.
-importlib.import_module("bertology.model.crf")
+
+def span_heads(config: Any, current: nn.Module, *, num_labels: int, pooling: str = "mean") -> nn.ModuleDict:
+    """The extension factory: the model's heads plus a ``span`` head (registered kind ``span`` or
+    ``span_attention``, plugged in at the path ``heads``)."""
+    if pooling not in SPAN_POOLINGS:
+        raise ConfigError(f"span pooling: expected one of {', '.join(SPAN_POOLINGS)}, got {pooling!r}")
+    if not isinstance(current, nn.ModuleDict):
+        raise ConfigError(f"extension {SPAN_EXTENSION!r}: goes at the model's 'heads', not at a "
+                          f"{type(current).__name__}")
+    if SPAN in current:
+        raise ConfigError(f"extension {SPAN_EXTENSION!r}: the model already has a head named {SPAN!r}")
+    heads = nn.ModuleDict(dict(current.items()))
+    kind = "span_attention" if pooling == "attention" else "span"
+    heads[SPAN] = build_head(config, HeadSpec(SPAN, kind, num_labels, activation=config.hidden_act))
+    return heads

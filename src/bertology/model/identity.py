@@ -13,6 +13,7 @@ from bertology.errors import ConfigError
 from bertology.model.checkpoint import Pretrained
 from bertology.model.elmo import ElmoModel
 from bertology.model.encoder import EncoderModel
+from bertology.tokenization.tokenizer import tokenizer_fingerprint
 
 # Encoder settings that do not change the function a model computes in eval mode: left out of its fingerprint.
 EVAL_IRRELEVANT = frozenset({"hidden_dropout", "attention_dropout", "classifier_dropout", "initializer_range"})
@@ -62,7 +63,5 @@ def fingerprint(model: Union[Pretrained, EncoderModel, ElmoModel], tokenizer: An
     elif hasattr(tokenizer, "split") and hasattr(tokenizer, "lowercase"):  # ELMo's words: only the rule matters
         digest.update(f"words|lowercase={bool(tokenizer.lowercase)}".encode())
     else:
-        from bertology.data.shards import tokenizer_fingerprint  # the data package is not needed to load a model
-
         digest.update(tokenizer_fingerprint(tokenizer).encode())
     return digest.hexdigest()

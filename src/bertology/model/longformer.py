@@ -27,8 +27,8 @@ from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.config import TransformerConfig, Family, config_from_dict
+from bertology.model.convert import checkpoint_family
 from bertology.model.encoder import EncoderModel, EncoderOutput
-from bertology.model.registry import register_model
 
 
 @dataclass
@@ -99,9 +99,6 @@ class LongformerModel(EncoderModel):
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         return {**super().forward_inputs(batch), "global_attention_mask": getattr(batch, "global_attention_mask", None)}
 
-
-register_model("longformer", LongformerModel)
-
 # Families a Longformer can be made from (learned absolute positions, token types, one set of layers each).
 SOURCE_FAMILIES = ("bert", "roberta", "xlm-roberta")
 
@@ -156,8 +153,7 @@ def longformer_from(model: EncoderModel, max_length: int, window: int,
     key and value. Positions are numbered after the padding id, as in RoBERTa (a BERT source's then shift by one).
     Returns the model and the names of the source's heads a Longformer has no place for (dropped: BERT's NSP and
     pooled classifier)."""
-    from bertology.model.families.longformer import FAMILY  # the table imports this module
-
+    heads_table = checkpoint_family("longformer").heads
     check_window(window)
     check_source(model)
     source = model.config
@@ -172,7 +168,7 @@ def longformer_from(model: EncoderModel, max_length: int, window: int,
     config = LongformerConfig(**values, sep_token_id=sep_token_id)
     kept, dropped = [], []
     for spec in model.head_specs:
-        head = FAMILY.heads.get(spec.name)
+        head = heads_table.get(spec.name)
         fits = head is not None and head.kind == spec.kind and (
             spec.kind not in ("masked_lm", "first_token") or spec.activation == (head.activation or config.hidden_act))
         (kept if fits else dropped).append(spec)

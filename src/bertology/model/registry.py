@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from bertology.builtins import Registry
 from bertology.errors import CheckpointError, ConfigError
 
 
@@ -16,9 +17,6 @@ class RegisteredModel:
     name: str
     cls: type
     config_class: type
-
-
-MODELS: dict[str, RegisteredModel] = {}
 
 
 def register_model(name: str, cls: type, config_class: type | None = None) -> None:
@@ -40,6 +38,10 @@ def register_model(name: str, cls: type, config_class: type | None = None) -> No
         if entry.cls is cls and entry.name != name:
             raise ConfigError(f"register_model: {cls.__name__} is registered already as {entry.name!r}")
     MODELS[name] = RegisteredModel(name, cls, config_class)
+
+
+# name -> RegisteredModel; the built-in classes are registered from bertology.builtins on first use.
+MODELS: Registry[RegisteredModel] = Registry("models", register_model)
 
 
 def registered(name: Any) -> RegisteredModel:

@@ -27,7 +27,6 @@ from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
-from bertology.model.registry import register_model
 from bertology.model.stack import (  # noqa: F401  (re-exported: the decoders' position helpers)
     Stack,
     StackOutput,
@@ -333,7 +332,3 @@ class EncoderStackModel(TransformerModel):
         self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 
-
-register_model("decoder", DecoderModel)
-register_model("seq2seq", Seq2SeqModel)
-register_model("encoder-stack", EncoderStackModel)

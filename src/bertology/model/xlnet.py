@@ -42,10 +42,9 @@ from bertology.model.blocks import Block, BlockSpec, init_parameters
 from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation, build_head, register_head
+from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation, build_head
 from bertology.model.packing import Layout, plan_buckets
 from bertology.model.positions import relative_sinusoids
-from bertology.model.registry import register_model
 from bertology.model.transformer import check_ids
 
 
@@ -344,8 +343,6 @@ class SequenceSummaryHead(nn.Module):
         x = self.act(self.dense(inputs.hidden[:, -1]))
         return self.out(fast_dropout(x, self.dropout, self.training))
 
-
-register_head("summary_last", SequenceSummaryHead)
 
 
 class XLNetModel(nn.Module):
@@ -769,6 +766,3 @@ class XLNetModel(nn.Module):
         if labels is not None and result.logits is not None:
             result.loss = F.cross_entropy(result.logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
         return result
-
-
-register_model("xlnet", XLNetModel)

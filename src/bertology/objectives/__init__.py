@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bertology.builtins import Registry
 from bertology.config import build_registered
 from bertology.objectives.bilm import BidirectionalLM
 from bertology.objectives.base import Batch, Objective, ObjectiveOutput, Passes
@@ -25,10 +26,8 @@ from bertology.objectives.prefixlm import PrefixLM
 from bertology.objectives.sop import SentenceOrder
 from bertology.objectives.span import SpanBoundary
 
-OBJECTIVES: dict[str, type] = {"mlm": MaskedLM, "nsp": NextSentence, "electra": Electra, "distill": Distillation,
-                               "sop": SentenceOrder, "span_boundary": SpanBoundary, "plm": PermutationLM,
-                               "bilm": BidirectionalLM, "clm": CausalLM, "denoise": Denoising,
-                               "prefixlm": PrefixLM}
+# name -> objective class; the built-in ones are registered from bertology.builtins on first use.
+OBJECTIVES: Registry[type] = Registry("objectives")
 
 
 # Objective fields that are not options: ``name`` is the head's name (the transformers layout depends on it) and

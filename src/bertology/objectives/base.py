@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from bertology.model.protocol import Model
 
 
+# The folder of a run's output directory that holds its final model: the trainer writes it, and an objective's
+# save_with_model writes what it owns beside it (training.trainer re-exports it).
+FINAL_MODEL_DIR = "model"
 IGNORE = -100  # the label of a target that takes no loss and counts no unit (padding, transformers' convention)
 
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import Tensor
 
+from bertology.data.causal import CausalBatches, LMBatch as LMBatch, lm_batch as lm_batch  # re-exported
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
@@ -29,41 +30,6 @@ class CausalBatch(Protocol):
 
 
 @dataclass
-class LMBatch:
-    """A padded batch of token sequences for causal LM (see `lm_batch`); `documents` [B, L] when rows hold several
-    packed documents (the model then attends within each), `instance_ids` [B] when they come from a dataset."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    masked_positions: Tensor
-    lm_labels: Tensor
-    documents: Tensor | None = None
-    instance_ids: Tensor | None = None
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> LMBatch:
-        return LMBatch(*(None if t is None else t.to(device, non_blocking=non_blocking) for t in (
-            self.input_ids, self.attention_mask, self.masked_positions, self.lm_labels, self.documents,
-            self.instance_ids)))
-
-
-def lm_batch(input_ids: Tensor, attention_mask: Tensor | None = None, documents: Tensor | None = None,
-             instance_ids: Tensor | None = None) -> LMBatch:
-    """The causal-LM targets of a padded batch, vectorised: every real position whose next position is real predicts
-    that token (padding on either side). With `documents` [B, L] (an id per token), only a position whose next
-    token is of the same document predicts it: the last token of a document does not predict the first of the
-    next."""
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    real = attention_mask.bool()
-    predicts = real[:, :-1] & real[:, 1:]
-    if documents is not None:
-        predicts &= documents[:, :-1] == documents[:, 1:]
-    rows, cols = predicts.nonzero(as_tuple=True)
-    return LMBatch(input_ids, attention_mask, torch.stack([rows, cols], 1), input_ids[rows, cols + 1], documents,
-                   instance_ids)
-
-
-@dataclass
 class CausalLM:
     """Next-token prediction on the tied ``lm`` head. Stats: ``lm_units`` (predicted tokens), ``lm_loss_sum``,
     ``lm_correct``."""
@@ -77,8 +43,6 @@ class CausalLM:
 
     def batch_maker(self, special: Framing, seed: int, max_seq_length: int) -> Any:
         """The pretraining batches it reads: next-token targets, confined to documents (``data.causal``)."""
-        from bertology.data.causal import CausalBatches
-
         return CausalBatches()
 
     def heads(self) -> Sequence[HeadSpec]:

@@ -15,33 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
-
+from bertology.data.causal import PrefixLMBatch as PrefixLMBatch, PrefixLMBatches  # the batch: re-exported
 from bertology.objectives.clm import CausalLM
 
 if TYPE_CHECKING:
     from bertology.tokenization.framing import Framing
-
-
-@dataclass
-class PrefixLMBatch:
-    """A causal batch (see `bertology.objectives.clm.LMBatch`) with `lm_prefix` [B, L] bool, the prefix tokens, and
-    `split` [B], each row's first continuation position."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-    masked_positions: Tensor
-    lm_labels: Tensor
-    lm_prefix: Tensor
-    split: Tensor
-    documents: Tensor | None = None
-    instance_ids: Tensor | None = None
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> PrefixLMBatch:
-        return PrefixLMBatch(*(None if t is None else t.to(device, non_blocking=non_blocking) for t in (
-            self.input_ids, self.attention_mask, self.masked_positions, self.lm_labels, self.lm_prefix, self.split,
-            self.documents, self.instance_ids)))
 
 
 @dataclass
@@ -50,6 +28,4 @@ class PrefixLM(CausalLM):
     statistics as causal LM (``lm_units``, ``lm_loss_sum``, ``lm_correct``), so their perplexities compare."""
 
     def batch_maker(self, special: Framing, seed: int, max_seq_length: int) -> Any:
-        from bertology.data.causal import PrefixLMBatches
-
         return PrefixLMBatches(seed)

@@ -36,6 +36,7 @@ from bertology.model.blocks import init_parameters
 from bertology.model.encoder import EncoderModel
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.objectives.base import (
+    FINAL_MODEL_DIR,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -93,8 +94,6 @@ class SpanBoundary(nn.Module):
 
     def save_with_model(self, output_dir: str | Path, tokenizer: object = None) -> Path:
         """At the end of a run: the head beside the final model (``<output_dir>/model/span_boundary.safetensors``)."""
-        from bertology.training.trainer import FINAL_MODEL_DIR
-
         return self.save(Path(output_dir) / FINAL_MODEL_DIR)
 
     def load_with_model(self, model_dir: str | Path) -> bool:

@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, TransformerConfig
-from bertology.model.extensions import register_extension
 from bertology.model.heads import activation
 from bertology.model.protocol import Model
 from bertology.peft.common import (Trainable, block_paths, check_choice, check_positive_int, freeze_base, layer_indices,
@@ -52,9 +51,6 @@ def adapter_factory(config: TransformerConfig, current: nn.Module | None, bottle
     if current is not None:
         raise ConfigError(f"bottleneck_adapter: the slot already holds a {type(current).__name__}")
     return Adapter(config.hidden_size, bottleneck, activation)
-
-
-register_extension(FACTORY, adapter_factory)
 
 
 def apply_adapters(model: Model, bottleneck: int = 64, activation: str = "gelu",

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.dropout import fast_dropout
-from bertology.model.extensions import register_extension
 from bertology.model.protocol import Model
 from bertology.peft.common import (Trainable, block_paths, check_positive, check_positive_int, check_probability,
                                    freeze_base, layer_indices, trainable_parameters)
@@ -105,9 +104,6 @@ def lora_factory(config: TransformerConfig, current: nn.Module | None, rank: int
     if not isinstance(current, nn.Linear):
         raise ConfigError(f"lora: wraps an nn.Linear, found {type(current).__name__}")
     return LoRALinear(current, rank, alpha, dropout)
-
-
-register_extension(FACTORY, lora_factory)
 
 
 def apply_lora(model: Model, rank: int = 8, alpha: float = 8.0, dropout: float = 0.0,

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
-from bertology.model.extensions import register_extension
 from bertology.model.protocol import Model
 from bertology.peft.common import (Trainable, block_paths, check_positive_int, freeze_base, layer_indices,
                                    trainable_parameters)
@@ -60,9 +59,6 @@ def prefix_factory(config: TransformerConfig, current: nn.Module | None, length:
     if current is not None:
         raise ConfigError(f"prefix: the slot already holds a {type(current).__name__}")
     return Prefix(config, length, reparameterize, mlp_hidden)
-
-
-register_extension(FACTORY, prefix_factory)
 
 
 def apply_prefix(model: Model, length: int = 20, layers: Sequence[int] | None = None, *,

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.encoder import register_extension
 from bertology.peft.common import check_positive_int
 
 
@@ -60,6 +59,3 @@ def scalar_mix_extension(config: Any, current: nn.Module | None) -> ScalarMix:
     if current is not None:
         raise ConfigError("extension 'scalar_mix': the model already has a mix")
     return ScalarMix(config.num_layers + 1)
-
-
-register_extension("scalar_mix", scalar_mix_extension)

@@ -46,7 +46,8 @@ from bertology.model.protocol import Model
 from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
-from bertology.tasks.base import FinetuneTask, get_task
+from bertology.tasks.base import FinetuneTask
+from bertology.tasks.lookup import get_task
 from bertology.tasks.user import is_task_file
 from bertology.tokenization import Tokenizer
 from bertology.training import distributed as D

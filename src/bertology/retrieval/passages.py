@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from bertology.data.corpus import read_lines
+from bertology.text.corpus import read_lines
 from bertology.errors import DataError
 from bertology.inputs import check_unicode
 from bertology.io import atomic_write

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from bertology.errors import ConfigError
+from bertology.builtins import Registry
 from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
@@ -85,30 +85,11 @@ class FinetuneTask(Protocol):
     # takes (CoNLL tagging: a file of words only, without tags); without it ``predict`` reads with ``read``.
 
 
-TASKS: dict[str, FinetuneTask] = {}
-
-
 def register_task(task: FinetuneTask) -> FinetuneTask:
     """Make ``task`` available to ``bertology finetune --task NAME`` and ``predict``."""
     TASKS[task.name] = task
     return task
 
 
-def get_task(name: str) -> FinetuneTask:
-    """The registered task ``name`` (the built-in ones are registered on first use), or, for a name ending in
-    .yaml, .yml or .json, the user's task that file describes (``bertology.tasks.user``)."""
-    from bertology.tasks.user import is_task_file, load_task_file
-
-    if is_task_file(name):
-        return load_task_file(name)  # a ConfigError naming the file when it is missing or invalid
-    from bertology.tasks import glue  # noqa: F401  (registers sst2, cola, mrpc, rte, stsb)
-    from bertology.tasks import qa  # noqa: F401  (registers squad)
-    from bertology.tasks import tagging  # noqa: F401  (registers conll2003)
-    from bertology.tasks import spans  # noqa: F401  (registers conll2003-spans)
-    from bertology.tasks import cloze  # noqa: F401  (registers sst2-cloze, rte-cloze)
-
-    key = str(name).lower()
-    if key not in TASKS:
-        raise ConfigError(f"task.name: unknown task {name!r}; known: {', '.join(sorted(TASKS))}; or the path of a "
-                          f"task file (.yaml, .yml, .json)")
-    return TASKS[key]
+# name -> task; the built-in tasks are registered from bertology.builtins on first use.
+TASKS: Registry[FinetuneTask] = Registry("tasks", lambda name, task: register_task(task))

@@ -42,7 +42,8 @@ from bertology.objectives.base import (
     classification_output,
     classification_summary,
 )
-from bertology.tasks.base import FinetuneTask, get_task, register_task
+from bertology.tasks.base import FinetuneTask
+from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import TextExample
 from bertology.tasks.glue import GlueFinetuneTask
 from bertology.tasks.readers import GLUE_TASKS
@@ -343,7 +344,6 @@ def zero_shot(model_dir: str | Path, task: str | FinetuneTask, data: str, limit:
     return task.scores(task.predict(pretrained.model, encoded, examples, batch_size), examples)
 
 
-SST2_CLOZE = register_task(ClozeTask(GlueFinetuneTask(GLUE_TASKS["sst2"]), "{text} It was [MASK] .",
-                                     {"great": "1", "terrible": "0"}))
-RTE_CLOZE = register_task(ClozeTask(GlueFinetuneTask(GLUE_TASKS["rte"]), "{text} ? [MASK] , {text_pair}",
-                                    {"yes": "entailment", "no": "not_entailment"}))
+SST2_CLOZE = ClozeTask(GlueFinetuneTask(GLUE_TASKS["sst2"]), "{text} It was [MASK] .", {"great": "1", "terrible": "0"})
+RTE_CLOZE = ClozeTask(GlueFinetuneTask(GLUE_TASKS["rte"]), "{text} ? [MASK] , {text_pair}",
+                      {"yes": "entailment", "no": "not_entailment"})

@@ -67,7 +67,6 @@ from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, classification_summary
 from bertology.tasks import metrics
-from bertology.tasks.base import register_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.readers import read_squad, split_squad_by_article
 from bertology.tasks.sequence import EncodedExamples, TaskBatch
@@ -532,7 +531,7 @@ class SquadTask:
         return metrics.evaluate_files("squad", predictions_path, gold=file)
 
 
-register_task(SquadTask())
+SQUAD = SquadTask()
 
 
 # ------------------------------------------------------------------------------------------- whole articles
@@ -584,4 +583,4 @@ class SquadArticleTask(SquadTask):
                                 doc_stride=max_length, shuffle=train, seed=seed)
 
 
-register_task(SquadArticleTask())
+SQUAD_ARTICLE = SquadArticleTask()

@@ -1,6 +1,7 @@
 """Readers of the fine-tuning tasks' files, returning the typed examples of ``bertology.tasks.examples``.
 
-- :func:`read_glue`: SST-2, CoLA, MRPC, RTE, STS-B in the GLUE distribution's tsv formats (:data:`GLUE_TASKS`);
+- :func:`read_glue`: SST-2, CoLA, MRPC, RTE, STS-B in the GLUE distribution's tsv formats (:data:`GLUE_TASKS`;
+  defined with the row readers in ``bertology.text.corpus``, as pretraining reads GLUE's texts too);
 - :func:`read_conll`: CoNLL-2003 (``word POS chunk NER``, IOB1 tags) as BIO-tagged sentences;
   :func:`iob1_to_bio`, :func:`bio_to_iob1` convert tag sequences;
 - :func:`read_squad`: SQuAD v1.1 JSON, every answer checked against its context; :func:`split_squad_by_article`;
@@ -20,10 +21,8 @@ Example ids: the data row number (0-based, the header not counted) for tsv and j
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import json
-import math
 import os
 import re
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
@@ -32,10 +31,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bertology.config import from_mapping, validate
-from bertology.data.corpus import read_lines
+from bertology.text.corpus import GLUE_TASKS, GlueTask, glue_task, read_glue, read_lines
+from bertology.text.corpus import column_count_error as _column_count_error
+from bertology.text.corpus import existing_file as _existing
+from bertology.text.corpus import read_score as _score
+from bertology.text.corpus import split_rows as _split_rows
 from bertology.errors import ConfigError, DataError
 from bertology.inputs import check_unicode
-from bertology.tasks.examples import Answer, LabelSet, QAExample, TaggedSentence, TextExample
+from bertology.text.examples import Answer, LabelSet, QAExample, TaggedSentence, TextExample
 
 __all__ = [
     "GLUE_TASKS", "GlueTask", "TaskFileConfig", "bio_to_iob1", "check_glue_splits", "check_label_sets",
@@ -43,179 +46,6 @@ __all__ = [
 ]
 
 PathLike = str | os.PathLike
-
-
-# ------------------------------------------------------------------------------------------------ lines, rows
-def _existing(path: PathLike) -> Path:
-    path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{path}: no such file" if not path.exists() else f"{path}: not a regular file")
-    return path
-
-
-def _lines(path: Path, encoding: str = "utf-8") -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of every line; a decoding error names the line and the byte offset."""
-    return read_lines(path, encoding)
-
-
-def _split_rows(path: Path, delimiter: str, quoting: bool) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, fields)`` of each row of a delimited file. Blank lines at the end of the file are ignored, a
-    blank line before a row is an error. With ``quoting`` a field may be quoted with ``"`` (a quoted field may span
-    lines; the line number is the row's first); without it ``"`` is an ordinary character."""
-    blank_at: int | None = None
-    if not quoting:
-        for number, line in _lines(path):
-            if not line.strip() and delimiter not in line:
-                blank_at = blank_at or number
-                continue
-            if blank_at is not None:
-                raise DataError(f"{path}: line {blank_at}: blank line between rows")
-            yield number, line.split(delimiter)
-        return
-    last = 0
-
-    def physical() -> Iterator[str]:
-        nonlocal last
-        for number, line in _lines(path):
-            last = number
-            yield line + "\n"
-
-    reader = csv.reader(physical(), delimiter=delimiter, quotechar='"', doublequote=True, strict=True)
-    while True:
-        start = last + 1
-        try:
-            fields = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as error:
-            raise DataError(f"{path}: line {start}: bad quoting: {error}") from None
-        if not fields or (len(fields) == 1 and not fields[0].strip()):
-            blank_at = blank_at or start
-            continue
-        if blank_at is not None:
-            raise DataError(f"{path}: line {blank_at}: blank line between rows")
-        yield start, fields
-
-
-def _column_count_error(path: Path, number: int, expected: int, got: list[str], delimiter: str = "\t") -> DataError:
-    name = {"\t": "tab", ",": "comma", ";": "semicolon", " ": "space"}.get(delimiter, repr(delimiter))
-    return DataError(f"{path}: line {number}: expected {expected} {name}-separated columns, got {len(got)}")
-
-
-def _score(text: str, path: Path, number: int, low: float | None = None, high: float | None = None) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise DataError(f"{path}: line {number}: score {text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise DataError(f"{path}: line {number}: score {text!r} is not finite")
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise DataError(f"{path}: line {number}: score {value:g} outside [{low:g}, {high:g}]")
-    return value
-
-
-# ------------------------------------------------------------------------------------------------------ GLUE
-@dataclass(frozen=True)
-class GlueTask:
-    """The file layout of one GLUE task: ``columns`` per row, the ``header`` row (None: the file has none), the
-    column of the text, of the pair (None: single sentences) and of the label; ``labels`` for classification,
-    ``score_range`` for regression; ``directory`` is the task's folder in the GLUE distribution; ``metrics``: the
-    names ``bertology.tasks.metrics`` reports for it; ``names``: what each label means, in the labels' order (the
-    names a fine-tuned model's config.json gives them, ``id2label``), when the files' labels are codes."""
-
-    name: str
-    directory: str
-    kind: Literal["classification", "regression"]
-    columns: int
-    header: tuple[str, ...] | None
-    text: int
-    text_pair: int | None
-    label: int
-    labels: LabelSet | None = None
-    score_range: tuple[float, float] | None = None
-    metrics: tuple[str, ...] = ("accuracy",)
-    names: tuple[str, ...] | None = None
-
-    def path(self, root: PathLike, split: str) -> Path:
-        """``root/<directory>/<split>.tsv`` (``root``: the GLUE folder)."""
-        return Path(root) / self.directory / f"{split}.tsv"
-
-
-_BINARY = LabelSet(("0", "1"))
-GLUE_TASKS: dict[str, GlueTask] = {
-    "sst2": GlueTask("sst2", "SST-2", "classification", 2, ("sentence", "label"), 0, None, 1, _BINARY,
-                     names=("negative", "positive")),
-    "cola": GlueTask("cola", "CoLA", "classification", 4, None, 3, None, 1, _BINARY, metrics=("mcc",),
-                     names=("unacceptable", "acceptable")),
-    "mrpc": GlueTask("mrpc", "MRPC", "classification", 5, ("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
-                     3, 4, 0, _BINARY, metrics=("accuracy", "f1"), names=("not_equivalent", "equivalent")),
-    "rte": GlueTask("rte", "RTE", "classification", 4, ("index", "sentence1", "sentence2", "label"), 1, 2, 3,
-                    LabelSet(("entailment", "not_entailment"))),
-    "stsb": GlueTask("stsb", "STS-B", "regression", 10,
-                     ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
-                      "sentence2", "score"), 7, 8, 9, score_range=(0.0, 5.0), metrics=("pearson", "spearman")),
-}
-
-
-def glue_task(task: str) -> GlueTask:
-    """The :class:`GlueTask` named ``task`` (``"sst2"``; ``"SST-2"`` and ``"sts-b"`` are accepted too)."""
-    key = str(task).lower().replace("-", "").replace("_", "")
-    if key not in GLUE_TASKS:
-        raise ConfigError(f"task: unknown GLUE task {task!r} (known: {', '.join(GLUE_TASKS)})")
-    return GLUE_TASKS[key]
-
-
-def read_glue(task: str, path: PathLike) -> Iterator[TextExample]:
-    """The examples of a GLUE ``train.tsv`` / ``dev.tsv`` of ``task`` (sst2, cola, mrpc, rte, stsb), one per row.
-
-    Formats, as the GLUE distribution ships them (tab-separated, UTF-8, **no quoting**: ``"`` is an ordinary
-    character, as it must be for MRPC, RTE and STS-B, whose texts hold unbalanced quotes):
-
-    - SST-2: header ``sentence<TAB>label``; label 0/1. The sentences are lower-cased, PTB-tokenised, and end with a
-      space, kept as it is.
-    - CoLA: **no header**; 4 columns ``source, label, original mark, sentence``; label 0/1. ``dev.tsv`` has no final
-      newline.
-    - MRPC: starts with a UTF-8 byte-order mark (dropped); header ``Quality, #1 ID, #2 ID, #1 String, #2 String``;
-      label (``Quality``) 0/1 first.
-    - RTE: header ``index, sentence1, sentence2, label``; label ``entailment`` / ``not_entailment``.
-    - STS-B: header of 10 columns, ``sentence1, sentence2, score`` last; the score is a float in [0, 5].
-
-    ``TextExample.id`` is the data row number (0-based, header excluded) as a string; ``label`` the label's name
-    (a string) or, for STS-B, the score (a float). Every row must have the task's column count, the header must be
-    the task's, and a label outside the task's set (or a score outside [0, 5]) is an error naming the line; so is
-    a file with no data row and a blank line between rows (blank lines at the end are ignored). The test splits
-    (no labels, other columns) are not read here. Trap: with quoting on (``csv``'s default, pandas'), MRPC and
-    STS-B rows silently merge; here a tab inside a text would show as a wrong column count instead."""
-    spec = glue_task(task)
-    return _read_glue(spec, _existing(path))
-
-
-def _read_glue(spec: GlueTask, path: Path) -> Iterator[TextExample]:
-    rows = _split_rows(path, "\t", quoting=False)
-    index = 0
-    header_line = None
-    for number, fields in rows:
-        if spec.header is not None and header_line is None:
-            header_line = number
-            if tuple(fields) != spec.header:
-                raise DataError(f"{path}: line {number}: expected the {spec.directory} header "
-                                f"{list(spec.header)!r}, got {fields!r}")
-            continue
-        if len(fields) != spec.columns:
-            raise _column_count_error(path, number, spec.columns, fields)
-        raw_label = fields[spec.label]
-        label: str | float
-        if spec.labels is not None:
-            spec.labels.index(raw_label, f"{path}: line {number}")
-            label = raw_label
-        else:
-            low, high = spec.score_range or (None, None)
-            label = _score(raw_label, path, number, low, high)
-        yield TextExample(str(index), fields[spec.text],
-                          None if spec.text_pair is None else fields[spec.text_pair], label)
-        index += 1
-    if index == 0:
-        raise DataError(f"{path}: no data rows after the header" if header_line is not None else f"{path}: empty file")
 
 
 def check_label_sets(train: Iterable[TextExample | TaggedSentence], dev: Iterable[TextExample | TaggedSentence],
@@ -267,10 +97,9 @@ def _first_labels(examples: Iterable[TextExample | TaggedSentence]) -> dict[str,
 def check_glue_splits(task: str, train_path: PathLike, dev_path: PathLike) -> LabelSet | None:
     """Read both splits of a GLUE task (each row checked as by :func:`read_glue`) and check that their label sets
     are equal (:func:`check_label_sets`); the task's labels, None for STS-B."""
-    spec = glue_task(task)
-    train, dev = _existing(train_path), _existing(dev_path)
-    check_label_sets(_read_glue(spec, train), _read_glue(spec, dev), str(train), str(dev))
-    return spec.labels
+    train, dev = read_glue(task, train_path), read_glue(task, dev_path)  # both files checked before either is read
+    check_label_sets(train, dev, str(Path(train_path)), str(Path(dev_path)))
+    return glue_task(task).labels
 
 
 # --------------------------------------------------------------------------------------------------- CoNLL
@@ -365,7 +194,7 @@ def _conll_sentences(path: Path, tag_column: int | None, scheme_out: Scheme | No
                 tags = bio_to_iob1(iob1_to_bio(tags))
         return TaggedSentence(str(count), words, tags, columns, document), lines
 
-    for number, line in _lines(path, encoding):
+    for number, line in read_lines(path, encoding):
         fields = line.split()
         if not fields or fields[0] == "-DOCSTART-":
             if columns:
@@ -743,7 +572,7 @@ def _task_tsv(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> It
 
 def _task_jsonl(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> Iterator[TextExample]:
     index = 0
-    for number, line in _lines(path):
+    for number, line in read_lines(path, "utf-8"):
         if not line.strip():
             continue
         try:

@@ -9,7 +9,8 @@ Where the classifier lives. It is a module of the model, not of the objective, s
 model handles it: the optimizer, DDP, training checkpoints, the best model kept, and the saved ``model/``. It is
 plugged in with the model's extension mechanism (``model.add_extension("heads", "span_classifier", ...)``
 adds it to ``model.heads`` as ``heads.span``; ``SpanTask.extend_model`` does it), so the native checkpoint format
-records it and ``bertology.load`` rebuilds it (this module must be imported first: ``get_task`` does). The module is
+records it and ``bertology.load`` rebuilds it (the factory, ``bertology.model.heads.span_heads``, is a built-in
+extension: nothing needs importing first). The module is
 the registered head kind ``span`` / ``span_attention`` (``bertology.model.heads.SpanHead``), but not one of the
 model's ``head_specs``: the model's forward does not run it; the objective and ``predict`` call it on the last layer,
 which the encoder computes only at the span tokens (``SpanTyping.reads``).
@@ -31,14 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from bertology.errors import ConfigError, DataError
 from bertology.inputs import text_lines
 from bertology.io import atomic_write
 from bertology.model.config import TransformerConfig
-from bertology.model.extensions import register_extension
-from bertology.model.heads import HeadSpec, SpanHead, build_head
+from bertology.model.heads import SPAN, SPAN_EXTENSION, SPAN_POOLINGS, HeadSpec, SpanHead
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
     ObjectiveOutput,
@@ -47,7 +47,6 @@ from bertology.objectives.base import (
     classification_output,
     classification_summary,
 )
-from bertology.tasks.base import register_task
 from bertology.tasks.examples import LabelSet, TaggedSentence
 from bertology.tasks.metrics import chunk_spans
 from bertology.tasks.readers import read_conll
@@ -55,28 +54,7 @@ from bertology.tasks.sequence import EncodedExamples
 from bertology.tasks.tagging import CONLL2003_TYPES, TaggedSentences, WordChunk, bio_labels, encode_chunks, read_tagged
 from bertology.tokenization import Tokenizer
 
-SPAN = "span"  # the classifier's key in model.heads (parameters heads.span.*) and the objective's name
-EXTENSION = "span_classifier"  # the extension factory's registered name
-POOLINGS = ("mean", "attention")
-
-
-# --------------------------------------------------------------------------------------------------- the module
-def span_heads(config: TransformerConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean") -> nn.ModuleDict:
-    """The extension factory: the model's heads plus a ``span`` head (registered kind ``span`` or
-    ``span_attention``, plugged in at the path ``heads``)."""
-    if pooling not in POOLINGS:
-        raise ConfigError(f"span pooling: expected one of {', '.join(POOLINGS)}, got {pooling!r}")
-    if not isinstance(current, nn.ModuleDict):
-        raise ConfigError(f"extension {EXTENSION!r}: goes at the model's 'heads', not at a {type(current).__name__}")
-    if SPAN in current:
-        raise ConfigError(f"extension {EXTENSION!r}: the model already has a head named {SPAN!r}")
-    heads = nn.ModuleDict(dict(current.items()))
-    kind = "span_attention" if pooling == "attention" else "span"
-    heads[SPAN] = build_head(config, HeadSpec(SPAN, kind, num_labels, activation=config.hidden_act))
-    return heads
-
-
-register_extension(EXTENSION, span_heads)
+EXTENSION, POOLINGS = SPAN_EXTENSION, SPAN_POOLINGS  # the classifier's factory (model.heads.span_heads), its poolings
 
 
 def add_span_classifier(model: Model, num_labels: int, pooling: str = "mean") -> SpanHead:
@@ -388,4 +366,4 @@ class SpanTask:
         return evaluate_spans(predictions_path, gold_path)
 
 
-register_task(SpanTask())
+CONLL2003_SPANS = SpanTask()

@@ -52,7 +52,6 @@ from bertology.objectives.base import (
     classification_summary,
 )
 from bertology.tasks import metrics
-from bertology.tasks.base import register_task
 from bertology.tasks.examples import LabelSet, TaggedSentence
 from bertology.tasks.readers import read_conll
 from bertology.tasks.sequence import EncodedExamples, TaskBatch
@@ -483,4 +482,4 @@ class TaggingTask:
         return metrics.evaluate_files("conll", predictions_path)
 
 
-register_task(TaggingTask())
+CONLL2003 = TaggingTask()

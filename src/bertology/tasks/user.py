@@ -5,7 +5,7 @@ under a ``task:`` key): the files' ``format`` (tsv, jsonl, conll), the ``text`` 
 columns, ``header``, the ``kind`` (classification, regression, tagging), the ``metric``, the ``labels`` and the
 ``train`` / ``dev`` files (relative paths are taken from the task file's folder). Wherever a task name is taken
 (``bertology finetune --task``, ``bertology predict --task``, ``task.name`` in a run config) the path of such a
-file may stand instead (:func:`bertology.tasks.base.get_task`); ``task.data`` is then not needed.
+file may stand instead (:func:`bertology.tasks.lookup.get_task`); ``task.data`` is then not needed.
 
 - classification and regression reuse the GLUE machinery (``bertology.tasks.sequence``): the family's
   ``*ForSequenceClassification`` head, cross-entropy or mean squared error. Metrics: ``accuracy``, ``f1`` (of the

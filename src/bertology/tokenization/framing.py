@@ -27,12 +27,14 @@ ALBERT, ELECTRA and DistilBERT use bert's; XLM-R uses roberta's. T5's sentinels 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import ClassVar, Literal
 
 from tokenizers import processors
 
+from bertology.builtins import Registry
 from bertology.errors import ConfigError, TokenizerError
 
 ROLES: tuple[str, ...] = ("cls", "sep", "pad", "mask", "unk")
@@ -103,9 +105,6 @@ class Layout:
         return f"{' '.join(parts)}, padded on the {self.padding_side}"
 
 
-FRAMINGS: dict[str, Layout] = {}
-
-
 def register_framing(layout: Layout) -> Layout:
     """Make ``layout`` available by its name (as a tokenizer's ``style``); a name is registered once."""
     if layout.name in FRAMINGS and FRAMINGS[layout.name] != layout:
@@ -114,33 +113,37 @@ def register_framing(layout: Layout) -> Layout:
     return layout
 
 
+# name -> Layout; the built-in framings (below) are registered from bertology.builtins on first use.
+FRAMINGS: Registry[Layout] = Registry("framings", lambda name, layout: register_framing(layout))
+
+
 _BOTH_NAMES = {"cls": ("cls_token", "bos_token"), "sep": ("sep_token", "eos_token")}
 
-register_framing(Layout(
+BERT = Layout(
     "bert",
     single=(("cls", 0), ("A", 0), ("sep", 0)),
     pair=(("cls", 0), ("A", 0), ("sep", 0), ("B", 1), ("sep", 1)),
     tokens={"cls": "[CLS]", "sep": "[SEP]", "pad": "[PAD]", "mask": "[MASK]", "unk": "[UNK]"},
     needs=("pad", "mask", "unk"),
-))
-for _name in ("roberta", "bart"):
-    register_framing(Layout(
-        _name,
-        single=(("cls", 0), ("A", 0), ("sep", 0)),
-        pair=(("cls", 0), ("A", 0), ("sep", 0), ("sep", 0), ("B", 0), ("sep", 0)),
-        tokens={"cls": "<s>", "sep": "</s>", "pad": "<pad>", "mask": "<mask>", "unk": "<unk>"},
-        needs=("pad", "mask", "unk"),
-        keys=_BOTH_NAMES,
-        trims_offsets=True,
-    ))
-register_framing(Layout(
+)
+ROBERTA = Layout(
+    "roberta",
+    single=(("cls", 0), ("A", 0), ("sep", 0)),
+    pair=(("cls", 0), ("A", 0), ("sep", 0), ("sep", 0), ("B", 0), ("sep", 0)),
+    tokens={"cls": "<s>", "sep": "</s>", "pad": "<pad>", "mask": "<mask>", "unk": "<unk>"},
+    needs=("pad", "mask", "unk"),
+    keys=_BOTH_NAMES,
+    trims_offsets=True,
+)
+BART = dataclasses.replace(ROBERTA, name="bart")
+GPT2 = Layout(
     "gpt2",
     single=(("A", 0),),
     pair=(("A", 0), ("B", 1)),
     tokens={"cls": None, "sep": None, "pad": None, "mask": None, "unk": "<|endoftext|>"},
     keys={"unk": ("unk_token", "eos_token", "bos_token")},
-))
-register_framing(Layout(
+)
+T5 = Layout(
     "t5",
     single=(("A", 0), ("sep", 0)),
     pair=(("A", 0), ("sep", 0), ("B", 0), ("sep", 0)),
@@ -148,15 +151,15 @@ register_framing(Layout(
     needs=("pad", "unk"),
     keys={"sep": ("eos_token", "sep_token")},
     sentinels="<extra_id_{}>",
-))
-register_framing(Layout(
+)
+XLNET = Layout(
     "xlnet",
     single=(("A", 0), ("sep", 0), ("cls", 2)),
     pair=(("A", 0), ("sep", 0), ("B", 1), ("sep", 1), ("cls", 2)),
     tokens={"cls": "<cls>", "sep": "<sep>", "pad": "<pad>", "mask": "<mask>", "unk": "<unk>"},
     needs=("pad", "mask", "unk"),
     padding_side="left",
-))
+)
 
 
 @dataclass(frozen=True)

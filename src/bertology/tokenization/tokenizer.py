@@ -3,6 +3,7 @@ offsets and word ids, pads batches into tensors, and saves in the Hugging Face f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -51,6 +52,27 @@ def as_saved(backend: tokenizers.Tokenizer) -> tokenizers.Tokenizer:
 
 TRUNCATION_STRATEGIES: tuple[str, ...] = ("longest_first", "only_first", "only_second")
 PADDING_STRATEGIES: tuple[str, ...] = ("longest", "max_length")
+
+
+def backend_of(tokenizer: Any) -> tokenizers.Tokenizer:
+    """The ``tokenizers.Tokenizer`` behind a bertology ``Tokenizer`` (or the backend itself)."""
+    backend = getattr(tokenizer, "backend", tokenizer)
+    if not (hasattr(backend, "encode_batch") and hasattr(backend, "to_str")):
+        raise TokenizerError(
+            f"expected a bertology Tokenizer or a tokenizers.Tokenizer, got {type(tokenizer).__name__}"
+        )
+    return backend
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """SHA-256 of the tokenizer's JSON definition as a saved copy of it loads (``as_saved``: a Unigram model's
+    scores read back rounded in the last digit), ignoring runtime padding and truncation settings: a tokenizer,
+    its saved copy and that copy loaded again have one fingerprint."""
+    definition = json.loads(as_saved(backend_of(tokenizer)).to_str())
+    definition.pop("padding", None)
+    definition.pop("truncation", None)
+    canonical = json.dumps(definition, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

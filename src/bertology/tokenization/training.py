@@ -10,12 +10,13 @@ import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
 
 from bertology.errors import DataError, TokenizerError
+from bertology.text.corpus import CorpusSource, read_sources
 from bertology.tokenization._pipeline import (
     KINDS,
     TRAINING_SPECIALS,
@@ -25,9 +26,6 @@ from bertology.tokenization._pipeline import (
 )
 from bertology.tokenization.tokenizer import Tokenizer, as_saved
 from bertology.tokenization.unigram import unigram_scores
-
-if TYPE_CHECKING:
-    from bertology.data.corpus import CorpusSource
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
 # The framings a tokenizer is trained for.
@@ -239,8 +237,6 @@ def _rescore_unigram(backend: tokenizers.Tokenizer, special_list: list[str], wor
 
 
 def _is_corpus_source(item: object) -> bool:
-    from bertology.data.corpus import CorpusSource  # imported here: the data package imports this one
-
     return isinstance(item, CorpusSource)
 
 
@@ -300,8 +296,6 @@ def _pipeline(
 
 def _corpus(files_or_texts: TrainingInput) -> tuple[Iterator[str], Callable[[int, int], str]]:
     """The training texts, and a function that describes them (given the texts and characters read) for errors."""
-    from bertology.data.corpus import CorpusSource, read_sources  # imported here: the data package imports this one
-
     if isinstance(files_or_texts, (str, os.PathLike, CorpusSource)):
         files_or_texts = [files_or_texts]
     if isinstance(files_or_texts, (list, tuple)):

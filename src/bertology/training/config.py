@@ -250,7 +250,7 @@ class DataConfig:
         if self.multilingual is not None and self.corpus:
             raise ConfigError("data.corpus: give the corpora under data.multilingual.languages, not both")
         if self.format == "glue":
-            from bertology.tasks.readers import glue_task
+            from bertology.data.corpus import glue_task
 
             if self.task is None:
                 raise ConfigError("data.task: the glue format reads a GLUE task's train.tsv: name the task (sst2, "

@@ -33,7 +33,7 @@ from bertology.io import atomic_write, check_links, remove_output
 from bertology.model.blocks import compile_blocks
 from bertology.model.packing import Layout
 from bertology.model.protocol import Model
-from bertology.objectives.base import Batch, Objective
+from bertology.objectives.base import FINAL_MODEL_DIR, Batch, Objective
 from bertology.objectives.compose import TrainingLoss, stats_to_vector
 from bertology.prefetch import prefetched
 from bertology.training import distributed as D
@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 METRICS_FILE = "metrics.jsonl"
 PLOT_FILE = "curves.png"
-FINAL_MODEL_DIR = "model"
 RUN_CONFIG_FILE = "run_config.json"
 # What a run writes in its output directory (the tokenizer and shards a pretraining run prepares there are inputs,
 # reused by later runs, and not listed).

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
+from bertology.model.blocks import KVCache
 from bertology.model.heads import head_reads
 from bertology.model.protocol import DECODER_ONLY, capabilities
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
@@ -171,6 +172,49 @@ class Stepper:
         if self.memory is not None and self.memory_mask is not None:
             self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
 
+    def join(self, other: Stepper) -> None:
+        """Append `other`'s rows (their prefix read already) after this one's: the caches aligned on their last
+        position, the shorter side padded on the left (masked: positions count real tokens, relative biases
+        depend on key - query only), an encoder-decoder's memories padded on the right (masked too)."""
+        assert self.caches is not None and other.caches is not None, "join steppers that have read their prefix"
+        a, b = self.mask.shape[1], other.mask.shape[1]
+        width = max(a, b)
+        caches = []
+        for mine, theirs in zip(self.caches, other.caches):
+            cache = KVCache()
+            cache.extend(*(torch.cat([F.pad(x, (0, 0, width - a, 0)), F.pad(y, (0, 0, width - b, 0))])
+                           for x, y in ((mine.keys, theirs.keys), (mine.values, theirs.values))))
+            if mine.memory is not None and theirs.memory is not None:
+                span = max(mine.memory[0].shape[-2], theirs.memory[0].shape[-2])
+                cache.memory = tuple(torch.cat([F.pad(x, (0, 0, 0, span - x.shape[-2])),  # type: ignore[assignment]
+                                                F.pad(y, (0, 0, 0, span - y.shape[-2]))])
+                                     for x, y in zip(mine.memory, theirs.memory))
+            caches.append(cache)
+        self.caches = caches
+        self.mask = torch.cat([F.pad(self.mask, (width - a, 0)), F.pad(other.mask, (width - b, 0))])
+        if self.memory is not None and other.memory is not None:
+            assert self.memory_mask is not None and other.memory_mask is not None
+            span = max(self.memory.shape[1], other.memory.shape[1])
+            self.memory = torch.cat([F.pad(m, (0, 0, 0, span - m.shape[1])) for m in (self.memory, other.memory)])
+            self.memory_mask = torch.cat([F.pad(m, (0, span - m.shape[1])) for m in (self.memory_mask,
+                                                                                    other.memory_mask)])
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep the rows `rows` (others leave the batch), then drop the leading positions that are padding in
+        every row left, so that the cache is as wide as its longest row."""
+        self.reorder(rows)
+        real = self.mask.bool().any(0)
+        first = int(real.nonzero()[0]) if bool(real.any()) else 0
+        if first and self.caches is not None:
+            caches = []
+            for cache in self.caches:
+                trimmed = KVCache()
+                trimmed.extend(cache.keys[..., first:, :], cache.values[..., first:, :])
+                trimmed.memory = cache.memory
+                caches.append(trimmed)
+            self.caches = caches
+            self.mask = self.mask[:, first:]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Choosing tokens
@@ -193,6 +237,14 @@ def filtered(scores: Tensor, s: Settings) -> Tensor:
     return scores
 
 
+def choose(logits: Tensor, s: Settings, generator: torch.Generator | None) -> Tensor:
+    """Each row's next token [rows]: the most probable one, or a sample of the filtered softmax drawn from
+    `generator` (one draw for all the rows, so the rows of one call share its sequence of random numbers)."""
+    if s.do_sample:
+        return torch.multinomial(filtered(logits, s).softmax(-1), 1, generator=generator).squeeze(1)
+    return logits.argmax(-1)
+
+
 def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | None) -> Tensor:
     """One hypothesis per row: the most probable token, or a sample, at every step."""
     sequences = step.prefix
@@ -200,10 +252,7 @@ def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | No
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     logits = step.logits(sequences)
     for new in range(1, s.max_new_tokens + 1):
-        if s.do_sample:
-            token = torch.multinomial(filtered(logits, s).softmax(-1), 1, generator=generator).squeeze(1)
-        else:
-            token = logits.argmax(-1)
+        token = choose(logits, s, generator)
         token = torch.where(unfinished, token, s.pad_token_id)
         sequences = torch.cat([sequences, token[:, None]], 1)
         unfinished &= ~torch.isin(token, eos)
@@ -334,6 +383,23 @@ def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attenti
                              "prompts on the left (the new tokens follow the last column)")
 
 
+def make_settings(config: Any, *, max_new_tokens: int = 20, num_beams: int = 1, do_sample: bool = False,
+                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  length_penalty: float = 1.0, early_stopping: bool | str = False,
+                  eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                  seed: int | None = None, num_return_sequences: int = 1) -> Settings:
+    """`generate`'s options checked against the model's config (its EOS and pad ids the defaults)."""
+    settings = Settings(
+        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=bool(do_sample), temperature=float(temperature),
+        top_k=top_k, top_p=None if top_p is None else float(top_p), length_penalty=float(length_penalty),
+        early_stopping=early_stopping,
+        eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
+        pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
+        seed=seed, num_return_sequences=num_return_sequences)
+    settings.check_vocabulary(config.vocab_size)
+    return settings
+
+
 @torch.no_grad()
 def generate(
     model_or_pretrained: Any,
@@ -365,14 +431,10 @@ def generate(
     in eval mode (restored afterwards)."""
     model = generation_model(model_or_pretrained)
     config = model.config
-    settings = Settings(
-        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=bool(do_sample), temperature=float(temperature),
-        top_k=top_k, top_p=None if top_p is None else float(top_p), length_penalty=float(length_penalty),
-        early_stopping=early_stopping,
-        eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
-        pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
-        seed=seed, num_return_sequences=num_return_sequences)
-    settings.check_vocabulary(config.vocab_size)
+    settings = make_settings(config, max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
+                             temperature=temperature, top_k=top_k, top_p=top_p, length_penalty=length_penalty,
+                             early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                             seed=seed, num_return_sequences=num_return_sequences)
     if prefix_lm and not isinstance(model, DecoderModel):
         raise ConfigError(f"prefix_lm: a decoder's option (its prompt read in both directions); this model is a "
                           f"{type(model).__name__}, whose encoder reads the input in both directions already")
@@ -426,3 +488,153 @@ def generate_texts(model_or_pretrained: Any, tokenizer: Any, texts: Sequence[str
                 break
         out.append(tokenizer.decode((prompt if decoder else []) + new))
     return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Continuous batching: requests join and leave one running batch between decoding steps
+
+
+@dataclass(eq=False)
+class Group:
+    """One request's rows in a `RunningBatch`: `rows` copies of its prompt decoded as `generate` decodes that prompt
+    repeated `rows` times (greedy, or sampled from its own `generator`: one draw for all its rows at each step, so
+    the same seed gives `generate`'s draws), until each row has said EOS or `settings.max_new_tokens` are made.
+    `logprobs`: how many of the most probable alternatives each step reports (None: no log-probabilities)."""
+
+    settings: Settings
+    rows: int
+    generator: torch.Generator | None = None
+    logprobs: int | None = None
+    made: int = 0
+    unfinished: Tensor | None = None  # [rows] bool: the rows that have not said EOS
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class Chosen:
+    """What one step chose for one group: each row's token (pad_token_id for a row that had said EOS), whether it
+    is EOS now, the model's log-probability of it and of the `logprobs` most probable tokens (log-softmax of the
+    logits, before temperature and filtering); `done` when the group has finished and left the batch."""
+
+    group: Group
+    tokens: list[int]
+    ended: list[bool]
+    live: list[bool]  # the rows that made a token at this step (not finished before it)
+    logprob: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+    done: bool = False
+
+
+class RunningBatch:
+    """A batch of rows decoded together one position at a time, which requests (`Group`s) join with `add` and
+    leave when they finish (or are `cancel`led) between steps. Each row has its own cache row, positions and
+    stopping rule; the rows share every forward. It runs `generate`'s own pieces: `Stepper` (the key/value cache:
+    a new group reads its prompt alone, then its cache joins the running one, aligned on the last position),
+    `choose` (greedy or sampling) and `Settings`; a group's tokens equal `generate`'s on its prompt (tested)."""
+
+    def __init__(self, model_or_pretrained: Any) -> None:
+        self.model = generation_model(model_or_pretrained)
+        self.device = self.model.embeddings.weight.device
+        self.groups: list[Group] = []
+        self.step_state: Stepper | None = None
+        self.logits: Tensor | None = None  # [rows, vocab]: every row's next choice
+
+    @property
+    def rows(self) -> int:
+        return sum(group.rows for group in self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    @torch.no_grad()
+    def add(self, prompt: Sequence[int], group: Group) -> Group:
+        """Read `prompt` (token ids: a decoder's prompt, an encoder-decoder's source) for `group`, whose rows then
+        take part in the next `step`."""
+        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
+        mask = torch.ones_like(ids)
+        check_prompts(self.model, ids, mask, group.settings.max_new_tokens)
+        group.settings.check_vocabulary(self.model.config.vocab_size)
+        step = Stepper(self.model, ids, mask)
+        logits = step.logits(step.prefix)
+        copies = torch.zeros(group.rows, dtype=torch.long, device=self.device)
+        step.reorder(copies)  # the prompt is read once; its cache is copied to the group's rows
+        logits = logits[copies]
+        group.unfinished = torch.ones(group.rows, dtype=torch.bool, device=self.device)
+        if self.step_state is None:
+            self.step_state, self.logits = step, logits
+        else:
+            assert self.logits is not None
+            self.step_state.join(step)
+            self.logits = torch.cat([self.logits, logits])
+        self.groups.append(group)
+        return group
+
+    def cancel(self, group: Group) -> None:
+        """`group` leaves the batch at the next step (its client went away)."""
+        group.cancelled = True
+
+    @torch.no_grad()
+    def step(self) -> list[Chosen]:
+        """One token for every row of every group, then one forward of the rows that go on."""
+        self._leave([g for g in self.groups if g.cancelled])
+        if not self.groups:
+            return []
+        assert self.logits is not None and self.step_state is not None
+        chosen: list[Chosen] = []
+        tokens = []
+        start = 0
+        for group in self.groups:
+            s, logits = group.settings, self.logits[start:start + group.rows]
+            start += group.rows
+            assert group.unfinished is not None
+            token = torch.where(group.unfinished, choose(logits, s, group.generator), s.pad_token_id)
+            live = group.unfinished.clone()
+            eos = torch.tensor(s.eos_token_ids, dtype=torch.long, device=token.device)
+            ended = torch.isin(token, eos) & live
+            group.unfinished &= ~ended
+            group.made += 1
+            group.done = group.made >= s.max_new_tokens or not bool(group.unfinished.any())
+            outcome = Chosen(group, token.tolist(), ended.tolist(), live.tolist(), done=group.done)
+            if group.logprobs is not None:
+                logprobs = logits.log_softmax(-1)
+                outcome.logprob = logprobs.gather(1, token[:, None]).squeeze(1).tolist()
+                if group.logprobs > 0:
+                    values, ids = logprobs.topk(min(group.logprobs, logprobs.shape[-1]), dim=-1)
+                    outcome.top = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            chosen.append(outcome)
+            tokens.append(token)
+        staying = [g for g in self.groups if not g.done]
+        if len(staying) < len(self.groups):
+            keep = self._rows_of(staying)
+            tokens_left = torch.cat(tokens)[keep] if staying else None
+            self._leave([g for g in self.groups if g.done])
+        else:
+            tokens_left = torch.cat(tokens)
+        if self.groups:
+            assert tokens_left is not None
+            self.logits = self.step_state.logits(tokens_left[:, None])
+        return chosen
+
+    def _rows_of(self, kept: list[Group]) -> Tensor:
+        rows, start = [], 0
+        wanted = set(map(id, kept))
+        for group in self.groups:
+            if id(group) in wanted:
+                rows.extend(range(start, start + group.rows))
+            start += group.rows
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _leave(self, leaving: list[Group]) -> None:
+        if not leaving:
+            return
+        gone = set(map(id, leaving))
+        staying = [g for g in self.groups if id(g) not in gone]
+        if not staying:
+            self.groups, self.step_state, self.logits = [], None, None
+            return
+        keep = self._rows_of(staying)
+        assert self.step_state is not None and self.logits is not None
+        self.step_state.keep(keep)
+        self.logits = self.logits[keep]
+        self.groups = staying

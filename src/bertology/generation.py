@@ -479,15 +479,20 @@ def generate_texts(model_or_pretrained: Any, tokenizer: Any, texts: Sequence[str
     sequences = generate(model, input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **options)
     eos = model.config.eos_token_id
     eos_ids = set(token_ids(eos, "eos_token_id")) if eos is not None else set()
-    out = []
-    for prompt, row in zip(prompts, sequences.cpu().tolist()):
-        new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token
-        for k, token in enumerate(new):
-            if token in eos_ids:
-                new = new[:k]
-                break
-        out.append(tokenizer.decode((prompt if decoder else []) + new))
-    return out
+    return [output_text(tokenizer, prompt, row[width:] if decoder else row[1:], decoder, eos_ids)
+            for prompt, row in zip(prompts, sequences.cpu().tolist())]  # after the prompt, the start token
+
+
+def output_text(tokenizer: Any, prompt: Sequence[int], new: Sequence[int], decoder: bool,
+                eos_ids: set[int]) -> str:
+    """The text of one output, as `generate_texts` gives it: the new tokens up to the first EOS, after the prompt
+    for a decoder (a decoder's prompt is the start of its output), alone for an encoder-decoder."""
+    new = list(new)
+    for k, token in enumerate(new):
+        if token in eos_ids:
+            new = new[:k]
+            break
+    return tokenizer.decode((list(prompt) if decoder else []) + new)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -524,6 +529,7 @@ class Chosen:
     logprob: list[float] | None = None
     top: list[list[tuple[int, float]]] | None = None
     done: bool = False
+    made: int = 0  # the group's new tokens with this one
 
 
 class RunningBatch:
@@ -595,7 +601,7 @@ class RunningBatch:
             group.unfinished &= ~ended
             group.made += 1
             group.done = group.made >= s.max_new_tokens or not bool(group.unfinished.any())
-            outcome = Chosen(group, token.tolist(), ended.tolist(), live.tolist(), done=group.done)
+            outcome = Chosen(group, token.tolist(), ended.tolist(), live.tolist(), done=group.done, made=group.made)
             if group.logprobs is not None:
                 logprobs = logits.log_softmax(-1)
                 outcome.logprob = logprobs.gather(1, token[:, None]).squeeze(1).tolist()

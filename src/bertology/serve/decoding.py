@@ -226,11 +226,10 @@ class Completion:
         token = outcome.tokens[row]
         if self.logprobs is not None and outcome.logprob is not None:
             self.text_offset.append(len(self.text))
-            self.token_strings.append(self.tokenizer.decode([token], skip_special_tokens=False))
+            self.token_strings.append(self._piece(token))
             self.token_logprobs.append(outcome.logprob[row])
             if outcome.top is not None:
-                self.top_logprobs.append({self.tokenizer.decode([t], skip_special_tokens=False): v
-                                          for t, v in outcome.top[row]})
+                self.top_logprobs.append({self._piece(t): v for t, v in outcome.top[row]})
         if outcome.ended[row]:
             self.finish_reason = "stop"
             return
@@ -241,6 +240,12 @@ class Completion:
             self.text, self.finish_reason = self.text[:cut], "stop"
         elif last_step:
             self.finish_reason = "length"
+
+    def _piece(self, token: int) -> str:
+        """A token's own string in the vocabulary (GPT-2's byte-level "Ġthe"): distinct for distinct ids, where
+        decoding a lone byte-level piece may give the same replacement character for many."""
+        piece = self.tokenizer.id_to_token(token)
+        return piece if piece is not None else str(token)
 
     def _stop_at(self) -> int | None:
         found = [at for at in (self.text.find(s, max(0, self.sent - len(s))) for s in self.stop) if at >= 0]

@@ -183,15 +183,15 @@ def sampling_settings(config: Any, *, max_new_tokens: int, temperature: float, t
 
 
 def check_room(model: Any, prompt_tokens: int, max_new_tokens: int, field: str, prompt_field: str) -> None:
-    """A 400 naming the field when the prompt does not fit the model's positions or the generation its decoder."""
+    """A 422 (OpenAI's routes: 400) naming the field when the prompt does not fit the model's positions or the generation its decoder."""
     config = model.config
     if prompt_tokens > config.max_length:
-        raise ServiceError(400, f"{prompt_field}: {prompt_tokens} tokens; the model reads at most "
+        raise ServiceError(422, f"{prompt_field}: {prompt_tokens} tokens; the model reads at most "
                                 f"{config.max_length}", field=prompt_field)
     decoded = prompt_tokens if DECODER_ONLY in capabilities(model) else 1
     limit, what = decode_limit(config)
     if decoded + max_new_tokens > limit:
-        raise ServiceError(400, f"{field}: {decoded} {'prompt' if decoded == prompt_tokens else 'start'} "
+        raise ServiceError(422, f"{field}: {decoded} {'prompt' if decoded == prompt_tokens else 'start'} "
                                 f"token(s) + {max_new_tokens} new tokens exceed {what} {limit} positions",
                            field=field)
 

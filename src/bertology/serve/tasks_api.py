@@ -7,6 +7,7 @@ are the service's own `{"detail", "field"}`; a model without what an endpoint ne
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 from typing import Any, Literal, Union
 
@@ -154,7 +155,8 @@ def router(served: Served, route_class: type) -> APIRouter:
         pipe = task_pipeline("token-classification")
         texts = limits.check_texts(request.texts)
         limits.check("max_tokens", await tokens_of(texts), "the tokens of the texts", field="texts")
-        results = await served.batcher.run(pipe.run, [{"text": t} for t in texts], aggregation=request.aggregation)
+        results = await served.batcher.run(functools.partial(pipe.run, aggregation=request.aggregation),
+                                           [{"text": t} for t in texts])
         return JSONResponse({"model": name, "results": results})
 
     @api.post("/v1/question-answering", summary="extractive answers: the span of the context that answers each "
@@ -175,8 +177,8 @@ def router(served: Served, route_class: type) -> APIRouter:
         limits.check("max_tokens", tokens, "the tokens of the questions and contexts", field="inputs")
         items = [{"question": item.question, "context": item.context} for item in request.inputs]
         try:
-            results = await served.batcher.run(pipe.run, items, max_answer_length=request.max_answer_length,
-                                               doc_stride=request.doc_stride)
+            results = await served.batcher.run(functools.partial(
+                pipe.run, max_answer_length=request.max_answer_length, doc_stride=request.doc_stride), items)
         except BertologyError as error:
             raise ServiceError(422, str(error), field=_field_of(str(error), "inputs")) from None
         return JSONResponse({"model": name, "results": results})

@@ -35,6 +35,9 @@ MAX_CHOICES = 128  # OpenAI's bound on n
 MAX_STOP = 4  # OpenAI's bound on the stop strings
 MAX_STOP_CHARS = 256
 MAX_LOGPROBS = 5  # OpenAI's bound on the log-probabilities of the legacy completions
+# Decoding steps one call on the worker thread runs at most (fewer when other work or a new request waits): a hop
+# between the event loop and the worker per step costs more than a small model's step on a loaded CPU.
+STEPS_PER_CALL = 16
 
 
 @dataclass(eq=False)
@@ -104,49 +107,69 @@ class Decoder:
 
     async def _loop(self) -> None:
         assert self.batch is not None and self._wake is not None
-        batch = self.batch
+        loop = asyncio.get_running_loop()
         while True:
-            if not self.waiting and not len(batch):
+            if not self.waiting and not len(self.batch):
                 if self._stopping:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            while self.waiting and (not len(batch) or batch.rows + self.waiting[0].group.rows <= self.max_rows):
-                job = self.waiting.popleft()
-                if job.group.cancelled:
-                    job.events.put_nowait(None)
-                    continue
-                try:
-                    await self.batcher.run(batch.add, job.prompt, job.group)
-                except Exception as error:  # noqa: BLE001 - answered to that request; the others go on
-                    job.events.put_nowait(error)
-                    continue
-                self.running[id(job.group)] = job
-            rows = batch.rows
             try:
-                chosen = await self.batcher.run(batch.step)
+                await self.batcher.run(self._steps, loop)
             except Exception as error:  # noqa: BLE001 - every running request fails; the loop goes on
                 for job in self.running.values():
                     job.events.put_nowait(error)
                 self.running.clear()
-                self.batch = batch = RunningBatch(self.pretrained.model)
-                continue
-            if self.observe is not None and chosen:
-                self.observe.decode_step(rows=rows, tokens=sum(sum(c.live) for c in chosen))
-            answered = set()
-            for outcome in chosen:
-                job = self.running.get(id(outcome.group))
-                if job is None:
+                self.batch = RunningBatch(self.pretrained.model)
+
+    def _steps(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the worker thread: admit the waiting jobs that fit, then decoding steps, each step's tokens handed
+        to the event loop as soon as they are chosen, until the batch is empty, a job waits to join, other work
+        waits for the thread, or STEPS_PER_CALL steps have run."""
+        assert self.batch is not None
+        batch = self.batch
+        for _ in range(STEPS_PER_CALL):
+            while self.waiting and (not len(batch) or batch.rows + self.waiting[0].group.rows <= self.max_rows):
+                job = self.waiting.popleft()
+                if job.group.cancelled:
+                    loop.call_soon_threadsafe(job.events.put_nowait, None)
                     continue
-                answered.add(id(outcome.group))
-                job.peak_rows = max(job.peak_rows, rows)
-                job.events.put_nowait(outcome)
-                if outcome.done:
-                    job.events.put_nowait(None)
-                    del self.running[id(outcome.group)]
-            for key in [k for k, job in self.running.items() if job.group.cancelled and k not in answered]:
-                self.running.pop(key).events.put_nowait(None)  # left the batch at this step
+                try:
+                    batch.add(job.prompt, job.group)
+                except Exception as error:  # noqa: BLE001 - answered to that request; the others go on
+                    loop.call_soon_threadsafe(job.events.put_nowait, error)
+                    continue
+                loop.call_soon_threadsafe(self._admitted, job)
+            if not len(batch):
+                return
+            rows = batch.rows
+            chosen = batch.step()
+            loop.call_soon_threadsafe(self._dispatch, chosen, rows)
+            if not len(batch) or self.batcher.others_waiting() or (
+                    self.waiting and batch.rows + self.waiting[0].group.rows <= self.max_rows):
+                return
+
+    def _admitted(self, job: Job) -> None:
+        self.running[id(job.group)] = job
+
+    def _dispatch(self, chosen: list[Chosen], rows: int) -> None:
+        """On the event loop: one step's outcomes to their jobs; None to a job that has ended or left."""
+        if self.observe is not None and chosen:
+            self.observe.decode_step(rows=rows, tokens=sum(sum(c.live) for c in chosen))
+        answered = set()
+        for outcome in chosen:
+            job = self.running.get(id(outcome.group))
+            if job is None:
+                continue
+            answered.add(id(outcome.group))
+            job.peak_rows = max(job.peak_rows, rows)
+            job.events.put_nowait(outcome)
+            if outcome.done:
+                job.events.put_nowait(None)
+                del self.running[id(outcome.group)]
+        for key in [k for k, job in self.running.items() if job.group.cancelled and k not in answered]:
+            self.running.pop(key).events.put_nowait(None)  # it left the batch (its client went away)
 
 
 def missing_generation(model: Any) -> str | None:

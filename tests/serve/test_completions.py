@@ -7,7 +7,6 @@ that cannot generate."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import socket
@@ -23,6 +22,7 @@ from bertology.model import load
 from bertology.serve import create_app
 from bertology.serve.metrics import metric_value
 from finetune_helpers import save_family_model
+from live_server import running
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
@@ -31,32 +31,6 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 KEY = "sk-test"
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the old book by the window"] * 4
 PROMPTS = ["the cat sat", "a dog ran in the", "the old book"]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(app):
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                           timeout_graceful_shutdown=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(60)
 
 
 @pytest.fixture(scope="module")

@@ -133,3 +133,20 @@ def test_log_probabilities_are_the_models():
     assert chosen.logprob[0] == pytest.approx(float(top.values[0]), abs=1e-5)
     assert [t for t, _ in chosen.top[0]] == top.indices.tolist()
     assert [v for _, v in chosen.top[0]] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+
+@pytest.mark.parametrize("kind, positions", MODELS)
+def test_prompts_of_different_lengths_joining_together_get_their_solo_tokens(kind, positions):
+    model = build(kind, positions)
+    prompts = [[5, 9, 11, 7], [8, 6, 30, 21, 17, 12, 4, 9, 10], [13]]
+    batch = RunningBatch(model)
+    first = Group(make_settings(model.config, max_new_tokens=9, eos_token_id=[]), rows=1)
+    batch.add([20, 21, 22], first)
+    batch.step()
+    groups = [Group(make_settings(model.config, max_new_tokens=8, eos_token_id=[]), rows=r) for r in (1, 2, 1)]
+    batch.add_many(list(zip(prompts, groups)))  # read in one padded forward, then joined to the running row
+    assert batch.rows == 5
+    outputs: dict[int, list[list[int]]] = {}
+    drain(batch, groups + [first], outputs)
+    for prompt, group in zip(prompts, groups):
+        assert outputs[id(group)] == solo(model, prompt, rows=group.rows, max_new_tokens=8, eos_token_id=[])

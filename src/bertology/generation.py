@@ -511,7 +511,6 @@ class Group:
     generator: torch.Generator | None = None
     logprobs: int | None = None
     made: int = 0
-    unfinished: Tensor | None = None  # [rows] bool: the rows that have not said EOS
     done: bool = False
     cancelled: bool = False
 
@@ -533,18 +532,24 @@ class Chosen:
 
 
 class RunningBatch:
-    """A batch of rows decoded together one position at a time, which requests (`Group`s) join with `add` and
-    leave when they finish (or are `cancel`led) between steps. Each row has its own cache row, positions and
-    stopping rule; the rows share every forward. It runs `generate`'s own pieces: `Stepper` (the key/value cache:
-    a new group reads its prompt alone, then its cache joins the running one, aligned on the last position),
-    `choose` (greedy or sampling) and `Settings`; a group's tokens equal `generate`'s on its prompt (tested)."""
+    """A batch of rows decoded together one position at a time, which requests (`Group`s) join with `add` (or
+    several at once with `add_many`) and leave when they finish (or are `cancel`led) between steps. Each row has
+    its own cache row, positions and stopping rule; the rows share every forward. It runs `generate`'s own pieces:
+    `Stepper` (the key/value cache: the joining prompts are read together, padded as `generate_texts` pads them,
+    then their cache joins the running one, aligned on the last position), `choose` (greedy or sampling) and
+    `Settings`; a group's tokens equal `generate`'s on its prompt (tested)."""
 
     def __init__(self, model_or_pretrained: Any) -> None:
         self.model = generation_model(model_or_pretrained)
         self.device = self.model.embeddings.weight.device
+        self.decoder = DECODER_ONLY in capabilities(self.model)
         self.groups: list[Group] = []
         self.step_state: Stepper | None = None
         self.logits: Tensor | None = None  # [rows, vocab]: every row's next choice
+        # per row: not said EOS yet, its padding id, its EOS ids (-1 filling the table)
+        self.unfinished = torch.zeros(0, dtype=torch.bool, device=self.device)
+        self.pad = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.eos = torch.zeros(0, 0, dtype=torch.long, device=self.device)
 
     @property
     def rows(self) -> int:
@@ -553,28 +558,52 @@ class RunningBatch:
     def __len__(self) -> int:
         return len(self.groups)
 
-    @torch.no_grad()
     def add(self, prompt: Sequence[int], group: Group) -> Group:
         """Read `prompt` (token ids: a decoder's prompt, an encoder-decoder's source) for `group`, whose rows then
         take part in the next `step`."""
-        ids = torch.tensor([list(prompt)], dtype=torch.long, device=self.device)
-        mask = torch.ones_like(ids)
-        check_prompts(self.model, ids, mask, group.settings.max_new_tokens)
-        group.settings.check_vocabulary(self.model.config.vocab_size)
+        self.add_many([(prompt, group)])
+        return group
+
+    @torch.no_grad()
+    def add_many(self, items: Sequence[tuple[Sequence[int], Group]]) -> None:
+        """`add` for several groups, their prompts read in one forward (each prompt once; its cache then copied
+        to its group's rows)."""
+        if not items:
+            return
+        prompts = [list(prompt) for prompt, _ in items]
+        for prompt, (_, group) in zip(prompts, items):
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            check_prompts(self.model, ids, torch.ones_like(ids), group.settings.max_new_tokens)
+            group.settings.check_vocabulary(self.model.config.vocab_size)
+        width = max(map(len, prompts))
+        pad = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        # a decoder's prompts padded on the left (its new tokens follow the last column), an encoder's on the right
+        ids = torch.tensor([[pad] * (width - len(p)) + p if self.decoder else p + [pad] * (width - len(p))
+                            for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if self.decoder else
+                             [1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
         step = Stepper(self.model, ids, mask)
         logits = step.logits(step.prefix)
-        copies = torch.zeros(group.rows, dtype=torch.long, device=self.device)
-        step.reorder(copies)  # the prompt is read once; its cache is copied to the group's rows
+        sizes = torch.tensor([group.rows for _, group in items], device=self.device)
+        copies = torch.arange(len(items), device=self.device).repeat_interleave(sizes)
+        step.reorder(copies)
         logits = logits[copies]
-        group.unfinished = torch.ones(group.rows, dtype=torch.bool, device=self.device)
+        eos_width = max([self.eos.shape[1]] + [len(group.settings.eos_token_ids) for _, group in items])
+        eos = [list(g.settings.eos_token_ids) + [-1] * (eos_width - len(g.settings.eos_token_ids))
+               for _, g in items for _ in range(g.rows)]
+        new_eos = torch.tensor(eos, dtype=torch.long, device=self.device).view(len(eos), eos_width)
+        new_pad = torch.tensor([g.settings.pad_token_id for _, g in items for _ in range(g.rows)],
+                               dtype=torch.long, device=self.device)
+        self.eos = torch.cat([F.pad(self.eos, (0, eos_width - self.eos.shape[1]), value=-1), new_eos])
+        self.pad = torch.cat([self.pad, new_pad])
+        self.unfinished = torch.cat([self.unfinished, torch.ones(len(eos), dtype=torch.bool, device=self.device)])
         if self.step_state is None:
             self.step_state, self.logits = step, logits
         else:
             assert self.logits is not None
             self.step_state.join(step)
             self.logits = torch.cat([self.logits, logits])
-        self.groups.append(group)
-        return group
+        self.groups.extend(group for _, group in items)
 
     def cancel(self, group: Group) -> None:
         """`group` leaves the batch at the next step (its client went away)."""
@@ -587,39 +616,44 @@ class RunningBatch:
         if not self.groups:
             return []
         assert self.logits is not None and self.step_state is not None
-        chosen: list[Chosen] = []
-        tokens = []
+        logits = self.logits
+        token = logits.argmax(-1)  # the greedy rows' choice (argmax is per row); sampled groups draw theirs
         start = 0
         for group in self.groups:
-            s, logits = group.settings, self.logits[start:start + group.rows]
+            if group.settings.do_sample:
+                token[start:start + group.rows] = choose(logits[start:start + group.rows], group.settings,
+                                                         group.generator)
             start += group.rows
-            assert group.unfinished is not None
-            token = torch.where(group.unfinished, choose(logits, s, group.generator), s.pad_token_id)
-            live = group.unfinished.clone()
-            eos = torch.tensor(s.eos_token_ids, dtype=torch.long, device=token.device)
-            ended = torch.isin(token, eos) & live
-            group.unfinished &= ~ended
+        live = self.unfinished
+        token = torch.where(live, token, self.pad)
+        ended = (token[:, None] == self.eos).any(1) & live
+        self.unfinished = live & ~ended
+        tokens, ended_rows, live_rows, left = (token.tolist(), ended.tolist(), live.tolist(),
+                                               self.unfinished.tolist())
+        chosen: list[Chosen] = []
+        start = 0
+        for group in self.groups:
+            rows = slice(start, start + group.rows)
             group.made += 1
-            group.done = group.made >= s.max_new_tokens or not bool(group.unfinished.any())
-            outcome = Chosen(group, token.tolist(), ended.tolist(), live.tolist(), done=group.done, made=group.made)
+            group.done = group.made >= group.settings.max_new_tokens or not any(left[rows])
+            outcome = Chosen(group, tokens[rows], ended_rows[rows], live_rows[rows], done=group.done,
+                             made=group.made)
             if group.logprobs is not None:
-                logprobs = logits.log_softmax(-1)
-                outcome.logprob = logprobs.gather(1, token[:, None]).squeeze(1).tolist()
+                logprobs = logits[rows].log_softmax(-1)
+                outcome.logprob = logprobs.gather(1, token[rows, None]).squeeze(1).tolist()
                 if group.logprobs > 0:
                     values, ids = logprobs.topk(min(group.logprobs, logprobs.shape[-1]), dim=-1)
                     outcome.top = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
             chosen.append(outcome)
-            tokens.append(token)
-        staying = [g for g in self.groups if not g.done]
-        if len(staying) < len(self.groups):
-            keep = self._rows_of(staying)
-            tokens_left = torch.cat(tokens)[keep] if staying else None
+            start += group.rows
+        if any(group.done for group in self.groups):
+            staying = [g for g in self.groups if not g.done]
+            if staying:
+                token = token[self._rows_of(staying)]
             self._leave([g for g in self.groups if g.done])
-        else:
-            tokens_left = torch.cat(tokens)
         if self.groups:
-            assert tokens_left is not None
-            self.logits = self.step_state.logits(tokens_left[:, None])
+            assert self.step_state is not None
+            self.logits = self.step_state.logits(token[:, None])
         return chosen
 
     def _rows_of(self, kept: list[Group]) -> Tensor:
@@ -638,9 +672,11 @@ class RunningBatch:
         staying = [g for g in self.groups if id(g) not in gone]
         if not staying:
             self.groups, self.step_state, self.logits = [], None, None
+            self.unfinished, self.pad, self.eos = self.unfinished[:0], self.pad[:0], self.eos[:0]
             return
         keep = self._rows_of(staying)
         assert self.step_state is not None and self.logits is not None
         self.step_state.keep(keep)
         self.logits = self.logits[keep]
+        self.unfinished, self.pad, self.eos = self.unfinished[keep], self.pad[keep], self.eos[keep]
         self.groups = staying

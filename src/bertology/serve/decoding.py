@@ -130,17 +130,29 @@ class Decoder:
         assert self.batch is not None
         batch = self.batch
         for _ in range(STEPS_PER_CALL):
-            while self.waiting and (not len(batch) or batch.rows + self.waiting[0].group.rows <= self.max_rows):
+            joining: list[Job] = []
+            rows = batch.rows
+            while self.waiting and (not rows or rows + self.waiting[0].group.rows <= self.max_rows):
                 job = self.waiting.popleft()
                 if job.group.cancelled:
                     loop.call_soon_threadsafe(job.events.put_nowait, None)
                     continue
-                try:
-                    batch.add(job.prompt, job.group)
-                except Exception as error:  # noqa: BLE001 - answered to that request; the others go on
-                    loop.call_soon_threadsafe(job.events.put_nowait, error)
-                    continue
-                loop.call_soon_threadsafe(self._admitted, job)
+                joining.append(job)
+                rows += job.group.rows
+            if joining:
+                try:  # their prompts in one forward
+                    batch.add_many([(job.prompt, job.group) for job in joining])
+                except Exception:  # noqa: BLE001 - then one by one, so that the error is the request's own
+                    for job in joining:
+                        try:
+                            batch.add(job.prompt, job.group)
+                        except Exception as error:  # noqa: BLE001 - answered to that request; the others go on
+                            loop.call_soon_threadsafe(job.events.put_nowait, error)
+                            continue
+                        loop.call_soon_threadsafe(self._admitted, job)
+                else:
+                    for job in joining:
+                        loop.call_soon_threadsafe(self._admitted, job)
             if not len(batch):
                 return
             rows = batch.rows

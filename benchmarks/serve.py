@@ -425,14 +425,17 @@ def generation_main(args: argparse.Namespace) -> int:
             for concurrency in args.concurrency:
                 for name, ((process, url), streamed) in sides.items():
                     load_before = os.getloadavg()[0]
+                    cpu_before = cpu_seconds(process.pid)
                     result = asyncio.run(generation_level(url, prompts, concurrency, args.new_tokens,
                                                           args.max_seconds, streamed))
+                    cpu = cpu_seconds(process.pid) - cpu_before
                     row = {"server": name, "concurrency": concurrency, "load": load_before,
                            "requests": f"{result['answered']}/{result['sent']}", "failed": len(result["failures"]),
                            "tokens": result["tokens"], "tokens_per_s": result["tokens"] / result["wall"],
                            "ttft_p50_ms": 1000 * percentile(result["first"], 0.5),
                            "ttft_p99_ms": 1000 * percentile(result["first"], 0.99),
-                           "inter_token_p50_ms": 1000 * percentile(result["gaps"], 0.5), "texts": result["texts"]}
+                           "inter_token_p50_ms": 1000 * percentile(result["gaps"], 0.5),
+                           "cpu_ms_per_token": 1000 * cpu / max(result["tokens"], 1), "texts": result["texts"]}
                     rows.append(row)
                     print(json.dumps({k: v for k, v in row.items() if k != "texts"}), file=sys.stderr)
                     if result["failures"]:
@@ -454,16 +457,19 @@ def generation_main(args: argparse.Namespace) -> int:
     print(f"- model: GPT-2, {GEN_SIZE['layers']} layers x {GEN_SIZE['hidden']}, {GEN_SIZE['heads']} heads, ff "
           f"{GEN_SIZE['inner']}, vocabulary 8192, random (seed 0); greedy, {args.new_tokens} new tokens a request\n")
     print("| concurrency | server | requests | failed | tokens | tokens/s | bertology x | first token p50 ms | "
-          "first token p99 ms | inter-token p50 ms | same texts | load avg |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "first token p99 ms | inter-token p50 ms | server CPU ms / token | bertology x (CPU) | same texts | "
+          "load avg |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         partner = [r for r in rows if r["concurrency"] == row["concurrency"] and r["server"] != row["server"]]
         ratio = (f"{row['tokens_per_s'] / partner[0]['tokens_per_s']:.2f}"
                  if row["server"].startswith("bertology") and partner and partner[0]["tokens_per_s"] else "")
         inter = "" if math.isnan(row["inter_token_p50_ms"]) else f"{row['inter_token_p50_ms']:.1f}"
+        cpu_ratio = (f"{partner[0]['cpu_ms_per_token'] / max(row['cpu_ms_per_token'], 1e-9):.2f}"
+                     if row["server"].startswith("bertology") and partner else "")
         print(f"| {row['concurrency']} | {row['server']} | {row['requests']} | {row['failed']} | {row['tokens']} | "
               f"{row['tokens_per_s']:.0f} | {ratio} | {row['ttft_p50_ms']:.0f} | {row['ttft_p99_ms']:.0f} | {inter} "
-              f"| {'yes' if same.get(row['concurrency']) else '' if row['concurrency'] not in same else 'NO'} | "
+              f"| {row['cpu_ms_per_token']:.2f} | {cpu_ratio} | {'yes' if same.get(row['concurrency']) else '' if row['concurrency'] not in same else 'NO'} | "
               f"{row['load']:.1f} |")
     if args.no_baseline:
         print("\ntransformers generate + FastAPI not run: --no-baseline.")

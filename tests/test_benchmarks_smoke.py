@@ -173,7 +173,7 @@ def test_serve_generation(script):
                  "--threads", "1")
     rows = table_rows(out)
     assert [r[1] for r in rows] == ["bertology serve (/v1/completions)", "transformers generate + FastAPI"]
-    assert all(r[2] == "4/4" and r[3] == "0" and r[10] == "yes" for r in rows), rows
+    assert all(r[2] == "4/4" and r[3] == "0" and r[12] == "yes" for r in rows), rows
     assert "PROBLEMS" not in out
 
 

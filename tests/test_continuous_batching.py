@@ -79,7 +79,7 @@ def test_requests_joining_at_different_steps_get_their_solo_tokens(kind, positio
 def test_the_same_seed_gives_generates_draws_and_rows_stop_at_eos(kind):
     model = build(kind)
     prompt = [5, 9, 11]
-    options = dict(max_new_tokens=10, do_sample=True, temperature=0.9, top_p=0.95)
+    options = {"max_new_tokens": 10, "do_sample": True, "temperature": 0.9, "top_p": 0.95}
     free = solo(model, prompt, rows=3, seed=11, eos_token_id=[], **options)
     eos = free[1][3]  # row 1 says EOS at its fourth token
     expected = solo(model, prompt, rows=3, seed=11, eos_token_id=eos, pad_token_id=PAD, **options)

@@ -16,13 +16,13 @@ import time
 import httpx
 import pytest
 import torch
+from finetune_helpers import save_family_model
+from live_server import running
 
 from bertology import generate
 from bertology.model import load
 from bertology.serve import create_app
 from bertology.serve.metrics import metric_value
-from finetune_helpers import save_family_model
-from live_server import running
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
@@ -99,7 +99,7 @@ def test_greedy_completions_equal_generate_with_usage_and_logprobs(served):
 
 def test_the_same_seed_gives_generates_draws(served):
     style, pretrained, url = served
-    options = dict(max_tokens=10, temperature=0.7, top_p=0.9, n=3, seed=1234)
+    options = {"max_tokens": 10, "temperature": 0.7, "top_p": 0.9, "n": 3, "seed": 1234}
     first = client(url).completions.create(model="tiny", prompt=PROMPTS[0], **options)
     texts, _ = expected(pretrained, PROMPTS[0], rows=3, max_new_tokens=10, do_sample=True, temperature=0.7,
                         top_p=0.9, seed=1234)
@@ -260,7 +260,7 @@ def test_non_finite_sampling_settings_are_refused(models):
 
     with TestClient(create_app(models["gpt2"], model_name="tiny")) as http:
         for field in ("temperature", "top_p"):
-            raw = '{"model": "tiny", "prompt": "a", "%s": NaN}' % field
+            raw = '{{"model": "tiny", "prompt": "a", "{}": NaN}}'.format(field)
             response = http.post("/v1/completions", content=raw, headers={"Content-Type": "application/json"})
             assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
 

@@ -13,12 +13,12 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from finetune_helpers import save_family_model
+from live_server import running
 
 from bertology import embed, generate
 from bertology.model import load
 from bertology.serve import create_app
-from finetune_helpers import save_family_model
-from live_server import running
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")

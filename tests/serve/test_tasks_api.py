@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
+from finetune_helpers import save_family_model
 
 from bertology import generate, pipeline
 from bertology.model import load
 from bertology.serve import create_app
-from finetune_helpers import save_family_model
 
 pytest.importorskip("transformers")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_pipelines import NER_LABELS, NER_TEXT, save_hf  # noqa: E402
+from test_pipelines import NER_LABELS, NER_TEXT, save_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "the old book by the window"] * 4
@@ -92,7 +92,7 @@ def test_bad_generation_fields_are_422_naming_them(models, change, field):
 def test_non_finite_generation_settings_are_refused(models):
     with TestClient(create_app(models["gpt2"])) as http:
         for field in ("temperature", "top_p", "length_penalty"):
-            raw = '{"texts": ["a"], "do_sample": %s, "%s": NaN}' % ("false" if field == "length_penalty" else
+            raw = '{{"texts": ["a"], "do_sample": {}, "{}": NaN}}'.format("false" if field == "length_penalty" else
                                                                    "true", field)
             response = http.post("/v1/generate", content=raw, headers={"Content-Type": "application/json"})
             assert response.status_code == 422 and response.json()["field"] == field, response.text

@@ -166,6 +166,17 @@ def test_serve(script):
     assert "sentence-transformers + FastAPI not run" in out
 
 
+def test_serve_generation(script):
+    """Generation: bertology's /v1/completions and transformers' generate behind FastAPI (both subprocesses) answer
+    every request with the same greedy texts."""
+    out = script("serve", "--generation", "--concurrency", "2", "--per-level", "4", "--new-tokens", "4",
+                 "--threads", "1")
+    rows = table_rows(out)
+    assert [r[1] for r in rows] == ["bertology serve (/v1/completions)", "transformers generate + FastAPI"]
+    assert all(r[2] == "4/4" and r[3] == "0" and r[12] == "yes" for r in rows), rows
+    assert "PROBLEMS" not in out
+
+
 @pytest.mark.parametrize("name, phases", [
     ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table"]),
     ("long_quality", ["prepare", "short", "convert", "squad", "table"]),

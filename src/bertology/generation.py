@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
+from bertology.model.blocks import KVCache
 from bertology.model.heads import head_reads
 from bertology.model.protocol import DECODER_ONLY, capabilities
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
@@ -171,6 +172,49 @@ class Stepper:
         if self.memory is not None and self.memory_mask is not None:
             self.memory, self.memory_mask = self.memory[rows], self.memory_mask[rows]
 
+    def join(self, other: Stepper) -> None:
+        """Append `other`'s rows (their prefix read already) after this one's: the caches aligned on their last
+        position, the shorter side padded on the left (masked: positions count real tokens, relative biases
+        depend on key - query only), an encoder-decoder's memories padded on the right (masked too)."""
+        assert self.caches is not None and other.caches is not None, "join steppers that have read their prefix"
+        a, b = self.mask.shape[1], other.mask.shape[1]
+        width = max(a, b)
+        caches = []
+        for mine, theirs in zip(self.caches, other.caches):
+            cache = KVCache()
+            cache.extend(*(torch.cat([F.pad(x, (0, 0, width - a, 0)), F.pad(y, (0, 0, width - b, 0))])
+                           for x, y in ((mine.keys, theirs.keys), (mine.values, theirs.values))))
+            if mine.memory is not None and theirs.memory is not None:
+                span = max(mine.memory[0].shape[-2], theirs.memory[0].shape[-2])
+                cache.memory = tuple(torch.cat([F.pad(x, (0, 0, 0, span - x.shape[-2])),  # type: ignore[assignment]
+                                                F.pad(y, (0, 0, 0, span - y.shape[-2]))])
+                                     for x, y in zip(mine.memory, theirs.memory))
+            caches.append(cache)
+        self.caches = caches
+        self.mask = torch.cat([F.pad(self.mask, (width - a, 0)), F.pad(other.mask, (width - b, 0))])
+        if self.memory is not None and other.memory is not None:
+            assert self.memory_mask is not None and other.memory_mask is not None
+            span = max(self.memory.shape[1], other.memory.shape[1])
+            self.memory = torch.cat([F.pad(m, (0, 0, 0, span - m.shape[1])) for m in (self.memory, other.memory)])
+            self.memory_mask = torch.cat([F.pad(m, (0, span - m.shape[1])) for m in (self.memory_mask,
+                                                                                    other.memory_mask)])
+
+    def keep(self, rows: Tensor) -> None:
+        """Keep the rows `rows` (others leave the batch), then drop the leading positions that are padding in
+        every row left, so that the cache is as wide as its longest row."""
+        self.reorder(rows)
+        real = self.mask.bool().any(0)
+        first = int(real.nonzero()[0]) if bool(real.any()) else 0
+        if first and self.caches is not None:
+            caches = []
+            for cache in self.caches:
+                trimmed = KVCache()
+                trimmed.extend(cache.keys[..., first:, :], cache.values[..., first:, :])
+                trimmed.memory = cache.memory
+                caches.append(trimmed)
+            self.caches = caches
+            self.mask = self.mask[:, first:]
+
 
 # ----------------------------------------------------------------------------------------------------------------
 # Choosing tokens
@@ -193,6 +237,14 @@ def filtered(scores: Tensor, s: Settings) -> Tensor:
     return scores
 
 
+def choose(logits: Tensor, s: Settings, generator: torch.Generator | None) -> Tensor:
+    """Each row's next token [rows]: the most probable one, or a sample of the filtered softmax drawn from
+    `generator` (one draw for all the rows, so the rows of one call share its sequence of random numbers)."""
+    if s.do_sample:
+        return torch.multinomial(filtered(logits, s).softmax(-1), 1, generator=generator).squeeze(1)
+    return logits.argmax(-1)
+
+
 def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | None) -> Tensor:
     """One hypothesis per row: the most probable token, or a sample, at every step."""
     sequences = step.prefix
@@ -200,10 +252,7 @@ def greedy_or_sample(step: Stepper, s: Settings, generator: torch.Generator | No
     unfinished = torch.ones(sequences.shape[0], dtype=torch.bool, device=sequences.device)
     logits = step.logits(sequences)
     for new in range(1, s.max_new_tokens + 1):
-        if s.do_sample:
-            token = torch.multinomial(filtered(logits, s).softmax(-1), 1, generator=generator).squeeze(1)
-        else:
-            token = logits.argmax(-1)
+        token = choose(logits, s, generator)
         token = torch.where(unfinished, token, s.pad_token_id)
         sequences = torch.cat([sequences, token[:, None]], 1)
         unfinished &= ~torch.isin(token, eos)
@@ -334,6 +383,23 @@ def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attenti
                              "prompts on the left (the new tokens follow the last column)")
 
 
+def make_settings(config: Any, *, max_new_tokens: int = 20, num_beams: int = 1, do_sample: bool = False,
+                  temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                  length_penalty: float = 1.0, early_stopping: bool | str = False,
+                  eos_token_id: int | Sequence[int] | None = None, pad_token_id: int | None = None,
+                  seed: int | None = None, num_return_sequences: int = 1) -> Settings:
+    """`generate`'s options checked against the model's config (its EOS and pad ids the defaults)."""
+    settings = Settings(
+        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=bool(do_sample), temperature=float(temperature),
+        top_k=top_k, top_p=None if top_p is None else float(top_p), length_penalty=float(length_penalty),
+        early_stopping=early_stopping,
+        eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
+        pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
+        seed=seed, num_return_sequences=num_return_sequences)
+    settings.check_vocabulary(config.vocab_size)
+    return settings
+
+
 @torch.no_grad()
 def generate(
     model_or_pretrained: Any,
@@ -365,14 +431,10 @@ def generate(
     in eval mode (restored afterwards)."""
     model = generation_model(model_or_pretrained)
     config = model.config
-    settings = Settings(
-        max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=bool(do_sample), temperature=float(temperature),
-        top_k=top_k, top_p=None if top_p is None else float(top_p), length_penalty=float(length_penalty),
-        early_stopping=early_stopping,
-        eos_token_ids=token_ids(eos_token_id if eos_token_id is not None else config.eos_token_id, "eos_token_id"),
-        pad_token_id=pad_token_id if pad_token_id is not None else config.pad_token_id,
-        seed=seed, num_return_sequences=num_return_sequences)
-    settings.check_vocabulary(config.vocab_size)
+    settings = make_settings(config, max_new_tokens=max_new_tokens, num_beams=num_beams, do_sample=do_sample,
+                             temperature=temperature, top_k=top_k, top_p=top_p, length_penalty=length_penalty,
+                             early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                             seed=seed, num_return_sequences=num_return_sequences)
     if prefix_lm and not isinstance(model, DecoderModel):
         raise ConfigError(f"prefix_lm: a decoder's option (its prompt read in both directions); this model is a "
                           f"{type(model).__name__}, whose encoder reads the input in both directions already")
@@ -417,12 +479,204 @@ def generate_texts(model_or_pretrained: Any, tokenizer: Any, texts: Sequence[str
     sequences = generate(model, input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), **options)
     eos = model.config.eos_token_id
     eos_ids = set(token_ids(eos, "eos_token_id")) if eos is not None else set()
-    out = []
-    for prompt, row in zip(prompts, sequences.cpu().tolist()):
-        new = row[width:] if decoder else row[1:]  # after the prompt, after the decoder's start token
-        for k, token in enumerate(new):
-            if token in eos_ids:
-                new = new[:k]
-                break
-        out.append(tokenizer.decode((prompt if decoder else []) + new))
-    return out
+    return [output_text(tokenizer, prompt, row[width:] if decoder else row[1:], decoder, eos_ids)
+            for prompt, row in zip(prompts, sequences.cpu().tolist())]  # after the prompt, the start token
+
+
+def output_text(tokenizer: Any, prompt: Sequence[int], new: Sequence[int], decoder: bool,
+                eos_ids: set[int]) -> str:
+    """The text of one output, as `generate_texts` gives it: the new tokens up to the first EOS, after the prompt
+    for a decoder (a decoder's prompt is the start of its output), alone for an encoder-decoder."""
+    new = list(new)
+    for k, token in enumerate(new):
+        if token in eos_ids:
+            new = new[:k]
+            break
+    return tokenizer.decode((list(prompt) if decoder else []) + new)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Continuous batching: requests join and leave one running batch between decoding steps
+
+
+@dataclass(eq=False)
+class Group:
+    """One request's rows in a `RunningBatch`: `rows` copies of its prompt decoded as `generate` decodes that prompt
+    repeated `rows` times (greedy, or sampled from its own `generator`: one draw for all its rows at each step, so
+    the same seed gives `generate`'s draws), until each row has said EOS or `settings.max_new_tokens` are made.
+    `logprobs`: how many of the most probable alternatives each step reports (None: no log-probabilities)."""
+
+    settings: Settings
+    rows: int
+    generator: torch.Generator | None = None
+    logprobs: int | None = None
+    made: int = 0
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class Chosen:
+    """What one step chose for one group: each row's token (pad_token_id for a row that had said EOS), whether it
+    is EOS now, the model's log-probability of it and of the `logprobs` most probable tokens (log-softmax of the
+    logits, before temperature and filtering); `done` when the group has finished and left the batch."""
+
+    group: Group
+    tokens: list[int]
+    ended: list[bool]
+    live: list[bool]  # the rows that made a token at this step (not finished before it)
+    logprob: list[float] | None = None
+    top: list[list[tuple[int, float]]] | None = None
+    done: bool = False
+    made: int = 0  # the group's new tokens with this one
+
+
+class RunningBatch:
+    """A batch of rows decoded together one position at a time, which requests (`Group`s) join with `add` (or
+    several at once with `add_many`) and leave when they finish (or are `cancel`led) between steps. Each row has
+    its own cache row, positions and stopping rule; the rows share every forward. It runs `generate`'s own pieces:
+    `Stepper` (the key/value cache: the joining prompts are read together, padded as `generate_texts` pads them,
+    then their cache joins the running one, aligned on the last position), `choose` (greedy or sampling) and
+    `Settings`; a group's tokens equal `generate`'s on its prompt (tested)."""
+
+    def __init__(self, model_or_pretrained: Any) -> None:
+        self.model = generation_model(model_or_pretrained)
+        self.device = self.model.embeddings.weight.device
+        self.decoder = DECODER_ONLY in capabilities(self.model)
+        self.groups: list[Group] = []
+        self.step_state: Stepper | None = None
+        self.logits: Tensor | None = None  # [rows, vocab]: every row's next choice
+        # per row: not said EOS yet, its padding id, its EOS ids (-1 filling the table)
+        self.unfinished = torch.zeros(0, dtype=torch.bool, device=self.device)
+        self.pad = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.eos = torch.zeros(0, 0, dtype=torch.long, device=self.device)
+
+    @property
+    def rows(self) -> int:
+        return sum(group.rows for group in self.groups)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def add(self, prompt: Sequence[int], group: Group) -> Group:
+        """Read `prompt` (token ids: a decoder's prompt, an encoder-decoder's source) for `group`, whose rows then
+        take part in the next `step`."""
+        self.add_many([(prompt, group)])
+        return group
+
+    @torch.no_grad()
+    def add_many(self, items: Sequence[tuple[Sequence[int], Group]]) -> None:
+        """`add` for several groups, their prompts read in one forward (each prompt once; its cache then copied
+        to its group's rows)."""
+        if not items:
+            return
+        prompts = [list(prompt) for prompt, _ in items]
+        for prompt, (_, group) in zip(prompts, items):
+            ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
+            check_prompts(self.model, ids, torch.ones_like(ids), group.settings.max_new_tokens)
+            group.settings.check_vocabulary(self.model.config.vocab_size)
+        width = max(map(len, prompts))
+        pad = self.model.config.pad_token_id if self.model.config.pad_token_id is not None else 0
+        # a decoder's prompts padded on the left (its new tokens follow the last column), an encoder's on the right
+        ids = torch.tensor([[pad] * (width - len(p)) + p if self.decoder else p + [pad] * (width - len(p))
+                            for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) if self.decoder else
+                             [1] * len(p) + [0] * (width - len(p)) for p in prompts], device=self.device)
+        step = Stepper(self.model, ids, mask)
+        logits = step.logits(step.prefix)
+        sizes = torch.tensor([group.rows for _, group in items], device=self.device)
+        copies = torch.arange(len(items), device=self.device).repeat_interleave(sizes)
+        step.reorder(copies)
+        logits = logits[copies]
+        eos_width = max([self.eos.shape[1]] + [len(group.settings.eos_token_ids) for _, group in items])
+        eos = [list(g.settings.eos_token_ids) + [-1] * (eos_width - len(g.settings.eos_token_ids))
+               for _, g in items for _ in range(g.rows)]
+        new_eos = torch.tensor(eos, dtype=torch.long, device=self.device).view(len(eos), eos_width)
+        new_pad = torch.tensor([g.settings.pad_token_id for _, g in items for _ in range(g.rows)],
+                               dtype=torch.long, device=self.device)
+        self.eos = torch.cat([F.pad(self.eos, (0, eos_width - self.eos.shape[1]), value=-1), new_eos])
+        self.pad = torch.cat([self.pad, new_pad])
+        self.unfinished = torch.cat([self.unfinished, torch.ones(len(eos), dtype=torch.bool, device=self.device)])
+        if self.step_state is None:
+            self.step_state, self.logits = step, logits
+        else:
+            assert self.logits is not None
+            self.step_state.join(step)
+            self.logits = torch.cat([self.logits, logits])
+        self.groups.extend(group for _, group in items)
+
+    def cancel(self, group: Group) -> None:
+        """`group` leaves the batch at the next step (its client went away)."""
+        group.cancelled = True
+
+    @torch.no_grad()
+    def step(self) -> list[Chosen]:
+        """One token for every row of every group, then one forward of the rows that go on."""
+        self._leave([g for g in self.groups if g.cancelled])
+        if not self.groups:
+            return []
+        assert self.logits is not None and self.step_state is not None
+        logits = self.logits
+        token = logits.argmax(-1)  # the greedy rows' choice (argmax is per row); sampled groups draw theirs
+        start = 0
+        for group in self.groups:
+            if group.settings.do_sample:
+                token[start:start + group.rows] = choose(logits[start:start + group.rows], group.settings,
+                                                         group.generator)
+            start += group.rows
+        live = self.unfinished
+        token = torch.where(live, token, self.pad)
+        ended = (token[:, None] == self.eos).any(1) & live
+        self.unfinished = live & ~ended
+        tokens, ended_rows, live_rows, left = (token.tolist(), ended.tolist(), live.tolist(),
+                                               self.unfinished.tolist())
+        chosen: list[Chosen] = []
+        start = 0
+        for group in self.groups:
+            rows = slice(start, start + group.rows)
+            group.made += 1
+            group.done = group.made >= group.settings.max_new_tokens or not any(left[rows])
+            outcome = Chosen(group, tokens[rows], ended_rows[rows], live_rows[rows], done=group.done,
+                             made=group.made)
+            if group.logprobs is not None:
+                logprobs = logits[rows].log_softmax(-1)
+                outcome.logprob = logprobs.gather(1, token[rows, None]).squeeze(1).tolist()
+                if group.logprobs > 0:
+                    values, ids = logprobs.topk(min(group.logprobs, logprobs.shape[-1]), dim=-1)
+                    outcome.top = [list(zip(i, v)) for i, v in zip(ids.tolist(), values.tolist())]
+            chosen.append(outcome)
+            start += group.rows
+        if any(group.done for group in self.groups):
+            staying = [g for g in self.groups if not g.done]
+            if staying:
+                token = token[self._rows_of(staying)]
+            self._leave([g for g in self.groups if g.done])
+        if self.groups:
+            assert self.step_state is not None
+            self.logits = self.step_state.logits(token[:, None])
+        return chosen
+
+    def _rows_of(self, kept: list[Group]) -> Tensor:
+        rows, start = [], 0
+        wanted = set(map(id, kept))
+        for group in self.groups:
+            if id(group) in wanted:
+                rows.extend(range(start, start + group.rows))
+            start += group.rows
+        return torch.tensor(rows, dtype=torch.long, device=self.device)
+
+    def _leave(self, leaving: list[Group]) -> None:
+        if not leaving:
+            return
+        gone = set(map(id, leaving))
+        staying = [g for g in self.groups if id(g) not in gone]
+        if not staying:
+            self.groups, self.step_state, self.logits = [], None, None
+            self.unfinished, self.pad, self.eos = self.unfinished[:0], self.pad[:0], self.eos[:0]
+            return
+        keep = self._rows_of(staying)
+        assert self.step_state is not None and self.logits is not None
+        self.step_state.keep(keep)
+        self.logits = self.logits[keep]
+        self.unfinished, self.pad, self.eos = self.unfinished[keep], self.pad[keep], self.eos[keep]
+        self.groups = staying

@@ -148,3 +148,67 @@ def test_sigterm_answers_every_request_in_flight_then_exits(own_server, tiny_dir
     assert process.wait(timeout=30) in (-signal.SIGTERM, 0)
     log = process.stdout.read().decode()
     assert "Traceback" not in log, log
+
+
+def test_sigterm_drains_streamed_completions(tmp_path):
+    """Eight streamed completions are running when SIGTERM arrives: new connections are refused, each stream runs
+    to its end (generate's greedy text, then data: [DONE]), then the process exits."""
+    pytest.importorskip("transformers")
+    import json
+
+    import torch
+
+    from bertology import generate
+    from finetune_helpers import save_family_model
+
+    texts = ["the cat sat on the mat", "a dog ran in the park", "the old book by the window"] * 4
+    model_dir = save_family_model(tmp_path / "gpt2", "gpt2", texts, positions=256)
+    port = free_port()
+    process = start_server(model_dir, port)
+    url = f"http://127.0.0.1:{port}"
+    prompts = [f"the cat sat {'on the mat ' * (i % 3)}" for i in range(8)]
+    name = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+    async def one(client, prompt, started):
+        text, done = "", False
+        async with client.stream("POST", "/v1/completions", json={
+                "model": name, "prompt": prompt, "max_tokens": 200, "temperature": 0,
+                "stream": True}) as response:
+            assert response.status_code == 200, await response.aread()
+            async for line in response.aiter_lines():
+                started.set()
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    text += "".join(c["text"] for c in json.loads(line[6:])["choices"])
+        return text, done
+
+    async def scenario():
+        async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=httpx.Limits(max_connections=16)) as client:
+            events = [asyncio.Event() for _ in prompts]
+            tasks = [asyncio.create_task(one(client, p, e)) for p, e in zip(prompts, events)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in events)), 60)
+            assert not any(task.done() and task.exception() for task in tasks)
+            process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            running = sum(not task.done() for task in tasks)
+            async with httpx.AsyncClient(timeout=5.0) as fresh:
+                with pytest.raises(httpx.ConnectError):
+                    await fresh.get(f"{url}/health")
+            return running, await asyncio.gather(*tasks)
+
+    try:
+        running, results = asyncio.run(scenario())
+    except BaseException:
+        process.kill()
+        raise
+    pretrained = load(model_dir)
+    eos = pretrained.model.config.eos_token_id
+    for prompt, (text, done) in zip(prompts, results):
+        ids = torch.tensor([pretrained.tokenizer.encode(prompt).ids])
+        new = generate(pretrained.model, ids, torch.ones_like(ids), max_new_tokens=200)[0, ids.shape[1]:].tolist()
+        assert done and text == pretrained.tokenizer.decode(new[:new.index(eos)] if eos in new else new)
+    assert running > 0, "the streams should still have been running when SIGTERM came"
+    assert process.wait(timeout=60) in (-signal.SIGTERM, 0)
+    log = process.stdout.read().decode()
+    assert "Traceback" not in log, log

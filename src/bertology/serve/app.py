@@ -33,15 +33,16 @@ from bertology.model import ENCODER_DECODER, Pretrained, capabilities
 from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
 from bertology.objectives.fill_mask import fill_mask, span_beams
-from bertology.serve import openai_api, tei_api
+from bertology.serve import openai_api, tasks_api, tei_api
 from bertology.serve.batcher import Batcher, EmbedOptions
+from bertology.serve.decoding import MAX_ROWS, Decoder
 from bertology.serve.compat import INLINE_CHARS, OPENAI_PATHS, TEI_PATHS, Served, error_shape, openai_error
 from bertology.serve.docs_page import add_docs
 from bertology.serve.limits import BodyLimit, Limits, ServiceError
 from bertology.serve.metrics import ServiceMetrics
 
 ENDPOINTS = ("/v1/embed", "/v1/fill-mask", "/v1/search", "/health", "/metrics", "/openapi.json", "/docs",
-             *OPENAI_PATHS, *TEI_PATHS)
+             *OPENAI_PATHS, *TEI_PATHS, *tasks_api.TASK_PATHS)
 
 
 # ----------------------------------------------------------------------------------------- request and response
@@ -179,7 +180,7 @@ class _StrictJSONRoute(APIRoute):
 
 def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_batch_tokens: int,
               max_wait_ms: float, api_key: str | None, index: Any = None, index_name: str | None = None,
-              dtype: str = "float32", device: Any = None) -> FastAPI:
+              dtype: str = "float32", device: Any = None, max_decode_rows: int = MAX_ROWS) -> FastAPI:
     """The app (see `bertology.serve.create_app`, which loads the model and checks the arguments). `dtype` is the
     served one (int8: the model is quantized already), `device` where the model runs (None: where it is)."""
     metrics = ServiceMetrics()
@@ -190,20 +191,26 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
     num_layers = pretrained.model.config.num_layers
     hidden_size = pretrained.model.config.hidden_size
     has_mlm = can_fill(pretrained.model)
+    decoder = Decoder(batcher, pretrained, observe=metrics, max_rows=max_decode_rows)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await batcher.start()
+        await decoder.start()
         try:
             yield
         finally:
-            await batcher.stop()  # uvicorn calls this after every in-flight request has been answered
+            # uvicorn calls this after every in-flight request has been answered: the decoder finishes what it
+            # still holds (nothing, unless a request was left behind), then the batcher's worker stops.
+            await decoder.stop()
+            await batcher.stop()
 
     app = FastAPI(title="bertology", version=_version(), lifespan=lifespan, docs_url=None, redoc_url=None,
                   description=f"Contextual embeddings and fill-mask from {model_name}.")
     add_docs(app, f"bertology: {model_name}")  # Swagger UI from local files: renders offline
     app.router.route_class = _StrictJSONRoute
     app.state.batcher = batcher
+    app.state.decoder = decoder
     app.state.metrics = metrics
     app.state.limits = limits
     app.add_middleware(BodyLimit, max_bytes=limits.max_body_bytes, shape=_shaped)
@@ -252,7 +259,8 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         return {"status": "ok", "model": model_name, "dtype": dtype, "device": where,
                 "dim": pretrained.model.config.hidden_size,
                 "layers": num_layers, "window": batcher.window_length, "fill_mask": has_mlm,
-                "index": None if index is None else {"name": index_name, "passages": len(index)}}
+                "index": None if index is None else {"name": index_name, "passages": len(index)},
+                "generation": decoder.status()}
 
     @app.get("/metrics", summary="Prometheus metrics (text format)", dependencies=guarded,
              response_class=Response, responses={200: {"content": {"text/plain": {}}}})
@@ -305,9 +313,10 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
                    for i, text in enumerate(texts)]
         return JSONResponse({"model": model_name, "results": results})
 
-    served = Served(pretrained, batcher, limits, model_name, dtype, int(time.time()))
+    served = Served(pretrained, batcher, limits, model_name, dtype, int(time.time()), decoder)
     app.include_router(openai_api.router(served, _StrictJSONRoute), dependencies=guarded)
     app.include_router(tei_api.router(served, _StrictJSONRoute), dependencies=guarded)
+    app.include_router(tasks_api.router(served, _StrictJSONRoute), dependencies=guarded)
 
     if index is not None:
         @app.post("/v1/search", summary="the index's passages nearest to each query", dependencies=guarded,

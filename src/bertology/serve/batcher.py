@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -120,6 +121,8 @@ class Batcher:
         self.max_wait = max_wait_ms / 1000.0
         self.observe = observe
         self._pending: collections.deque[_Job] = collections.deque()
+        self._queued = 0  # calls of `run` submitted and not started yet
+        self._queued_lock = threading.Lock()
         self._arrived: asyncio.Event | None = None
         self._stopping = False
         self._loop_task: asyncio.Task | None = None
@@ -175,7 +178,19 @@ class Batcher:
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(*args)` on the encoder's worker thread (between batches), under the model's autocast there."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, self._placed, fn, *args)
+        with self._queued_lock:
+            self._queued += 1
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self._started, fn, *args)
+
+    def others_waiting(self) -> bool:
+        """Whether other work waits for the worker thread: embedding requests queued, or calls of `run` not
+        started yet (the generation loop, which runs several decoding steps per call, yields to them)."""
+        return bool(self._pending) or self._queued > 0
+
+    def _started(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._queued_lock:
+            self._queued -= 1
+        return self._placed(fn, *args)
 
     # ------------------------------------------------------------------------------------------------ internals
 

@@ -35,6 +35,7 @@ class Served:
     model_name: str
     dtype: str
     created: int  # when the service started (Unix seconds): OpenAI's `created` of the model
+    decoder: Any = None  # the running generation batch (`bertology.serve.decoding.Decoder`)
     settings: SentenceConfig | None = field(init=False)
     unsupported: str | None = field(init=False)  # why the directory's sentence settings cannot be followed
 
@@ -134,7 +135,7 @@ def unit_rows(vectors: np.ndarray) -> np.ndarray:
 
 # ----------------------------------------------------------------------------------------- error shapes
 
-OPENAI_PATHS = ("/v1/embeddings", "/v1/models")
+OPENAI_PATHS = ("/v1/embeddings", "/v1/models", "/v1/completions")
 TEI_PATHS = ("/embed", "/tokenize", "/info", "/predict", "/rerank")
 
 

@@ -36,6 +36,15 @@ class ServiceMetrics:
                                       buckets=TOKEN_BUCKETS, registry=self.registry)
         self.forward = Histogram("bertology_batch_duration_seconds", "time to embed one batch on the worker thread",
                                  buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.decode_rows = Histogram("bertology_decode_rows", "rows of the running generation batch at one decoding "
+                                     "step", buckets=COUNT_BUCKETS, registry=self.registry)
+        self.generated = Counter("bertology_generated_tokens", "tokens chosen by the running generation batch",
+                                 registry=self.registry)
+
+    def decode_step(self, *, rows: int, tokens: int) -> None:
+        """Record one decoding step of the running batch (called by `bertology.serve.decoding.Decoder`)."""
+        self.decode_rows.observe(rows)
+        self.generated.inc(tokens)
 
     def batch(self, *, requests: int, texts: int, tokens: int, seconds: float, waits: Sequence[float]) -> None:
         """Record one batch (called by the batcher)."""

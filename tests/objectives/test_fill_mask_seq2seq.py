@@ -319,3 +319,14 @@ def test_a_later_sentinel_alone_gets_its_own_span(t5):
     _, expected, _ = expected_fillings(pretrained.model, tokenizer, text, 3)
     assert len(results) == 1 and 1 <= len(results[0]) <= 3
     assert [p.token_ids for p in results[0]] == [span for _, span, _ in expected[0]]
+
+
+def test_the_cli_names_an_empty_span_the_model_generated(t5, capsys):
+    """Seed 26 never generates <extra_id_1>'s span: the CLI's one candidate for mask 2 says so, once."""
+    pretrained, directory = t5
+    capsys.readouterr()
+    assert main(["fill-mask", "--model", str(directory), "--top-k", "5", T5_TEXT]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    second = lines[lines.index("mask 2:") + 1:]
+    assert len(second) == 1 and second[0].split("\t")[1] == "(empty filling)"
+    assert len(lines[1:lines.index("mask 2:")]) == 5  # mask 1: five distinct spans

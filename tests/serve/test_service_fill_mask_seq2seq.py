@@ -85,16 +85,16 @@ def test_generation_work_per_request_is_bounded_as_embed_work_is(served, monkeyp
         huge = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"], "top_k": 100, "max_new_tokens": 512})
         elapsed = time.perf_counter() - start
         assert huge.status_code == 413 and huge.json()["field"] == "max_new_tokens"
-        assert huge.json()["detail"] == ("max_new_tokens: the generation asked for (1 texts x 100 beams (top_k 100, "
-                                         "at least 4) x max_new_tokens 512) is 51200; the limit is 4096 "
-                                         "(--max-generated)")
+        assert huge.json()["detail"] == ("max_new_tokens: the generation asked for (1 texts x 700 beams (top_k 100: "
+                                         "100 + 200 + 400, the searches for distinct fillings) x max_new_tokens "
+                                         "512) is 358400; the limit is 4096 (--max-generated)")
         assert calls == [] and elapsed < 10  # answered before any generation (it took 17 s to run)
-        many = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 60, "max_new_tokens": 20})
-        assert many.status_code == 413 and "(60 texts x 5 beams" in many.json()["detail"]  # 60 x 5 x 20 = 6000
+        many = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 6, "max_new_tokens": 20})
+        assert many.status_code == 413 and "(6 texts x 35 beams" in many.json()["detail"]  # 6 x 35 x 20 = 4200
         within = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 2, "top_k": 2,
-                                                    "max_new_tokens": 4})  # 2 x 4 beams x 4 steps
+                                                    "max_new_tokens": 4})  # 2 x 28 beams x 4 steps
         assert within.status_code == 200 and len(calls) == 2
-    with TestClient(create_app(served["t5"], max_generated=31)) as client:
+    with TestClient(create_app(served["t5"], max_generated=223)) as client:
         assert client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 2, "top_k": 2,
                                                   "max_new_tokens": 4}).status_code == 413
     with TestClient(create_app(served["bart"], max_generated=31)) as client:  # BART's generated texts alike

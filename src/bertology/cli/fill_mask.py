@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Print the most probable tokens (with probabilities) at each mask token of TEXT; use the "
         "model's own mask token ([MASK] for BERT, <mask> for RoBERTa). An encoder-decoder generates the fillings by "
         "beam search: T5 a span of any length at each sentinel (<extra_id_0>, <extra_id_1>, ...), BART the whole "
-        "text with its <mask> spans filled; each line's probability is its generated sequence's.",
+        "text with its <mask> spans filled; each filling is listed once (an empty span as '(empty filling)'), with "
+        "the probability of the most probable generated sequence that gives it.",
     )
     parser.add_argument("text", metavar="TEXT")
     parser.add_argument("--model", required=True, metavar="PATH", help="model directory with its tokenizer")

@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="fill-mask candidates (masks x top_k) or search hits (queries x k) per request "
                         "(default: 2048)")
     parser.add_argument("--max-generated", type=int, default=4096, metavar="N",
-                        help="an encoder-decoder's fill-mask work per request: texts x beams (top_k, at least 4) x "
-                        "max_new_tokens decoder steps (default: 4096)")
+                        help="an encoder-decoder's fill-mask work per request: texts x beams (7 x max(top_k, 4), its "
+                        "searches for distinct fillings) x max_new_tokens decoder steps (default: 4096)")
     add_device_arguments(parser, int8=True, int8_help="the encoder's linear layers in int8 "
                          "(bertology.model.quantize): faster on CPU, vectors close to but not equal to float32's")
     parser.add_argument("--index", metavar="DIR", default=None,

@@ -21,7 +21,9 @@ from bertology.model.transformer import DecoderModel, Seq2SeqModel
 class Prediction:
     """One candidate for one mask: the token, its id, its probability and the text with the mask filled in. A
     generated filling (an encoder-decoder's) has ``token`` its text, ``token_id`` -1 and ``token_ids`` its tokens,
-    and ``probability`` the whole generated sequence's (every span of a T5 hypothesis shares it)."""
+    and ``probability`` that of the most probable generated sequence that gives this filling (the whole target,
+    through its end token: for T5 every span of that hypothesis, not only this one), not summed over the other
+    sequences that give it too."""
 
     token: str
     token_id: int
@@ -47,11 +49,15 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
     or ``<mask>``), in order of the masks. Other masks in the filled ``sequence`` stay as they are.
     ``device`` (None: where the model is) and ``dtype`` say where and how the model runs (`bertology.device`).
 
-    An encoder-decoder (`Seq2SeqModel`) generates up to ``max_new_tokens`` tokens by beam search
-    (max(top_k, 4) beams, no length penalty) and keeps the ``top_k`` best finished hypotheses: with T5's sentinels
-    (``<extra_id_0>`` ...) in ``text`` it generates ``<extra_id_0> span <extra_id_1> span ...`` and returns, for
-    each sentinel of the text in order, every hypothesis' span; with BART's ``<mask>`` it generates the whole text
-    and returns one list, the ``top_k`` texts.
+    An encoder-decoder (`Seq2SeqModel`) generates up to ``max_new_tokens`` tokens by beam search (no length
+    penalty) and returns the ``top_k`` best *distinct* fillings: with T5's sentinels (``<extra_id_0>`` ...) in
+    ``text`` it generates ``<extra_id_0> span <extra_id_1> span ...`` and returns, for each sentinel of the text in
+    order, the distinct texts of that sentinel's span; with BART's ``<mask>`` it generates the whole text and
+    returns one list, the distinct texts. Hypotheses that differ only elsewhere (after the span, or in another
+    sentinel's span) give one filling, scored by the best of them (`Prediction.probability`), whose tokens and
+    filled text it carries. The search keeps every finished hypothesis of max(top_k, 4) beams, and is redone with
+    twice and then four times the beams while a list has fewer than ``top_k`` distinct fillings
+    (`span_search_beams`); a list can still end shorter than ``top_k`` when the widest search finds no more.
 
     XLNet predicts every ``<mask>`` with its query stream (``target_mapping`` one row per mask) under a
     ``perm_mask`` that hides every mask from every position: each mask is predicted from the text around it, and
@@ -130,9 +136,23 @@ def check_top_k(top_k: int) -> None:
 
 
 def span_beams(top_k: int) -> int:
-    """The beams an encoder-decoder's fill-mask searches with for `top_k` fillings (the service bounds its work
-    by them)."""
+    """The beams an encoder-decoder's fill-mask first searches with for `top_k` fillings."""
     return max(top_k, 4)
+
+
+# A search that finds fewer than top_k distinct fillings is redone with twice the beams, twice at most.
+SPAN_WIDENINGS = 2
+
+
+def span_widths(top_k: int) -> tuple[int, ...]:
+    """The beams of each search an encoder-decoder's fill-mask may run for `top_k` fillings, in order."""
+    return tuple(span_beams(top_k) * 2 ** n for n in range(SPAN_WIDENINGS + 1))
+
+
+def span_search_beams(top_k: int) -> int:
+    """The beams of all the searches an encoder-decoder's fill-mask may run for `top_k` fillings together: the
+    most decoder rows per step it can cost (the service bounds a request's work by them)."""
+    return sum(span_widths(top_k))
 
 
 def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, device: str | torch.device | None,
@@ -168,34 +188,46 @@ def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, de
         raise BertologyError(f"no {'sentinel' if pattern else 'mask'} token in the input: write {names} where a "
                              f"span should be filled (e.g. {example!r})")
     limit = check_fits(model, ids)
+    steps = min(max_new_tokens, limit - 1, decode_limit(model.config)[0] - 1)
     where = place(model, device, dtype)
     was_training = model.training
     model.eval()
     try:
-        with where.autocast():
-            sequences = generate(model, ids, max_new_tokens=min(max_new_tokens, limit - 1,
-                                                                 decode_limit(model.config)[0] - 1),
-                                 num_beams=span_beams(top_k), num_return_sequences=top_k, length_penalty=0.0)
-            log_probs = sequence_log_probabilities(model, ids.to(sequences.device), sequences)
+        for beams in span_widths(top_k):
+            with where.autocast():
+                sequences = generate(model, ids, max_new_tokens=steps, num_beams=beams, num_return_sequences=beams,
+                                     length_penalty=0.0)
+                log_probs = sequence_log_probabilities(model, ids.to(sequences.device), sequences)
+            results = span_fillings(tokenizer, ids[0].tolist(), positions, to_cpu(sequences).tolist(),
+                                    to_cpu(log_probs).tolist(), model.config.eos_token_id, top_k)
+            if all(len(group) == top_k for group in results):
+                break
     finally:
         model.train(was_training)
-    sequences, log_probs = to_cpu(sequences), to_cpu(log_probs)
-    eos = model.config.eos_token_id
+    return results
+
+
+def span_fillings(tokenizer: Any, source: list[int], positions: list[int], sequences: list[list[int]],
+                  log_probs: list[float], eos: int | list[int] | None, top_k: int) -> list[list[Prediction]]:
+    """The ``top_k`` best distinct fillings of each group (T5: each sentinel at ``positions`` of ``source``; BART:
+    one group, the generated text) among the generated ``sequences`` with their summed ``log_probs``: a filling
+    several hypotheses give is kept once, with the best one's probability, tokens and filled text."""
+    framing = tokenizer.framing
     ends = set([eos] if isinstance(eos, int) else (eos or []))
-    hypotheses = [generated(row, ends) for row in sequences.tolist()]
-    order = sorted(range(len(hypotheses)), key=lambda i: -float(log_probs[i]))  # beam order, up to rounding
-    probabilities = [math.exp(float(log_probs[i])) for i in order]
-    hypotheses = [hypotheses[i] for i in order]
-    if pattern is None:  # BART: one group, the generated texts
+    order = sorted(range(len(sequences)), key=lambda i: -log_probs[i])  # best first (beam order up to rounding)
+    hypotheses = [generated(sequences[i], ends) for i in order]
+    probabilities = [math.exp(log_probs[i]) for i in order]
+    if framing.layout.sentinels is None:  # BART: one group, the generated texts
         texts = [tokenizer.decode(h, skip_special_tokens=True).strip() for h in hypotheses]
-        return [[Prediction(t, -1, p, t, tuple(h)) for t, h, p in zip(texts, hypotheses, probabilities)]]
+        return [distinct([Prediction(t, -1, p, t, tuple(h)) for t, h, p in zip(texts, hypotheses, probabilities)],
+                         top_k)]
     number = {token: n for n, token in enumerate(framing.sentinels)}
     frame = {i for i in (framing.cls_id, framing.sep_id, framing.pad_id) if i is not None}
     spans = [sentinel_spans(h, number) for h in hypotheses]
     filled = []
     for found in spans:
         kept: list[int] = []
-        for token in ids[0].tolist():
+        for token in source:
             if token in number:
                 kept.extend(found.get(number[token], ()))
             elif token not in frame:
@@ -203,11 +235,25 @@ def fill_spans(model: Seq2SeqModel, tokenizer: Any, text: str, top_k: int, *, de
         filled.append(tokenizer.decode(kept, skip_special_tokens=False).strip())
     results = []
     for position in positions:
-        sentinel = number[int(ids[0, position])]
-        results.append([Prediction(tokenizer.decode(list(found.get(sentinel, ())), skip_special_tokens=True).strip(),
-                                   -1, p, sequence, tuple(found.get(sentinel, ())))
-                        for found, p, sequence in zip(spans, probabilities, filled)])
+        sentinel = number[source[position]]
+        results.append(distinct([Prediction(tokenizer.decode(list(found.get(sentinel, ())),
+                                                             skip_special_tokens=True).strip(),
+                                            -1, p, sequence, tuple(found.get(sentinel, ())))
+                                 for found, p, sequence in zip(spans, probabilities, filled)], top_k))
     return results
+
+
+def distinct(predictions: list[Prediction], top_k: int) -> list[Prediction]:
+    """The first ``top_k`` of ``predictions`` (best first) whose fillings (``token``, the text) differ."""
+    seen: set[str] = set()
+    kept = []
+    for prediction in predictions:
+        if prediction.token not in seen:
+            seen.add(prediction.token)
+            kept.append(prediction)
+            if len(kept) == top_k:
+                break
+    return kept
 
 
 def generated(row: list[int], ends: set[int]) -> list[int]:

@@ -32,8 +32,9 @@ from bertology.errors import BertologyError
 from bertology.model import ENCODER_DECODER, Pretrained, capabilities
 from bertology.model.heads import head_reads
 from bertology.model.transformer import Seq2SeqModel
-from bertology.objectives.fill_mask import fill_mask, span_beams
+from bertology.objectives.fill_mask import fill_mask, span_search_beams, span_widths
 from bertology.serve import openai_api, tasks_api, tei_api
+from bertology.serve.compat import ERRORS, ErrorResponse  # noqa: F401  (re-exported)
 from bertology.serve.batcher import Batcher, EmbedOptions
 from bertology.serve.decoding import MAX_ROWS, Decoder
 from bertology.serve.compat import INLINE_CHARS, OPENAI_PATHS, TEI_PATHS, Served, error_shape, openai_error
@@ -130,21 +131,6 @@ class SearchResponse(BaseModel):
     model: str
     index: str
     results: list[list[SearchHit]]
-
-
-class ErrorResponse(BaseModel):
-    detail: str
-    field: str | None = None
-
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse, "description": text}
-    for code, text in ((400, "malformed JSON, or a body that is not UTF-8"),
-                       (401, "missing or wrong API key (when the service has one)"),
-                       (413, "body, number of texts, a text's length, tokens, numbers returned or candidates "
-                             "over the service's limits (the message names the option)"),
-                       (422, "a field of the wrong type or value (named in `field`)"))
-}
 
 
 # ----------------------------------------------------------------------------------------- app
@@ -303,10 +289,11 @@ def build_app(pretrained: Pretrained, *, model_name: str, limits: Limits, max_ba
         limits.check("max_outputs", sum(masks) * request.top_k, f"the candidates asked for ({sum(masks)} masks x "
                      f"top_k {request.top_k})", field="top_k")
         if ENCODER_DECODER in capabilities(pretrained.model):  # generated spans: bounded by the steps they cost
-            beams = span_beams(request.top_k)
+            beams, widths = span_search_beams(request.top_k), " + ".join(map(str, span_widths(request.top_k)))
             limits.check("max_generated", len(texts) * beams * request.max_new_tokens,
-                         f"the generation asked for ({len(texts)} texts x {beams} beams (top_k {request.top_k}, at "
-                         f"least 4) x max_new_tokens {request.max_new_tokens})", field="max_new_tokens")
+                         f"the generation asked for ({len(texts)} texts x {beams} beams (top_k {request.top_k}: "
+                         f"{widths}, the searches for distinct fillings) x max_new_tokens "
+                         f"{request.max_new_tokens})", field="max_new_tokens")
         # One text at a time on the encoder's thread: embedding batches run between them, so a small request
         # never waits for all of a large one.
         results = [await batcher.run(_fill_mask, pretrained, i, text, request.top_k, request.max_new_tokens)

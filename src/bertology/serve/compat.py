@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from pydantic import BaseModel
 
 from bertology.embeddings.sentence_config import SentenceConfig, read_sentence_config
 from bertology.errors import ConfigError
@@ -160,3 +161,19 @@ def error_shape(path: str):
     if path in TEI_PATHS:
         return tei_error
     return None
+
+
+# Error bodies of bertology's own routes (app.py and tasks_api.py), in the OpenAPI schema.
+class ErrorResponse(BaseModel):
+    detail: str
+    field: str | None = None
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in ((400, "malformed JSON, or a body that is not UTF-8"),
+                       (401, "missing or wrong API key (when the service has one)"),
+                       (413, "body, number of texts, a text's length, tokens, numbers returned or candidates "
+                             "over the service's limits (the message names the option)"),
+                       (422, "a field of the wrong type or value (named in `field`)"))
+}

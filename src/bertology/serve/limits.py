@@ -39,7 +39,8 @@ class Limits:
     bound of the words); `max_outputs` bounds a fill-mask response (masks x top_k candidates, each repeating its
     filled text) and a search response (queries x k passages); `max_generated` bounds an encoder-decoder's
     fill-mask work as `max_tokens` bounds the encoder's: the decoder steps of its beam search, texts x beams
-    (top_k, at least 4) x max_new_tokens, summed over the request."""
+    (`bertology.objectives.fill_mask.span_search_beams`: 7 x max(top_k, 4), its searches for distinct fillings) x
+    max_new_tokens, summed over the request."""
 
     max_body_bytes: int = 4 * 1024 * 1024
     max_texts: int = 256

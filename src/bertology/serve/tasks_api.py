@@ -20,7 +20,7 @@ from bertology.errors import BertologyError
 from bertology.generation import Group, generate, make_settings, output_text, token_ids
 from bertology.model import DECODER_ONLY, capabilities
 from bertology.serve import decoding
-from bertology.serve.compat import INLINE_CHARS, Served
+from bertology.serve.compat import ERRORS, INLINE_CHARS, ErrorResponse, Served
 from bertology.serve.limits import ServiceError
 
 TASK_PATHS = ("/v1/generate", "/v1/token-classification", "/v1/question-answering")
@@ -116,8 +116,6 @@ class QAResponse(BaseModel):
 
 
 def _errors() -> dict[int | str, dict[str, Any]]:
-    from bertology.serve.app import ERRORS, ErrorResponse
-
     return {**ERRORS, 501: {"model": ErrorResponse, "description": "the model lacks what the endpoint needs "
                                                                    "(named in the message)"}}
 

@@ -211,11 +211,13 @@ def span_fillings(tokenizer: Any, source: list[int], positions: list[int], seque
                   log_probs: list[float], eos: int | list[int] | None, top_k: int) -> list[list[Prediction]]:
     """The ``top_k`` best distinct fillings of each group (T5: each sentinel at ``positions`` of ``source``; BART:
     one group, the generated text) among the generated ``sequences`` with their summed ``log_probs``: a filling
-    several hypotheses give is kept once, with the best one's probability, tokens and filled text."""
+    several hypotheses give is kept once, with the best one's probability, tokens and filled text. Padding
+    tokens a hypothesis generated are left out of its filling."""
     framing = tokenizer.framing
     ends = set([eos] if isinstance(eos, int) else (eos or []))
     order = sorted(range(len(sequences)), key=lambda i: -log_probs[i])  # best first (beam order up to rounding)
-    hypotheses = [generated(sequences[i], ends) for i in order]
+    # a padding token the model generated before its end is no text (decoding drops it): no filling holds it
+    hypotheses = [[t for t in generated(sequences[i], ends) if t != framing.pad_id] for i in order]
     probabilities = [math.exp(log_probs[i]) for i in order]
     if framing.layout.sentinels is None:  # BART: one group, the generated texts
         texts = [tokenizer.decode(h, skip_special_tokens=True).strip() for h in hypotheses]

@@ -20,18 +20,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import BIDIRECTIONAL, CAUSAL
+from bertology.model.attention import BIDIRECTIONAL, CAUSAL, sliding_window
 from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, norm_layer
 from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
-from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions
+from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, rotary_tables
 from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
 from bertology.model.registry import register_model
 
-PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
+PositionKind = Literal["learned", "sinusoidal", "relative", "rotary", "none"]
+POSITION_KINDS = ("learned", "sinusoidal", "relative", "rotary", "none")
+DEFAULT_ROTARY_THETA = 10000.0
 
 
 @dataclass
@@ -77,6 +79,18 @@ class TransformerConfig:
     # prefix, seen in both directions (fine-tuning on a whole input, a prompt before generation); tokens fed after
     # it through the cache are causal. Training passes its own split (`lm_prefix`).
     prefix_lm: bool = False
+    # Rotary positions (positions "rotary"): the base of the angles of the layers attending globally, and of those
+    # with a window (None: the same); None: 10,000. Set only with rotary positions.
+    rotary_theta: float | None = None
+    rotary_theta_local: float | None = None
+    # A bidirectional stack's attention per layer: a window width w (even: query i sees keys i - w/2 .. i + w/2) or
+    # None (every key); None: every layer global.
+    attention_window: list[int | None] | None = None
+    norm_bias: bool = True  # the LayerNorms' biases
+    first_attention_norm: bool = True  # False (pre-norm): layer 0 has no norm before its attention
+    # The heads' dense layer before their norm (masked-LM transform, prediction heads) has a bias
+    head_bias: bool = True
+    classifier_pooling: Literal["cls", "mean"] = "cls"  # what a "prediction_pooled" sentence head reads
     initializer_range: float = 0.02
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -90,10 +104,53 @@ class TransformerConfig:
             raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
         if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.positions not in ("learned", "sinusoidal", "relative", "none"):
-            raise ConfigError(f"positions: expected learned, sinusoidal, relative or none, got {self.positions!r}")
+        if self.positions not in POSITION_KINDS:
+            raise ConfigError(f"positions: expected {', '.join(POSITION_KINDS)}, got {self.positions!r}")
+        for name in ("rotary_theta", "rotary_theta_local"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.positions != "rotary":
+                raise ConfigError(f"{name}: {value!r} is a setting of rotary positions; this config's positions are "
+                                  f"{self.positions!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"positions: rotary positions need an even head size, got {self.head_dim}")
+        self.attention_window = self.checked_windows(self.attention_window)
+        if not self.first_attention_norm and not self.pre_norm:
+            raise ConfigError("first_attention_norm: false (no norm before layer 0's attention) needs pre_norm")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling: expected cls or mean, got {self.classifier_pooling!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
+
+    def checked_windows(self, windows: Any) -> list[int | None] | None:
+        """`attention_window` as one entry per layer, each an even positive width or None (global)."""
+        if windows is None:
+            return None
+        if not isinstance(windows, (list, tuple)):
+            raise ConfigError(f"attention_window: expected one entry per layer (a width or null), got {windows!r}")
+        if len(windows) != self.num_layers:
+            raise ConfigError(f"attention_window: {len(windows)} entries for {self.num_layers} layers (num_layers)")
+        for layer, window in enumerate(windows):
+            if window is None:
+                continue
+            if isinstance(window, bool) or not isinstance(window, int) or window <= 0 or window % 2:
+                raise ConfigError(f"attention_window: the window of layer {layer} is {window!r}; it must be an even "
+                                  "positive number of tokens (half on each side) or null (global attention)")
+        return list(windows)
+
+    def window_of(self, layer: int) -> int | None:
+        """Layer `layer`'s window width, None when it attends globally."""
+        return self.attention_window[layer] if self.attention_window is not None else None
+
+    def theta_of(self, layer: int) -> float:
+        """The rotary base of layer `layer`: rotary_theta_local for a windowed layer when set, else rotary_theta."""
+        theta = self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA
+        if self.window_of(layer) is not None and self.rotary_theta_local is not None:
+            return self.rotary_theta_local
+        return theta
 
     @property
     def head_dim(self) -> int:
@@ -114,15 +171,17 @@ class TransformerConfig:
 
     @property
     def max_length(self) -> int:
-        return self.max_position_embeddings if self.positions in ("learned", "sinusoidal") else 1 << 30
+        return self.max_position_embeddings if self.positions in ("learned", "sinusoidal", "rotary") else 1 << 30
 
-    def block_spec(self, cross_attention: bool) -> BlockSpec:
+    def block_spec(self, cross_attention: bool, layer: int = 1) -> BlockSpec:
+        """Layer `layer`'s block (layer 0 without an attention norm when `first_attention_norm` is false)."""
         return BlockSpec(hidden_size=self.hidden_size, num_heads=self.num_heads, head_dim=self.head_dim,
                          intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
                          norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
                          cross_attention=cross_attention, dropout=self.hidden_dropout,
                          attention_dropout=self.attention_dropout, attention_scale=self.attention_scale,
-                         activation_dropout=self.activation_dropout)
+                         activation_dropout=self.activation_dropout, norm_bias=self.norm_bias,
+                         attention_norm=self.first_attention_norm or layer > 0)
 
     def to_dict(self) -> dict[str, Any]:
         return config_to_dict(self)
@@ -167,6 +226,13 @@ class Stack(nn.Module):
         super().__init__()
         self.config = config
         self.policy = CAUSAL if causal else BIDIRECTIONAL
+        if causal and config.attention_window is not None:
+            raise ConfigError("attention_window: windows are for bidirectional stacks; a causal stack attends to "
+                              "every earlier position")
+        # Each layer's mask policy (a window of w tokens: w / 2 on each side) and rotary base.
+        self.policies = [sliding_window(w // 2) if (w := config.window_of(i)) is not None else self.policy
+                         for i in range(num_layers)]
+        self.thetas = ([config.theta_of(i) for i in range(num_layers)] if config.positions == "rotary" else None)
         hidden = config.hidden_size
         self.positions: nn.Module | None = None
         if config.positions == "learned":
@@ -176,9 +242,10 @@ class Stack(nn.Module):
         self.relative = (RelativePositionBias(config.num_heads, config.relative_attention_num_buckets,
                                               config.relative_attention_max_distance, bidirectional=not causal)
                          if config.positions == "relative" else None)
-        self.embedding_norm = norm_layer(config.norm, hidden, config.layer_norm_eps) if config.embedding_norm else None
-        self.layers = nn.ModuleList(Block(config.block_spec(cross_attention)) for _ in range(num_layers))
-        self.final_norm = norm_layer(config.norm, hidden, config.layer_norm_eps) if config.final_norm else None
+        eps, norm_bias = config.layer_norm_eps, config.norm_bias
+        self.embedding_norm = norm_layer(config.norm, hidden, eps, norm_bias) if config.embedding_norm else None
+        self.layers = nn.ModuleList(Block(config.block_spec(cross_attention, i)) for i in range(num_layers))
+        self.final_norm = norm_layer(config.norm, hidden, eps, norm_bias) if config.final_norm else None
 
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
@@ -205,11 +272,13 @@ class Stack(nn.Module):
             raise InputError(f"lm_prefix has shape {tuple(lm_prefix.shape)}; it marks the positions of the attention "
                              f"mask, {tuple(attention_mask.shape)}")
         x = embedded
-        if self.positions is not None:
+        positions = None
+        if self.positions is not None or self.thetas is not None:
             if past + length > self.config.max_length:
                 raise InputError(f"{past + length} positions exceed the model's {self.config.max_length}")
             positions = (position_ids_in_documents(documents) if documents is not None
                          else position_ids_from_mask(attention_mask, length))
+        if self.positions is not None:
             x = x + self.positions(positions)
         if self.embedding_norm is not None:
             x = self.embedding_norm(x)
@@ -233,12 +302,19 @@ class Stack(nn.Module):
             memory = memory_layout.pack(memory)  # once for every layer's cross-attention
         else:
             memory_layout = None
+        rotary: dict[float, tuple[Tensor, Tensor]] = {}
+        if self.thetas is not None:  # the tables once per base, shared by the layers that use it
+            assert positions is not None
+            at = layout.pack(positions) if layout is not None else positions
+            head_dim = self.config.head_dim
+            rotary = {theta: rotary_tables(at, head_dim, theta) for theta in sorted(set(self.thetas))}
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         for index, block in enumerate(self.layers):
-            x, _ = block(x, layout, key_mask, policy=self.policy, bias=bias, memory=memory, memory_mask=memory_mask,
-                         cache=caches[index] if caches is not None else None, lm_prefix=lm_prefix,
-                         memory_layout=memory_layout)
+            x, _ = block(x, layout, key_mask, policy=self.policies[index], bias=bias, memory=memory,
+                         memory_mask=memory_mask, cache=caches[index] if caches is not None else None,
+                         lm_prefix=lm_prefix, memory_layout=memory_layout,
+                         rotary=rotary[self.thetas[index]] if self.thetas is not None else None)
             if hidden_states is not None:
                 hidden_states.append(to_padded(x))
         if self.final_norm is not None:

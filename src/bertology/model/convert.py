@@ -352,7 +352,7 @@ class CheckpointFamily:
 
 # Modules of bertology.model.families, registered in this order.
 BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart", "xlnet",
-            "longformer")
+            "longformer", "modernbert")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 

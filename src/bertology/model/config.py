@@ -48,8 +48,9 @@ class EncoderConfig:
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
     # Longformer's sliding window: per layer, the number of neighbours a token attends to (even: half on each
     # side), each layer with separate query/key/value projections for the global tokens; None: every token attends
-    # to every token. One number stands for every layer.
-    attention_window: list[int] | None = None
+    # to every token. One number stands for every layer. (Typed as TransformerConfig's, whose null entries are global
+    # layers, so that a run config's model section reads either; an encoder's windows are numbers.)
+    attention_window: list[int | None] | None = None
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

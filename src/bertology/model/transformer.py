@@ -28,7 +28,7 @@ from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, rotary_tables
-from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
+from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, check_id_range
 from bertology.model.registry import register_model
 
 PositionKind = Literal["learned", "sinusoidal", "relative", "rotary", "none"]
@@ -202,6 +202,7 @@ class ModelOutput:
     past_key_values: list[KVCache] | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     encoder_last_hidden_state: Tensor | None = None
+    attentions: tuple[Tensor, ...] | None = None  # attention probabilities [B, heads, L, L], one per layer
 
 
 def position_ids_from_mask(attention_mask: Tensor, length: int) -> Tensor:
@@ -251,7 +252,8 @@ class Stack(nn.Module):
                 memory_mask: Tensor | None = None, caches: list[KVCache] | None = None, packed: bool = True,
                 output_hidden_states: bool = False, documents: Tensor | None = None,
                 lm_prefix: Tensor | None = None, layout: Layout | None = None,
-                memory_layout: Layout | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
+                memory_layout: Layout | None = None,
+                attentions: list[Tensor] | None = None) -> tuple[Tensor, tuple[Tensor, ...] | None]:
         """`embedded` [B, L, H] (token embeddings, scaled); `attention_mask` [B, past + L] (real tokens, the cached
         positions included). Returns the last hidden state [B, L, H] (zeros at padding when packed) and, when asked,
         the hidden states (after the embeddings, then after every block; the last one after the final norm).
@@ -260,7 +262,8 @@ class Stack(nn.Module):
         whose tokens see each other in both directions (bertology.model.attention.combined_mask). `layout`: the
         packing of `attention_mask` (and `documents`), built already from the host's mask (the trainer does, so that
         nothing in the forward waits for a GPU); else worked out here. `memory_layout`: the packing of `memory_mask`
-        (packed, without a cache): cross-attention then projects the memory's real tokens alone."""
+        (packed, without a cache): cross-attention then projects the memory's real tokens alone. `attentions`: a
+        list that every layer's attention probabilities [B, heads, L, L] are appended to."""
         length = embedded.shape[1]
         past = caches[0].length if caches else 0
         if attention_mask.shape[1] != past + length:
@@ -311,10 +314,14 @@ class Stack(nn.Module):
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         for index, block in enumerate(self.layers):
-            x, _ = block(x, layout, key_mask, policy=self.policies[index], bias=bias, memory=memory,
-                         memory_mask=memory_mask, cache=caches[index] if caches is not None else None,
-                         lm_prefix=lm_prefix, memory_layout=memory_layout,
-                         rotary=rotary[self.thetas[index]] if self.thetas is not None else None)
+            x, probs = block(x, layout, key_mask, attentions is not None, policy=self.policies[index], bias=bias,
+                             memory=memory, memory_mask=memory_mask,
+                             cache=caches[index] if caches is not None else None, lm_prefix=lm_prefix,
+                             memory_layout=memory_layout,
+                             rotary=rotary[self.thetas[index]] if self.thetas is not None else None)
+            if attentions is not None:
+                assert probs is not None
+                attentions.append(probs)
             if hidden_states is not None:
                 hidden_states.append(to_padded(x))
         if self.final_norm is not None:
@@ -590,7 +597,12 @@ class Seq2SeqModel(TransformerModel):
 
 class EncoderStackModel(TransformerModel):
     """An encoder-decoder's encoder side alone (T5EncoderModel): the token embeddings and a bidirectional `Stack`,
-    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it."""
+    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it; also a bidirectional encoder of
+    its own (ModernBERT), fill-mask with its masked-LM head."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
@@ -602,23 +614,33 @@ class EncoderStackModel(TransformerModel):
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                "masked_positions": getattr(batch, "masked_positions", None)}
+                "masked_positions": getattr(batch, "masked_positions", None),
+                "layout": getattr(batch, "layout", None)}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         """The embedding output, then every block's (the last after the final norm), [B, L, H] each."""
-        return self(input_ids, attention_mask, output_hidden_states=True).hidden_states  # type: ignore[return-value]
+        return self(input_ids, attention_mask, token_type_ids,  # type: ignore[return-value]
+                    output_hidden_states=True).hidden_states
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                packed: bool = True, last_layer_at: Tensor | None = None) -> ModelOutput:
-        """`last_layer_at` (the Model protocol's): every position is computed."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, *, masked_positions: Tensor | None = None,
+                output_hidden_states: bool = False, packed: bool = True, last_layer_at: Tensor | None = None,
+                layout: Layout | None = None, output_attentions: bool = False) -> ModelOutput:
+        """`token_type_ids`: the stack has no token types, so only zeros (or none) are taken (callers that frame a
+        pair pass its segments; the model reads the pair from its separators). `last_layer_at` (the Model
+        protocol's): every position is computed. `layout`: the packing of `attention_mask`, built already."""
         check_ids(input_ids, self.config.vocab_size)
+        if token_type_ids is not None and input_ids.device.type == "cpu" and bool(token_type_ids.any()):
+            raise InputError("token_type_ids: this model has no token type embeddings; give zeros or none")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        hidden, states = self.encoder(self.embed(input_ids), attention_mask, packed=packed,
-                                      output_hidden_states=output_hidden_states or self.mix is not None)
-        out = ModelOutput(last_hidden_state=hidden, hidden_states=states)
+        attentions: list[Tensor] | None = [] if output_attentions else None
+        hidden, states = self.encoder(self.embed(input_ids), attention_mask, packed=packed, layout=layout,
+                                      output_hidden_states=output_hidden_states or self.mix is not None,
+                                      attentions=attentions)
+        out = ModelOutput(last_hidden_state=hidden, hidden_states=states,
+                          attentions=tuple(attentions) if attentions is not None else None)
         self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 

@@ -51,7 +51,8 @@ def config(**overrides) -> TransformerConfig:
                   intermediate_size=24, hidden_act="gelu", positions="rotary", rotary_theta=1000.0,
                   rotary_theta_local=20.0, attention_window=[4, None, 2], norm_bias=False,
                   first_attention_norm=False, embedding_norm=True, gated_ffn=True, bias=False, hidden_dropout=0.0,
-                  attention_dropout=0.0, layer_norm_eps=1e-5, head_bias=False)
+                  attention_dropout=0.0, layer_norm_eps=1e-5, head_bias=False, pre_norm=True, final_norm=True,
+                  type_vocab_size=0, pooler=False, global_projections=False)
     values.update(overrides)
     return TransformerConfig(**values)
 
@@ -149,8 +150,8 @@ def test_prediction_heads_pool_the_first_token_or_the_mean(one_thread):
     ([3, None, 2], "layer 0 is 3"),
     ([0, None, 2], "layer 0 is 0"),
     ([4, None, -2], "layer 2 is -2"),
-    ([4, None], "2 entries for 3 layers"),
-    (4, "one entry per layer"),
+    ([4, None], "2 windows for 3 layers"),
+    ("4", "expected a number or one number"),
 ])
 def test_bad_windows_name_the_key(windows, message):
     with pytest.raises(ConfigError, match=f"attention_window: .*{message}"):

@@ -27,8 +27,8 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import BIDIRECTIONAL, attend, scatter_attention, sliding_window
-from bertology.model.blocks import Block, BlockSpec, init_parameters, plain_linear
-from bertology.model.config import EncoderConfig
+from bertology.model.blocks import Block, init_parameters, plain_linear
+from bertology.model.config import TransformerConfig
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import BUILTIN_EXTENSIONS, EXTENSIONS, add_extension, register_extension
 from bertology.model.heads import (
@@ -42,6 +42,7 @@ from bertology.model.heads import (
 )
 from bertology.model.packing import Layout
 from bertology.model.protocol import MASKED_LM, check_id_range
+from bertology.model.stack import block_spec
 
 __all__ = [
     "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
@@ -61,22 +62,11 @@ class EncoderOutput:
     head_logits: dict[str, Tensor] = field(default_factory=dict)  # every head's logits by head name
 
 
-def encoder_block_spec(config: EncoderConfig, index: int = 0) -> BlockSpec:
-    """The block of layer `index`: post-LayerNorm, dense feed-forward, biases; a pruned layer keeps fewer heads of
-    the same size (config.pruned_heads), so its projections are narrower; a windowed one (Longformer's
-    attention_window) has the global tokens' projections."""
-    return BlockSpec(hidden_size=config.hidden_size, num_heads=config.heads_in_layer(index), head_dim=config.head_dim,
-                     intermediate_size=config.intermediate_size, activation=config.hidden_act,
-                     norm_eps=config.layer_norm_eps, dropout=config.hidden_dropout,
-                     attention_dropout=config.attention_dropout,
-                     global_projections=config.attention_window is not None)
-
-
 class EncoderLayer(Block):
-    """The encoder's block (see bertology.model.blocks.Block), built from an EncoderConfig."""
+    """The encoder's block (see bertology.model.blocks.Block), built from a TransformerConfig."""
 
-    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
-        super().__init__(encoder_block_spec(config, index))
+    def __init__(self, config: TransformerConfig, index: int = 0) -> None:
+        super().__init__(block_spec(config, index))
 
 
 def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
@@ -95,7 +85,7 @@ def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
 
 
 class Embeddings(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         width = config.token_embedding_size
         self.word = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
@@ -116,7 +106,7 @@ class Embeddings(nn.Module):
 class Encoder(nn.Module):
     """Embeddings, a stack of (possibly shared) layers, and the optional [CLS] pooler."""
 
-    def __init__(self, config: EncoderConfig) -> None:
+    def __init__(self, config: TransformerConfig) -> None:
         super().__init__()
         self.config = config
         self.embeddings = Embeddings(config)
@@ -135,7 +125,7 @@ class Encoder(nn.Module):
 
     @property
     def max_length(self) -> int:
-        """The longest sequence the position embeddings cover (EncoderConfig.max_length)."""
+        """The longest sequence the position embeddings cover (TransformerConfig.max_length)."""
         return self.config.max_length
 
     def check_inputs(self, input_ids: Tensor) -> None:
@@ -271,13 +261,13 @@ class Encoder(nn.Module):
 class EncoderModel(nn.Module):
     """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
 
-    config_class = EncoderConfig
+    config_class = TransformerConfig
 
     @property
     def capabilities(self) -> frozenset[str]:
         return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
 
-    def __init__(self, config: EncoderConfig, heads: Sequence[HeadSpec] = ()) -> None:
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__()
         self.config = config
         self.encoder = Encoder(config)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,8 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL, sliding_window
-from bertology.model.blocks import Block, BlockSpec, KVCache, init_parameters, norm_layer
-from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
+from bertology.model.blocks import Block, KVCache, init_parameters, norm_layer
+from bertology.model.config import DEFAULT_ROTARY_THETA, TransformerConfig  # noqa: F401  (the family tables')
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
@@ -30,166 +30,7 @@ from bertology.model.packing import Layout
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, rotary_tables
 from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, check_id_range
 from bertology.model.registry import register_model
-
-PositionKind = Literal["learned", "sinusoidal", "relative", "rotary", "none"]
-POSITION_KINDS = ("learned", "sinusoidal", "relative", "rotary", "none")
-DEFAULT_ROTARY_THETA = 10000.0
-
-
-@dataclass
-class TransformerConfig:
-    """Shape and behaviour of a decoder or an encoder-decoder built from the shared blocks."""
-
-    family: str = "transformer"
-    vocab_size: int = 50257
-    hidden_size: int = 768
-    num_layers: int = 12  # the decoder's depth for DecoderModel, the encoder's for Seq2SeqModel
-    num_decoder_layers: int | None = None  # Seq2SeqModel's decoder depth (None: num_layers)
-    num_heads: int = 12
-    attention_head_size: int | None = None  # None: hidden_size // num_heads (T5's d_kv)
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu_new"
-    max_position_embeddings: int = 1024
-    positions: PositionKind = "learned"
-    position_offset: int = 0  # BART: 2 unused rows before position 0
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
-    layer_norm_eps: float = 1e-5
-    pre_norm: bool = True
-    embedding_norm: bool = False  # a norm right after the embeddings (BART's layernorm_embedding)
-    final_norm: bool = True  # a norm after the last block (GPT-2's ln_f, T5's final_layer_norm)
-    gated_ffn: bool = False
-    bias: bool = True
-    attention_scale: float | None = None  # None: 1 / sqrt(head_dim)
-    embedding_scale: float = 1.0  # token embeddings multiplied by this (BART with scale_embedding: sqrt(hidden))
-    logit_scale: float = 1.0  # tied LM logits multiplied by this (T5 v1.0: hidden ** -0.5)
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    embedding_dropout: float | None = None  # None: hidden_dropout (GPT-2's embd_pdrop)
-    activation_dropout: float = 0.0  # after the feed-forward's activation (BART)
-    classifier_dropout: float | None = None
-    pad_token_id: int = 0
-    bos_token_id: int | None = None
-    eos_token_id: int | None = None
-    decoder_start_token_id: int | None = None
-    # BART: given neither decoder_input_ids nor labels, the decoder reads input_ids shifted right behind the start
-    shifted_decoder_inputs: bool = False
-    # A prefix LM (DecoderModel; the T5 paper's): an input read with no cache yet and no `lm_prefix` given is all
-    # prefix, seen in both directions (fine-tuning on a whole input, a prompt before generation); tokens fed after
-    # it through the cache are causal. Training passes its own split (`lm_prefix`).
-    prefix_lm: bool = False
-    # Rotary positions (positions "rotary"): the base of the angles of the layers attending globally, and of those
-    # with a window (None: the same); None: 10,000. Set only with rotary positions.
-    rotary_theta: float | None = None
-    rotary_theta_local: float | None = None
-    # A bidirectional stack's attention per layer: a window width w (even: query i sees keys i - w/2 .. i + w/2) or
-    # None (every key); None: every layer global.
-    attention_window: list[int | None] | None = None
-    norm_bias: bool = True  # the LayerNorms' biases
-    first_attention_norm: bool = True  # False (pre-norm): layer 0 has no norm before its attention
-    # The heads' dense layer before their norm (masked-LM transform, prediction heads) has a bias
-    head_bias: bool = True
-    classifier_pooling: Literal["cls", "mean"] = "cls"  # what a "prediction_pooled" sentence head reads
-    initializer_range: float = 0.02
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ConfigError(f"unknown activation {self.hidden_act!r}; expected one of {', '.join(ACTIVATIONS)}")
-        if self.num_decoder_layers is not None and self.num_decoder_layers <= 0:
-            raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
-        if self.attention_head_size is None and self.hidden_size % self.num_heads:
-            raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.positions not in POSITION_KINDS:
-            raise ConfigError(f"positions: expected {', '.join(POSITION_KINDS)}, got {self.positions!r}")
-        for name in ("rotary_theta", "rotary_theta_local"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if self.positions != "rotary":
-                raise ConfigError(f"{name}: {value!r} is a setting of rotary positions; this config's positions are "
-                                  f"{self.positions!r}")
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
-        if self.positions == "rotary" and self.head_dim % 2:
-            raise ConfigError(f"positions: rotary positions need an even head size, got {self.head_dim}")
-        self.attention_window = self.checked_windows(self.attention_window)
-        if not self.first_attention_norm and not self.pre_norm:
-            raise ConfigError("first_attention_norm: false (no norm before layer 0's attention) needs pre_norm")
-        if self.classifier_pooling not in ("cls", "mean"):
-            raise ConfigError(f"classifier_pooling: expected cls or mean, got {self.classifier_pooling!r}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
-
-    def checked_windows(self, windows: Any) -> list[int | None] | None:
-        """`attention_window` as one entry per layer, each an even positive width or None (global)."""
-        if windows is None:
-            return None
-        if not isinstance(windows, (list, tuple)):
-            raise ConfigError(f"attention_window: expected one entry per layer (a width or null), got {windows!r}")
-        if len(windows) != self.num_layers:
-            raise ConfigError(f"attention_window: {len(windows)} entries for {self.num_layers} layers (num_layers)")
-        for layer, window in enumerate(windows):
-            if window is None:
-                continue
-            if isinstance(window, bool) or not isinstance(window, int) or window <= 0 or window % 2:
-                raise ConfigError(f"attention_window: the window of layer {layer} is {window!r}; it must be an even "
-                                  "positive number of tokens (half on each side) or null (global attention)")
-        return list(windows)
-
-    def window_of(self, layer: int) -> int | None:
-        """Layer `layer`'s window width, None when it attends globally."""
-        return self.attention_window[layer] if self.attention_window is not None else None
-
-    def theta_of(self, layer: int) -> float:
-        """The rotary base of layer `layer`: rotary_theta_local for a windowed layer when set, else rotary_theta."""
-        theta = self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA
-        if self.window_of(layer) is not None and self.rotary_theta_local is not None:
-            return self.rotary_theta_local
-        return theta
-
-    @property
-    def head_dim(self) -> int:
-        return self.attention_head_size or self.hidden_size // self.num_heads
-
-    @property
-    def decoder_depth(self) -> int:
-        """Seq2SeqModel's decoder depth."""
-        return self.num_decoder_layers or self.num_layers
-
-    @property
-    def token_embedding_size(self) -> int:
-        return self.hidden_size
-
-    @property
-    def head_dropout(self) -> float:
-        return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
-
-    @property
-    def max_length(self) -> int:
-        return self.max_position_embeddings if self.positions in ("learned", "sinusoidal", "rotary") else 1 << 30
-
-    def block_spec(self, cross_attention: bool, layer: int = 1) -> BlockSpec:
-        """Layer `layer`'s block (layer 0 without an attention norm when `first_attention_norm` is false)."""
-        return BlockSpec(hidden_size=self.hidden_size, num_heads=self.num_heads, head_dim=self.head_dim,
-                         intermediate_size=self.intermediate_size, activation=self.hidden_act, norm=self.norm,
-                         norm_eps=self.layer_norm_eps, pre_norm=self.pre_norm, gated=self.gated_ffn, bias=self.bias,
-                         cross_attention=cross_attention, dropout=self.hidden_dropout,
-                         attention_dropout=self.attention_dropout, attention_scale=self.attention_scale,
-                         activation_dropout=self.activation_dropout, norm_bias=self.norm_bias,
-                         attention_norm=self.first_attention_norm or layer > 0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return config_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
-        return config_from_dict(cls, data, "transformer")
-
+from bertology.model.stack import block_spec
 
 @dataclass
 class ModelOutput:
@@ -245,7 +86,7 @@ class Stack(nn.Module):
                          if config.positions == "relative" else None)
         eps, norm_bias = config.layer_norm_eps, config.norm_bias
         self.embedding_norm = norm_layer(config.norm, hidden, eps, norm_bias) if config.embedding_norm else None
-        self.layers = nn.ModuleList(Block(config.block_spec(cross_attention, i)) for i in range(num_layers))
+        self.layers = nn.ModuleList(Block(block_spec(config, i, cross_attention)) for i in range(num_layers))
         self.final_norm = norm_layer(config.norm, hidden, eps, norm_bias) if config.final_norm else None
 
     def forward(self, embedded: Tensor, attention_mask: Tensor, *, memory: Tensor | None = None,

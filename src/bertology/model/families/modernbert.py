@@ -39,7 +39,8 @@ OLD_THETA_KEYS = {GLOBAL: "global_rope_theta", WINDOWED: "local_rope_theta"}
 # What every ModernBERT is and config.json does not say.
 FIXED = {"positions": "rotary", "norm": "layernorm", "pre_norm": True, "embedding_norm": True, "final_norm": True,
          "gated_ffn": True, "bias": False, "norm_bias": False, "first_attention_norm": False, "head_bias": False,
-         "embedding_scale": 1.0, "logit_scale": 1.0}
+         "embedding_scale": 1.0, "logit_scale": 1.0, "type_vocab_size": 0, "pooler": False,
+         "global_projections": False}
 # Variants bertology does not build: a CheckpointError names the key when config.json says otherwise.
 REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "classifier_bias": False,
             "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}

@@ -178,6 +178,11 @@ class TransformerConfig:
         """The attention window of layer `layer` (a layer call's unique layer), None for full attention."""
         return self.attention_window[layer] if self.attention_window is not None else None
 
+    @property
+    def theta_of_global(self) -> float:
+        """The rotary base of the layers that attend globally."""
+        return self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA
+
     def theta_of(self, layer: int) -> float:
         """The rotary base of layer `layer`: rotary_theta_local for a windowed layer when set, else rotary_theta."""
         theta = self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA

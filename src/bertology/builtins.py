@@ -32,6 +32,8 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
     # bertology.model.heads.HEAD_REGISTRY: a HeadSpec's kind (register_head).
     "heads": (
         ("masked_lm", "bertology.model.heads:MaskedLMHead", {"reads": "masked_positions"}),
+        ("prediction_pooled", "bertology.model.heads:PredictionHead", {}),
+        ("prediction_token", "bertology.model.heads:PredictionHead", {}),
         ("pooled", "bertology.model.heads:LinearHead", {"reads": "pooler"}),
         ("first_token", "bertology.model.heads:FirstTokenHead", {"reads": "first_token"}),
         ("mean_pooled", "bertology.model.heads:MeanPooledHead", {}),
@@ -63,6 +65,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("bart", "bertology.model.families.bart:FAMILY", {}),
         ("xlnet", "bertology.model.families.xlnet:FAMILY", {}),
         ("longformer", "bertology.model.families.longformer:FAMILY", {}),
+        ("modernbert", "bertology.model.families.modernbert:FAMILY", {}),
     ),
     # bertology.tokenization.framing.FRAMINGS: a tokenizer's style (register_framing).
     "framings": (

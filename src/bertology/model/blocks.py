@@ -38,6 +38,7 @@ from bertology.model.attention import (
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import activation
 from bertology.model.packing import Layout
+from bertology.model.positions import apply_rotary
 
 
 @dataclass(frozen=True)
@@ -61,12 +62,15 @@ class BlockSpec:
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim); T5 uses 1
     activation_dropout: float = 0.0  # dropout after the feed-forward's activation (BART's activation_dropout)
     global_projections: bool = False  # Longformer: the global tokens' rows attend with projections of their own
+    norm_bias: bool = True  # the LayerNorms' biases (ModernBERT has none)
+    attention_norm: bool = True  # False (pre-norm only): no norm before the attention, an identity in `attn_norm`
 
 
-def norm_layer(kind: str, width: int, eps: float) -> nn.Module:
+def norm_layer(kind: str, width: int, eps: float, bias: bool = True) -> nn.Module:
+    """A LayerNorm (with a bias or not) or an RMSNorm (never one)."""
     if kind == "rmsnorm":
         return nn.RMSNorm(width, eps=eps)
-    return nn.LayerNorm(width, eps=eps)
+    return nn.LayerNorm(width, eps=eps, bias=bias)
 
 
 def plain_linear(module: nn.Module | None) -> bool:
@@ -141,17 +145,20 @@ class Block(nn.Module):
                 self.query_global = nn.Linear(hidden, width, bias=attention_bias)
                 self.key_global = nn.Linear(hidden, width, bias=attention_bias)
                 self.value_global = nn.Linear(hidden, width, bias=attention_bias)
-        self.attn_norm = norm_layer(spec.norm, hidden, eps)
+        if not spec.attention_norm and not spec.pre_norm:
+            raise ValueError("a block without an attention norm must be pre-norm")
+        norm_bias = spec.norm_bias
+        self.attn_norm = norm_layer(spec.norm, hidden, eps, norm_bias) if spec.attention_norm else nn.Identity()
         if spec.cross_attention:
             self.cross_query = nn.Linear(hidden, width, bias=bias)
             self.cross_key = nn.Linear(hidden, width, bias=bias)
             self.cross_value = nn.Linear(hidden, width, bias=bias)
             self.cross_out = nn.Linear(width, hidden, bias=bias)
-            self.cross_norm = norm_layer(spec.norm, hidden, eps)
+            self.cross_norm = norm_layer(spec.norm, hidden, eps, norm_bias)
         self.ffn_in = nn.Linear(hidden, spec.intermediate_size, bias=bias)
         self.ffn_gate = nn.Linear(hidden, spec.intermediate_size, bias=bias) if spec.gated else None
         self.ffn_out = nn.Linear(spec.intermediate_size, hidden, bias=bias)
-        self.ffn_norm = norm_layer(spec.norm, hidden, eps)
+        self.ffn_norm = norm_layer(spec.norm, hidden, eps, norm_bias)
         self.attn_adapter: nn.Module | None = None
         self.ffn_adapter: nn.Module | None = None
         self.prefix: nn.Module | None = None
@@ -164,8 +171,8 @@ class Block(nn.Module):
                 policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
                 cache: KVCache | None = None, global_tokens: Tensor | None = None,
-                lm_prefix: Tensor | None = None, memory_layout: Layout | None = None
-                ) -> tuple[Tensor, Tensor | None]:
+                lm_prefix: Tensor | None = None, memory_layout: Layout | None = None,
+                rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
         cache, L_keys counts the cached positions too).
 
@@ -178,15 +185,19 @@ class Block(nn.Module):
         `cache`: keys and values of earlier positions (decoding).
         `global_tokens` (packed [T] or padded [B, L], bool): tokens that attend to and are attended by every token,
         their rows with the global projections when the block has them (Longformer). `lm_prefix` (packed [T] or
-        padded [B, L_keys], bool): a prefix LM's prefix, whose tokens see each other in both directions."""
+        padded [B, L_keys], bool): a prefix LM's prefix, whose tokens see each other in both directions.
+        `rotary` (cos, sin), [T, head_dim] packed or [B, L, head_dim] padded (`positions.rotary_tables` of the
+        input's positions): the queries and keys are rotated by them before attention (rotary positions)."""
         if queries is not None and layout is None:
             raise InputError("queries select packed tokens: they need the packed layout")
+        if queries is not None and rotary is not None:
+            raise InputError("queries (the pruned last layer) take no rotary positions")
         pre = self.spec.pre_norm
         rows = x if queries is None else x[queries]
         z = self.attn_norm(x) if pre else x
         if queries is None:
             a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache,
-                                           global_tokens, lm_prefix)
+                                           global_tokens, lm_prefix, rotary)
         else:
             a, probs = self.attention_at(z, layout, queries, head_scale), None
         h = self.attention_residual(rows, a)
@@ -301,7 +312,8 @@ class Block(nn.Module):
     def self_attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
                        head_scale: Tensor | None, policy: MaskPolicy, bias: Tensor | BiasFn | None,
                        cache: KVCache | None, global_tokens: Tensor | None = None,
-                       lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+                       lm_prefix: Tensor | None = None,
+                       rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
         heads, head_dim = self.num_heads, self.head_dim
         p = self.attention_dropout if self.training else 0.0
         scale = self.spec.attention_scale
@@ -313,6 +325,9 @@ class Block(nn.Module):
         global_qkv = self.global_projection(x, global_tokens)
         if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
             q, k, v = (self.heads_first(t) for t in (q, k, v))
+            if rotary is not None:  # [B, L, d] tables, the same for every head
+                cos, sin = rotary[0][:, None], rotary[1][:, None]
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             if cache is not None:
                 k, v = cache.extend(k, v)
             assert not callable(bias)
@@ -331,8 +346,12 @@ class Block(nn.Module):
         if isinstance(global_qkv, tuple):
             gq, gk, gv = (t.view(-1, heads, head_dim) for t in global_qkv)
             packed_g = (gq, gk, gv)
+        q, k, v = (t.view(-1, heads, head_dim) for t in (q, k, v))
+        if rotary is not None:  # [T, d] tables, the same for every head
+            cos, sin = rotary[0][:, None], rotary[1][:, None]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out, probs_by_group = packed_attention(
-            q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads, head_dim), layout,
+            q, k, v, layout,
             policy=policy, bias=bias, scale=scale, dropout=p, need_weights=need_weights, prefix=prefix,
             head_scale=head_scale, global_tokens=global_tokens, global_qkv=packed_g, lm_prefix=lm_prefix)
         return out.reshape(-1, heads * head_dim), (

@@ -98,7 +98,10 @@ def capabilities(model: Any) -> frozenset[str]:
     """What `model` (an instance, or a model class: what every instance of it can do) declares it can do; nothing
     for a model that declares nothing."""
     if isinstance(model, type):
-        return frozenset(getattr(model, "CAPABILITIES", ()))
+        declared = getattr(model, "CAPABILITIES", None)  # a BaseModel's; else a plain class attribute, if any
+        if declared is None:
+            declared = getattr(model, "capabilities", ())
+        return frozenset(declared) if isinstance(declared, (frozenset, set, tuple, list)) else frozenset()
     return frozenset(getattr(model, "capabilities", ()))
 
 

@@ -35,7 +35,8 @@ def test_generating_models_declare_their_kind():
     common = {P.LORA, P.BLOCKS}
     assert capabilities(DecoderModel(tiny_config(), [HeadSpec("lm", "tied_lm")])) \
         == {GENERATES, DECODER_ONLY, P.SCALAR_MIX} | common
-    assert capabilities(Seq2SeqModel(tiny_config(), [HeadSpec("lm", "tied_lm")])) == {GENERATES, ENCODER_DECODER} | common
+    assert capabilities(Seq2SeqModel(tiny_config(), [HeadSpec("lm", "tied_lm")])) \
+        == {GENERATES, ENCODER_DECODER} | common
     assert capabilities(EncoderStackModel(tiny_config())) == {P.SCALAR_MIX} | common
 
 

@@ -104,7 +104,8 @@ def test_the_finetuning_strategies_ask_for_theirs():
     with pytest.raises(ConfigError, match="strategy.kind: lora .*" + refusal("lora", "XLNetModel", "xlnet")):
         check_strategy(StrategyConfig(kind="lora"), xlnet())
     with pytest.raises(ConfigError, match="strategy.kind: prefix adapts transformer blocks, which the model "
-                                          "\\(ElmoModel, registered as 'elmo'\\) does not have \\(capability 'blocks'\\)"):
+                                          "\\(ElmoModel, registered as 'elmo'\\) does not have \\(capability "
+                                          "'blocks'\\)"):
         check_strategy(StrategyConfig(kind="prefix"), elmo())
     for kind in ("full", "frozen", "scalar-mix"):
         check_strategy(StrategyConfig(kind=kind), elmo())

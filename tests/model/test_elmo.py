@@ -106,7 +106,8 @@ def test_three_layers_token_layer_twice_then_each_bilstm_layer():
             assert_as_accurate(single[layer][0], states[layer][row, :n], states64[layer][row, :n], what=str(layer))
     assert isinstance(elmo, Model)
     with pytest.raises(ConfigError, match="head pruning needs a model that prunes attention heads \\(capability "
-                                          "'prunes-heads'\\); the model \\(ElmoModel, registered as 'elmo'\\) does not declare it"):
+                                          "'prunes-heads'\\); the model \\(ElmoModel, registered as 'elmo'\\) "
+                                          "does not declare it"):
         require(elmo, PRUNES_HEADS, "head pruning")
 
 

@@ -65,7 +65,7 @@ ATTENTIONS = "attentions"            # `forward(output_attentions=True)`; `atten
 HEAD_MASK = "head-mask"              # `forward(head_mask=[layer calls, heads])` scales each head's output
 PRUNES_HEADS = "prunes-heads"        # `prune_heads({layer: heads})` removes heads for good
 LORA = "lora"                        # blocks whose linear projections LoRA may wrap: `lora_targets` names them
-SCALAR_MIX = "scalar-mix"            # the heads read one stack's states: the extension "scalar_mix" at "mix" replaces them
+SCALAR_MIX = "scalar-mix"            # heads read one stack's states: the extension "scalar_mix" at "mix" may replace them
 BLOCKS = "blocks"                    # transformer blocks (`blocks()`) with adapter and prefix slots
 POOLER = "pooler"                    # a pooler (dense + tanh over the first token) that 'pooled' heads read
 TOKEN_TYPES = "token-types"          # reads segment ids (`token_type_ids`)

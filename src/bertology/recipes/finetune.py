@@ -161,8 +161,8 @@ def check_strategy(strategy: StrategyConfig, model: Model, fine_tuned: type | No
     recipe)."""
     if BLOCKS not in capabilities(model) and strategy.kind not in BLOCKLESS_STRATEGIES:
         raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which the model "
-                          f"({model_kind(model)}) does not have (capability {BLOCKS!r}): use scalar-mix (ELMo's recipe: its frozen layers "
-                          f"mixed), frozen or full")
+                          f"({model_kind(model)}) does not have (capability {BLOCKS!r}): use scalar-mix (ELMo's "
+                          f"recipe: its frozen layers mixed), frozen or full")
     fine_tuned = fine_tuned or type(model)
     if strategy.kind == "scalar-mix":
         require(fine_tuned, SCALAR_MIX, "strategy.kind: scalar-mix (encoders, decoders and an encoder-decoder's "

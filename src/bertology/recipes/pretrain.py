@@ -428,8 +428,8 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
     if model.init_from is not None:
         pretrained = load_model(model.init_from)
         if PERMUTATION_LM not in capabilities(pretrained):
-            raise ConfigError(f"model.init_from: {model.init_from} holds a model ({model_kind(pretrained)}) that is not an XLNet "
-                              f"(capability {PERMUTATION_LM!r})")
+            raise ConfigError(f"model.init_from: {model.init_from} holds a model ({model_kind(pretrained)}) that is "
+                              f"not an XLNet (capability {PERMUTATION_LM!r})")
         try:
             xlnet_config = dataclasses.replace(pretrained.config, **model.xlnet)
         except ConfigError as error:

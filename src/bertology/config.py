@@ -9,7 +9,7 @@ instance against the same type hints (so ``MaskingConfig(selection="bogus")`` fa
 
 Field markers: ``derived(default, why)`` is a field set by code, not by config files (``InstanceConfig.seed`` is
 ``run.seed``); ``inline(Schema)`` collects, at the section's own level, the keys that are fields of ``Schema``
-(``model: {preset: mini, hidden_size: 256}`` are EncoderConfig fields), each checked against ``Schema``'s types.
+(``model: {preset: mini, hidden_size: 256}`` are TransformerConfig fields), each checked against ``Schema``'s types.
 ``to_mapping`` is the inverse of ``from_mapping`` (derived fields left out, inline fields flattened).
 ``build_registered`` builds ``name -> options`` sections (objectives) against a registry of dataclasses.
 """

@@ -168,3 +168,19 @@ def test_nothing_outside_the_model_package_asks_for_a_model_class():
 
 def test_the_package_exports_the_base_and_require():
     assert model_package.BaseModel is BaseModel and model_package.require is require
+
+
+def test_shared_blocks_stay_with_the_root_unit_in_every_model():
+    from bertology.model.config import TransformerConfig
+    from bertology.training.distributed import transformer_blocks
+
+    torch.manual_seed(0)
+    tiny = dict(vocab_size=40, hidden_size=16, num_layers=4, num_heads=2, intermediate_size=24)
+    shared = DecoderModel(TransformerConfig.decoder(family="gpt2", num_layer_groups=2, **tiny))
+    assert shared.decoder.plan == [0, 0, 1, 1]
+    assert [id(b) for b in shared.reused_blocks()] == [id(b) for b in shared.decoder.layers]
+    assert transformer_blocks(shared) == []  # each block runs twice: none is a unit of its own
+    albert = EncoderModel(preset("tiny", num_layer_groups=1, **tiny))
+    assert len(albert.reused_blocks()) == 1 and transformer_blocks(albert) == []
+    plain = DecoderModel(TransformerConfig.decoder(family="gpt2", **tiny))
+    assert plain.reused_blocks() == [] and len(transformer_blocks(plain)) == 4

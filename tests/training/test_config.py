@@ -241,20 +241,19 @@ def test_boundary_settings_are_accepted(setting):
 def test_model_section_is_encoder_config_fields():
     import dataclasses
 
-    from bertology.model.config import EncoderConfig
+    from bertology.model.config import TransformerConfig
     from bertology.training.config import ModelConfig
 
     config = load_config(None, ["model.preset=mini", "model.hidden_size=320", "model.hidden_act=relu",
                                 "model.family=electra", "model.embedding_size=null"])
-    from bertology.model.transformer import TransformerConfig
 
     assert config.model.preset == "mini" and config.model.family == "electra"
     assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu"}
     from bertology.model.xlnet import XLNetConfig
 
-    # Every EncoderConfig, TransformerConfig and XLNetConfig field but ``extra`` is a key of the section, written
+    # Every TransformerConfig and XLNetConfig field but ``extra`` is a key of the section, written
     # flat (``elmo`` holds an ELMo's).
-    settable = {f.name for cls in (EncoderConfig, TransformerConfig, XLNetConfig)
+    settable = {f.name for cls in (TransformerConfig, XLNetConfig)
                 for f in dataclasses.fields(cls)} - {"extra"}
     assert set(config.to_dict()["model"]) == settable | {"preset", "init_from", "elmo"}
     decoder = load_config(None, ["model.family=gpt2", "model.hidden_size=64", "model.gated_ffn=true",

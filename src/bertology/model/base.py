@@ -58,9 +58,12 @@ class BaseModel(nn.Module):
         return frozenset()
 
     def reused_blocks(self) -> list[nn.Module]:
-        """The blocks run more than once per forward (ALBERT's shared layers): they stay with the root unit when
-        FSDP shards the blocks and are not checkpointed one by one."""
-        return []
+        """The blocks run more than once per forward (shared layers under a stack's layer plan: ALBERT's): they stay
+        with the root unit when FSDP shards the blocks and are not checkpointed one by one."""
+        from bertology.model.stack import Stack
+
+        return [layer for stack in self.modules() if isinstance(stack, Stack)
+                for index, layer in enumerate(stack.layers) if stack.plan.count(index) != 1]
 
     def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
         """Plug a registered extension in at the module path `where` (bertology.model.extensions.add_extension):

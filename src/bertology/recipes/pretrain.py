@@ -31,12 +31,11 @@ from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
 from bertology.data.span_masking import SpanBatches
 from bertology.errors import ConfigError, DataError, TokenizerError
 from bertology.model.checkpoint import FAMILY_FIXED, load_model
-from bertology.model.config import PRESET_SIZES, EncoderConfig, preset
+from bertology.model.config import PRESET_SIZES, TransformerConfig, preset
 from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
 from bertology.model.protocol import ENCODER, PERMUTATION_LM, capabilities, model_kind
 from bertology.model.registry import model_class, model_name
-from bertology.model.transformer import TransformerConfig
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Objective
 from bertology.objectives.plm import PermutationLM
@@ -269,7 +268,7 @@ def decoder_start_token(config: PretrainConfig, tokenizer: Tokenizer) -> int:
     return getattr(tokenizer.framing, f"{role}_id") if role != "pad" else tokenizer.framing.fill_id
 
 
-def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig | TransformerConfig:
+def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
     """The config of the model ``model.family`` builds: an encoder's or a decoder's (``transformer_config``)."""
     return encoder_config(config, tokenizer) if config.model.kind == "encoder" else transformer_config(config,
                                                                                                         tokenizer)
@@ -310,12 +309,12 @@ def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> Transfor
             raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
                                  f"not match the model (leave model.{key} unset to take the tokenizer's)")
     try:
-        return TransformerConfig(**values)
+        return TransformerConfig.decoder(**values)
     except ConfigError as error:
         raise ConfigError(f"model: {error}") from None
 
 
-def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfig:
+def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
     """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
     model = config.model
     overrides = dict(model.overrides)
@@ -332,15 +331,15 @@ def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> EncoderConfi
     if values.get("positions_after_padding") and "max_position_embeddings" not in overrides:
         values["max_position_embeddings"] = 512 + values["pad_token_id"] + 1
     try:
-        return preset(model.preset, **values) if model.preset is not None else EncoderConfig(**values)
+        return preset(model.preset, **values) if model.preset is not None else TransformerConfig(**values)
     except ConfigError as error:
         raise ConfigError(f"model: {error}") from None
 
 
-def check_model_matches(model_config: EncoderConfig | TransformerConfig, tokenizer: Tokenizer,
+def check_model_matches(model_config: TransformerConfig, tokenizer: Tokenizer,
                         config: PretrainConfig, where: str) -> None:
     """The tokenizer and sequence length fit the model: same vocabulary size and padding id, positions enough."""
-    if isinstance(model_config, TransformerConfig):
+    if config.model.kind != "encoder":
         check_transformer_matches(model_config, tokenizer, config, where)
         return
     problems = []
@@ -357,7 +356,7 @@ def check_model_matches(model_config: EncoderConfig | TransformerConfig, tokeniz
     if problems:
         raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
     length = config.data.instances.max_seq_length
-    offset = model_config.position_offset
+    offset = model_config.first_position
     if length > model_config.max_length:
         raise ConfigError(f"data.instances.max_seq_length: {length} needs {length + offset} positions, but the "
                           f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
@@ -435,7 +434,7 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
         except ConfigError as error:
             raise ConfigError(f"model.{error}") from None
     else:
-        shape = preset(model.preset) if model.preset is not None else EncoderConfig()
+        shape = preset(model.preset) if model.preset is not None else TransformerConfig()
         values = {key: getattr(shape, key) for key in XLNET_KEYS}
         values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
         if config.data.instances.kind == "segment-stream":  # the memory: the previous segments' text

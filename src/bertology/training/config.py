@@ -3,8 +3,8 @@
 Sections and what belongs where:
 
 * ``model``: the architecture: a ``family`` (an encoder's, or ``gpt2``, ``t5``, ``bart``), a ``preset`` size plus
-  overrides of the family's config fields (EncoderConfig's, or TransformerConfig's for the decoders and
-  encoder-decoders), or ``init_from`` an existing checkpoint.
+  overrides of the family's config fields (TransformerConfig's: the encoders' and the shared ones, or the
+  decoders' and encoder-decoders' own), or ``init_from`` an existing checkpoint.
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
 * ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``), or corrupted
   into an encoder-decoder's sources and targets (``span_corruption``: T5's; ``noise``: BART's).
@@ -48,18 +48,18 @@ from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
 from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
-from bertology.model.config import ACTIVATIONS, PRESET_SIZES, EncoderConfig
-from bertology.model.transformer import TransformerConfig
+from bertology.model.config import ACTIVATIONS, DECODER_ONLY_FIELDS, ENCODER_ONLY_FIELDS, PRESET_SIZES, TransformerConfig
 from bertology.model.xlnet import XLNetConfig
 
-# EncoderConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files;
+# TransformerConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files;
 # ``family`` is a key of its own (it chooses the schema of the others).
-ENCODER_FIELDS_NOT_SET = ("extra", "family")
-# TransformerConfig fields set in ``ModelConfig.transformer``: those EncoderConfig lacks (the shared ones, such as
+ENCODER_FIELDS_NOT_SET = ("extra", "family", *DECODER_ONLY_FIELDS)
+# TransformerConfig fields set in ``ModelConfig.transformer``: the decoders' own (the shared ones, such as
 # hidden_size, are read from ``overrides`` for every family).
-TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(EncoderConfig)))
+TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(TransformerConfig)
+                                                   if f.name not in DECODER_ONLY_FIELDS))
 # XLNetConfig fields set in ``ModelConfig.xlnet``: XLNet's own (attention type, memory, ...).
-XLNET_FIELDS_NOT_SET = (*TRANSFORMER_FIELDS_NOT_SET, *(f.name for f in dataclasses.fields(TransformerConfig)))
+XLNET_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(TransformerConfig)))
 
 
 def model_families() -> dict[str, str]:
@@ -76,9 +76,9 @@ class ModelConfig:
     """The model: a ``family`` (an encoder's, ``bert`` or ``roberta`` after the tokenizer when unset; or a decoder's
     or an encoder-decoder's: ``gpt2``, ``t5``, ``bart``), a ``preset`` size (or ``init_from`` a model directory) and
     overrides of the family's config fields, written flat in the section (``model: {family: gpt2, preset: mini,
-    hidden_size: 256}``) and checked against the fields and types of EncoderConfig (``overrides``; the fields both
-    configs have, such as hidden_size, are kept here for every family) or TransformerConfig (``transformer``: the
-    decoders' own fields, such as num_decoder_layers or gated_ffn) or XLNetConfig (``xlnet``: XLNet's own, such as
+    hidden_size: 256}``) and checked against the fields and types of TransformerConfig: the encoders' and the shared
+    ones (``overrides``; the shared, such as hidden_size, are kept here for every family) or the decoders' own
+    (``transformer``: DECODER_ONLY_FIELDS, such as num_decoder_layers or gated_ffn) or XLNetConfig (``xlnet``: XLNet's own, such as
     mem_len and reuse_len, for a run with an xlnet-style tokenizer). Unset fields come from the preset, then the
     family's; ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
 
@@ -88,7 +88,7 @@ class ModelConfig:
     # An ELMo biLM instead of a transformer: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes
     # with preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
     elmo: dict[str, Any] | None = None
-    overrides: dict[str, Any] = inline(EncoderConfig, exclude=ENCODER_FIELDS_NOT_SET)
+    overrides: dict[str, Any] = inline(TransformerConfig, exclude=ENCODER_FIELDS_NOT_SET)
     transformer: dict[str, Any] = inline(TransformerConfig, exclude=TRANSFORMER_FIELDS_NOT_SET)
     xlnet: dict[str, Any] = inline(XLNetConfig, exclude=XLNET_FIELDS_NOT_SET)
 
@@ -115,7 +115,7 @@ class ModelConfig:
         value = self.overrides.get("hidden_act")
         if value is not None and value not in ACTIVATIONS:
             raise ConfigError(f"model.hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {value!r}")
-        shared = {f.name for f in dataclasses.fields(TransformerConfig)}
+        shared = {f.name for f in dataclasses.fields(TransformerConfig)} - set(ENCODER_ONLY_FIELDS)
         if self.kind == "encoder" and self.transformer:
             key = sorted(self.transformer)[0]
             raise ConfigError(f"model.{key}: a field of the decoders and encoder-decoders (gpt2, t5, bart), not of "

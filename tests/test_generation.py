@@ -334,7 +334,9 @@ def test_prompts_and_positions():
 def test_models_that_cannot_generate_say_why():
     from bertology.model import EncoderModel, preset
 
-    with pytest.raises(ConfigError, match="generation needs a DecoderModel or a Seq2SeqModel, got EncoderModel"):
+    with pytest.raises(ConfigError, match="generation needs a model that generates text through a key/value "
+                                          "cache \\(capability 'generates'\\); the model \\(EncoderModel, registered "
+                                          "as 'encoder'\\) does not declare it"):
         generate(EncoderModel(preset("tiny", vocab_size=50)), input_ids=torch.ones(1, 3, dtype=torch.long))
     classifier = DecoderModel(tiny_config(), [HeadSpec("cls", "mean_pooled", num_labels=2)])
     with pytest.raises(ConfigError, match="needs a language-model head .* its first head: 'cls' of kind 'mean_pooled'"):

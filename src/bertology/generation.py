@@ -35,7 +35,7 @@ from torch import Tensor
 from bertology.errors import ConfigError, InputError
 from bertology.model.blocks import KVCache
 from bertology.model.heads import head_reads
-from bertology.model.protocol import DECODER_ONLY, capabilities
+from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, capabilities, model_kind, require
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
 NEVER = -1.0e9  # transformers' score of a hypothesis that must not be chosen
@@ -133,7 +133,7 @@ class Stepper:
         self.caches: list[Any] | None = None
         self.memory: Tensor | None = None
         self.memory_mask: Tensor | None = None
-        if isinstance(model, Seq2SeqModel):
+        if ENCODER_DECODER in capabilities(model):
             start = model.config.decoder_start_token_id
             if start is None:
                 raise ConfigError("decoder_start_token_id is not set in the model's config: an encoder-decoder "
@@ -337,8 +337,7 @@ def beam_search(step: Stepper, s: Settings) -> Tensor:
 
 def generation_model(model_or_pretrained: Any) -> DecoderModel | Seq2SeqModel:
     model = getattr(model_or_pretrained, "model", model_or_pretrained)
-    if not isinstance(model, (DecoderModel, Seq2SeqModel)):
-        raise ConfigError(f"generation needs a DecoderModel or a Seq2SeqModel, got {type(model).__name__}")
+    require(model, GENERATES, "generation")
     # a language-model head predicts tokens where it is told (tied_lm, masked_lm): the last position here
     if not model.head_specs or head_reads(model.head_specs[0].kind) != "masked_positions":
         first = f"{model.head_specs[0].name!r} of kind {model.head_specs[0].kind!r}" if model.head_specs else "none"
@@ -370,13 +369,14 @@ def check_prompts(model: DecoderModel | Seq2SeqModel, input_ids: Tensor, attenti
     width, positions = input_ids.shape[1], model.config.max_length
     if width > positions:
         raise ConfigError(f"input_ids: a prompt of {width} tokens is longer than the model's {positions} positions")
-    decoded = width if isinstance(model, DecoderModel) else 1  # an encoder-decoder's decoder starts from one token
+    decoder = DECODER_ONLY in capabilities(model)
+    decoded = width if decoder else 1  # an encoder-decoder's decoder starts from one token
     limit, what_limits = decode_limit(model.config)
     if decoded + max_new_tokens > limit:
-        what = "prompt" if isinstance(model, DecoderModel) else "start"
+        what = "prompt" if decoder else "start"
         raise ConfigError(f"max_new_tokens: {decoded} {what} token(s) + "
                           f"{max_new_tokens} new tokens exceed {what_limits} {limit} positions")
-    if isinstance(model, DecoderModel):
+    if decoder:
         ending_in_padding = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
         if ending_in_padding:
             raise InputError(f"attention_mask: prompt row {ending_in_padding[0]} ends with padding; pad a decoder's "
@@ -435,9 +435,9 @@ def generate(
                              temperature=temperature, top_k=top_k, top_p=top_p, length_penalty=length_penalty,
                              early_stopping=early_stopping, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
                              seed=seed, num_return_sequences=num_return_sequences)
-    if prefix_lm and not isinstance(model, DecoderModel):
-        raise ConfigError(f"prefix_lm: a decoder's option (its prompt read in both directions); this model is a "
-                          f"{type(model).__name__}, whose encoder reads the input in both directions already")
+    if prefix_lm and DECODER_ONLY not in capabilities(model):
+        raise ConfigError(f"prefix_lm: a decoder's option (its prompt read in both directions, capability "
+                          f"{DECODER_ONLY!r}); the model ({model_kind(model)}) does not declare it")
     device = model.embeddings.weight.device
     input_ids = torch.as_tensor(input_ids).to(device=device, dtype=torch.long)
     attention_mask = (torch.ones_like(input_ids) if attention_mask is None

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from bertology.errors import CheckpointError
-from bertology.model import Encoder, TransformerConfig, Pretrained, load
+from bertology.model import Pretrained, TransformerConfig, load
+from bertology.model.protocol import CHARACTERS, ENCODER, capabilities
 from bertology.model.checkpoint import architecture_name
 
 
@@ -207,9 +208,9 @@ def describe(model: str | os.PathLike | Pretrained) -> ModelInfo | ElmoInfo | St
     """Architecture, parameter counts and tokenizer facts of a model directory or a loaded checkpoint."""
     source = str(model) if not isinstance(model, Pretrained) else "(in memory)"
     pretrained = model if isinstance(model, Pretrained) else load(model)
-    if getattr(pretrained.model.config, "family", None) == "elmo":
+    if CHARACTERS in capabilities(pretrained.model):  # ELMo
         return ElmoInfo(source, pretrained.model, pretrained.tokenizer)
-    if not isinstance(getattr(pretrained.model, "encoder", None), Encoder):  # GPT-2, T5, BART, XLNet
+    if ENCODER not in capabilities(pretrained.model):  # GPT-2, T5, BART, XLNet
         heads = tuple(spec.name for spec in pretrained.model.head_specs)
         try:
             architecture = architecture_name(pretrained.model.config.family, heads)

@@ -84,6 +84,6 @@ def test_analyze_lists_the_attention_analyses_as_not_for_elmo(elmo_dir, tmp_path
     result = build_report(elmo_dir, tmp_path / "report", only="attention,importance", data_dir=tmp_path)
     assert not result.sections
     assert {s.name: s.reason for s in result.skipped} == {
-        name: "an ELMo model has no attention heads (a character CNN and LSTMs)" for name in ("attention",
-                                                                                            "importance")}
+        name: "the model (ElmoModel, registered as 'elmo') has no attention heads (no transformer blocks)"
+        for name in ("attention", "importance")}
     assert (tmp_path / "report" / "report.html").is_file()

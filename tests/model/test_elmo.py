@@ -20,7 +20,7 @@ from bertology.model.elmo import (
     tiny_config,
     word_to_char_ids,
 )
-from bertology.model.protocol import Model, require_encoder
+from bertology.model.protocol import PRUNES_HEADS, Model, require
 from numerics import assert_as_accurate, assert_within_scale, float64
 
 SENTENCES = [["The", "cat", "sat", "."], ["Über", "naïve", "tests"], ["a"]]
@@ -105,8 +105,10 @@ def test_three_layers_token_layer_twice_then_each_bilstm_layer():
             torch.testing.assert_close(single64[layer][0], states64[layer][row, :n], atol=1e-9, rtol=0)
             assert_as_accurate(single[layer][0], states[layer][row, :n], states64[layer][row, :n], what=str(layer))
     assert isinstance(elmo, Model)
-    with pytest.raises(ConfigError, match="needs a bidirectional encoder"):
-        require_encoder(elmo, "head pruning")
+    with pytest.raises(ConfigError, match="head pruning needs a model that prunes attention heads \\(capability "
+                                          "'prunes-heads'\\); the model \\(ElmoModel, registered as 'elmo'\\) "
+                                          "does not declare it"):
+        require(elmo, PRUNES_HEADS, "head pruning")
 
 
 def test_forward_is_causal_and_backward_anticausal():

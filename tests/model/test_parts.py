@@ -442,11 +442,15 @@ def test_encoder_only_features_say_so_for_other_models():
     from bertology.objectives.electra import Electra
 
     decoder = DecoderModel(tiny_config(), [HeadSpec("lm", "tied_lm")])
-    with pytest.raises(ConfigError, match="head importance and pruning .* needs a bidirectional encoder .*DecoderModel"):
+    with pytest.raises(ConfigError, match="head importance and pruning .* needs a model that takes a head mask "
+                                          "\\(capability 'head-mask'\\); the model \\(DecoderModel"):
         existing_heads(decoder)
-    with pytest.raises(ConfigError, match="ELECTRA .* needs a bidirectional encoder"):
+    with pytest.raises(ConfigError, match="ELECTRA .* needs a model that is a bidirectional encoder of the BERT "
+                                          "family \\(capability 'encoder'\\); the model \\(DecoderModel, registered as "
+                                          "'decoder'\\) does not declare it"):
         Electra().attach(decoder)
-    with pytest.raises(ConfigError, match="distillation .* needs a bidirectional encoder"):
+    with pytest.raises(ConfigError, match="distillation .* needs a model that is a bidirectional encoder of the "
+                                          "BERT family \\(capability 'encoder'\\)"):
         init_student(decoder, [])
 
 

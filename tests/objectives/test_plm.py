@@ -313,3 +313,19 @@ def test_shipped_config_runs_on_brown(tmp_path) -> None:
     assert isinstance(load_model(tmp_path / "run" / "model"), XLNetModel)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["lm_loss"] > 0
+
+
+def test_pretrain_refuses_to_start_an_xlnet_from_another_model(tmp_path, xlnet_assets) -> None:
+    from bertology.model import EncoderModel, preset, save_model
+    from bertology.recipes.pretrain import pretrain
+
+    torch.manual_seed(0)
+    save_model(EncoderModel(preset("tiny", vocab_size=40, num_layers=1, hidden_size=16, num_heads=2,
+                                   intermediate_size=32)), tmp_path / "bert", format="native")
+    raw = xlnet_run(xlnet_assets, tmp_path / "run")
+    raw["model"]["init_from"] = str(tmp_path / "bert")
+    with pytest.raises(ConfigError, match=f"model.init_from: {tmp_path / 'bert'} holds a model \\(EncoderModel, "
+                                          "registered as 'encoder'\\) that is not an XLNet \\(capability "
+                                          "'permutation-lm'\\)"):
+        pretrain(build(raw))
+    assert not (tmp_path / "run").exists()

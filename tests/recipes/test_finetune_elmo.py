@@ -112,8 +112,9 @@ def test_ner_with_the_bilstm_crf_on_elmo(elmo_dir, tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("kind", ["lora", "adapters", "prefix"])
 def test_strategies_for_transformer_blocks_are_refused_on_elmo(elmo_dir, glue, tmp_path, kind):
-    with pytest.raises(ConfigError, match=f"strategy.kind: {kind} adapts transformer blocks, which an ELMo model "
-                                          "does not have: use scalar-mix"):
+    with pytest.raises(ConfigError, match=f"strategy.kind: {kind} adapts transformer blocks, which the model "
+                                          "\\(ElmoModel, registered as 'elmo'\\) does not have \\(capability "
+                                          "'blocks'\\): use scalar-mix"):
         finetune(_config(elmo_dir, "sst2", glue, tmp_path / "run", strategy={"kind": kind}))
 
 

@@ -229,7 +229,9 @@ def test_strategies_that_do_not_apply_are_named(glue, models, tmp_path):
             "model": str(models["gpt2"]), "task": {"name": "sst2", "data": str(glue), "epochs": 1},
             "strategy": {"kind": "lora", "targets": ["cross_query"]},
             "run": {"output_dir": str(tmp_path / "a"), "progress": False}, "speed": {"threads": 1, "prefetch": 0}}))
-    with pytest.raises(ConfigError, match="strategy.kind: scalar-mix is for encoders, decoders .*a Seq2SeqModel"):
+    with pytest.raises(ConfigError, match="strategy.kind: scalar-mix \\(encoders, decoders .*\\) needs a model "
+                                          "that has heads reading one stack's states .*\\(capability 'scalar-mix'\\); "
+                                          "the model \\(Seq2SeqModel, registered as 'seq2seq'\\)"):
         finetune(config(glue, models["bart"], tmp_path / "b", strategy="scalar-mix"))
     with pytest.raises(ConfigError, match=r"strategy.kind: frozen leaves nothing to train: the task's heads \(lm\)"):
         finetune(config(glue, models["t5"], tmp_path / "c", strategy="frozen"))

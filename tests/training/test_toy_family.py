@@ -17,6 +17,7 @@ from bertology.model import CAUSAL, Block, BlockSpec, HeadInputs, Layout, load_m
 from bertology.model.extensions import add_extension
 from bertology.model.heads import build_head
 from bertology.model.positions import LearnedPositions
+from bertology.model.protocol import BLOCKS, LORA, capabilities
 from bertology.model.registry import register_model
 from bertology.objectives.clm import CausalLM, LMBatch, lm_batch
 from bertology.peft import apply_lora
@@ -55,6 +56,8 @@ class ToyDecoder(nn.Module):
     """Pre-RMSNorm causal blocks with a gated feed-forward and no biases over learned positions."""
 
     config_class = ToyConfig
+    capabilities = frozenset({LORA, BLOCKS})  # what it can do, so that LoRA and the adapters take it
+    lora_targets = ("query", "key", "value", "attn_out", "ffn_in", "ffn_gate", "ffn_out")
 
     def __init__(self, config: ToyConfig, heads=()) -> None:
         super().__init__()
@@ -175,6 +178,7 @@ def test_the_toy_family_resumes_bitwise_and_takes_lora(tmp_path):
     for (name, a), b in zip(full.model.state_dict().items(), resumed.model.state_dict().values()):
         assert torch.equal(a, b), name
     lora = build()
+    assert capabilities(ToyDecoder) == capabilities(lora) == {LORA, BLOCKS}
     share = apply_lora(lora, rank=2, targets=("query", "value", "ffn_gate"))
     assert 0 < share.trainable < share.total
     assert set(lora.extensions) == {f"layers.{i}.{p}" for i in range(2) for p in ("query", "value", "ffn_gate")}

@@ -137,19 +137,15 @@ def head_statistics(pretrained: Pretrained, sentences: Sequence[UDSentence], *, 
 def head_layout(model: Any) -> tuple[list[list[int]], dict[int, list[int]]]:
     """Per layer call, the heads it has (original numbering), and the pruned heads: a BERT-family encoder's plan,
     or every head of every XLNet layer; another model (no attention probabilities to read) is unavailable."""
-    from bertology.model.encoder import EncoderModel
-    from bertology.model.transformer import EncoderStackModel
-    from bertology.model.xlnet import XLNetModel
+    from bertology.model.protocol import ATTENTIONS, capabilities, model_kind
 
-    config = model.config
-    if isinstance(model, EncoderModel):
-        return [config.kept_heads(index) for index in model.encoder.plan], config.pruned_heads
-    if isinstance(model, (XLNetModel, EncoderStackModel)):  # every head of every layer (ModernBERT)
-        return [list(range(config.num_heads)) for _ in range(config.num_layers)], {}
+    if ATTENTIONS in capabilities(model):
+        return model.attention_heads()
     from bertology.analysis.report import AnalysisUnavailable
 
-    raise AnalysisUnavailable(f"attention heads are read from a BERT-family encoder, ModernBERT or XLNet; this model is a "
-                              f"{type(model).__name__}")
+    raise AnalysisUnavailable(f"attention heads are read from a model that returns attention probabilities "
+                              f"(capability {ATTENTIONS!r}: a BERT-family encoder, ModernBERT, XLNet); the model "
+                              f"({model_kind(model)}) does not declare it")
 
 
 def _accumulate(totals: _Totals, probs: Tensor, ids: Tensor, mask: Tensor, chunk: list, punct: Tensor,
@@ -382,10 +378,11 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
     """The report's attention section on UD English-EWT dev (`data_dir/ud-english-ewt`); 500 sentences (100 with
     `quick`)."""
     from bertology.analysis.report import AnalysisUnavailable
-    from bertology.model.elmo import ElmoModel
+    from bertology.model.protocol import BLOCKS, capabilities, model_kind
 
-    if isinstance(pretrained.model, ElmoModel):
-        raise AnalysisUnavailable("an ELMo model has no attention heads (a character CNN and LSTMs)")
+    if BLOCKS not in capabilities(pretrained.model):
+        raise AnalysisUnavailable(f"the model ({model_kind(pretrained.model)}) has no attention heads (no "
+                                  "transformer blocks)")
     ud = Path(data_dir) / "ud-english-ewt"
     if not ud.is_dir():
         raise FileNotFoundError(f"{ud}: UD English-EWT is not there")

@@ -31,7 +31,7 @@ from bertology.errors import ConfigError, DataError
 from bertology.io import check_output_directory, files_into
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import EncoderModel
-from bertology.model.protocol import require_encoder
+from bertology.model.protocol import BLOCKS, HEAD_MASK, capabilities, model_kind, require
 
 
 class ImportanceData(Protocol):
@@ -204,11 +204,11 @@ class MaskedLMData:
 
 def existing_heads(model: EncoderModel) -> Tensor:
     """A bool [layer calls, heads] mask: True where the model has the head (False where it was pruned)."""
-    require_encoder(model, "head importance and pruning (head masks, pruned heads)")
-    config = model.config
-    present = torch.zeros(len(model.encoder.plan), config.num_heads, dtype=torch.bool)
-    for call, index in enumerate(model.encoder.plan):
-        present[call, config.kept_heads(index)] = True
+    require(model, HEAD_MASK, "head importance and pruning (head masks, pruned heads)")
+    calls, _ = model.attention_heads()
+    present = torch.zeros(len(calls), model.config.num_heads, dtype=torch.bool)
+    for call, heads in enumerate(calls):
+        present[call, heads] = True
     return present
 
 
@@ -439,10 +439,10 @@ def report_section(pretrained: Pretrained, out_dir: str | Path, data_dir: str | 
     """Head importance and the pruning curve: on `task` (a fine-tuned classifier; GLUE under `data_dir/glue`), or
     with the masked-LM head on UD English-EWT dev texts; otherwise there is nothing to take a gradient of."""
     from bertology.analysis.report import AnalysisUnavailable
-    from bertology.model.elmo import ElmoModel
 
-    if isinstance(pretrained.model, ElmoModel):
-        raise AnalysisUnavailable("an ELMo model has no attention heads (a character CNN and LSTMs)")
+    if BLOCKS not in capabilities(pretrained.model):
+        raise AnalysisUnavailable(f"the model ({model_kind(pretrained.model)}) has no attention heads (no "
+                                  "transformer blocks)")
     model = pretrained.model
     out = Path(out_dir) / "importance"
     examples = 64 if quick else 256

@@ -22,6 +22,7 @@ from bertology.embeddings.protocol import Framed
 from bertology.embeddings.result import EmbeddingError
 from bertology.model.checkpoint import Pretrained
 from bertology.model.elmo import CharacterMapper, ElmoModel
+from bertology.model.protocol import CHARACTERS, capabilities, model_kind
 from bertology.tokenization import Encoding
 from bertology.tokenization.words import BOS, EOS, PAD, WORD, WordVocabulary
 
@@ -89,8 +90,9 @@ class ElmoBackbone(torch.nn.Module):
         super().__init__()
         if isinstance(model, Pretrained):
             model, vocabulary = model.model, vocabulary or model.tokenizer
-        if not isinstance(model, ElmoModel):
-            raise EmbeddingError(f"ElmoBackbone needs an ElmoModel, got {type(model).__name__}")
+        if CHARACTERS not in capabilities(model):
+            raise EmbeddingError(f"ElmoBackbone needs a model that reads words as characters (capability "
+                                 f"{CHARACTERS!r}: ELMo), got {model_kind(model)}")
         if vocabulary is not None and not isinstance(vocabulary, WordVocabulary):
             raise EmbeddingError(f"an ELMo model splits its own words; got a {type(vocabulary).__name__} as its "
                                  "tokenizer (give a WordVocabulary, or none)")

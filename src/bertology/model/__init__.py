@@ -9,8 +9,9 @@ from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
 from bertology.model.packing import Layout
+from bertology.model.base import BaseModel
 from bertology.model.protocol import (DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, Model, capabilities,
-                                      require_encoder)
+                                      require)
 from bertology.model.registry import register_model
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 from bertology.model.xlnet import XLNetConfig, XLNetModel
@@ -45,7 +46,8 @@ __all__ = [
     "MaskPolicy",
     "Model",
     "register_head",
-    "require_encoder",
+    "require",
+    "BaseModel",
     "sliding_window",
     "Encoder",
     "EncoderModel",

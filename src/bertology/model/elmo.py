@@ -22,7 +22,7 @@ word. `<S>` and `</S>` are the sentence markers' own character sequences.
 The word vocabulary's softmax (`word_embeddings`, tied across directions, with its bias in the `tied_lm_bias` head)
 is only for pretraining; a model without one (`vocab_size` 0, as the released weight files) still gives the
 three layers. Features that only a transformer has (heads masks and pruning, attention probabilities, a key/value
-cache) are not offered: `protocol.require_encoder` refuses ELMo models where those are needed.
+cache) are not offered: ELMo declares no such capability, and `protocol.require` refuses it where one is needed.
 """
 
 from __future__ import annotations
@@ -41,9 +41,9 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError, InputError
 from bertology.model.config import config_to_dict
 from bertology.model.dropout import fast_dropout
-from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, build_head
-from bertology.model.protocol import check_id_range
+from bertology.model.base import BaseModel
+from bertology.model.heads import HeadInputs, HeadSpec
+from bertology.model.protocol import CHARACTERS, SCALAR_MIX, check_id_range
 
 # --- characters ---------------------------------------------------------------------------------------------------
 
@@ -480,14 +480,15 @@ class ElmoOutput:
 LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias")
 
 
-class ElmoModel(nn.Module):
-    """The ELMo biLM with heads. Input: character ids [B, L, C] (`input_ids`), the word mask [B, L]."""
+class ElmoModel(BaseModel):
+    """The ELMo biLM with heads. Input: character ids [B, L, C] (`input_ids`), the word mask [B, L]. Under the
+    extension "scalar_mix" (`mix`) the task heads read the mix of the three layers."""
 
     config_class = ElmoConfig
+    CAPABILITIES = frozenset({CHARACTERS, SCALAR_MIX})
 
     def __init__(self, config: ElmoConfig, heads: Sequence[HeadSpec] = ()) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.characters = CharacterEncoder(config)
         p, cell = config.projection_dim, config.cell_size
 
@@ -497,10 +498,7 @@ class ElmoModel(nn.Module):
 
         self.forward_layers, self.backward_layers = stack(), stack()
         self.softmax = nn.Embedding(config.vocab_size, p) if config.vocab_size else None
-        self.mix: nn.Module | None = None  # the extension "scalar_mix": heads then read the mix of the three layers
-        self.head_specs = tuple(heads)
-        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
-        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.init_heads(heads)
 
     # --- the Model protocol --------------------------------------------------------------------------------------
     @property
@@ -518,9 +516,6 @@ class ElmoModel(nn.Module):
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
                 "backward_input_ids": getattr(batch, "backward_input_ids", None),
                 "backward_attention_mask": getattr(batch, "backward_attention_mask", None)}
-
-    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
-        return add_extension(self, where, factory, **options)
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -649,10 +644,8 @@ class ElmoModel(nn.Module):
         task_heads = [spec for spec in self.head_specs if spec.kind not in LM_HEAD_KINDS]
         if task_heads:
             softmax = self.softmax.weight if self.softmax is not None else hidden.new_zeros(0)
-            inputs = HeadInputs(hidden=hidden, attention_mask=attention_mask, word_embeddings=softmax)
-            for spec in task_heads:
-                out.head_logits[spec.name] = self.heads[spec.name](inputs)
-            out.logits = out.head_logits[task_heads[0].name]
+            self.apply_heads(out, HeadInputs(hidden=hidden, attention_mask=attention_mask, word_embeddings=softmax),
+                             task_heads)
         return out
 
     def lm_logits(self, states: Tensor, head: str = "lm") -> Tensor:

@@ -27,20 +27,21 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.attention import attend, scatter_attention
+from bertology.model.base import BaseModel
 from bertology.model.blocks import Block, init_parameters, plain_linear
 from bertology.model.config import TransformerConfig
-from bertology.model.extensions import EXTENSIONS, add_extension, register_extension
+from bertology.model.extensions import EXTENSIONS, register_extension
 from bertology.model.heads import (
     HEAD_KINDS,
     HeadInputs,
     HeadSpec,
     MaskedLMHead,
     activation,
-    build_head,
     head_reads,
 )
 from bertology.model.packing import Layout
-from bertology.model.protocol import MASKED_LM
+from bertology.model.protocol import (ATTENTIONS, BLOCKS, ENCODER, GLOBAL_TOKENS, HEAD_MASK, LORA, MASKED_LM, POOLER,
+                                      PRUNES_HEADS, SCALAR_MIX, TOKEN_TYPES)
 from bertology.model.stack import Stack
 
 __all__ = [
@@ -118,26 +119,26 @@ class Encoder(Stack):
                              attentions=out.attentions)
 
 
-class EncoderModel(nn.Module):
-    """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
+class EncoderModel(BaseModel):
+    """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`.
+    Under a scalar mix (`mix`) the heads read it instead of the last layer; the pooler still reads the last layer's
+    [CLS]."""
 
     config_class = TransformerConfig
+    CAPABILITIES = frozenset({ENCODER, ATTENTIONS, HEAD_MASK, LORA, SCALAR_MIX, BLOCKS})
+    lora_targets = ("query", "key", "value", "attn_out", "ffn_in", "ffn_gate", "ffn_out")
 
-    @property
-    def capabilities(self) -> frozenset[str]:
-        return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
+    def conditional_capabilities(self) -> frozenset[str]:
+        config = self.config
+        return frozenset({MASKED_LM} if "mlm" in self.heads else ()) \
+            | frozenset({POOLER} if config.pooler else ()) \
+            | frozenset({TOKEN_TYPES} if config.type_vocab_size else ()) \
+            | frozenset({GLOBAL_TOKENS} if config.attention_window is not None else {PRUNES_HEADS})
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.encoder = Encoder(config)
-        self.head_specs = tuple(heads)
-        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
-        # Modules plugged in with add_extension: module path -> (factory name, options), to rebuild them on load.
-        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
-        # An optional mix of all hidden states (ELMo's scalar mix, the extension "scalar_mix" at "mix"): when set,
-        # the heads read it instead of the last layer; the pooler still reads the last layer's [CLS].
-        self.mix: nn.Module | None = None
+        self.init_heads(heads)
 
     def forward(
         self,
@@ -181,23 +182,13 @@ class EncoderModel(nn.Module):
             layout=layout,
             global_attention_mask=global_attention_mask,
         )
-        h = out.last_hidden_state if self.mix is None else self.mix(out.hidden_states)
-        if self.mix is not None and not output_hidden_states:
-            out.hidden_states = None
+        h = self.mixed_states(out, output_hidden_states)
         if self.head_specs:
-            inputs = HeadInputs(hidden=h, word_embeddings=self.encoder.embeddings.word.weight,
-                                attention_mask=attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-                                pooled=out.pooler_output, masked_positions=masked_positions)
-            for spec in self.head_specs:
-                out.head_logits[spec.name] = self.heads[spec.name](inputs)
-        if self.head_specs:
-            out.logits = out.head_logits[self.head_specs[0].name]
+            self.apply_heads(out, HeadInputs(
+                hidden=h, word_embeddings=self.encoder.embeddings.word.weight,
+                attention_mask=attention_mask if attention_mask is not None else torch.ones_like(input_ids),
+                pooled=out.pooler_output, masked_positions=masked_positions))
         return out
-
-    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
-        """Plug a registered extension in at the module path `where` (bertology.model.extensions.add_extension):
-        "encoder.layers.3.attn_adapter", or "encoder.layers.0.query" to wrap that projection."""
-        return add_extension(self, where, factory, **options)
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         """The forward's arguments for a training batch: ids, mask, and the segment ids, masked positions and
@@ -210,17 +201,22 @@ class EncoderModel(nn.Module):
     def blocks(self) -> list[nn.Module]:
         return list(self.encoder.layers)
 
-    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
-                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None, *,
+                     global_attention_mask: Tensor | None = None) -> tuple[Tensor, ...]:
         """The contextual representations embed and the analyses read: the embedding output, then every layer
-        call's output, [B, L, H] each."""
-        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True)
+        call's output, [B, L, H] each. `global_attention_mask`: a windowed model's global tokens."""
+        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True,
+                           global_attention_mask=global_attention_mask)
         assert out.hidden_states is not None
         return out.hidden_states
 
     @property
     def word_embeddings(self) -> nn.Embedding:
         return self.encoder.embeddings.word
+
+    def attention_heads(self) -> tuple[list[list[int]], dict[int, list[int]]]:
+        """Per layer call, the heads it has (original numbering), and the pruned heads."""
+        return [self.config.kept_heads(index) for index in self.encoder.plan], self.config.pruned_heads
 
     @torch.no_grad()
     def prune_heads(self, heads: dict[int, Sequence[int]]) -> None:

@@ -1,8 +1,9 @@
 """The `Model` protocol: what the trainer, objectives, tasks, PEFT and tools may ask of any model.
 
-`EncoderModel` (bidirectional), `DecoderModel` (causal, with a key/value cache) and `Seq2SeqModel` implement it. Code
-above the model package types its arguments as `Model`; where a feature is truly encoder-only it checks with
-`require_encoder` and says so."""
+`EncoderModel` (bidirectional), `DecoderModel` (causal, with a key/value cache), `Seq2SeqModel`, `XLNetModel` and
+`ElmoModel` implement it, each deriving from `bertology.model.base.BaseModel`. Code above the model package types
+its arguments as `Model` and never asks which class it holds: where a feature needs more than the protocol, it asks
+for a declared capability with `require(model, CAPABILITY, feature)`, which names what is missing."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class Model(Protocol):
     head_specs: tuple[HeadSpec, ...]
     heads: nn.ModuleDict
     extensions: dict[str, tuple[str, dict[str, Any]]]
+    capabilities: frozenset[str]  # what the model can do: the names below
 
     def __call__(self, input_ids: Tensor, attention_mask: Tensor | None = None, *args: Any, **kwargs: Any) -> Any: ...
 
@@ -49,26 +51,77 @@ class Model(Protocol):
     def word_embeddings(self) -> nn.Embedding: ...
 
 
-# What a model can do, declared by its class as `capabilities` (a frozenset of these names), so that code above the
-# model package asks for what it needs instead of which class it holds.
+# What a model can do, declared by its class (bertology.model.base.BaseModel: `CAPABILITIES`, and what depends on its
+# config or heads in `conditional_capabilities`), so that code above the model package asks for what it needs
+# (`require`) instead of which class it holds.
 GENERATES = "generates"              # autoregressive decoding through a key/value cache (`bertology.generate`)
 DECODER_ONLY = "decoder-only"        # a causal decoder: a prompt is the start of its own output
-ENCODER_DECODER = "encoder-decoder"  # an encoder read once, then a decoder generating from its start token
+ENCODER_DECODER = "encoder-decoder"  # an encoder read once (`encode`), then a decoder generating from its start token
 MASKED_LM = "masked-lm"              # a bidirectional encoder with a masked-LM head ('mlm')
+ENCODER = "encoder"                  # the BERT-family encoder: `encoder.embeddings`, `encoder.layers`, its layer plan
+PERMUTATION_LM = "permutation-lm"    # two-stream attention (`perm_mask`, `target_mapping`): XLNet's LM predicts there
+MEMORY = "memory"                    # carries each layer's memory of earlier segments (`mems`, `use_mems`)
+ATTENTIONS = "attentions"            # `forward(output_attentions=True)`; `attention_heads()` names each call's heads
+HEAD_MASK = "head-mask"              # `forward(head_mask=[layer calls, heads])` scales each head's output
+PRUNES_HEADS = "prunes-heads"        # `prune_heads({layer: heads})` removes heads for good
+LORA = "lora"                        # blocks whose linear projections LoRA may wrap: `lora_targets` names them
+SCALAR_MIX = "scalar-mix"            # heads read one stack's states: the extension "scalar_mix" at "mix" may replace them
+BLOCKS = "blocks"                    # transformer blocks (`blocks()`) with adapter and prefix slots
+POOLER = "pooler"                    # a pooler (dense + tanh over the first token) that 'pooled' heads read
+TOKEN_TYPES = "token-types"          # reads segment ids (`token_type_ids`)
+GLOBAL_TOKENS = "global-tokens"      # windowed attention with global tokens (`global_attention_mask`: Longformer)
+CHARACTERS = "characters"            # reads words as characters ([B, L, C] ids; a word tokenizer, no subwords)
+
+# Each capability in words, for the errors that name a missing one.
+CAPABILITY_WORDS = {
+    GENERATES: "generates text through a key/value cache",
+    DECODER_ONLY: "is a causal decoder",
+    ENCODER_DECODER: "is an encoder-decoder",
+    MASKED_LM: "is a bidirectional encoder with a masked-LM head",
+    ENCODER: "is a bidirectional encoder of the BERT family",
+    PERMUTATION_LM: "predicts through two-stream (permutation) attention",
+    MEMORY: "carries a memory of earlier segments",
+    ATTENTIONS: "returns attention probabilities",
+    HEAD_MASK: "takes a head mask",
+    PRUNES_HEADS: "prunes attention heads",
+    LORA: "has projections LoRA may wrap",
+    SCALAR_MIX: "has heads reading one stack's states (a scalar mix can replace them)",
+    BLOCKS: "is built of transformer blocks",
+    POOLER: "has a pooler",
+    TOKEN_TYPES: "reads token type ids",
+    GLOBAL_TOKENS: "has windowed attention with global tokens",
+    CHARACTERS: "reads words as characters",
+}
 
 
 def capabilities(model: Any) -> frozenset[str]:
-    """What `model` declares it can do; nothing for a model that declares nothing."""
+    """What `model` (an instance, or a model class: what every instance of it can do) declares it can do; nothing
+    for a model that declares nothing."""
+    if isinstance(model, type):
+        declared = getattr(model, "CAPABILITIES", None)  # a BaseModel's; else a plain class attribute, if any
+        if declared is None:
+            declared = getattr(model, "capabilities", ())
+        return frozenset(declared) if isinstance(declared, (frozenset, set, tuple, list)) else frozenset()
     return frozenset(getattr(model, "capabilities", ()))
 
 
-def require_encoder(model: Any, feature: str) -> Any:
-    """`model` when it is a bidirectional encoder; else a ConfigError saying that `feature` needs one."""
-    from bertology.model.encoder import EncoderModel
+def model_kind(model: Any) -> str:
+    """How errors name `model` (an instance or a class): its class and, when registered, its registered name."""
+    from bertology.model.registry import MODELS
 
-    if not isinstance(model, EncoderModel):
-        raise ConfigError(f"{feature} needs a bidirectional encoder (BERT family); this model is a "
-                          f"{type(model).__name__}")
+    cls = model if isinstance(model, type) else type(model)
+    name = next((entry.name for entry in MODELS.values() if entry.cls is cls), None)
+    return f"{cls.__name__}, registered as {name!r}" if name is not None else cls.__name__
+
+
+def require(model: Any, capability: str, feature: str, error: type[Exception] = ConfigError) -> Any:
+    """`model` when it declares `capability`; else `error` (a ConfigError by default) saying that `feature` needs
+    it and naming the capability and the model."""
+    if capability not in CAPABILITY_WORDS:
+        raise ValueError(f"unknown capability {capability!r}")
+    if capability not in capabilities(model):
+        raise error(f"{feature} needs a model that {CAPABILITY_WORDS[capability]} (capability {capability!r}); "
+                    f"the model ({model_kind(model)}) does not declare it")
     return model
 
 

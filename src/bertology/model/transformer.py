@@ -21,12 +21,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
+from bertology.model.base import BaseModel
 from bertology.model.blocks import KVCache, init_parameters
 from bertology.model.config import DEFAULT_ROTARY_THETA, TransformerConfig  # noqa: F401  (the family tables')
-from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
+from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead
 from bertology.model.packing import Layout
-from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, check_id_range
+from bertology.model.protocol import (
+    ATTENTIONS,
+    BLOCKS,
+    DECODER_ONLY,
+    ENCODER_DECODER,
+    GENERATES,
+    LORA,
+    MASKED_LM,
+    SCALAR_MIX,
+    check_id_range,
+)
 from bertology.model.stack import (  # noqa: F401  (re-exported: the decoders' position helpers)
     Stack,
     StackOutput,
@@ -61,18 +71,18 @@ def lm_loss(logits: Tensor, labels: Tensor) -> Tensor:
     return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
 
 
-class TransformerModel(nn.Module):
+class TransformerModel(BaseModel):
     """What decoders and encoder-decoders share: token embeddings, heads, extensions and initialisation."""
 
     config_class = TransformerConfig
+    CAPABILITIES = frozenset({LORA, BLOCKS})
+    lora_targets = ("query", "key", "value", "attn_out", "cross_query", "cross_key", "cross_value", "cross_out",
+                    "ffn_in", "ffn_gate", "ffn_out")
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec]) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.head_specs = tuple(heads)
-        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
-        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.init_heads(heads)
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -82,31 +92,15 @@ class TransformerModel(nn.Module):
         x = self.embeddings(input_ids)
         return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
-    def mixed_states(self, out: ModelOutput, keep_states: bool) -> Tensor:
-        """What the heads read: the mix of `out.hidden_states` under a scalar mix (`self.mix`, a decoder's or an
-        encoder stack's; dropped from `out` unless the caller asked for them), else the last hidden state."""
-        if self.mix is None:
-            return out.last_hidden_state
-        assert out.hidden_states is not None
-        mixed = self.mix(out.hidden_states)
-        if not keep_states:
-            out.hidden_states = None
-        return mixed
-
     def run_heads(self, out: ModelOutput, attention_mask: Tensor, masked_positions: Tensor | None,
                   input_ids: Tensor | None = None, hidden: Tensor | None = None) -> None:
         """The heads on `hidden` (default: the last hidden state)."""
         if not self.head_specs:
             return
-        inputs = HeadInputs(hidden=out.last_hidden_state if hidden is None else hidden, attention_mask=attention_mask,
-                            word_embeddings=self.embeddings.weight, masked_positions=masked_positions,
-                            input_ids=input_ids, logit_scale=self.config.logit_scale)
-        for spec in self.head_specs:
-            out.head_logits[spec.name] = self.heads[spec.name](inputs)
-        out.logits = out.head_logits[self.head_specs[0].name]
-
-    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
-        return add_extension(self, where, factory, **options)
+        self.apply_heads(out, HeadInputs(
+            hidden=out.last_hidden_state if hidden is None else hidden, attention_mask=attention_mask,
+            word_embeddings=self.embeddings.weight, masked_positions=masked_positions, input_ids=input_ids,
+            logit_scale=self.config.logit_scale))
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -120,14 +114,11 @@ class TransformerModel(nn.Module):
 class DecoderModel(TransformerModel):
     """A causal decoder (GPT-style) with heads; the first head is the primary one (`logits`)."""
 
-    capabilities = frozenset({GENERATES, DECODER_ONLY})
+    CAPABILITIES = TransformerModel.CAPABILITIES | {GENERATES, DECODER_ONLY, SCALAR_MIX}
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
         self.decoder = Stack(config, causal=True)
-        # An optional mix of the embedding output and every block's output (ELMo's scalar mix, the extension
-        # "scalar_mix" at "mix"): the heads then read it instead of the last state.
-        self.mix: nn.Module | None = None
 
     def blocks(self) -> list[nn.Module]:
         return list(self.decoder.layers)
@@ -200,7 +191,7 @@ class Seq2SeqModel(TransformerModel):
     """An encoder-decoder (BART/T5-style) sharing one token embedding; the decoder cross-attends to the encoder's
     last hidden state."""
 
-    capabilities = frozenset({GENERATES, ENCODER_DECODER})
+    CAPABILITIES = TransformerModel.CAPABILITIES | {GENERATES, ENCODER_DECODER}
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
@@ -304,14 +295,18 @@ class EncoderStackModel(TransformerModel):
     named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it; also a bidirectional encoder of
     its own (ModernBERT), fill-mask with its masked-LM head."""
 
-    @property
-    def capabilities(self) -> frozenset[str]:
+    CAPABILITIES = TransformerModel.CAPABILITIES | {SCALAR_MIX, ATTENTIONS}
+
+    def conditional_capabilities(self) -> frozenset[str]:
         return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
+
+    def attention_heads(self) -> tuple[list[list[int]], dict[int, list[int]]]:
+        """Per layer call, the heads it has (every head: this stack prunes none), and no pruned heads."""
+        return [list(range(self.config.num_heads)) for _ in self.encoder.plan], {}
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
         self.encoder = Stack(config)
-        self.mix: nn.Module | None = None  # as DecoderModel's, over the encoder's states
 
     def blocks(self) -> list[nn.Module]:
         return list(self.encoder.layers)
@@ -346,3 +341,5 @@ class EncoderStackModel(TransformerModel):
         self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 
+
+Seq2SeqModel.encoder_alone = EncoderStackModel  # a tagger fine-tunes an encoder-decoder's encoder alone

@@ -11,7 +11,7 @@ from torch import nn
 
 from bertology.errors import ConfigError
 from bertology.model.heads import MaskedLMHead
-from bertology.model.protocol import require_encoder
+from bertology.model.protocol import ENCODER, require
 
 __all__ = ["extend_vocabulary"]
 
@@ -25,7 +25,7 @@ def extend_vocabulary(model: nn.Module, pieces: Sequence[Sequence[int]]) -> None
     masked-LM bias) of the old ids ``pieces[i]``; ``config.vocab_size`` becomes ``V + len(pieces)``. A head with
     other weights over the vocabulary (``VOCABULARY_HEADS``) is refused; the tied decoder grows with the
     embeddings."""
-    encoder = require_encoder(model, "vocabulary extension")
+    encoder = require(model, ENCODER, "vocabulary extension")
     embedding = encoder.word_embeddings
     size = embedding.num_embeddings
     if size != encoder.config.vocab_size:

@@ -41,10 +41,11 @@ from bertology.model.attention import attend
 from bertology.model.blocks import Block, BlockSpec, init_parameters
 from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
 from bertology.model.dropout import fast_dropout
-from bertology.model.extensions import add_extension
-from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation, build_head
+from bertology.model.base import BaseModel
+from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation
 from bertology.model.packing import Layout, plan_buckets
 from bertology.model.positions import relative_sinusoids
+from bertology.model.protocol import ATTENTIONS, BLOCKS, MEMORY, PERMUTATION_LM, TOKEN_TYPES
 from bertology.model.transformer import check_ids
 
 
@@ -345,20 +346,18 @@ class SequenceSummaryHead(nn.Module):
 
 
 
-class XLNetModel(nn.Module):
+class XLNetModel(BaseModel):
     """XLNet with heads; the first head is the primary one (`logits`)."""
 
     config_class = XLNetConfig
+    CAPABILITIES = frozenset({PERMUTATION_LM, MEMORY, ATTENTIONS, TOKEN_TYPES, BLOCKS})
 
     def __init__(self, config: XLNetConfig, heads: Sequence[HeadSpec] = ()) -> None:
-        super().__init__()
-        self.config = config
+        super().__init__(config)
         self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
         self.mask_embedding = nn.Parameter(torch.zeros(config.hidden_size))  # the query stream's start
         self.layers = nn.ModuleList(XLNetLayer(config) for _ in range(config.num_layers))
-        self.head_specs = tuple(heads)
-        self.heads = nn.ModuleDict({spec.name: build_head(config, spec) for spec in heads})
-        self.extensions: dict[str, tuple[str, dict[str, Any]]] = {}
+        self.init_heads(heads)
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -367,8 +366,9 @@ class XLNetModel(nn.Module):
     def blocks(self) -> list[nn.Module]:
         return list(self.layers)
 
-    def add_extension(self, where: str, factory: str, **options: Any) -> nn.Module:
-        return add_extension(self, where, factory, **options)
+    def attention_heads(self) -> tuple[list[list[int]], dict[int, list[int]]]:
+        """Per layer, its heads (every one: XLNet's are never pruned), and no pruned heads."""
+        return [list(range(self.config.num_heads)) for _ in range(self.config.num_layers)], {}
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
@@ -758,11 +758,9 @@ class XLNetModel(nn.Module):
         if self.head_specs:
             mask = attention_mask[:, -length:] if g is None and attention_mask is not None \
                 else out.new_ones(out.shape[:2])
-            inputs = HeadInputs(hidden=out, attention_mask=mask, word_embeddings=self.embeddings.weight,
-                                masked_positions=masked_positions, input_ids=input_ids if g is None else None)
-            for spec in self.head_specs:
-                result.head_logits[spec.name] = self.heads[spec.name](inputs)
-            result.logits = result.head_logits[self.head_specs[0].name]
+            self.apply_heads(result, HeadInputs(hidden=out, attention_mask=mask, word_embeddings=self.embeddings.weight,
+                                                masked_positions=masked_positions,
+                                                input_ids=input_ids if g is None else None))
         if labels is not None and result.logits is not None:
             result.loss = F.cross_entropy(result.logits.flatten(0, -2).float(), labels.flatten(), ignore_index=-100)
         return result

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import HeadSpec
+from bertology.model.protocol import CHARACTERS, require
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
 from bertology.objectives.mlm import linear_prediction_applies, linear_token_prediction, token_prediction
 
@@ -78,8 +79,7 @@ class BidirectionalLM(nn.Module):
 
     def forward(self, passes: Passes, batch: Any) -> ObjectiveOutput:
         model = passes.model
-        if not hasattr(model, "lm_logits"):
-            raise ConfigError(f"objective {self.name!r} trains ELMo models (model.elmo), not {type(model).__name__}")
+        require(model, CHARACTERS, f"objective {self.name!r} (ELMo's biLM: model.elmo)")
         out = passes.run(batch.input_ids, batch.attention_mask, backward_input_ids=batch.backward_input_ids,
                          backward_attention_mask=batch.backward_attention_mask, state=self._state(batch))
         state = out.state.detach()

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from bertology.errors import CheckpointError, ConfigError, TokenizerError
 from bertology.model.encoder import EncoderModel, EncoderOutput, HeadSpec
-from bertology.model.protocol import require_encoder
+from bertology.model.protocol import ENCODER, require
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio
 from bertology.objectives.mlm import MaskedLM
 
@@ -58,7 +58,7 @@ def init_student(teacher: EncoderModel, heads: Sequence[HeadSpec], generator: to
                  ) -> EncoderModel:
     """A student with the teacher's architecture and layers 0, 2, 4, ...: embeddings, those layers, the pooler and
     every head of ``heads`` the teacher has (same kind) copied from it; other heads initialised from ``generator``."""
-    require_encoder(teacher, "distillation (a student made of the teacher's layers)")
+    require(teacher, ENCODER, "distillation (a student made of the teacher's layers)")
     config = teacher.config
     if config.num_layer_groups is not None:
         raise ConfigError("a distillation student takes every other layer; a teacher with shared layers (ALBERT) "

@@ -41,7 +41,7 @@ from bertology.data.masking import _GOLDEN, _STREAMS, _mix64
 from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
-from bertology.model.protocol import require_encoder
+from bertology.model.protocol import ENCODER, require
 from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio, safe_exp
 from bertology.objectives.mlm import MaskedBatch, mlm_loss
 
@@ -187,7 +187,7 @@ class Electra(nn.Module):
     def attach(self, model: EncoderModel, generator: torch.Generator | None = None) -> EncoderModel:
         """Build the generator for ``model`` (the discriminator), initialised from ``generator``, and tie its token,
         position and segment embeddings and their LayerNorm to the discriminator's. Returns the generator."""
-        require_encoder(model, "ELECTRA (a generator sharing the discriminator's embeddings)")
+        require(model, ENCODER, "ELECTRA (a generator sharing the discriminator's embeddings)")
         where = f"objectives.{self.name}"
         disc = model.config
         if int(round(disc.hidden_size * self.generator_size)) > disc.hidden_size:

@@ -13,8 +13,8 @@ import torch
 
 from bertology.device import place, to_cpu
 from bertology.errors import BertologyError, CheckpointError, ConfigError, TokenizerError
-from bertology.model.protocol import Model
-from bertology.model.transformer import DecoderModel, Seq2SeqModel
+from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, PERMUTATION_LM, Model, capabilities
+from bertology.model.transformer import Seq2SeqModel
 
 
 @dataclass(frozen=True)
@@ -62,15 +62,14 @@ def fill_mask(model: Model, tokenizer: Any, text: str, top_k: int = 5, *,
     XLNet predicts every ``<mask>`` with its query stream (``target_mapping`` one row per mask) under a
     ``perm_mask`` that hides every mask from every position: each mask is predicted from the text around it, and
     independently of the other masks, as transformers' ``XLNetLMHeadModel`` computes it with those inputs."""
-    from bertology.model.xlnet import XLNetModel
-
-    if isinstance(model, Seq2SeqModel):
+    can = capabilities(model)
+    if ENCODER_DECODER in can:
         return fill_spans(model, tokenizer, text, top_k, device=device, dtype=dtype, max_new_tokens=max_new_tokens)
-    if isinstance(model, DecoderModel):
+    if DECODER_ONLY in can:
         raise CheckpointError("fill-mask needs a masked-LM encoder (BERT, RoBERTa, ...) or an encoder-decoder "
                               "(T5's sentinels, BART's <mask>); this is a decoder-only model (DecoderModel, e.g. "
                               "GPT-2), which predicts only the next token: use `bertology generate`")
-    head = "lm" if isinstance(model, XLNetModel) else "mlm"
+    head = "lm" if PERMUTATION_LM in can else "mlm"
     if head not in model.heads:
         raise CheckpointError(f"fill-mask needs a model with a {'language-model' if head == 'lm' else 'masked-LM'} "
                               f"head; this one has {', '.join(model.heads) or 'no head'}")

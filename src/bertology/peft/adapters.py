@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, TransformerConfig
 from bertology.model.heads import activation
-from bertology.model.protocol import Model
+from bertology.model.protocol import BLOCKS, Model, require
 from bertology.peft.common import (Trainable, block_paths, check_choice, check_positive_int, freeze_base, layer_indices,
                                    trainable_parameters)
 
@@ -68,6 +68,7 @@ def apply_adapters(model: Model, bottleneck: int = 64, activation: str = "gelu",
     unknown = [s for s in sublayers if s not in SLOTS]
     if unknown or not sublayers or len(set(sublayers)) != len(sublayers):
         raise ConfigError(f"adapter sublayers: expected distinct values among {', '.join(SLOTS)}, got {list(sublayers)}")
+    require(model, BLOCKS, "adapters")
     paths = block_paths(model)
     for index in layer_indices(model, layers, "adapter layers"):
         for sublayer in sublayers:

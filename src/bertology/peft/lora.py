@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.dropout import fast_dropout
-from bertology.model.protocol import Model
+from bertology.model.protocol import LORA, Model, require
 from bertology.peft.common import (Trainable, block_paths, check_positive, check_positive_int, check_probability,
                                    freeze_base, layer_indices, trainable_parameters)
 
@@ -124,14 +124,17 @@ def apply_lora(model: Model, rank: int = 8, alpha: float = 8.0, dropout: float =
                           f"expected some of {', '.join(PROJECTIONS)}")
     if len(set(targets)) != len(targets):
         raise ConfigError(f"lora targets: {list(targets)} names a projection twice")
+    require(model, LORA, "LoRA")
+    allowed = model.lora_targets  # the projections the model lets LoRA wrap
     paths = block_paths(model)
     chosen = layer_indices(model, layers, "lora layers")
     # An encoder-decoder's encoder blocks have no cross-attention: a target goes to the chosen blocks that have it.
-    has = {(i, t): isinstance(getattr(model.get_submodule(paths[i]), t, None), nn.Linear)
+    has = {(i, t): t in allowed and isinstance(getattr(model.get_submodule(paths[i]), t, None), nn.Linear)
            for i in chosen for t in targets}
     for target in targets:
         if not any(has[i, target] for i in chosen):
-            raise ConfigError(f"lora targets: this model's (chosen) blocks have no projection {target!r}")
+            raise ConfigError(f"lora targets: this model's (chosen) blocks have no projection {target!r} (LoRA may "
+                              f"wrap {', '.join(allowed)})")
     for index in chosen:
         for target in targets:
             if has[index, target]:

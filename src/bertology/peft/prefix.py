@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
-from bertology.model.protocol import Model
+from bertology.model.protocol import BLOCKS, Model, require
 from bertology.peft.common import (Trainable, block_paths, check_positive_int, freeze_base, layer_indices,
                                    trainable_parameters)
 
@@ -73,6 +73,7 @@ def apply_prefix(model: Model, length: int = 20, layers: Sequence[int] | None = 
     options = {"length": length, "reparameterize": bool(reparameterize)}
     if reparameterize:
         options["mlp_hidden"] = mlp_hidden
+    require(model, BLOCKS, "prefix tuning")
     paths = block_paths(model)
     for index in layer_indices(model, layers, "prefix layers"):
         model.add_extension(f"{paths[index]}.prefix", FACTORY, **options)

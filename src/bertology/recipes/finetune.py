@@ -40,10 +40,9 @@ from bertology.io import atomic_directory, atomic_write, check_output_file, remo
 from bertology.model.checkpoint import Pretrained, load, write_model_files
 from bertology.model.config import TransformerConfig
 from bertology.model.convert import family_for_config
-from bertology.model.elmo import ElmoModel
-from bertology.model.encoder import EncoderModel, HeadSpec
-from bertology.model.protocol import Model
-from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel
+from bertology.model.heads import HeadSpec
+from bertology.model.protocol import (BLOCKS, CHARACTERS, ENCODER, LORA, POOLER, SCALAR_MIX, Model, capabilities,
+                                      model_kind, require)
 from bertology.peft.common import Trainable
 from bertology.recipes.pretrain import seed_everything
 from bertology.tasks.base import FinetuneTask
@@ -150,34 +149,27 @@ class StrategyConfig:
             raise ConfigError(f"strategy.targets: expected some of {', '.join(known)}, got {self.targets}")
 
 
-# Models LoRA fine-tunes: the encoders, decoders and encoder-decoders built of the shared blocks.
-LORA_MODELS = (EncoderModel, DecoderModel, Seq2SeqModel, EncoderStackModel)
 LM_HEAD_KINDS = ("tied_lm", "tied_lm_bias", "lm")
-# Models whose heads read one stack's hidden states, which a scalar mix can replace (an encoder-decoder's heads read
-# its decoder, which cross-attends to the encoder's last state: no mix).
-MIX_MODELS = (EncoderModel, DecoderModel, EncoderStackModel)
-ELMO_STRATEGIES = ("full", "frozen", "scalar-mix")
+BLOCKLESS_STRATEGIES = ("full", "frozen", "scalar-mix")
 
 
 def check_strategy(strategy: StrategyConfig, model: Model, fine_tuned: type | None = None) -> None:
-    """The scalar mix of the layers is made for the models whose heads read one stack (`fine_tuned`, the class
-    ``model_class`` fine-tunes, default the model's: an encoder, a decoder, an encoder-decoder's encoder alone for
-    tagging), LoRA for the models of the shared blocks (encoders, GPT-2, BART, T5); the other strategies train any
-    model. An ELMo model (no transformer blocks to adapt) trains fully, frozen (its top layer as features) or frozen
-    under the scalar mix of its three layers (ELMo's recipe)."""
-    if isinstance(model, ElmoModel):
-        if strategy.kind not in ELMO_STRATEGIES:
-            raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which an ELMo model does not "
-                              f"have: use scalar-mix (ELMo's recipe: its frozen layers mixed), frozen or full")
-        return
+    """The scalar mix of the layers is made for the models whose heads read one stack (capability SCALAR_MIX of
+    `fine_tuned`, the class ``model_class`` fine-tunes, default the model's: an encoder, a decoder, an
+    encoder-decoder's encoder alone for tagging), LoRA for the models that name projections it may wrap (LORA:
+    encoders, GPT-2, BART, T5); the other strategies train any model. A model without transformer blocks to adapt
+    (ELMo) trains fully, frozen (its top layer as features) or frozen under the scalar mix of its layers (ELMo's
+    recipe)."""
+    if BLOCKS not in capabilities(model) and strategy.kind not in BLOCKLESS_STRATEGIES:
+        raise ConfigError(f"strategy.kind: {strategy.kind} adapts transformer blocks, which the model "
+                          f"({model_kind(model)}) does not have (capability {BLOCKS!r}): use scalar-mix (ELMo's "
+                          f"recipe: its frozen layers mixed), frozen or full")
     fine_tuned = fine_tuned or type(model)
-    if strategy.kind == "scalar-mix" and not issubclass(fine_tuned, MIX_MODELS):
-        raise ConfigError(f"strategy.kind: scalar-mix is for encoders, decoders and an encoder-decoder's encoder "
-                          f"alone (tagging); this model is a {fine_tuned.__name__}, whose heads read its decoder: "
-                          f"use full, frozen, lora, adapters or prefix")
-    if strategy.kind == "lora" and not isinstance(model, LORA_MODELS):
-        raise ConfigError(f"strategy.kind: lora is for the encoders, decoders and encoder-decoders of the shared "
-                          f"blocks; this model is a {type(model).__name__}: use full, frozen, adapters or prefix")
+    if strategy.kind == "scalar-mix":
+        require(fine_tuned, SCALAR_MIX, "strategy.kind: scalar-mix (encoders, decoders and an encoder-decoder's "
+                "encoder alone for tagging; use full, frozen, lora, adapters or prefix)")
+    if strategy.kind == "lora":
+        require(model, LORA, "strategy.kind: lora (use full, frozen, adapters or prefix)")
 
 
 def apply_strategy(model: Model, strategy: StrategyConfig, fresh_pooler: bool) -> Trainable:
@@ -190,7 +182,7 @@ def apply_strategy(model: Model, strategy: StrategyConfig, fresh_pooler: bool) -
     if strategy.kind == "lora":
         share = apply_lora(model, strategy.rank, strategy.alpha, strategy.dropout, tuple(strategy.targets),
                            also_train=also)
-        if not isinstance(model, EncoderModel):
+        if ENCODER not in capabilities(model):
             for spec in model.head_specs:
                 if spec.kind in LM_HEAD_KINDS:
                     model.heads[spec.name].requires_grad_(False)
@@ -320,8 +312,8 @@ def for_model(task: FinetuneTask, model: Model) -> FinetuneTask:
 def model_class(pretrained: Model, task: FinetuneTask) -> type:
     """The class fine-tuned: the checkpoint's own, except that a task labelling the input's own tokens
     (``labels_input_tokens``: tagging) fine-tunes an encoder-decoder's encoder alone."""
-    if getattr(task, "labels_input_tokens", False) and isinstance(pretrained, Seq2SeqModel):
-        return EncoderStackModel
+    if getattr(task, "labels_input_tokens", False) and pretrained.encoder_alone is not None:
+        return pretrained.encoder_alone
     return type(pretrained)
 
 
@@ -348,11 +340,12 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
     one and the checkpoint has none). A head the checkpoint has as the task wants it (a cloze task's masked-LM head,
     a text-to-text task's language-model head) keeps its weights."""
     config = pretrained.model.config
-    if isinstance(pretrained.model, ElmoModel):  # a task needs no word softmax: the fine-tuned model drops it
+    characters = CHARACTERS in capabilities(pretrained.model)
+    if characters:  # a task needs no word softmax: the fine-tuned ELMo model drops it
         config = dataclasses.replace(config, vocab_size=0, extra=dict(config.extra))
     heads = task_heads(task, config, pooling, scalar_mix, tagger)
     heads = [kept_head(pretrained.model, spec) or spec for spec in heads]
-    fresh_pooler = any(h.kind == "pooled" for h in heads) and not config.pooler
+    fresh_pooler = any(h.kind == "pooled" for h in heads) and POOLER not in capabilities(pretrained.model)
     if fresh_pooler:
         config.pooler = True
     model = model_class(pretrained.model, task)(config, heads)
@@ -363,7 +356,7 @@ def build_model(pretrained: Pretrained, task: FinetuneTask, seed: int, pooling: 
         model.add_extension("mix", "scalar_mix")
     model.init_weights(torch.Generator().manual_seed(seed))
     fresh = ("heads.", *(f"{where}." for where in model.extensions))  # the task's heads, the mix, span typing
-    dropped = ("heads.", "softmax.") if isinstance(model, ElmoModel) else ("heads.",)
+    dropped = ("heads.", "softmax.") if characters else ("heads.",)
     body = {name: value for name, value in pretrained.model.state_dict().items() if not name.startswith(dropped)}
     wanted = {name for name in model.state_dict() if not name.startswith(fresh)}
     missing = sorted(wanted - set(body))
@@ -407,7 +400,7 @@ class DevSelection:
         except RecursionError:
             raise DataError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
 
-    def predict(self, model: EncoderModel, progress: bool = False) -> list[Any]:
+    def predict(self, model: Model, progress: bool = False) -> list[Any]:
         """The model's predictions of the dev set (with a progress bar when ``progress``)."""
         batch_size = max(32, self.config.optim.batch_size)
         with progress_bar(self.dev, batch_size, progress, "dev predictions"):
@@ -487,7 +480,7 @@ def task_tokenizer(pretrained: Pretrained, where: str) -> Any:
     """What the task's encoder reads text with: the model's tokenizer, or for a model that reads words as characters
     (ELMo) a ``bertology.tasks.words.WordTokenizer`` (with the model's word vocabulary, when it has one, for its
     lower-casing; a ConfigError naming ``where`` when a subword model has no tokenizer files."""
-    if isinstance(pretrained.model, ElmoModel):
+    if CHARACTERS in capabilities(pretrained.model):
         from bertology.tasks.words import WordTokenizer
 
         return WordTokenizer(pretrained.model.config.max_characters_per_token, pretrained.tokenizer)

@@ -34,6 +34,7 @@ from bertology.model.checkpoint import FAMILY_FIXED, load_model
 from bertology.model.config import PRESET_SIZES, TransformerConfig, preset
 from bertology.model.convert import family_for_config
 from bertology.model.encoder import EncoderModel
+from bertology.model.protocol import ENCODER, PERMUTATION_LM, capabilities, model_kind
 from bertology.model.registry import model_class, model_name
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.objectives.base import Objective
@@ -387,7 +388,7 @@ def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
     """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
     an objective's ``trains`` names the models it can train (the encoder when it does not say; an encoder's
     subclass, a Longformer, is an encoder too)."""
-    kinds = {kind, "encoder"} if issubclass(model_class(kind), EncoderModel) else {kind}
+    kinds = {kind, "encoder"} if ENCODER in capabilities(model_class(kind)) else {kind}
     for objective in objectives:
         trains = getattr(objective, "trains", ("encoder",))
         if not kinds & set(trains):
@@ -425,8 +426,9 @@ def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[O
                           f"pooler); they take {', '.join(XLNET_KEYS)}")
     if model.init_from is not None:
         pretrained = load_model(model.init_from)
-        if not isinstance(pretrained, XLNetModel):
-            raise ConfigError(f"model.init_from: {model.init_from} holds a {type(pretrained).__name__}, not an XLNet")
+        if PERMUTATION_LM not in capabilities(pretrained):
+            raise ConfigError(f"model.init_from: {model.init_from} holds a model ({model_kind(pretrained)}) that is "
+                              f"not an XLNet (capability {PERMUTATION_LM!r})")
         try:
             xlnet_config = dataclasses.replace(pretrained.config, **model.xlnet)
         except ConfigError as error:

@@ -31,7 +31,7 @@ from bertology.embeddings import Embeddings, Pieces, parse_layers, select_layers
 from bertology.errors import BertologyError
 from bertology.model import ENCODER_DECODER, Pretrained, capabilities
 from bertology.model.heads import head_reads
-from bertology.model.transformer import Seq2SeqModel
+from bertology.model.protocol import PERMUTATION_LM
 from bertology.objectives.fill_mask import fill_mask, span_search_beams, span_widths
 from bertology.serve import openai_api, tasks_api, tei_api
 from bertology.serve.compat import ERRORS, ErrorResponse  # noqa: F401  (re-exported)
@@ -337,11 +337,10 @@ def _status(shape: Callable, status: int) -> int:
 def can_fill(model: Any) -> bool:
     """A masked-LM head, XLNet's language-model head (through the permutation mask), or an encoder-decoder whose
     first head is a language model (it generates the spans)."""
-    from bertology.model.xlnet import XLNetModel
-
-    if "mlm" in model.heads or (isinstance(model, XLNetModel) and "lm" in model.heads):
+    can = capabilities(model)
+    if "mlm" in model.heads or (PERMUTATION_LM in can and "lm" in model.heads):
         return True
-    return isinstance(model, Seq2SeqModel) and bool(model.head_specs) \
+    return ENCODER_DECODER in can and bool(model.head_specs) \
         and head_reads(model.head_specs[0].kind) == "masked_positions"
 
 
@@ -351,7 +350,7 @@ def _mask_counts(pretrained: Pretrained, texts: list[str]) -> tuple[list[int], i
     search read them."""
     tokenizer = pretrained.tokenizer
     framing = tokenizer.framing
-    seq2seq = isinstance(pretrained.model, Seq2SeqModel)
+    seq2seq = ENCODER_DECODER in capabilities(pretrained.model)
     marks = set(framing.sentinels) if seq2seq and framing.layout.sentinels is not None else {tokenizer.mask_id}
     masks, tokens = [], 0
     for text in texts:

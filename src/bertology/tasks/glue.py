@@ -84,10 +84,10 @@ class GlueFinetuneTask:
     def for_model(self, model: Model) -> Any:
         """On an encoder-decoder whose family has no sequence classifier (T5), the task as text-to-text
         (``bertology.tasks.text_to_text``); else the task itself."""
-        from bertology.model.transformer import Seq2SeqModel
+        from bertology.model.protocol import ENCODER_DECODER, capabilities
         from bertology.tasks.text_to_text import GlueTextToText, start_token
 
-        if isinstance(model, Seq2SeqModel) and CLASSIFIER not in HEADS.get(model.config.family, {}):
+        if ENCODER_DECODER in capabilities(model) and CLASSIFIER not in HEADS.get(model.config.family, {}):
             return GlueTextToText(self, start_token(model))
         return self
 

@@ -495,10 +495,10 @@ class SquadTask:
     def for_model(self, model: Model) -> Any:
         """On an encoder-decoder (T5, BART) the task as text-to-text: the answer generated from ``question: ...
         context: ...`` (``bertology.tasks.text_to_text.SquadTextToText``); else the task itself."""
-        from bertology.model.transformer import Seq2SeqModel
+        from bertology.model.protocol import ENCODER_DECODER, capabilities
         from bertology.tasks.text_to_text import SquadTextToText, start_token
 
-        return SquadTextToText(self, start_token(model)) if isinstance(model, Seq2SeqModel) else self
+        return SquadTextToText(self, start_token(model)) if ENCODER_DECODER in capabilities(model) else self
 
     def predict(self, model: Model, encoded: QAWindows, examples: Sequence[QAExample],
                 batch_size: int) -> list[str]:

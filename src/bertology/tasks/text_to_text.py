@@ -49,11 +49,9 @@ def lm_head(config: Any) -> HeadSpec:
 
 
 def require_seq2seq(model: Model, task: str) -> None:
-    from bertology.model.transformer import Seq2SeqModel
+    from bertology.model.protocol import ENCODER_DECODER, require
 
-    if not isinstance(model, Seq2SeqModel):
-        raise ConfigError(f"{task} as text-to-text generates its answers: it needs an encoder-decoder (T5, BART), "
-                          f"not a {type(model).__name__}")
+    require(model, ENCODER_DECODER, f"{task} as text-to-text (its answers generated: T5, BART)")
 
 
 @dataclass

@@ -77,11 +77,11 @@ def transformer_blocks(module: nn.Module) -> list[nn.Module]:
     those of models an objective owns, ELECTRA's generator): the units FSDP shards one by one and activation
     checkpointing recomputes, except a block run more than once per forward (ALBERT's shared layers), which stays
     with the root unit. This is the one place that knows where blocks live."""
+    from bertology.model.base import BaseModel
     from bertology.model.blocks import Block
-    from bertology.model.encoder import Encoder
 
-    reused = {id(layer) for child in module.modules() if isinstance(child, Encoder)
-              for index, layer in enumerate(child.layers) if child.plan.count(index) != 1}
+    reused = {id(layer) for child in module.modules() if isinstance(child, BaseModel)
+              for layer in child.reused_blocks()}
     return [child for child in module.modules() if isinstance(child, Block) and id(child) not in reused]
 
 
@@ -257,11 +257,11 @@ def initialised_model(config: Any, heads: Sequence[HeadSpec], seed: int, meta_in
     initialisation) and materialised on the CPU (``to_empty``) before ``init_weights``, which sets every parameter:
     the same weights, bit for bit, without initialising twice. Neither way draws from torch's default generator,
     so what a run draws later (dropout) does not depend on the choice."""
-    from bertology.model.encoder import EncoderModel
-    from bertology.model.registry import MODELS
+    from bertology.model.protocol import ENCODER, capabilities
+    from bertology.model.registry import MODELS, model_class
 
     cls = cls or next((entry.cls for entry in MODELS.values() if entry.config_class is type(config)
-                       and issubclass(entry.cls, EncoderModel)), EncoderModel)
+                       and ENCODER in capabilities(entry.cls)), model_class("encoder"))
     if meta_init:
         with torch.device("meta"):
             model = cls(config, heads)

@@ -37,7 +37,9 @@ def test_generating_models_declare_their_kind():
         == {GENERATES, DECODER_ONLY, P.SCALAR_MIX} | common
     assert capabilities(Seq2SeqModel(tiny_config(), [HeadSpec("lm", "tied_lm")])) \
         == {GENERATES, ENCODER_DECODER} | common
-    assert capabilities(EncoderStackModel(tiny_config())) == {P.SCALAR_MIX} | common
+    assert capabilities(EncoderStackModel(tiny_config())) == {P.SCALAR_MIX, P.ATTENTIONS} | common
+    assert capabilities(EncoderStackModel(tiny_config(), [HeadSpec("mlm", "masked_lm")])) \
+        == {P.SCALAR_MIX, P.ATTENTIONS, P.MASKED_LM} | common
 
 
 def test_an_encoder_declares_what_its_config_and_heads_give_it():

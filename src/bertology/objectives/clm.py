@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def lm_batch(input_ids: Tensor, attention_mask: Tensor | None = None, documents:
 
 
 @dataclass
-class CausalLM:
+class CausalLM(Objective):
     """Next-token prediction on the tied ``lm`` head. Stats: ``lm_units`` (predicted tokens), ``lm_loss_sum``,
     ``lm_correct``."""
 

@@ -31,11 +31,12 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import CheckpointError, ConfigError, DataError
-from bertology.model.config import EncoderConfig
 from bertology.model.blocks import init_parameters
+from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -71,7 +72,7 @@ def span_boundary_head(config: EncoderConfig, max_positions: int, name: str = "s
 
 
 @dataclass(eq=False)
-class SpanBoundary(nn.Module):
+class SpanBoundary(nn.Module, Objective):
     """SBO (see the module docstring). Stats: ``sbo_units`` (span tokens predicted), ``sbo_loss_sum``,
     ``sbo_correct``. ``attach(model)`` makes the head for the model's sizes before training."""
 

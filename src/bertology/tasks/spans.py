@@ -41,6 +41,7 @@ from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadSpec, SpanHead, build_head
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -198,7 +199,7 @@ def encode_spans(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], type
 
 # --------------------------------------------------------------------------------------------------- objective
 @dataclass
-class SpanTyping:
+class SpanTyping(Objective):
     """Cross-entropy of the model's span classifier against the spans' types; units are spans. Reads the last
     layer only inside the spans. Stats: ``span_units``, ``span_loss_sum``, ``span_correct``."""
 

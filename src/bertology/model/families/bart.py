@@ -16,8 +16,7 @@ from typing import Any
 
 from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS
-from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, \
-    renamed_keys
+from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, renamed_keys
 from bertology.model.transformer import TransformerConfig
 
 
@@ -157,4 +156,5 @@ FAMILY = CheckpointFamily(
            "pre_norm": False, "embedding_norm": True, "final_norm": False, "gated_ffn": False, "bias": True,
            "hidden_act": "gelu", "embedding_scale": 1.0, "classifier_dropout": 0.0,
            "shifted_decoder_inputs": True},
+    run_defaults=lambda values, run: {"decoder_start_token_id": run.sep_id},  # BART's decoder starts from </s>
 )

@@ -99,7 +99,7 @@ def test_a_continued_model_takes_the_settings_as_changes_to_its_config():
     base = build("encoder", {"family": "electra"})
     changed = build("encoder", {"hidden_dropout": 0.0}, run=dataclasses.replace(BERT_RUN, vocab_size=7), base=base)
     assert changed.hidden_dropout == 0.0 and changed.vocab_size == 120 and changed.family == "electra"
-    with pytest.raises(ConfigError, match=r"^model.family: model.init_from's model is a electra model, not bert"):
+    with pytest.raises(ConfigError, match=r"^model.family: model.init_from's model is of the family electra, not bert"):
         build("encoder", {"family": "bert"}, base=base)
 
 

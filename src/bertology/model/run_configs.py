@@ -108,13 +108,14 @@ def continued_config(name: str, base: Any, settings: Mapping[str, Any]) -> Any:
     """The config of a checkpoint of architecture `name` that a run continues, with the settings changed (every
     architecture's, also one without a builder of its own: a converted Longformer)."""
     if "family" in settings and settings["family"] != base.family:
-        raise ConfigError(f"model.family: model.init_from's model is a {base.family} model, not {settings['family']}")
+        raise ConfigError(f"model.family: model.init_from's model is of the family {base.family}, not "
+                          f"{settings['family']}")
     try:
         return dataclasses.replace(base, **settings)
     except ConfigError as error:
         raise _where(name, error) from None
     except TypeError as error:  # a field of another architecture's config
-        raise ConfigError(f"model: model.init_from's model is a {name} model: {error}") from None
+        raise ConfigError(f"model: model.init_from's model is one of the {name} architecture: {error}") from None
 
 
 def _fresh(name: str, settings: Mapping[str, Any], preset: str | None, run: RunContext,

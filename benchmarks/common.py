@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data"
@@ -158,7 +158,7 @@ def padding_share(batches: list[TextBatch]) -> float:
 # --- FLOPs ------------------------------------------------------------------------------------------------------
 
 
-def model_flops(config: EncoderConfig, lengths: list[int]) -> float:
+def model_flops(config: TransformerConfig, lengths: list[int]) -> float:
     """FLOPs over the real tokens of one batch: 2 x (weights in matmuls) x tokens, plus attention's Q K^T and P V
     (2 x 2 x len^2 x hidden per sequence and layer), plus the pooler on each [CLS]."""
     h, inner, e = config.hidden_size, config.intermediate_size, config.token_embedding_size

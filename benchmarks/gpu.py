@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from bertology.data.dataset import PretrainingBatch  # noqa: E402
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
 from bertology.objectives import MaskedLM  # noqa: E402
 from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
@@ -189,7 +189,7 @@ def masked_batch(rows: list[list[int]], tokenizer, seed: int) -> tuple[Pretraini
 # --- the two sides ------------------------------------------------------------------------------------------------
 
 
-def same_weights(config: EncoderConfig, heads: list[HeadSpec], architecture: str, workdir: Path, device: torch.device
+def same_weights(config: TransformerConfig, heads: list[HeadSpec], architecture: str, workdir: Path, device: torch.device
                  ) -> tuple[EncoderModel, torch.nn.Module]:
     """A random bertology model and transformers' ``architecture`` loaded from its checkpoint (SDPA attention)."""
     import transformers
@@ -353,7 +353,7 @@ def matmul_peak(device: torch.device, size: int) -> tuple[float, str]:
     return best, str(dtype).replace("torch.", "")
 
 
-def training_flops(config: EncoderConfig, lengths: list[int], masked: int) -> float:
+def training_flops(config: TransformerConfig, lengths: list[int], masked: int) -> float:
     """Forward + backward (3 x the forward) of the encoder over the real tokens and of the MLM head (transform and
     vocabulary projection) at the masked positions."""
     h = config.hidden_size

@@ -81,10 +81,10 @@ def measure(directory: Path, side: str, length: int, repeats: int, threads: int)
         if side == "full":  # the same weights with every token attending to every token: a RoBERTa
             import dataclasses
 
-            from bertology.model import EncoderConfig
+            from bertology.model import TransformerConfig
 
-            values = {f.name: getattr(model.config, f.name) for f in dataclasses.fields(EncoderConfig)}
-            full = EncoderModel(EncoderConfig(**{**values, "family": "roberta", "attention_window": None}))
+            values = {f.name: getattr(model.config, f.name) for f in dataclasses.fields(TransformerConfig)}
+            full = EncoderModel(TransformerConfig(**{**values, "family": "roberta", "attention_window": None}))
             full.load_state_dict({k: v for k, v in model.state_dict().items() if "_global." not in k})
             model = full.eval()
 

@@ -62,7 +62,7 @@ import common  # noqa: E402
 
 from bertology.data.dataset import PretrainingBatch  # noqa: E402
 from bertology.io import atomic_write  # noqa: E402
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
 from bertology.objectives import MaskedLM, Passes  # noqa: E402
 from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
@@ -148,7 +148,7 @@ def workloads(rows: list[tuple[str, list[list[int]]]], hf_tokenizer, batch_size:
 # --- the two sides --------------------------------------------------------------------------------------------
 
 
-def encoder_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
+def encoder_config(name: str, vocab_size: int, pad_id: int) -> TransformerConfig:
     # BertForMaskedLM has no pooler; dropout 0.1 on both sides (the default).
     return preset(name, vocab_size=vocab_size, pad_token_id=pad_id, max_position_embeddings=512, pooler=False)
 
@@ -445,7 +445,7 @@ def measure_electra(name: str, workload: list[Batches], tokenizer, warmup: int, 
     return rows
 
 
-def electra_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Batches) -> float:
+def electra_flops(disc: TransformerConfig, gen: TransformerConfig, batches: Batches) -> float:
     """Useful FLOPs: 3 x (generator forward + its MLM head at the masked tokens + discriminator forward + its
     per-token head); ``common.model_flops`` counts the generator's embedding projection."""
     e, v, h = gen.token_embedding_size, gen.vocab_size, disc.hidden_size
@@ -457,7 +457,7 @@ def electra_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Batches) -> 
     return 3 * total
 
 
-def electra_executed_flops(disc: EncoderConfig, gen: EncoderConfig, batches: Batches) -> float:
+def electra_executed_flops(disc: TransformerConfig, gen: TransformerConfig, batches: Batches) -> float:
     """What transformers executes: both encoders on every padded position, the generator's vocabulary logits at
     every position."""
     e, v, h = gen.token_embedding_size, gen.vocab_size, disc.hidden_size
@@ -549,7 +549,7 @@ def measure_spanbert(name: str, workload: list[Batches], tokenizer, warmup: int,
 # --- ALBERT: MLM + sentence-order prediction on factorised embeddings and one shared layer ------------------------
 
 
-def albert_config(name: str, vocab_size: int, pad_id: int) -> EncoderConfig:
+def albert_config(name: str, vocab_size: int, pad_id: int) -> TransformerConfig:
     """The preset's depth and width as ALBERT (as configs/albert-tiny.yaml): factorised embeddings (ALBERT's 128,
     at most half the hidden width so that the factorisation is real: 64 for tiny), projected to the layers; one set
     of layer weights shared by every depth; gelu_new; no dropout (ALBERT v2); the pooler for SOP."""
@@ -910,7 +910,7 @@ def measure_xlnet(name: str, workload: list[Batches], tokenizer, warmup: int, re
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
-def train_flops(config: EncoderConfig, batches: Batches) -> float:
+def train_flops(config: TransformerConfig, batches: Batches) -> float:
     """Useful FLOPs of one pass over the batches: 3 x (encoder forward + MLM head at the masked tokens)."""
     h, v = config.hidden_size, config.vocab_size
     head = 2 * h * h + 2 * h * v  # transform dense + tied decoder, per masked token
@@ -918,7 +918,7 @@ def train_flops(config: EncoderConfig, batches: Batches) -> float:
     return 3 * sum(common.model_flops(config, lengths) + head * n for lengths, n in pairs)
 
 
-def executed_flops(config: EncoderConfig, batches: Batches) -> float:
+def executed_flops(config: TransformerConfig, batches: Batches) -> float:
     """FLOPs transformers executes in one pass: every padded position through the encoder and the MLM head."""
     h, v = config.hidden_size, config.vocab_size
     head = 2 * h * h + 2 * h * v

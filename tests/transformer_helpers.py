@@ -15,7 +15,7 @@ def tiny_config(**overrides: Any) -> TransformerConfig:
     values = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
                   max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, decoder_start_token_id=0)
     values.update(overrides)
-    return TransformerConfig(**values)
+    return TransformerConfig.decoder(**values)
 
 
 def gpt2_state_dict(hf: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -38,7 +38,7 @@ def _passive_openmp() -> None:
 
 _passive_openmp()
 _EXPORTS = {
-    "EncoderConfig": "bertology.model",
+    "TransformerConfig": "bertology.model",
     "EncoderModel": "bertology.model",
     "Pretrained": "bertology.model",
     "load": "bertology.model",
@@ -53,7 +53,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from bertology.embeddings import embed
     from bertology.generation import generate
-    from bertology.model import EncoderConfig, EncoderModel, Pretrained, load, preset
+    from bertology.model import TransformerConfig, EncoderModel, Pretrained, load, preset
     from bertology.pipelines import Pipeline, pipeline
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from bertology.errors import CheckpointError
-from bertology.model import Encoder, EncoderConfig, Pretrained, load
+from bertology.model import Encoder, TransformerConfig, Pretrained, load
 from bertology.model.checkpoint import architecture_name
 
 
@@ -39,7 +39,7 @@ class TokenizerFacts:
 @dataclass(frozen=True)
 class ModelInfo:
     source: str
-    config: EncoderConfig
+    config: TransformerConfig
     architecture: str | None
     task_heads: tuple[str, ...]
     parameters: ParameterCounts

@@ -12,7 +12,7 @@ import torch
 from bertology.cli.main import main
 from bertology.embeddings import embed, load_vectors
 from bertology.info import describe
-from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+from bertology.model import TransformerConfig, EncoderModel, Pretrained, load
 
 TEXTS = ["The bank raised its rates.", "", "An unaffable clerk stamped the form."]
 
@@ -141,7 +141,7 @@ def test_info(minilm_path, capsys):
 
 
 def test_info_counts_shared_albert_layers_once():
-    config = EncoderConfig(family="albert", vocab_size=50, hidden_size=16, num_layers=6, num_heads=2,
+    config = TransformerConfig(family="albert", vocab_size=50, hidden_size=16, num_layers=6, num_heads=2,
                            intermediate_size=32, embedding_size=8, num_layer_groups=1, type_vocab_size=2)
     info = describe(Pretrained(model=EncoderModel(config), tokenizer=None))
     one_layer = sum(p.numel() for p in EncoderModel(config).encoder.layers[0].parameters())

@@ -19,7 +19,7 @@ from bertology.embeddings import (
     word_vector,
 )
 from bertology.errors import ConfigError, TokenizerError
-from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+from bertology.model import TransformerConfig, EncoderModel, Pretrained, load
 
 TEXTS = [
     "The bank raised its rates.",
@@ -38,7 +38,7 @@ def minilm(minilm_path) -> Pretrained:
 def small(minilm) -> Pretrained:
     """A randomly initialised 4-layer encoder with MiniLM's tokenizer: cheap enough for very long texts."""
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=minilm.config.vocab_size, hidden_size=32, num_layers=4, num_heads=2,
+    config = TransformerConfig(vocab_size=minilm.config.vocab_size, hidden_size=32, num_layers=4, num_heads=2,
                            intermediate_size=64, max_position_embeddings=64)
     model = EncoderModel(config)
     model.init_weights(torch.Generator().manual_seed(0))
@@ -305,7 +305,7 @@ def test_bad_arguments(minilm, small):
         embed(minilm.model, ["a"])
     with pytest.raises(EmbeddingError, match="got str"):
         embed("model", ["a"])
-    tiny = EncoderModel(EncoderConfig(vocab_size=100, hidden_size=8, num_layers=1, num_heads=1, intermediate_size=8))
+    tiny = EncoderModel(TransformerConfig(vocab_size=100, hidden_size=8, num_layers=1, num_heads=1, intermediate_size=8))
     with pytest.raises(TokenizerError, match="30522 tokens but the model's vocabulary only 100"):
         embed(tiny, ["a"], tokenizer=minilm.tokenizer)
 
@@ -403,7 +403,7 @@ def test_roberta_style_byte_level_bpe():
     tokenizer = train_tokenizer(iter(corpus), "bpe", 300, min_frequency=1, show_progress=False)
     assert tokenizer.style == "roberta"
     torch.manual_seed(0)
-    config = EncoderConfig(family="roberta", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=2,
+    config = TransformerConfig(family="roberta", vocab_size=tokenizer.vocab_size, hidden_size=16, num_layers=2,
                            num_heads=2, intermediate_size=32, max_position_embeddings=22,
                            pad_token_id=tokenizer.pad_id, positions_after_padding=True, type_vocab_size=1)
     model = EncoderModel(config).eval()

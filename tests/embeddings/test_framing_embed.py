@@ -10,7 +10,7 @@ import torch
 from bertology.embeddings import embed
 from bertology.embeddings.backbone import EncoderBackbone, Framed
 from bertology.errors import ConfigError
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 
 from framing_helpers import tokenizer
 
@@ -18,7 +18,7 @@ TEXTS = ["the cat sat on the mat", "a dog ran", "hello world , again and again a
 
 
 def model_for(tok) -> EncoderModel:
-    config = EncoderConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+    config = TransformerConfig(vocab_size=tok.vocab_size, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                            max_position_embeddings=64, type_vocab_size=3, pad_token_id=tok.framing.fill_id)
     model = EncoderModel(config)
     model.init_weights(torch.Generator().manual_seed(0))

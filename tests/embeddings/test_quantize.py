@@ -14,7 +14,7 @@ from torch import nn
 from bertology.cli.main import main
 from bertology.embeddings import embed
 from bertology.errors import ConfigError
-from bertology.model import EncoderConfig, EncoderModel, Pretrained, load
+from bertology.model import TransformerConfig, EncoderModel, Pretrained, load
 from bertology.model.quantize import Int8Linear, check_dtype, is_quantized, quantize, with_dtype
 
 quantize_module = sys.modules["bertology.model.quantize"]
@@ -151,7 +151,7 @@ def test_wrapped_linears_stay_float32():
         def forward(self, x):
             return self.inner(x)
 
-    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+    config = TransformerConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                            max_position_embeddings=16)
     model = EncoderModel(config)
     model.encoder.layers[0].value = Wrapped(model.encoder.layers[0].value)
@@ -167,7 +167,7 @@ def test_dtype_names():
     assert check_dtype("fp32") == "float32" and check_dtype("int8") == "int8"
     with pytest.raises(ConfigError, match="dtype: unknown 'int4'; expected one of float32, int8"):
         check_dtype("int4")
-    model = EncoderModel(EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8,
+    model = EncoderModel(TransformerConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, intermediate_size=8,
                                        max_position_embeddings=8))
     assert with_dtype(model, "float32") is model
     assert is_quantized(with_dtype(model, "int8"))
@@ -224,7 +224,7 @@ def test_a_quantized_model_is_not_saved(tmp_path):
     from bertology.errors import CheckpointError
     from bertology.model import save_model
 
-    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
+    config = TransformerConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32,
                            max_position_embeddings=16)
     model = EncoderModel(config)
     with pytest.raises(CheckpointError, match="int8-quantized model is for inference only"):

@@ -207,7 +207,7 @@ def eos_classifier(**config):
     values = dict(vocab_size=VOCAB, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=24,
                   max_position_embeddings=24, pre_norm=False, final_norm=False, eos_token_id=EOS)
     values.update(config)
-    model = Seq2SeqModel(TransformerConfig(**values), [HeadSpec("classifier", "eos_token", 3, "tanh")]).eval()
+    model = Seq2SeqModel(TransformerConfig.decoder(**values), [HeadSpec("classifier", "eos_token", 3, "tanh")]).eval()
     model.init_weights(torch.Generator().manual_seed(0))
     return model
 

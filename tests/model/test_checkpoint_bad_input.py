@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load_model, save_model
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load_model, save_model
 
 
 def saved(tmp_path, family="bert", heads=(("mlm", "masked_lm"), ("nsp", "pooled")), **kw):
     values = dict(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
                   max_position_embeddings=32)
-    config = EncoderConfig(family=family, **{**values, **kw})
+    config = TransformerConfig(family=family, **{**values, **kw})
     model = EncoderModel(config, [HeadSpec(name, kind) for name, kind in heads])
     model.init_weights(torch.Generator().manual_seed(0))
     save_model(model, tmp_path / "m")

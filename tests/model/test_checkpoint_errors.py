@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load, load_model, preset, save_model
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load, load_model, preset, save_model
 from bertology.model import checkpoint as checkpoint_module
 
 
 def tiny(family="bert", **kw) -> EncoderModel:
-    config = EncoderConfig(family=family, vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+    config = TransformerConfig(family=family, vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                            intermediate_size=24, max_position_embeddings=32, **kw)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("nsp", "pooled")])
     model.init_weights(torch.Generator().manual_seed(0))
@@ -128,7 +128,7 @@ def test_round_trip_every_family_without_transformers(tmp_path):
                           ("electra", {"embedding_size": 8, "pooler": False}),
                           ("albert", {"embedding_size": 8, "num_layer_groups": 1}),
                           ("distilbert", {"type_vocab_size": 0, "pooler": False})]:
-        config = EncoderConfig(family=family, vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+        config = TransformerConfig(family=family, vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                                intermediate_size=24, max_position_embeddings=32, **extra)
         model = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
         model.init_weights(torch.Generator().manual_seed(0))
@@ -146,9 +146,9 @@ def test_presets_and_config_validation():
     with pytest.raises(ConfigError, match="unknown preset 'huge'"):
         preset("huge")
     with pytest.raises(ConfigError, match="not divisible"):
-        EncoderConfig(hidden_size=30, num_heads=4)
+        TransformerConfig(hidden_size=30, num_heads=4)
     with pytest.raises(ConfigError, match="unknown encoder config key"):
-        EncoderConfig.from_dict({"hiden_size": 3})
+        TransformerConfig.from_dict({"hiden_size": 3})
 
 
 def _one_line_checkpoint_error(path, match):

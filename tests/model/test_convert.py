@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load_model, save_model
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load_model, save_model
 from bertology.model import checkpoint, convert
 from bertology.model.convert import (
     CheckpointFamily,
@@ -63,7 +63,7 @@ def test_merge_reshape_and_transpose_round_trip_bit_exactly():
     first, second = Merge(dim=0).save([merged], None)
     assert torch.equal(first, a) and torch.equal(second, b)
 
-    config = EncoderConfig(hidden_size=H, num_heads=HEADS_N)
+    config = TransformerConfig(hidden_size=H, num_heads=HEADS_N)
     stored = seeded(H, HEADS_N, H // HEADS_N, seed=3)  # [hidden, heads, head_dim]
     reshape = Reshape(("hidden_size", "num_heads", "head_dim"))
     (ours,) = reshape.load([stored], [torch.Size((H, H))])
@@ -92,7 +92,7 @@ TOY = CheckpointFamily(
     model_type="toy-gpt",
     class_stem="ToyGPT",
     prefix="transformer",
-    family="bert",  # the EncoderConfig family its checkpoints build
+    family="bert",  # the TransformerConfig family its checkpoints build
     config_keys=renamed_keys({"vocab_size": "vocab_size", "hidden_size": "n_embd", "num_layers": "n_layer",
                               "num_heads": "n_head", "intermediate_size": "n_inner",
                               "hidden_act": "activation_function", "max_position_embeddings": "n_positions",
@@ -132,7 +132,7 @@ def toy(monkeypatch):
 
 
 def toy_model() -> EncoderModel:
-    config = EncoderConfig(vocab_size=VOCAB, hidden_size=H, num_layers=2, num_heads=HEADS_N, intermediate_size=INNER,
+    config = TransformerConfig(vocab_size=VOCAB, hidden_size=H, num_layers=2, num_heads=HEADS_N, intermediate_size=INNER,
                            max_position_embeddings=POSITIONS, layer_norm_eps=1e-5, type_vocab_size=0, pooler=False)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
     model.init_weights(torch.Generator().manual_seed(0))
@@ -283,9 +283,9 @@ def test_bad_family_tables_are_refused_with_the_key():
         toy_with(architectures={"Model": (), "ForPreTraining": ("mlm", "nsp")})
     with pytest.raises(ConfigError, match="architectures has no 'Model' entry"):
         toy_with(architectures={"LMHeadModel": ("mlm",)})
-    with pytest.raises(ConfigError, match=r"config_keys: 'n_ctx' maps to 'context', which is not a field of EncoderConfig"):
+    with pytest.raises(ConfigError, match=r"config_keys: 'n_ctx' maps to 'context', which is not a field of TransformerConfig"):
         toy_with(config_keys=(ConfigKey("context", "n_ctx"),))
-    with pytest.raises(ConfigError, match=r"fixed: 'rotary' is not a field of EncoderConfig"):
+    with pytest.raises(ConfigError, match=r"fixed: 'rotary' is not a field of TransformerConfig"):
         toy_with(fixed={"rotary": True})
     with pytest.raises(ConfigError, match="model_type must be a non-empty string"):
         toy_with(model_type="")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bertology.errors import CheckpointError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load_model, save_model
-from bertology.model.transformer import DecoderModel, TransformerConfig
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load_model, save_model
+from bertology.model.transformer import DecoderModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -35,7 +35,7 @@ def real_builds(monkeypatch):
 
 def saved_bert(tmp_path, format="auto"):
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
+    config = TransformerConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
                            max_position_embeddings=32)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm")])
     save_model(model, tmp_path / "m", format=format)
@@ -88,7 +88,7 @@ def test_a_bertology_json_declaring_ten_million_layers_or_a_huge_width_is_refuse
 
 def test_declared_positions_whose_fixed_tables_outgrow_the_weights_are_refused(tmp_path, real_builds):
     torch.manual_seed(0)
-    config = TransformerConfig(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=24,
+    config = TransformerConfig.decoder(vocab_size=40, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=24,
                                max_position_embeddings=64, positions="sinusoidal")
     save_model(DecoderModel(config, [HeadSpec("lm", "tied_lm")]), tmp_path / "m", format="native")
     real_builds.clear()

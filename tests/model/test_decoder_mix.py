@@ -30,7 +30,7 @@ def _seeded():
 
 
 def tiny(cls: type, vocab: int = 60, pad: int = 0):
-    config = TransformerConfig(family="gpt2" if cls is DecoderModel else "t5", vocab_size=vocab, hidden_size=16,
+    config = TransformerConfig.decoder(family="gpt2" if cls is DecoderModel else "t5", vocab_size=vocab, hidden_size=16,
                                num_layers=3, num_heads=2, intermediate_size=32, max_position_embeddings=64,
                                positions="learned" if cls is DecoderModel else "relative", pad_token_id=pad,
                                hidden_dropout=0.0, attention_dropout=0.0)

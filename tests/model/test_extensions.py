@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec
 from bertology.model import encoder as encoder_module
 
 TOL = 1e-5
@@ -50,7 +50,7 @@ class Prefix(nn.Module):
 
 
 def make_model(heads=(HeadSpec("mlm", "masked_lm"), HeadSpec("nsp", "pooled"))) -> EncoderModel:
-    config = EncoderConfig(vocab_size=60, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=40,
+    config = TransformerConfig(vocab_size=60, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=40,
                            hidden_dropout=0.0, attention_dropout=0.0)
     model = EncoderModel(config, list(heads))
     model.init_weights(torch.Generator().manual_seed(0))
@@ -219,8 +219,8 @@ def test_builtin_factories_are_found_without_importing_their_module():
     import subprocess
     import sys
 
-    code = ("import torch; from bertology.model import EncoderConfig, EncoderModel; "
-            "m = EncoderModel(EncoderConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, "
+    code = ("import torch; from bertology.model import TransformerConfig, EncoderModel; "
+            "m = EncoderModel(TransformerConfig(vocab_size=20, hidden_size=8, num_layers=1, num_heads=2, "
             "intermediate_size=8)); from bertology.model.encoder import BUILTIN_EXTENSIONS, EXTENSIONS; "
             "assert not set(BUILTIN_EXTENSIONS) & set(EXTENSIONS); "
             "m.add_extension('encoder.layers.0.query', 'lora', rank=2, alpha=2, dropout=0.0); print('ok')")

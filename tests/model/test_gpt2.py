@@ -143,7 +143,7 @@ def test_sequence_classification_reads_the_last_real_token_on_either_side(tmp_pa
 
 
 def test_the_last_token_head_picks_the_last_position_whose_mask_is_one():
-    config = TransformerConfig(vocab_size=10, hidden_size=4, num_layers=1, num_heads=1, intermediate_size=8)
+    config = TransformerConfig.decoder(vocab_size=10, hidden_size=4, num_layers=1, num_heads=1, intermediate_size=8)
     head = build_head(config, HeadSpec("classifier", "last_token", num_labels=2))
     assert head.out.bias is None
     hidden = torch.randn(4, 5, 4)
@@ -266,7 +266,7 @@ def test_generic_token_ids_do_not_make_other_families_look_mixed(tmp_path):
 
 def test_a_decoder_built_by_bertology_saves_in_transformers_layout(tmp_path):
     """A gpt2-family DecoderModel made from scratch (not read from a checkpoint) is written as GPT-2."""
-    config = TransformerConfig(family="gpt2", vocab_size=VOCAB, hidden_size=24, num_layers=2, num_heads=3,
+    config = TransformerConfig.decoder(family="gpt2", vocab_size=VOCAB, hidden_size=24, num_layers=2, num_heads=3,
                                intermediate_size=96, max_position_embeddings=32)
     model = DecoderModel(config, [HeadSpec("lm", "tied_lm")]).eval()
     model.init_weights()
@@ -304,7 +304,7 @@ def test_load_reads_a_gpt2_directory_with_its_byte_level_tokenizer(tmp_path):
 def test_a_decoder_gpt2_cannot_express_is_saved_natively(tmp_path, change):
     """A gpt2-family config that differs from GPT-2's fixed facts is not written as a GPT-2 checkpoint (transformers
     would build another model from it): the native format keeps it, and format="hf" says why not."""
-    config = TransformerConfig(family="gpt2", vocab_size=VOCAB, hidden_size=24, num_layers=1, num_heads=3,
+    config = TransformerConfig.decoder(family="gpt2", vocab_size=VOCAB, hidden_size=24, num_layers=1, num_heads=3,
                                intermediate_size=48, max_position_embeddings=32, **change)
     model = DecoderModel(config, [HeadSpec("lm", "tied_lm")]).eval()
     save_model(model, tmp_path / "auto")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 from bertology.model.encoder import Layout
 
 TOL = 1e-5
@@ -20,7 +20,7 @@ def right_padded_mask(lengths: list[int], width: int | None = None) -> torch.Ten
 @pytest.fixture(scope="module")
 def model() -> EncoderModel:
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
+    config = TransformerConfig(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64)
     model = EncoderModel(config).eval()
     model.init_weights(torch.Generator().manual_seed(0))
     return model
@@ -88,9 +88,9 @@ def test_batch_without_real_tokens(model):
 
 
 def test_all_padding_rows_give_zeros_and_zero_attention():
-    from bertology.model import EncoderConfig, EncoderModel
+    from bertology.model import TransformerConfig, EncoderModel
 
-    model = EncoderModel(EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+    model = EncoderModel(TransformerConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                                        intermediate_size=20)).eval()
     ids, mask = torch.tensor([[2, 3, 4], [0, 0, 0]]), torch.tensor([[1, 1, 1], [0, 0, 0]])
     with torch.no_grad():
@@ -104,9 +104,9 @@ def test_all_padding_rows_give_zeros_and_zero_attention():
 
 def test_inputs_that_do_not_fit_the_model_are_named():
     from bertology.errors import InputError
-    from bertology.model import EncoderConfig, EncoderModel
+    from bertology.model import TransformerConfig, EncoderModel
 
-    model = EncoderModel(EncoderConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+    model = EncoderModel(TransformerConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                                        intermediate_size=20, max_position_embeddings=8)).eval()
     with pytest.raises(InputError, match="a sequence of 9 tokens is longer than the model's 8 positions"):
         model(torch.ones(1, 9, dtype=torch.long))
@@ -114,7 +114,7 @@ def test_inputs_that_do_not_fit_the_model_are_named():
         model(torch.tensor([[1, 50]]))
     with pytest.raises(InputError, match=r"input_ids must be \[batch, length\]"):
         model(torch.tensor([1, 2]))
-    roberta = EncoderModel(EncoderConfig(family="roberta", vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
+    roberta = EncoderModel(TransformerConfig(family="roberta", vocab_size=50, hidden_size=16, num_layers=1, num_heads=2,
                                          intermediate_size=20, max_position_embeddings=10, pad_token_id=1,
                                          positions_after_padding=True)).eval()
     assert roberta.encoder.max_length == 8
@@ -125,10 +125,10 @@ def test_inputs_that_do_not_fit_the_model_are_named():
 
 @pytest.mark.parametrize("family", ["bert", "albert"])
 def test_pruned_last_layer_gives_the_same_logits_and_gradients(family):
-    from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+    from bertology.model import TransformerConfig, EncoderModel, HeadSpec
 
     extra = {"embedding_size": 8, "num_layer_groups": 1} if family == "albert" else {}
-    config = EncoderConfig(family=family, vocab_size=60, hidden_size=32, num_layers=3, num_heads=4,
+    config = TransformerConfig(family=family, vocab_size=60, hidden_size=32, num_layers=3, num_heads=4,
                            intermediate_size=40, hidden_dropout=0.0, attention_dropout=0.0, **extra)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("nsp", "pooled")])
     model.init_weights(torch.Generator().manual_seed(1))
@@ -155,9 +155,9 @@ def test_pruned_last_layer_gives_the_same_logits_and_gradients(family):
 
 
 def test_last_layer_at_is_ignored_when_a_head_reads_every_token():
-    from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+    from bertology.model import TransformerConfig, EncoderModel, HeadSpec
 
-    model = EncoderModel(EncoderConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4,
+    model = EncoderModel(TransformerConfig(vocab_size=60, hidden_size=32, num_layers=2, num_heads=4,
                                        intermediate_size=40), [HeadSpec("mlm", "masked_lm"), HeadSpec("tags", "token")])
     model.eval()
     ids = torch.randint(5, 60, (2, 6), generator=torch.Generator().manual_seed(3))

@@ -65,8 +65,8 @@ def test_converted_model_equals_the_short_one_within_half_a_window(tmp_path, fam
     # positions are the source's, repeated: position t of the long model is position t mod 38 (40 - 2) of RoBERTa
     positions = long.encoder.embeddings.position.weight
     short_positions = short.encoder.embeddings.position.weight
-    offset, width = short.config.position_offset, short.config.max_length
-    new_offset = long.config.position_offset
+    offset, width = short.config.first_position, short.config.max_length
+    new_offset = long.config.first_position
     for t in (0, 5, width - 1, width, width + 7, 99):
         assert torch.equal(positions[new_offset + t], short_positions[offset + t % width])
     for i in range(2):

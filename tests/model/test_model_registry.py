@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load_model, save_model
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load_model, save_model
 from bertology.model import registry
 from bertology.model.registry import model_class, model_name, register_model
 
@@ -23,11 +23,11 @@ def models(monkeypatch):
 class TaggedEncoder(EncoderModel):
     """A model class of its own that the native format must rebuild as itself, not as its parent."""
 
-    config_class = EncoderConfig
+    config_class = TransformerConfig
 
 
 def native(tmp_path, cls=EncoderModel):
-    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
+    config = TransformerConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
                            max_position_embeddings=32)
     model = cls(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("span", "token", num_labels=5)])
     model.init_weights(torch.Generator().manual_seed(0))
@@ -44,7 +44,7 @@ def outputs(model):
 
 def test_the_encoder_is_registered():
     assert model_class("encoder") is EncoderModel
-    assert registry.registered("encoder").config_class is EncoderConfig
+    assert registry.registered("encoder").config_class is TransformerConfig
 
 
 def test_unknown_model_names_list_the_registered_ones():
@@ -56,14 +56,14 @@ def test_registration_errors(models):
     with pytest.raises(ConfigError, match="'encoder' is registered already for EncoderModel"):
         register_model("encoder", TaggedEncoder)
     with pytest.raises(ConfigError, match="EncoderModel is registered already as 'encoder'"):
-        register_model("encoder-again", EncoderModel, EncoderConfig)
+        register_model("encoder-again", EncoderModel, TransformerConfig)
     with pytest.raises(ConfigError, match="needs a config class with to_dict"):
         register_model("plain", torch.nn.Linear)
     with pytest.raises(ConfigError, match="the name must be a non-empty string"):
         register_model("", TaggedEncoder)
     with pytest.raises(ConfigError, match="expected a class, got function"):
         register_model("fn", lambda config, heads: None)
-    register_model("encoder", EncoderModel, EncoderConfig)  # the same registration again is harmless
+    register_model("encoder", EncoderModel, TransformerConfig)  # the same registration again is harmless
     assert model_class("encoder") is EncoderModel
 
 
@@ -107,7 +107,7 @@ def test_an_unregistered_class_cannot_be_saved_natively(tmp_path, models):
                                               r"\(EncoderModel\), decoder \(DecoderModel\), seq2seq \(Seq2SeqModel\)"):  # then any registered in tests
         native(tmp_path, TaggedEncoder)
     assert not (tmp_path / "m").exists()
-    assert model_name(EncoderModel(EncoderConfig(hidden_size=16, num_heads=2, num_layers=1))) == "encoder"
+    assert model_name(EncoderModel(TransformerConfig(hidden_size=16, num_heads=2, num_layers=1))) == "encoder"
 
 
 def test_an_unknown_model_in_a_version_2_file_names_the_file(tmp_path):

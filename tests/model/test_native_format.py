@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertology.errors import CheckpointError
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec, load, load_model, register_extension, save_model
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec, load, load_model, register_extension, save_model
 
 
 class ToyAdapter(nn.Module):
@@ -27,7 +27,7 @@ register_extension("toy-adapter", lambda config, current, width: ToyAdapter(conf
 
 
 def custom_model() -> EncoderModel:
-    config = EncoderConfig(family="roberta", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
+    config = TransformerConfig(family="roberta", vocab_size=50, hidden_size=16, num_layers=2, num_heads=2,
                            intermediate_size=24, max_position_embeddings=34, pad_token_id=1,
                            positions_after_padding=True, type_vocab_size=1)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("sbo", "token", num_labels=7)])
@@ -66,7 +66,7 @@ def test_custom_heads_and_adapters_round_trip(tmp_path):
 
 
 def test_auto_picks_hf_when_it_applies_and_native_on_request(tmp_path):
-    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
+    config = TransformerConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=24,
                            max_position_embeddings=32)
     model = EncoderModel(config, [HeadSpec("mlm", "masked_lm"), HeadSpec("nsp", "pooled")])
     model.init_weights(torch.Generator().manual_seed(0))

@@ -15,7 +15,7 @@ from bertology.model.transformer import DecoderModel, TransformerConfig, positio
 @pytest.fixture(scope="module")
 def decoder() -> DecoderModel:
     torch.manual_seed(0)
-    config = TransformerConfig(family="gpt2", vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
+    config = TransformerConfig.decoder(family="gpt2", vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
                                intermediate_size=64, max_position_embeddings=32)
     model = DecoderModel(config, [HeadSpec("lm", "tied_lm")]).eval()
     model.init_weights(torch.Generator().manual_seed(0))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from bertology.data.dataset import PretrainingBatch
 from bertology.errors import ConfigError, TokenizerError
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 from bertology.model.checkpoint import Pretrained
 from bertology.model.encoder import HeadSpec
 from bertology.objectives import Distillation, TrainingLoss, build_objectives
@@ -28,7 +28,7 @@ from pretrain_helpers import make_assets  # noqa: E402
 
 
 def _teacher(layers: int = 5, vocab: int = 40) -> EncoderModel:
-    config = EncoderConfig(vocab_size=vocab, hidden_size=32, num_layers=layers, num_heads=2, intermediate_size=64,
+    config = TransformerConfig(vocab_size=vocab, hidden_size=32, num_layers=layers, num_heads=2, intermediate_size=64,
                            max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0)
     teacher = EncoderModel(config, (HeadSpec("mlm", "masked_lm"),))
     teacher.init_weights(torch.Generator().manual_seed(3))
@@ -136,7 +136,7 @@ def test_bad_options_and_a_missing_teacher():
 
 def _save_teacher(directory: Path, tokenizer_dir: Path, layers: int = 4) -> Path:
     tokenizer = load_tokenizer(tokenizer_dir)
-    config = EncoderConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=layers, num_heads=2,
+    config = TransformerConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_layers=layers, num_heads=2,
                            intermediate_size=64, max_position_embeddings=64, pad_token_id=tokenizer.pad_id)
     teacher = EncoderModel(config, (HeadSpec("mlm", "masked_lm"),))
     teacher.init_weights(torch.Generator().manual_seed(5))

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import bertology
 from bertology.data.dataset import PretrainingBatch
 from bertology.errors import ConfigError
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 from bertology.objectives import TrainingLoss, build_objectives
 from bertology.objectives.base import Passes
 from bertology.objectives.electra import Electra, generator_config, sample_from_logits, sampling_keys
@@ -28,7 +28,7 @@ from pretrain_helpers import make_assets  # noqa: E402
 
 
 def _discriminator(electra: Electra, embedding_size: int | None = 16) -> EncoderModel:
-    config = EncoderConfig(family="electra", vocab_size=40, hidden_size=32, num_layers=2, num_heads=2,
+    config = TransformerConfig(family="electra", vocab_size=40, hidden_size=32, num_layers=2, num_heads=2,
                            intermediate_size=64, max_position_embeddings=32, pooler=False,
                            embedding_size=embedding_size, hidden_dropout=0.0, attention_dropout=0.0)
     electra.activation = "gelu"
@@ -67,7 +67,7 @@ def test_generator_shape_and_shared_embeddings():
     params = list(loss_module.parameters())
     assert len(params) == len({id(p) for p in params})
     assert generator_config(model.config, 1.0).embedding_size == 16  # as wide as the discriminator: still 16 -> 32
-    same_width = generator_config(EncoderConfig(hidden_size=64, num_heads=1, intermediate_size=128), 0.5)
+    same_width = generator_config(TransformerConfig(hidden_size=64, num_heads=1, intermediate_size=128), 0.5)
     assert same_width.hidden_size == 32 and same_width.embedding_size == 64
 
 
@@ -270,7 +270,7 @@ def test_a_bert_family_generator_with_a_projection_is_saved_natively(tmp_path):
     import bertology
 
     electra = Electra(generator_size=0.5, activation="gelu")
-    config = EncoderConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+    config = TransformerConfig(vocab_size=40, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
                            max_position_embeddings=32)
     model = EncoderModel(config, electra.heads())
     model.init_weights(torch.Generator().manual_seed(0))

@@ -18,7 +18,7 @@ import bertology
 from bertology.data.instances import InMemoryDocuments, InstanceConfig, SpecialTokens, create_instances
 from bertology.data.dataset import PretrainingBatch
 from bertology.errors import ConfigError, DataError
-from bertology.model import EncoderConfig, EncoderModel, save_model
+from bertology.model import TransformerConfig, EncoderModel, save_model
 from bertology.objectives import MaskedLM, SentenceOrder, TrainingLoss
 from bertology.objectives.base import Passes
 from bertology.training.config import load_config
@@ -111,7 +111,7 @@ def test_sop_objective_and_missing_labels():
 
 
 def _albert(shared: bool = True) -> EncoderModel:
-    config = EncoderConfig(family="albert", vocab_size=60, hidden_size=32, num_layers=4, num_heads=2,
+    config = TransformerConfig(family="albert", vocab_size=60, hidden_size=32, num_layers=4, num_heads=2,
                            intermediate_size=64, max_position_embeddings=32, embedding_size=16,
                            num_layer_groups=1 if shared else None, hidden_act="gelu_new", hidden_dropout=0.0,
                            attention_dropout=0.0)

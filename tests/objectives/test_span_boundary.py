@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from bertology.data.span_masking import SpanBatch
 from bertology.errors import CheckpointError, ConfigError, DataError
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 from bertology.objectives import MaskedLM, SpanBoundary, TrainingLoss, build_objectives
 from bertology.objectives.base import Passes
 from bertology.objectives.span import HEAD_FILE
@@ -28,7 +28,7 @@ BROWN = ROOT.parent / "shared" / "data" / "brown-nltk"
 
 
 def _model(sbo: SpanBoundary, embedding_size: int | None = None) -> EncoderModel:
-    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+    config = TransformerConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
                            max_position_embeddings=32, embedding_size=embedding_size, hidden_dropout=0.0,
                            attention_dropout=0.0)
     mlm = MaskedLM(activation="gelu")
@@ -210,7 +210,7 @@ def test_the_boundary_head_is_a_registered_kind_with_checked_inputs():
     from bertology.model.heads import HEAD_KINDS, HeadInputs, HeadSpec, build_head
 
     assert {"span_boundary", "span", "span_attention"} <= set(HEAD_KINDS)
-    config = EncoderConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    config = TransformerConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
     with pytest.raises(ConfigError, match="head 'sbo': kind 'span_boundary' needs max_positions >= 1, got 0"):
         build_head(config, HeadSpec("sbo", "span_boundary"))
     head = build_head(config, HeadSpec("sbo", "span_boundary", max_positions=4))

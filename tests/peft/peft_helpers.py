@@ -5,17 +5,17 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from bertology.model import EncoderConfig, EncoderModel, HeadSpec
+from bertology.model import TransformerConfig, EncoderModel, HeadSpec
 
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, LABELS, VOCAB = 32, 40, 3, 4, 3, 60
 
 
-def tiny_config(**overrides) -> EncoderConfig:
+def tiny_config(**overrides) -> TransformerConfig:
     values = dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=LAYERS, num_heads=HEADS,
                   intermediate_size=INTERMEDIATE, max_position_embeddings=32, hidden_dropout=0.0,
                   attention_dropout=0.0)
     values.update(overrides)
-    return EncoderConfig(**values)
+    return TransformerConfig(**values)
 
 
 def tiny_model(seed: int = 0, heads=(HeadSpec("classifier", "pooled", num_labels=LABELS),), **overrides) -> EncoderModel:

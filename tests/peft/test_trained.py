@@ -123,7 +123,7 @@ def test_version_1_recipes_load_and_a_decoder_round_trips(base_dir, tmp_path):
     from bertology.model import DecoderModel, TransformerConfig
 
     torch.manual_seed(0)
-    decoder = DecoderModel(TransformerConfig(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
+    decoder = DecoderModel(TransformerConfig.decoder(vocab_size=40, hidden_size=16, num_layers=2, num_heads=2,
                                              intermediate_size=32, max_position_embeddings=16),
                            [HeadSpec("lm", "tied_lm")])
     decoder.init_weights(torch.Generator().manual_seed(1))

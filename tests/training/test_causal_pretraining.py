@@ -122,8 +122,7 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
     ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder models, but model.architecture is decoder"),
     ({"model": {"architecture": "encoder", "family": "bert"}},
      "objectives.clm: trains decoder models, but model.architecture is encoder"),
-    ({"model": {"type_vocab_size": 2}}, r"model.type_vocab_size: unknown key for the decoder architecture \(a field "
-                                        "of encoder"),
+    ({"model": {"mem_len": 2}}, r"model.mem_len: unknown key for the decoder architecture \(a field of xlnet"),
     ({"model": {"architecture": "encoder", "family": "bert"}, "objectives": {"mlm": {}}},
      "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal and prefix "
      "LM keep"),

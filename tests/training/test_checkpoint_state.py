@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from bertology.errors import CheckpointError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.encoder import EncoderModel
 from bertology.training.checkpoint import (
     STATE_JSON,
@@ -37,7 +37,7 @@ from bertology.training.checkpoint import (
 @pytest.fixture(scope="module")
 def model() -> EncoderModel:
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
+    config = TransformerConfig(vocab_size=50, hidden_size=16, num_layers=2, num_heads=2, intermediate_size=32,
                            max_position_embeddings=32)
     return EncoderModel(config)
 

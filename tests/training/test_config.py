@@ -280,9 +280,12 @@ def test_every_architecture_field_is_accepted_and_checked():
     with pytest.raises(ConfigError, match="^model.mem_len: unknown key for the encoder architecture .*a field of "
                                           "xlnet models: set model.architecture"):
         load_config(None, ["model.mem_len=4"])
-    with pytest.raises(ConfigError, match="^model.type_vocab_size: unknown key for the decoder architecture"):
-        load_config(None, ["model.architecture=decoder", "model.family=gpt2", "model.type_vocab_size=2",
+    with pytest.raises(ConfigError, match="^model.cell_size: unknown key for the decoder architecture .*a field of "
+                                          "elmo models"):
+        load_config(None, ["model.architecture=decoder", "model.family=gpt2", "model.cell_size=2",
                            "data.instances.kind=packed-documents"])
+    # The encoders, decoders and encoder-decoders share one config class: each takes its every field.
+    assert load_config(None, ["model.gated_ffn=true"]).model.settings == {"gated_ffn": True}
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -292,8 +295,8 @@ def test_every_architecture_field_is_accepted_and_checked():
     ("model.family=gpt2", "model.family: the encoder architecture builds .*: gpt2 is a family of the decoder "
                           r"architecture \(model: \{architecture: decoder, family: gpt2"),
     ("model.architecture=decodr", "model.architecture: unknown architecture 'decodr'; did you mean decoder?"),
-    ("model.gated_ffn=true", "model.gated_ffn: unknown key for the encoder architecture"),
-    ("model.relative_attention_num_buckets=true", "model.relative_attention_num_buckets: unknown key"),
+    ("model.gated_ffn=1", "model.gated_ffn: expected bool, got int 1"),
+    ("model.relative_attention_num_buckets=true", "model.relative_attention_num_buckets: expected int, got bool"),
     ("model.preset=minii", "model.preset: unknown preset 'minii'; did you mean mini?"),
     ("model.extra={}", "model.extra: unknown key"),
     ("model.num_hidden_layers=4", "model.num_hidden_layers: unknown key; did you mean num_layers?"),

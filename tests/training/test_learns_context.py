@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from bertology.data import InMemoryDocuments, InstanceConfig, Masker, MaskingConfig, PretrainingDataset, SpecialTokens
-from bertology.model import EncoderConfig, EncoderModel
+from bertology.model import TransformerConfig, EncoderModel
 from bertology.objectives import MaskedLM, NextSentence
 from bertology.objectives.compose import TrainingLoss
 
@@ -30,7 +30,7 @@ def corpus(documents: int, seed: int) -> InMemoryDocuments:
 
 def test_masked_tokens_are_predicted_from_their_context():
     torch.manual_seed(0)
-    config = EncoderConfig(vocab_size=FIRST + ALPHABET, hidden_size=64, num_layers=2, num_heads=4,
+    config = TransformerConfig(vocab_size=FIRST + ALPHABET, hidden_size=64, num_layers=2, num_heads=4,
                            intermediate_size=128, max_position_embeddings=64, hidden_dropout=0.0,
                            attention_dropout=0.0)
     objectives = [MaskedLM(), NextSentence()]

@@ -2,7 +2,7 @@
 loaded one is (`fingerprint`) and int8 inference (`with_dtype`, `bertology.model.quantize`)."""
 
 from bertology.model.checkpoint import Pretrained, load, load_model, save_model
-from bertology.model.config import EncoderConfig, preset
+from bertology.model.config import TransformerConfig, preset
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
 from bertology.model.blocks import Block, BlockSpec, KVCache
 from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
@@ -12,7 +12,7 @@ from bertology.model.packing import Layout
 from bertology.model.protocol import (DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, Model, capabilities,
                                       require_encoder)
 from bertology.model.registry import register_model
-from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerConfig
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from bertology.model.longformer import LongformerConfig, LongformerModel
 from bertology.model.elmo import ElmoConfig, ElmoModel  # after the transformers: registered in this order
@@ -48,7 +48,6 @@ __all__ = [
     "require_encoder",
     "sliding_window",
     "Encoder",
-    "EncoderConfig",
     "EncoderModel",
     "EncoderOutput",
     "HeadSpec",

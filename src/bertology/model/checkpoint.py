@@ -20,7 +20,7 @@ from torch import Tensor
 
 from bertology.errors import BertologyError, CheckpointError
 from bertology.io import atomic_directory, recover
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.convert import (
     DEPTH_FIELDS,
     CheckpointFamily,
@@ -456,7 +456,7 @@ class Pretrained:
     directory: Path | None = None
 
     @property
-    def config(self) -> EncoderConfig:
+    def config(self) -> TransformerConfig:
         return self.model.config
 
     def save(self, directory: str | os.PathLike, format: Format = "auto") -> None:

@@ -1,5 +1,10 @@
-"""The encoder's configuration: one dataclass covers BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT and
-Longformer."""
+"""The one model configuration of the transformer families: a `TransformerConfig` says the shape and behaviour of
+every encoder (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT, Longformer), decoder (GPT-2) and encoder-decoder
+(BART, T5) built from the shared parts. A family is a config plus its checkpoint tables.
+
+The dataclass defaults are BERT's (post-norm, learned positions, token types, an embedding norm, a pooler);
+`TransformerConfig.decoder(...)` starts from a GPT-2-shaped decoder's instead (pre-norm, a final norm, no token
+types, no pooler), and `preset(name, ...)` gives BERT at one of the published sizes."""
 
 from __future__ import annotations
 
@@ -9,24 +14,39 @@ from typing import Any, Literal
 
 from bertology.errors import ConfigError
 
-Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer"]
-FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer")
+Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer", "transformer",
+                 "gpt2", "t5", "bart"]
+# The encoder families (bidirectional, BERT's layout of parameters) and the decoder and encoder-decoder ones.
+ENCODER_FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert",
+                                     "longformer")
+FAMILIES: tuple[str, ...] = (*ENCODER_FAMILIES, "transformer", "gpt2", "t5", "bart")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
+PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
 
 
 @dataclass
-class EncoderConfig:
-    """Shape and behaviour of a bidirectional transformer encoder (post-LayerNorm, as all these families are)."""
+class TransformerConfig:
+    """Shape and behaviour of a transformer stack (or two, an encoder-decoder's) built from the shared blocks."""
 
     family: Family = "bert"
     vocab_size: int = 30522
     hidden_size: int = 768
-    num_layers: int = 12
+    num_layers: int = 12  # the stack's depth; an encoder-decoder's encoder depth
+    num_decoder_layers: int | None = None  # an encoder-decoder's decoder depth (None: num_layers)
     num_heads: int = 12
+    attention_head_size: int | None = None  # None: hidden_size // num_heads (T5's d_kv)
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
     max_position_embeddings: int = 512
-    # Number of segment (token type) embeddings; 0 means the model has none (DistilBERT).
+    positions: PositionKind = "learned"
+    # BART: the learned table has this many unused rows before position 0 (beyond max_position_embeddings).
+    position_offset: int = 0
+    # RoBERTa and XLM-R number positions from pad_token_id + 1 (fairseq's convention), within
+    # max_position_embeddings rows; BERT from 0.
+    positions_after_padding: bool = False
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    # Number of segment (token type) embeddings; 0 means the model has none (DistilBERT, the decoders).
     type_vocab_size: int = 2
     # Width of the token embeddings when a projection to hidden_size follows them (ELECTRA small, ALBERT);
     # None: embeddings are hidden_size wide and nothing is projected.
@@ -34,55 +54,91 @@ class EncoderConfig:
     # ALBERT's cross-layer sharing: depth is num_layers, but only num_layer_groups x inner_group_size layers exist.
     num_layer_groups: int | None = None
     inner_group_size: int = 1
+    norm: Literal["layernorm", "rmsnorm"] = "layernorm"
     layer_norm_eps: float = 1e-12
-    pad_token_id: int = 0
-    # RoBERTa and XLM-R number positions from pad_token_id + 1 (fairseq's convention); BERT from 0.
-    positions_after_padding: bool = False
+    pre_norm: bool = False
+    embedding_norm: bool = True  # a norm right after the embeddings (BERT's, BART's layernorm_embedding)
+    final_norm: bool = False  # a norm after the last block (GPT-2's ln_f, T5's final_layer_norm)
+    gated_ffn: bool = False
+    bias: bool = True
+    attention_scale: float | None = None  # None: 1 / sqrt(head_dim)
+    embedding_scale: float = 1.0  # token embeddings multiplied by this (BART with scale_embedding: sqrt(hidden))
+    logit_scale: float = 1.0  # tied LM logits multiplied by this (T5 v1.0: hidden ** -0.5)
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
+    embedding_dropout: float | None = None  # None: hidden_dropout (GPT-2's embd_pdrop)
+    activation_dropout: float = 0.0  # after the feed-forward's activation (BART)
     classifier_dropout: float | None = None
-    pooler: bool = True
+    pad_token_id: int = 0
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    decoder_start_token_id: int | None = None
+    # BART: given neither decoder_input_ids nor labels, the decoder reads input_ids shifted right behind the start
+    shifted_decoder_inputs: bool = False
+    # A prefix LM (a decoder; the T5 paper's): an input read with no cache yet and no `lm_prefix` given is all
+    # prefix, seen in both directions (fine-tuning on a whole input, a prompt before generation); tokens fed after
+    # it through the cache are causal. Training passes its own split (`lm_prefix`).
+    prefix_lm: bool = False
+    pooler: bool = True  # an encoder model's [CLS] pooler
     initializer_range: float = 0.02
     # Heads removed from each layer (layer index -> head indices in the unpruned numbering), as transformers'
     # config.json `pruned_heads` says: those layers' query/key/value and attention output are narrower.
     pruned_heads: dict[int, list[int]] = field(default_factory=dict)
-    # Longformer's sliding window: per layer, the number of neighbours a token attends to (even: half on each
-    # side), each layer with separate query/key/value projections for the global tokens; None: every token attends
-    # to every token. One number stands for every layer.
-    attention_window: list[int] | None = None
+    # Per layer, the width of its sliding attention window (even: half on each side; Longformer's), or None for
+    # attention from every token to every token; a windowed layer has separate query/key/value projections for the
+    # global tokens. One number stands for every layer; None (the whole field): no window anywhere.
+    attention_window: list[int | None] | None = None
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
             raise ConfigError(f"unknown model family {self.family!r}; expected one of {', '.join(FAMILIES)}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.hidden_act not in ACTIVATIONS:
             raise ConfigError(f"unknown activation {self.hidden_act!r}; expected one of {', '.join(ACTIVATIONS)}")
-        if self.hidden_size % self.num_heads:
+        if self.num_decoder_layers is not None and self.num_decoder_layers <= 0:
+            raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
+        if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.positions not in ("learned", "sinusoidal", "relative", "none"):
+            raise ConfigError(f"positions: expected learned, sinusoidal, relative or none, got {self.positions!r}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
         if self.num_layer_groups is not None and self.num_layers % self.num_layer_groups:
             raise ConfigError(
                 f"num_layers {self.num_layers} is not divisible by num_layer_groups {self.num_layer_groups}"
             )
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
         self.attention_window = self.checked_windows(self.attention_window)
 
-    def checked_windows(self, windows: Any) -> list[int] | None:
-        """`attention_window` as one even, positive window per layer (a number stands for every layer)."""
+    @classmethod
+    def decoder(cls, **values: Any) -> TransformerConfig:
+        """A config starting from a GPT-2-shaped decoder's defaults (DECODER_DEFAULTS), then `values`."""
+        return cls(**{**DECODER_DEFAULTS, **values})
+
+    @classmethod
+    def bert(cls, **values: Any) -> TransformerConfig:
+        """A config starting from BERT's defaults (the dataclass's), then `values`."""
+        return cls(**values)
+
+    def checked_windows(self, windows: Any) -> list[int | None] | None:
+        """`attention_window` as one even, positive window (or None: global attention) per layer (a number stands
+        for every layer)."""
         if windows is None:
             return None
         if isinstance(windows, int) and not isinstance(windows, bool):
             windows = [windows] * self.num_layers
         if not isinstance(windows, (list, tuple)) or not all(
-                isinstance(w, int) and not isinstance(w, bool) for w in windows):
-            raise ConfigError(f"attention_window: expected a number or one number per layer, got {windows!r}")
+                w is None or (isinstance(w, int) and not isinstance(w, bool)) for w in windows):
+            raise ConfigError(f"attention_window: expected a number or one number (or null) per layer, got "
+                              f"{windows!r}")
         if len(windows) != self.num_layers:
             raise ConfigError(f"attention_window: {len(windows)} windows for {self.num_layers} layers")
         for layer, window in enumerate(windows):
-            if window <= 0 or window % 2:
+            if window is not None and (window <= 0 or window % 2):
                 raise ConfigError(f"attention_window: the window of layer {layer} is {window}; it must be even and "
                                   "positive (half of it on each side of a token)")
         if self.num_layer_groups is not None or self.pruned_heads:
@@ -127,7 +183,12 @@ class EncoderConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
+        return self.attention_head_size or self.hidden_size // self.num_heads
+
+    @property
+    def decoder_depth(self) -> int:
+        """An encoder-decoder's decoder depth."""
+        return self.num_decoder_layers or self.num_layers
 
     @property
     def head_dropout(self) -> float:
@@ -135,14 +196,17 @@ class EncoderConfig:
         return self.classifier_dropout if self.classifier_dropout is not None else self.hidden_dropout
 
     @property
-    def position_offset(self) -> int:
-        """Index of the first real token's position: pad_token_id + 1 with fairseq's positions, else 0."""
-        return self.pad_token_id + 1 if self.positions_after_padding else 0
+    def first_position(self) -> int:
+        """The row of the position table the first real token reads: pad_token_id + 1 with fairseq's positions,
+        else position_offset (BART's 2, else 0)."""
+        return self.pad_token_id + 1 if self.positions_after_padding else self.position_offset
 
     @property
     def max_length(self) -> int:
-        """The longest sequence (special tokens included) the position embeddings cover."""
-        return self.max_position_embeddings - self.position_offset
+        """The longest sequence (special tokens included) the absolute positions cover; unbounded without them."""
+        if self.positions not in ("learned", "sinusoidal"):
+            return 1 << 30
+        return self.max_position_embeddings - (self.pad_token_id + 1 if self.positions_after_padding else 0)
 
     @property
     def token_embedding_size(self) -> int:
@@ -170,8 +234,34 @@ class EncoderConfig:
         return config_to_dict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EncoderConfig:
-        return config_from_dict(cls, data, "encoder")
+    def from_dict(cls, data: dict[str, Any]) -> TransformerConfig:
+        """The config a native-format dict describes. A dict written before the encoders' and the decoders' configs
+        were one class lacks the other half's fields: a decoder's (no `type_vocab_size`) takes DECODER_DEFAULTS for
+        them, an encoder's BERT's."""
+        if data and "type_vocab_size" not in data and "pre_norm" in data:
+            data = {**{k: v for k, v in DECODER_DEFAULTS.items() if k in ENCODER_ONLY_FIELDS}, **data}
+        what = "encoder" if data.get("family", "bert") in ENCODER_FAMILIES else "transformer"
+        return config_from_dict(cls, data, what)
+
+
+# A decoder's defaults where they differ from BERT's (GPT-2's shape: pre-norm, a final norm, no token types).
+DECODER_DEFAULTS: dict[str, Any] = dict(
+    family="transformer", vocab_size=50257, hidden_act="gelu_new", max_position_embeddings=1024,
+    layer_norm_eps=1e-5, pre_norm=True, embedding_norm=False, final_norm=True, type_vocab_size=0, pooler=False,
+)
+
+# The fields only the encoders' settings cover, and those only the decoders' and encoder-decoders' do (the run
+# config's two model schemas).
+ENCODER_ONLY_FIELDS: tuple[str, ...] = (
+    "type_vocab_size", "embedding_size", "num_layer_groups", "inner_group_size", "positions_after_padding",
+    "pooler", "pruned_heads", "attention_window",
+)
+DECODER_ONLY_FIELDS: tuple[str, ...] = (
+    "num_decoder_layers", "attention_head_size", "positions", "position_offset", "relative_attention_num_buckets",
+    "relative_attention_max_distance", "norm", "pre_norm", "embedding_norm", "final_norm", "gated_ffn", "bias",
+    "attention_scale", "embedding_scale", "logit_scale", "embedding_dropout", "activation_dropout", "bos_token_id",
+    "eos_token_id", "decoder_start_token_id", "shifted_decoder_inputs", "prefix_lm",
+)
 
 
 def config_to_dict(config: Any) -> dict[str, Any]:
@@ -202,7 +292,7 @@ PRESET_SIZES: dict[str, tuple[int, int]] = {
 }
 
 
-def preset(name: str, **overrides: Any) -> EncoderConfig:
+def preset(name: str, **overrides: Any) -> TransformerConfig:
     """A BERT config of a published size: hidden/64 heads and a 4 x hidden feed-forward, as in the papers."""
     if name not in PRESET_SIZES:
         raise ConfigError(f"unknown preset {name!r}; expected one of {', '.join(PRESET_SIZES)}")
@@ -211,4 +301,4 @@ def preset(name: str, **overrides: Any) -> EncoderConfig:
         num_layers=layers, hidden_size=hidden, num_heads=hidden // 64, intermediate_size=4 * hidden
     )
     values.update(overrides)
-    return EncoderConfig(**values)
+    return TransformerConfig(**values)

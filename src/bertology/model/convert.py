@@ -2,7 +2,7 @@
 
 A checkpoint family (BERT, RoBERTa, ...) is data: a `CheckpointFamily` declared in its own module under
 `bertology.model.families` and registered with `register_family`. It says which config.json keys map to which
-`EncoderConfig` fields (each optionally with a value transform in either direction), which facts the family fixes,
+`TransformerConfig` fields (each optionally with a value transform in either direction), which facts the family fixes,
 which weights map to which parameters (each entry with a transform: rename, transpose, reshape, split a fused tensor,
 merge several, or tie to another parameter), its heads, and which transformers class has which heads. Everything
 else here is shared by all families: reading and writing config.json, the weights in both directions, and one check
@@ -23,22 +23,22 @@ import torch
 from torch import Tensor
 
 from bertology.errors import CheckpointError, ConfigError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.encoder import HeadSpec
-from bertology.model.registry import model_name
+from bertology.model.registry import model_class, model_name
 
 # --- config keys --------------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ConfigKey:
-    """One config.json key: `key` in the file is `field` of EncoderConfig. `read(value, config_json)` turns the file's
+    """One config.json key: `key` in the file is `field` of TransformerConfig. `read(value, config_json)` turns the file's
     value into ours, `write(value, config)` ours into the file's; None keeps the value as it is."""
 
     field: str
     key: str
     read: Callable[[Any, Mapping[str, Any]], Any] | None = None
-    write: Callable[[Any, EncoderConfig], Any] | None = None
+    write: Callable[[Any, TransformerConfig], Any] | None = None
     # The value when config.json lacks the key or holds null (GPT-2's n_inner: None means 4 x n_embd); None: the
     # config class's default.
     default: Callable[[Mapping[str, Any]], Any] | None = None
@@ -261,7 +261,7 @@ class Head:
 @dataclass(frozen=True)
 class CheckpointFamily:
     """Everything that tells one family's checkpoints apart (see the module docstring). `family` is the
-    EncoderConfig family the checkpoints build (the model_type by default); `architectures` maps transformers
+    TransformerConfig family the checkpoints build (the model_type by default); `architectures` maps transformers
     class-name suffixes (`ForMaskedLM`, `ForPreTraining`) to their heads, the first being the primary one; keys in
     `tolerated` may appear in the config even though another family's table uses them."""
 
@@ -277,7 +277,10 @@ class CheckpointFamily:
     tolerated: frozenset[str] = frozenset()
     # The registered model class its checkpoints build (bertology.model.registry) and that class's config.
     model: str = "encoder"
-    config_class: type = EncoderConfig
+    config_class: type = TransformerConfig
+    # The config fields' values where the family's models differ from the config class's defaults (BERT's) and
+    # neither config.json nor `fixed` sets them (a decoder family's: DECODER_DEFAULTS).
+    defaults: Mapping[str, Any] = field(default_factory=dict)
     # Architecture suffixes that build another registered model class (T5's EncoderModel: an encoder stack alone).
     models: Mapping[str, str] = field(default_factory=dict)
     # That model's word-embedding parameter (what a `tied` head part is tied to).
@@ -294,7 +297,7 @@ class CheckpointFamily:
     run_defaults: Callable[[Mapping[str, Any], Any], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("heads", "architectures", "fixed", "required", "models"):
+        for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if not self.family:
             object.__setattr__(self, "family", self.model_type)
@@ -392,7 +395,7 @@ def checkpoint_family(model_type: Any, source: str = "config.json") -> Checkpoin
     return known[model_type]
 
 
-def family_for_config(config: EncoderConfig) -> CheckpointFamily:
+def family_for_config(config: TransformerConfig) -> CheckpointFamily:
     """The table a config is written with: the one it was read with (config.json's model_type, kept in `extra`)
     when that builds the config's family, else the one whose model_type is the family."""
     known = registry()
@@ -452,8 +455,8 @@ def declared_depths(family: CheckpointFamily, hf: Mapping[str, Any]) -> dict[str
     return {key.key: hf.get(key.key) for key in family.config_keys if key.field in DEPTH_FIELDS}
 
 
-def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderConfig:
-    """Map a transformers config.json onto an EncoderConfig; keys bertology does not use are kept in `extra`."""
+def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> TransformerConfig:
+    """Map a transformers config.json onto a TransformerConfig; keys bertology does not use are kept in `extra`."""
     family = checkpoint_family(hf.get("model_type"), source)
     check_mixed_keys(family, hf, source)
     if hf.get("position_embedding_type", "absolute") != "absolute":
@@ -464,9 +467,10 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         if hf.get(key) is not None and hf[key] != value:
             raise CheckpointError(f"{source}: {key} {hf[key]!r} is not supported: bertology builds "
                                   f"{family.model_type} models with {key} {value!r}")
-    values: dict[str, Any] = dict(family.fixed)
+    values: dict[str, Any] = {**{k: v for k, v in family.defaults.items() if k != "family"}, **family.fixed}
     used = set()
-    prunable = "pruned_heads" in {f.name for f in dataclasses.fields(family.config_class)}
+    # The family's model prunes heads (the encoders'); every config has the field since the configs are one class.
+    prunable = callable(getattr(model_class(family.model), "prune_heads", None))
     for key in family.config_keys:
         try:
             if hf.get(key.key) is not None:
@@ -490,7 +494,7 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> EncoderCo
         raise ConfigError(f"{source}: {error}") from None
 
 
-def config_to_hf(config: EncoderConfig, heads: tuple[HeadSpec, ...], model: str | None = None) -> dict[str, Any]:
+def config_to_hf(config: TransformerConfig, heads: tuple[HeadSpec, ...], model: str | None = None) -> dict[str, Any]:
     """config.json for a model with these heads (`model`: its registered class, which picks among architectures
     with the same heads)."""
     family = family_for_config(config)
@@ -538,7 +542,7 @@ def applies(when: str | None, config: Any) -> bool:
     return bool(getattr(config, when))
 
 
-def bound_entries(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool,
+def bound_entries(config: TransformerConfig, heads: tuple[HeadSpec, ...], prefixed: bool,
                   family: CheckpointFamily | None = None) -> list[Bound]:
     """Every entry of the family for this config and these heads, names filled in."""
     family = family or family_for_config(config)
@@ -588,12 +592,12 @@ def model_entries(model: Any, prefixed: bool, family: CheckpointFamily) -> list[
     return entries
 
 
-def name_map(config: EncoderConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, str]:
+def name_map(config: TransformerConfig, heads: tuple[HeadSpec, ...], prefixed: bool) -> dict[str, str]:
     """Our parameter name -> the checkpoint key it is stored under as it is (the entries that rename)."""
     return {b.ours[0]: b.theirs[0] for b in bound_entries(config, heads, prefixed) if isinstance(b.transform, Rename)}
 
 
-def named_parameters(config: EncoderConfig, heads: tuple[HeadSpec, ...]) -> set[str]:
+def named_parameters(config: TransformerConfig, heads: tuple[HeadSpec, ...]) -> set[str]:
     """Our parameters that the family's entries store (tied ones excluded: they are stored once, elsewhere)."""
     return {o for b in bound_entries(config, heads, prefixed=False) if not isinstance(b.transform, Tie)
             for o in b.ours}
@@ -680,7 +684,7 @@ def from_state_dict(model: Any, family: CheckpointFamily | None = None) -> dict[
     return out
 
 
-def head_specs(family: CheckpointFamily, config: EncoderConfig, names: tuple[str, ...],
+def head_specs(family: CheckpointFamily, config: TransformerConfig, names: tuple[str, ...],
                weights: Mapping[str, Tensor], source: str) -> tuple[HeadSpec, ...]:
     """The heads `names` as the family stores them; labels counted from the output layer's weight."""
     specs = []

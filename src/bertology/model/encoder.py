@@ -1,5 +1,5 @@
-"""The bidirectional transformer encoder: every family (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT) as one
-stack of the shared blocks (bertology.model.blocks), post-LayerNorm:
+"""The bidirectional transformer encoder: every family (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT) as the
+one `Stack` (bertology.model.stack) with its own embeddings, plus the [CLS] pooler; post-LayerNorm:
 
     x_0 = LayerNorm(E_word[w] + E_pos[p] + E_type[t])        (then a linear projection if embedding_size != hidden)
     a   = softmax(Q K^T / sqrt(d_k)) V, per head, Q = x W_q, K = x W_k, V = x W_v
@@ -26,10 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import BIDIRECTIONAL, attend, scatter_attention, sliding_window
-from bertology.model.blocks import Block, BlockSpec, init_parameters, plain_linear
-from bertology.model.config import EncoderConfig
-from bertology.model.dropout import fast_dropout
+from bertology.model.attention import attend, scatter_attention
+from bertology.model.blocks import Block, init_parameters, plain_linear
+from bertology.model.config import TransformerConfig
 from bertology.model.extensions import BUILTIN_EXTENSIONS, EXTENSIONS, add_extension, register_extension
 from bertology.model.heads import (
     HEAD_KINDS,
@@ -41,7 +40,8 @@ from bertology.model.heads import (
     head_reads,
 )
 from bertology.model.packing import Layout
-from bertology.model.protocol import MASKED_LM, check_id_range
+from bertology.model.protocol import MASKED_LM
+from bertology.model.stack import Stack
 
 __all__ = [
     "BUILTIN_EXTENSIONS", "EXTENSIONS", "HEAD_KINDS", "Encoder", "EncoderLayer", "EncoderModel", "EncoderOutput",
@@ -61,22 +61,8 @@ class EncoderOutput:
     head_logits: dict[str, Tensor] = field(default_factory=dict)  # every head's logits by head name
 
 
-def encoder_block_spec(config: EncoderConfig, index: int = 0) -> BlockSpec:
-    """The block of layer `index`: post-LayerNorm, dense feed-forward, biases; a pruned layer keeps fewer heads of
-    the same size (config.pruned_heads), so its projections are narrower; a windowed one (Longformer's
-    attention_window) has the global tokens' projections."""
-    return BlockSpec(hidden_size=config.hidden_size, num_heads=config.heads_in_layer(index), head_dim=config.head_dim,
-                     intermediate_size=config.intermediate_size, activation=config.hidden_act,
-                     norm_eps=config.layer_norm_eps, dropout=config.hidden_dropout,
-                     attention_dropout=config.attention_dropout,
-                     global_projections=config.attention_window is not None)
-
-
 class EncoderLayer(Block):
-    """The encoder's block (see bertology.model.blocks.Block), built from an EncoderConfig."""
-
-    def __init__(self, config: EncoderConfig, index: int = 0) -> None:
-        super().__init__(encoder_block_spec(config, index))
+    """The encoder's block (see bertology.model.blocks.Block): what int8 quantization replaces the linear maps of."""
 
 
 def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
@@ -94,93 +80,16 @@ def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
     return out
 
 
-class Embeddings(nn.Module):
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        width = config.token_embedding_size
-        self.word = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
-        self.position = nn.Embedding(config.max_position_embeddings, width)
-        self.token_type = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size > 0 else None
-        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
-        self.project = nn.Linear(width, config.hidden_size) if config.embedding_size is not None else None
-        self.dropout = config.hidden_dropout
+class Encoder(Stack):
+    """An encoder: the one bidirectional `Stack` with its own embeddings (word, position, token type, norm,
+    projection; per-layer windows, ALBERT's shared layers, pruned heads), plus the optional [CLS] pooler. Returns
+    an `EncoderOutput`."""
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
-        x = self.word(input_ids) + self.position(position_ids)
-        if self.token_type is not None:
-            x = x + self.token_type(token_type_ids if token_type_ids is not None else torch.zeros_like(input_ids))
-        x = fast_dropout(self.norm(x), self.dropout, self.training)
-        return self.project(x) if self.project is not None else x
-
-
-class Encoder(nn.Module):
-    """Embeddings, a stack of (possibly shared) layers, and the optional [CLS] pooler."""
-
-    def __init__(self, config: EncoderConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.embeddings = Embeddings(config)
-        self.layers = nn.ModuleList(EncoderLayer(config, i) for i in range(config.num_unique_layers))
-        self.plan = [index for step in config.layer_plan() for index in step]  # unique-layer index per call
-        # Per layer call, who attends to whom: everyone, or Longformer's window (half of it on each side).
-        self.policies = [sliding_window(w // 2) if (w := config.window_of(i)) is not None else BIDIRECTIONAL
-                         for i in self.plan]
+    def __init__(self, config: TransformerConfig) -> None:
+        super().__init__(config, embeddings=True, block=EncoderLayer)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
 
-    def position_ids(self, input_ids: Tensor) -> Tensor:
-        if self.config.positions_after_padding:  # fairseq: real tokens count from pad + 1, padding sits at pad
-            real = input_ids.ne(self.config.pad_token_id).long()
-            return torch.cumsum(real, 1) * real + self.config.pad_token_id
-        return torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-
-    @property
-    def max_length(self) -> int:
-        """The longest sequence the position embeddings cover (EncoderConfig.max_length)."""
-        return self.config.max_length
-
-    def check_inputs(self, input_ids: Tensor) -> None:
-        if input_ids.dim() != 2:
-            raise InputError(f"input_ids must be [batch, length], got shape {tuple(input_ids.shape)}")
-        if input_ids.shape[1] > self.max_length:
-            raise InputError(f"a sequence of {input_ids.shape[1]} tokens is longer than the model's {self.max_length} "
-                             "positions: truncate it, or embed it in windows (bertology.embed)")
-        check_id_range(input_ids, self.config.vocab_size, "token ids")
-
-    def global_tokens(self, global_attention_mask: Tensor | None, attention_mask: Tensor) -> Tensor | None:
-        """The global tokens [B, L] as booleans after checking them, None when there are none."""
-        if global_attention_mask is None:
-            return None
-        if self.config.attention_window is None:
-            raise InputError("global_attention_mask: this model attends from every token to every token (it has no "
-                             "attention_window); global tokens need a windowed model such as a Longformer")
-        if global_attention_mask.shape != attention_mask.shape:
-            raise InputError(f"global_attention_mask must have the shape of input_ids {tuple(attention_mask.shape)}, "
-                             f"got {tuple(global_attention_mask.shape)}")
-        flags = global_attention_mask.bool()
-        if global_attention_mask.device.type == "cpu":
-            if not ((global_attention_mask == 0) | (global_attention_mask == 1)).all():
-                raise InputError("global_attention_mask: expected 0 (local) or 1 (global) at every position")
-            on_padding = (flags & ~attention_mask.bool()).nonzero()
-            if len(on_padding):
-                row, column = on_padding[0].tolist()
-                raise InputError(f"global_attention_mask: row {row} puts a global token on padding (column {column}, "
-                                 "where attention_mask is 0); mark real tokens only")
-        return flags if bool(flags.any()) else None
-
-    def head_scales(self, head_mask: Tensor | None) -> list[Tensor | None]:
-        """Per layer call, the mask entries of the heads that layer has (None everywhere without a mask)."""
-        if head_mask is None:
-            return [None] * len(self.plan)
-        expected = (len(self.plan), self.config.num_heads)
-        if tuple(head_mask.shape) != expected:
-            raise InputError(f"head_mask must be [layer calls, heads] = {list(expected)}, got {list(head_mask.shape)}")
-        scales = []
-        for call, index in enumerate(self.plan):
-            kept = self.config.kept_heads(index)
-            scales.append(head_mask[call] if len(kept) == self.config.num_heads else head_mask[call, kept])
-        return scales
-
-    def forward(
+    def forward(  # type: ignore[override]
         self,
         input_ids: Tensor,
         attention_mask: Tensor | None = None,
@@ -195,89 +104,30 @@ class Encoder(nn.Module):
         layout: Layout | None = None,
         global_attention_mask: Tensor | None = None,
     ) -> EncoderOutput:
-        """`layout`: the packing of `attention_mask`, when the caller built it already (from the CPU mask, before
-        moving the batch to a GPU: then nothing in the forward waits for the device).
-
-        `global_attention_mask` [B, L] (a windowed model's, 1 = global): tokens that attend to every token and that
-        every token attends to, with the layers' global projections (Longformer); on real tokens only.
-
-        `last_layer_at` (flat indices into [B * L], packed path only, without hidden states or attentions): run
-        the last layer only at these positions; `last_hidden_state` is then zero everywhere else.
-
-        `head_mask` [layer calls, num_heads] (layer calls = num_layers, times inner_group_size for ALBERT): each
-        head's output is multiplied by its entry (0 removes the head, as transformers' head_mask did; a mask that
-        requires grad gives Michel et al.'s head importance). Heads keep their original numbering in a pruned
-        model: the entries of pruned heads are ignored."""
-        self.check_inputs(input_ids)
-        head_scales = self.head_scales(head_mask)
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if position_ids is None:
-            position_ids = self.position_ids(input_ids)
-        flags = self.global_tokens(global_attention_mask, attention_mask)
-        if packed and layout is None:
-            layout = Layout(attention_mask)
-        elif not packed:
-            layout = None
-        key_mask = None if packed else attention_mask.bool()
-        if flags is not None and layout is not None:
-            flags = layout.pack(flags)
-        if layout is not None:
-            tt = layout.pack(token_type_ids) if token_type_ids is not None else None
-            x = self.embeddings(layout.pack(input_ids), layout.pack(position_ids), tt)
-        else:
-            x = self.embeddings(input_ids, position_ids, token_type_ids)
-
-        to_padded = layout.unpack if layout is not None else (lambda t: t)
-        hidden_states = [to_padded(x)] if output_hidden_states else None
-        attentions = [] if output_attentions else None
-        plan = self.plan
-        # Only the rows a head reads need the last layer's queries and feed-forward. Choosing them is data-dependent
-        # (a host synchronisation), which on a GPU costs more than the rows saved: there the last layer runs whole.
-        # A windowed layer (Longformer) runs whole too.
-        prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu"
-                 and not (output_hidden_states or output_attentions) and self.config.attention_window is None)
-        if prune:
-            plan = plan[:-1]
-        for call, index in enumerate(plan):
-            x, probs = self.layers[index](x, layout, key_mask, output_attentions, head_scale=head_scales[call],
-                                          policy=self.policies[call], global_tokens=flags)
-            if attentions is not None:
-                attentions.append(probs)
-            if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
-                hidden_states.append(to_padded(x))
-
-        if prune:
-            assert layout is not None and last_layer_at is not None
-            packed_of_flat = torch.empty(layout.batch_size * layout.seq_len, dtype=torch.long, device=x.device)
-            packed_of_flat[layout.flat_index] = torch.arange(layout.num_tokens, device=x.device)
-            real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
-            queries = torch.unique(packed_of_flat[real])  # sorted, each once
-            out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
-            out[layout.flat_index[queries]] = self.layers[self.plan[-1]](x, layout, key_mask, queries=queries,
-                                                                         head_scale=head_scales[-1])[0]
-            last = out.view(layout.batch_size, layout.seq_len, -1)
-        else:
-            last = hidden_states[-1] if hidden_states is not None else to_padded(x)
+        """Stack.forward on token ids: `layout` the packing of `attention_mask` built already by the caller,
+        `global_attention_mask` [B, L] a windowed model's global tokens, `last_layer_at` (flat indices into [B * L])
+        where the last layer must run, `head_mask` [layer calls, num_heads] (layer calls = num_layers, times
+        inner_group_size for ALBERT) multiplying each head's output (see Stack.forward)."""
+        out = super().forward(input_ids, attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
+                              output_hidden_states=output_hidden_states, output_attentions=output_attentions,
+                              packed=packed, last_layer_at=last_layer_at, head_mask=head_mask, layout=layout,
+                              global_attention_mask=global_attention_mask)
+        last = out.last_hidden_state
         pooled = torch.tanh(self.pooler(last[:, 0])) if self.pooler is not None else None
-        return EncoderOutput(
-            last_hidden_state=last,
-            pooler_output=pooled,
-            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
-            attentions=tuple(attentions) if attentions is not None else None,
-        )
+        return EncoderOutput(last_hidden_state=last, pooler_output=pooled, hidden_states=out.hidden_states,
+                             attentions=out.attentions)
 
 
 class EncoderModel(nn.Module):
     """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`."""
 
-    config_class = EncoderConfig
+    config_class = TransformerConfig
 
     @property
     def capabilities(self) -> frozenset[str]:
         return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
 
-    def __init__(self, config: EncoderConfig, heads: Sequence[HeadSpec] = ()) -> None:
+    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__()
         self.config = config
         self.encoder = Encoder(config)

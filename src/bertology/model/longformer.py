@@ -26,14 +26,14 @@ import torch
 from torch import Tensor
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.config import EncoderConfig, Family, config_from_dict
+from bertology.model.config import TransformerConfig, Family, config_from_dict
 from bertology.model.encoder import EncoderModel, EncoderOutput
 from bertology.model.registry import register_model
 
 
 @dataclass
-class LongformerConfig(EncoderConfig):
-    """An EncoderConfig with a window: RoBERTa's positions (numbered after the padding id) and Longformer's
+class LongformerConfig(TransformerConfig):
+    """An TransformerConfig with a window: RoBERTa's positions (numbered after the padding id) and Longformer's
     defaults; `sep_token_id` finds the question for a question-answering model's global tokens."""
 
     family: Family = "longformer"
@@ -162,7 +162,7 @@ def longformer_from(model: EncoderModel, max_length: int, window: int,
     check_source(model)
     source = model.config
     check_max_length(max_length, source.max_length)
-    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(EncoderConfig)}
+    values = {f.name: getattr(source, f.name) for f in dataclasses.fields(TransformerConfig)}
     extra = {k: v for k, v in source.extra.items() if k not in ("model_type", "architectures", "_name_or_path")}
     if sep_token_id is None:
         sep_token_id = int(extra.get("sep_token_id") or extra.get("eos_token_id") or 2)
@@ -183,7 +183,7 @@ def longformer_from(model: EncoderModel, max_length: int, window: int,
     new = old.new_zeros(config.max_position_embeddings, old.shape[1])
     new[:min(offset, len(old))] = old[:offset]  # the padding positions
     tokens = torch.arange(max_length)
-    new[offset + tokens] = old[source.position_offset + tokens % source.max_length]
+    new[offset + tokens] = old[source.first_position + tokens % source.max_length]
     state["encoder.embeddings.position.weight"] = new
     for i in range(config.num_layers):
         for part in ("query", "key", "value"):

@@ -29,7 +29,7 @@ import bertology.model.transformer  # noqa: F401
 import bertology.model.xlnet  # noqa: F401
 from bertology.errors import ConfigError, TokenizerError
 from bertology.model.checkpoint import registry as checkpoint_families
-from bertology.model.config import PRESET_SIZES
+from bertology.model.config import DECODER_DEFAULTS, PRESET_SIZES
 from bertology.model.registry import RunContext, register_run_config, registered
 
 
@@ -119,12 +119,12 @@ def continued_config(name: str, base: Any, settings: Mapping[str, Any]) -> Any:
 
 
 def _fresh(name: str, settings: Mapping[str, Any], preset: str | None, run: RunContext,
-           ids: Mapping[str, Any]) -> dict[str, Any]:
-    """A fresh config's values: the family's fixed facts, the preset, the tokenizer's ids, the settings, the family's
-    run defaults for the fields left unset."""
+           ids: Mapping[str, Any], start: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh config's values: the architecture's defaults (``start``, over the config class's), the family's fixed
+    facts, the preset, the tokenizer's ids, the settings, the family's run defaults for the fields left unset."""
     family = check_family(name, settings)
     entry = checkpoint_families().get(family) if family is not None else None
-    values: dict[str, Any] = {"family": family, **(entry.fixed if entry is not None else {})}
+    values: dict[str, Any] = {**(start or {}), "family": family, **(entry.fixed if entry is not None else {})}
     values.update(preset_sizes(preset))
     values.update(ids)
     values.update(settings)
@@ -152,7 +152,8 @@ def _transformer_config(name: str, settings: Mapping[str, Any], preset: str | No
     else:
         ids = {"vocab_size": run.vocab_size, "pad_token_id": run.fill_id, "bos_token_id": run.cls_id,
                "eos_token_id": run.sep_id}
-        values = _fresh(name, settings, preset, run, ids)
+        # A GPT-2-shaped decoder's defaults, then the family's facts.
+        values = _fresh(name, settings, preset, run, ids, DECODER_DEFAULTS)
         if name == "seq2seq" and values.get("num_decoder_layers") is None:  # config.json states both depths
             values["num_decoder_layers"] = values["num_layers"]
         _matches(values, {"vocab_size": run.vocab_size, "pad_token_id": run.fill_id})

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from bertology.data.masking import _GOLDEN, _STREAMS, _mix64
 from bertology.errors import ConfigError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import require_encoder
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, count, ratio, safe_exp
@@ -52,7 +52,7 @@ GENERATOR_DIR = "generator"
 _SAMPLE_TAG = np.uint64(0x656C656374726121)  # separates these streams from masking's
 
 
-def generator_config(discriminator: EncoderConfig, size: float, layers: int | None = None) -> EncoderConfig:
+def generator_config(discriminator: TransformerConfig, size: float, layers: int | None = None) -> TransformerConfig:
     """The generator's config: ``size`` x the discriminator's hidden and feed-forward widths, ``hidden // 64`` heads
     (at least one, and a divisor of the width), the same embedding width (projected when the widths differ)."""
     hidden = max(1, int(round(discriminator.hidden_size * size)))

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import CheckpointError, ConfigError, DataError
+from bertology.model.config import TransformerConfig
 from bertology.model.blocks import init_parameters
-from bertology.model.config import EncoderConfig
 from bertology.model.encoder import EncoderModel
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.objectives.base import (
@@ -59,7 +59,7 @@ class SpanMaskedBatch(Protocol):
     span_offset: Tensor | None  # [N] offset of the token in its span
 
 
-def span_boundary_head(config: EncoderConfig, max_positions: int, name: str = "sbo",
+def span_boundary_head(config: TransformerConfig, max_positions: int, name: str = "sbo",
                        generator: torch.Generator | None = None) -> nn.Module:
     """The registered ``span_boundary`` head (``bertology.model.heads.SpanBoundaryHead``) for ``config``'s sizes,
     initialised as BERT's weights are (``init_parameters``) with a zero vocabulary bias."""

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
-from bertology.model.config import ACTIVATIONS, EncoderConfig
+from bertology.model.config import ACTIVATIONS, TransformerConfig
 from bertology.model.extensions import register_extension
 from bertology.model.heads import activation
 from bertology.model.protocol import Model
@@ -46,7 +46,7 @@ class Adapter(nn.Module):
         return f"activation={self.activation_name}"
 
 
-def adapter_factory(config: EncoderConfig, current: nn.Module | None, bottleneck: int,
+def adapter_factory(config: TransformerConfig, current: nn.Module | None, bottleneck: int,
                     activation: str = "gelu") -> Adapter:
     """The registered extension "bottleneck_adapter", for a layer's `attn_adapter` or `ffn_adapter` slot."""
     if current is not None:

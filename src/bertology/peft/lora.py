@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.dropout import fast_dropout
 from bertology.model.extensions import register_extension
 from bertology.model.protocol import Model
@@ -97,7 +97,7 @@ class LoRALinear(nn.Linear):
                 f"{', merged' if self.merged else ''}")
 
 
-def lora_factory(config: EncoderConfig, current: nn.Module | None, rank: int, alpha: float,
+def lora_factory(config: TransformerConfig, current: nn.Module | None, rank: int, alpha: float,
                  dropout: float = 0.0) -> LoRALinear:
     """The registered extension "lora": wrap the nn.Linear at the extension's path."""
     if isinstance(current, LoRALinear):

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.extensions import register_extension
 from bertology.model.protocol import Model
 from bertology.peft.common import (Trainable, block_paths, check_positive_int, freeze_base, layer_indices,
@@ -29,7 +29,7 @@ FACTORY = "prefix"
 class Prefix(nn.Module):
     """A layer's prefix: `forward()` returns (keys, values), each [length, heads, head_dim]."""
 
-    def __init__(self, config: EncoderConfig, length: int, reparameterize: bool = False, mlp_hidden: int = 512) -> None:
+    def __init__(self, config: TransformerConfig, length: int, reparameterize: bool = False, mlp_hidden: int = 512) -> None:
         super().__init__()
         self.length = check_positive_int(length, "prefix length")
         self.heads, self.head_dim = config.num_heads, config.head_dim
@@ -54,7 +54,7 @@ class Prefix(nn.Module):
         return f"length={self.length}, heads={self.heads}, head_dim={self.head_dim}, reparameterize={self.reparameterize}"
 
 
-def prefix_factory(config: EncoderConfig, current: nn.Module | None, length: int, reparameterize: bool = False,
+def prefix_factory(config: TransformerConfig, current: nn.Module | None, length: int, reparameterize: bool = False,
                    mlp_hidden: int = 512) -> Prefix:
     """The registered extension "prefix", for a layer's `prefix` slot."""
     if current is not None:

@@ -38,7 +38,7 @@ from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.io import atomic_directory, atomic_write, check_output_file, remove_output
 from bertology.model.checkpoint import Pretrained, load, write_model_files
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.convert import family_for_config
 from bertology.model.elmo import ElmoModel
 from bertology.model.encoder import EncoderModel, HeadSpec
@@ -284,7 +284,7 @@ def _data(config: FinetuneConfig) -> str:
 SENTENCE_HEAD_KINDS = ("pooled", "first_token", "last_token", "eos_token", "summary_last")
 
 
-def task_heads(task: FinetuneTask, config: EncoderConfig, pooling: str = "cls", scalar_mix: bool = False,
+def task_heads(task: FinetuneTask, config: TransformerConfig, pooling: str = "cls", scalar_mix: bool = False,
                tagger: str = "linear") -> list[HeadSpec]:
     """The task's heads, with a sentence classifier reading the mean or the max of the tokens (``pooling="mean"``,
     ``"max"``), or, under a scalar mix, the mix at [CLS] (the pooler reads the last layer, not the mix:

@@ -319,7 +319,7 @@ def check_model_matches(model_config: Any, tokenizer: Tokenizer, config: Pretrai
     if model_config.pad_token_id != tokenizer.framing.fill_id:
         problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.framing.fill_id} "
                         f"({tokenizer.pad_token!r})")
-    if "type_vocab_size" in fields:
+    if "type_vocab_size" in fields and model_config.type_vocab_size:  # 0: no segment embeddings, none read
         segments = 1 + max(piece.segment for piece in tokenizer.framing.pieces(config.data.instances.pairs))
         if model_config.type_vocab_size < segments:
             what = "pairs" if config.data.instances.pairs else "texts"

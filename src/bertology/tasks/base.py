@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bertology.errors import ConfigError
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
@@ -43,7 +43,7 @@ class FinetuneTask(Protocol):
         """The task's label names in id order (written to config.json), None when there are none (regression)."""
         ...
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         """The heads the task puts on an encoder of this config (the first is the primary one)."""
         ...
 

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from bertology.errors import CheckpointError, ConfigError, DataError
 from bertology.model.checkpoint import HEADS
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
@@ -56,7 +56,7 @@ _SLOTS = re.compile(r"(\{text\}|\{text_pair\}|\[MASK\])")
 _MAX_SHORTENINGS = 16
 
 
-def mlm_head(config: EncoderConfig) -> HeadSpec:
+def mlm_head(config: TransformerConfig) -> HeadSpec:
     """The masked-LM head of the model's family, named ``mlm``, as its checkpoints carry it."""
     table = HEADS.get(config.family, {}).get(MLM)
     if table is None:
@@ -277,7 +277,7 @@ class ClozeTask:
     def label_names(self) -> tuple[str, ...] | None:
         return self.base.label_names()
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         return [mlm_head(config)]
 
     def objectives(self, heads: Sequence[HeadSpec]) -> list[ClozeClassification]:

@@ -13,7 +13,7 @@ import torch
 
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
@@ -61,7 +61,7 @@ class GlueFinetuneTask:
         when they are names already (RTE)."""
         return self.spec.names if self.spec.names is not None else self.label_names()
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         names = self.label_names()
         return [classifier_head(config, len(names) if names is not None else 1)]
 

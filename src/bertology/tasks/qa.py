@@ -62,7 +62,7 @@ from bertology.embeddings.windows import max_context_window, plan_windows
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, classification_summary
@@ -291,7 +291,7 @@ def _encode_all(tokenizer: Tokenizer, texts: list[str], chunk: int = 1024) -> li
 
 
 # --------------------------------------------------------------------------------------------- head, objective
-def qa_head(config: EncoderConfig) -> HeadSpec:
+def qa_head(config: TransformerConfig) -> HeadSpec:
     """The family's question-answering head (transformers' ``*ForQuestionAnswering.qa_outputs``): start and end."""
     kind, act, _ = HEADS[config.family][QA]
     return HeadSpec(QA, kind, num_labels=2, activation=act or config.hidden_act)  # type: ignore[arg-type]
@@ -482,7 +482,7 @@ class SquadTask:
     def label_names(self) -> tuple[str, ...] | None:
         return None
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         return [qa_head(config)]
 
     def objectives(self, heads: Sequence[HeadSpec]) -> list[Objective]:

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from bertology.errors import ConfigError, DataError
 from bertology.model.checkpoint import HEADS
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec, head_reads
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
@@ -41,7 +41,7 @@ from bertology.tokenization import Tokenizer
 CLASSIFIER = "classifier"
 
 
-def classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
+def classifier_head(config: TransformerConfig, num_labels: int) -> HeadSpec:
     """The sequence-classification head of the model's family, as transformers builds it (``num_labels`` 1 is
     regression)."""
     table = HEADS.get(config.family, {})

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from bertology.errors import ConfigError, DataError
 from bertology.inputs import text_lines
 from bertology.io import atomic_write
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadSpec, SpanHead, build_head
 from bertology.model.protocol import Model
@@ -62,7 +62,7 @@ POOLINGS = ("mean", "attention")
 
 
 # --------------------------------------------------------------------------------------------------- the module
-def span_heads(config: EncoderConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean") -> nn.ModuleDict:
+def span_heads(config: TransformerConfig, current: nn.Module, *, num_labels: int, pooling: str = "mean") -> nn.ModuleDict:
     """The extension factory: the model's heads plus a ``span`` head (registered kind ``span`` or
     ``span_attention``, plugged in at the path ``heads``)."""
     if pooling not in POOLINGS:
@@ -345,7 +345,7 @@ class SpanTask:
     def label_names(self) -> tuple[str, ...]:
         return self.types.names
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         return []
 
     def extend_model(self, model: Model) -> None:

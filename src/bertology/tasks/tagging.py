@@ -40,7 +40,7 @@ from torch import Tensor
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.crf import compact
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
@@ -80,7 +80,7 @@ def bio_constraints(labels: LabelSet) -> tuple[Tensor, Tensor]:
     return allowed, torch.tensor([kind is None for kind in inside])
 
 
-def token_classifier_head(config: EncoderConfig, num_labels: int) -> HeadSpec:
+def token_classifier_head(config: TransformerConfig, num_labels: int) -> HeadSpec:
     """The token-classification head of the model's family, as transformers' ``*ForTokenClassification``; for a
     family without one, a linear layer on every token (kind "token")."""
     table = HEADS.get(config.family, {})
@@ -442,7 +442,7 @@ class TaggingTask:
     def label_names(self) -> tuple[str, ...]:
         return self.labels.names
 
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         return [token_classifier_head(config, len(self.labels))]
 
     def objectives(self, heads: Sequence[HeadSpec]) -> list[TokenClassification | CRFTagging]:

@@ -37,7 +37,7 @@ import torch
 
 from bertology.errors import ConfigError, DataError
 from bertology.io import atomic_write
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import Objective
@@ -180,7 +180,7 @@ class UserTask:
         return None if labels is None else labels.names
 
     # ----------------------------------------------------------------------------------------------- model
-    def heads(self, config: EncoderConfig) -> list[HeadSpec]:
+    def heads(self, config: TransformerConfig) -> list[HeadSpec]:
         if self._labels is None and self.kind != "regression" and not self.path(None, "train").is_file() \
                 and isinstance(config.extra.get("id2label"), dict):  # predicting with a model whose train file is gone
             id2label = config.extra["id2label"]

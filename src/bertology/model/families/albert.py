@@ -3,13 +3,13 @@
 
 from typing import Any
 
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, layer_linears, linear, renamed_keys
 from bertology.model.families import bert
 from bertology.model.families.electra import hidden_size_when_none
 
 
-def head_dropout_when_none(value: Any, config: EncoderConfig) -> Any:
+def head_dropout_when_none(value: Any, config: TransformerConfig) -> Any:
     """transformers' ALBERT needs a number here (its default would be 0.1)."""
     return config.head_dropout if value is None else value
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from bertology.errors import ConfigError
-from bertology.model.config import ACTIVATIONS
-from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, renamed_keys
-from bertology.model.transformer import TransformerConfig
+from bertology.model.config import ACTIVATIONS, DECODER_DEFAULTS, TransformerConfig
+from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, \
+    renamed_keys
 
 
 def same_as(other: str) -> Any:
@@ -108,6 +108,7 @@ FAMILY = CheckpointFamily(
     prefix="model",
     model="seq2seq",
     config_class=TransformerConfig,
+    defaults=DECODER_DEFAULTS,
     config_keys=(
         *renamed_keys({
             "vocab_size": "vocab_size",

@@ -2,7 +2,7 @@
 
 from bertology.model.convert import CheckpointFamily, Head, layer_linears, linear, renamed_keys
 
-# Our EncoderConfig field -> the key in a BERT-style config.json.
+# Our TransformerConfig field -> the key in a BERT-style config.json.
 KEYS = {
     "vocab_size": "vocab_size",
     "hidden_size": "hidden_size",

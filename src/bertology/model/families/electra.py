@@ -4,7 +4,7 @@ replaced-token head."""
 
 from typing import Any, Mapping
 
-from bertology.model.config import EncoderConfig
+from bertology.model.config import TransformerConfig
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, linear, renamed_keys
 from bertology.model.families import bert
 
@@ -14,7 +14,7 @@ def no_projection_when_as_wide(value: Any, config_json: Mapping[str, Any]) -> An
     return None if value == config_json.get("hidden_size") else value
 
 
-def hidden_size_when_none(value: Any, config: EncoderConfig) -> Any:
+def hidden_size_when_none(value: Any, config: TransformerConfig) -> Any:
     return config.hidden_size if value is None else value
 
 

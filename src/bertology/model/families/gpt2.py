@@ -14,7 +14,7 @@ from typing import Any
 
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Split, Transpose, WeightEntry, linear
-from bertology.model.transformer import TransformerConfig
+from bertology.model.config import DECODER_DEFAULTS, TransformerConfig
 
 TRANSPOSE = Transpose()
 # transformers' activation names that bertology.model.heads.activation builds.
@@ -160,6 +160,7 @@ FAMILY = CheckpointFamily(
            "embedding_scale": 1.0, "logit_scale": 1.0, "position_offset": 0, "prefix_lm": False},
     model="decoder",
     config_class=TransformerConfig,
+    defaults=DECODER_DEFAULTS,
     word_embeddings="embeddings.weight",
     required={"scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False},
     ignored=(".attn.bias", ".attn.masked_bias"),

@@ -15,7 +15,7 @@ from typing import Any
 
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Tie, WeightEntry, linear, renamed_keys
-from bertology.model.transformer import TransformerConfig
+from bertology.model.config import DECODER_DEFAULTS, TransformerConfig
 
 # Activations a feed_forward_proj may name ("ACT" or "gated-ACT"), as transformers' T5 reads them.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
@@ -149,6 +149,7 @@ FAMILY = CheckpointFamily(
     fixed={**DEFAULTS, **FIXED},
     model="seq2seq",
     config_class=TransformerConfig,
+    defaults=DECODER_DEFAULTS,
     models={"EncoderModel": "encoder-stack"},
     word_embeddings="embeddings.weight",
     run_defaults=run_defaults,

@@ -235,7 +235,7 @@ def elmo_pretrain(steps: int, out: Path) -> None:
                "--set", f"data.corpus=[{elmo_corpus()}]", "--set", "data.format=bert",
                "--set", f"optim.total_steps={steps}", "--set", f"run.output_dir={out}", "--set", "speed.threads=1",
                "--set", f"run.eval_every={max(steps, 1)}", "--set", "run.checkpoint_every=0"]
-    command += [f"--set=model.elmo.{key}={value}" for key, value in ELMO_SIZE.items()]
+    command += [f"--set=model.{key}={value}" for key, value in ELMO_SIZE.items()]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
 

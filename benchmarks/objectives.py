@@ -82,7 +82,8 @@ OBJECTIVES = {
                 "objectives": {"electra": {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}}},
     # Permutation LM (K = 6, whole-word spans of up to 5 words, configs/xlnet-tiny.yaml) on an XLNet of the same
     # shape: relative positions (no position table), its one dropout rate the hidden one.
-    "xlnet": {"model": {"max_position_embeddings": DROP, "attention_dropout": DROP, "summary_last_dropout": 0.0},
+    "xlnet": {"model": {"architecture": "xlnet", "max_position_embeddings": DROP, "attention_dropout": DROP,
+                        "summary_last_dropout": 0.0},
               "tokenizer": {"path": str(XLNET_TOKENIZER)},
               "data": {"shards": str(XLNET_SHARDS), "instances": {"kind": "doc-sentences"}, "masking": DROP},
               "objectives": {"plm": {"k": 6, "max_span": 5}}},
@@ -134,7 +135,7 @@ def prepared(name: str) -> dict:
 
 
 def decoder(objective: str) -> dict:
-    return merge(prepared("gpt2"), {"model": {"family": "gpt2"},
+    return merge(prepared("gpt2"), {"model": {"architecture": "decoder", "family": "gpt2"},
                                     "data": {"instances": {"kind": "packed-documents"}},
                                     "objectives": {objective: {}}})
 
@@ -145,12 +146,12 @@ ARCHITECTURES = {
     "clm": decoder("clm"),
     "prefixlm": merge(decoder("prefixlm"), {"model": {"prefix_lm": True}}),  # fine-tuned on inputs seen whole
     "t5": merge(prepared("t5"), {
-        "model": {"family": "t5", "num_layers": 1, "num_decoder_layers": 1},
+        "model": {"architecture": "seq2seq", "family": "t5", "num_layers": 1, "num_decoder_layers": 1},
         "data": {"instances": {"kind": "doc-sentences"},
                  "span_corruption": {"noise_density": 0.15, "mean_noise_span_length": 3.0}},
         "objectives": {"denoise": {}}}),
     "bart": merge(prepared("bpe"), {
-        "model": {"family": "bart", "num_layers": 1, "num_decoder_layers": 1},
+        "model": {"architecture": "seq2seq", "family": "bart", "num_layers": 1, "num_decoder_layers": 1},
         "data": {"instances": {"kind": "doc-sentences"},
                  "noise": {"text_infilling": {"rate": 0.3, "poisson_lambda": 3.0},
                            "sentence_permutation": {"rate": 1.0}}},

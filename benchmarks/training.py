@@ -680,16 +680,16 @@ def generative_model(name: str, family: str, tokenizer, workdir: Path):
     heads, a 4 x hidden feed-forward; the family's fixed facts; dropout 0.1) with its language-model head, the same
     weights every call, saved in transformers' layout; BART's final_logits_bias is frozen (transformers keeps it as
     a buffer)."""
-    from bertology.recipes.pretrain import transformer_config
+    from bertology.recipes.pretrain import build_model_config, lm_head_kind
     from bertology.model.transformer import DecoderModel, Seq2SeqModel
 
     sections = GENERATIVE[next(o for o, (f, _, _) in GENERATIVE.items() if f == family)][2]
-    run = {"model": {"family": family, "preset": name}, **sections}
-    config = transformer_config(PretrainConfig.from_dict(run), tokenizer)
+    architecture = "decoder" if family == "gpt2" else "seq2seq"
+    run = {"model": {"architecture": architecture, "family": family, "preset": name}, **sections}
+    config = build_model_config(PretrainConfig.from_dict(run), tokenizer)
     objectives = PretrainConfig.from_dict(run).build_objectives()
-    for objective in objectives:
-        if hasattr(type(objective), "lm_kind"):  # the denoise head as the family stores it
-            objective.lm_kind = "tied_lm_bias" if family == "bart" else "tied_lm"
+    for objective in objectives:  # the denoise head as the family stores it
+        objective.fit_model_config(config, lm_head_kind(config))
     heads = [spec for objective in objectives for spec in objective.heads()]
     model = (DecoderModel if family == "gpt2" else Seq2SeqModel)(config, heads)
     model.init_weights(torch.Generator().manual_seed(0))

@@ -29,6 +29,16 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("longformer", "bertology.model.longformer:LongformerModel", {}),
         ("elmo", "bertology.model.elmo:ElmoModel", {}),
     ),
+    # bertology.model.registry.RUN_CONFIGS: how an architecture a run config names builds its config
+    # (register_run_config).
+    "run_configs": (
+        ("encoder", "bertology.model.run_configs:encoder_config", {}),
+        ("decoder", "bertology.model.run_configs:decoder_config", {}),
+        ("seq2seq", "bertology.model.run_configs:seq2seq_config", {}),
+        ("encoder-stack", "bertology.model.run_configs:encoder_stack_config", {}),
+        ("xlnet", "bertology.model.run_configs:xlnet_config", {}),
+        ("elmo", "bertology.model.run_configs:elmo_config", {}),
+    ),
     # bertology.model.heads.HEAD_REGISTRY: a HeadSpec's kind (register_head).
     "heads": (
         ("masked_lm", "bertology.model.heads:MaskedLMHead", {"reads": "masked_positions"}),

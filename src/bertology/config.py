@@ -8,8 +8,10 @@ instance against the same type hints (so ``MaskingConfig(selection="bogus")`` fa
 (``field(metadata=ALLOW_NONFINITE)``). Ranges and cross-field rules stay in each ``__post_init__``.
 
 Field markers: ``derived(default, why)`` is a field set by code, not by config files (``InstanceConfig.seed`` is
-``run.seed``); ``inline(Schema)`` collects, at the section's own level, the keys that are fields of ``Schema``
-(``model: {preset: mini, hidden_size: 256}`` are TransformerConfig fields), each checked against ``Schema``'s types.
+``run.seed``); ``inline(Schema)`` collects, at the section's own level, the keys that are fields of ``Schema``,
+each checked against ``Schema``'s types; ``open_inline()`` collects the section's other keys for a schema another
+field chooses (``model: {architecture: encoder, preset: mini, hidden_size: 256}``: the registered architecture's
+config class), checked by ``check_schema_values``.
 ``to_mapping`` is the inverse of ``from_mapping`` (derived fields left out, inline fields flattened).
 ``build_registered`` builds ``name -> options`` sections (objectives) against a registry of dataclasses.
 """
@@ -68,6 +70,37 @@ def inline(schema: type, exclude: Collection[str] = ()) -> Any:
     section's own level in a mapping; each is optional (None: not given) and checked against ``schema``'s types."""
     return dataclasses.field(default_factory=dict,
                              metadata={"inline": schema, "inline_exclude": frozenset(exclude)})
+
+
+def open_inline() -> Any:
+    """A ``dict[str, Any]`` field collecting, at the section's own level, every key that is no other field of the
+    section: values for a schema that another field chooses (``model.architecture`` picks the model's config
+    class). The section's ``__post_init__`` checks them with ``check_schema_values``."""
+    return dataclasses.field(default_factory=dict, metadata={"inline_open": True})
+
+
+def schema_fields(schema: type) -> dict[str, Any]:
+    """Key -> type of the fields of config dataclass ``schema`` that a config file sets: its init fields that take
+    part in comparisons (a ``compare=False`` field, such as the ``extra`` keys a model config keeps of a published
+    config.json, is bookkeeping, not a setting)."""
+    hints = _hints(schema)
+    return {f.name: hints[f.name] for f in dataclasses.fields(schema) if f.init and f.compare}
+
+
+def check_schema_values(schema: type, values: Mapping[str, Any], where: str, hint: Any = None) -> dict[str, Any]:
+    """``values`` checked against ``schema_fields(schema)`` (as a config file's: 1e-4 passes for a float), None
+    values dropped; an unknown key is a ConfigError naming ``where.<key>``, with ``hint(key)``'s text when given."""
+    fields = schema_fields(schema)
+    out = {}
+    for key, value in values.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in fields:
+            extra = hint(str(key)) if hint is not None else ""
+            tail = suggest(str(key), fields) if extra else f"{suggest(str(key), fields)}{known_keys(fields)}"
+            raise ConfigError(f"{path}: unknown key{extra}{tail}")
+        if value is not None:
+            out[key] = _convert(fields[key], value, path, from_text=True)
+    return out
 
 
 def suggest(key: str, known: Mapping[str, Any] | set[str] | Sequence[str]) -> str:
@@ -220,10 +253,10 @@ def validate(instance: Any, where: str = "") -> None:
             continue
         path = f"{where}.{f.name}" if where else f.name
         value = getattr(instance, f.name)
-        if "inline" in f.metadata:
+        if "inline" in f.metadata or "inline_open" in f.metadata:
             if not isinstance(value, Mapping):
                 raise ConfigError(f"{path}: expected a mapping, got {type(value).__name__} {value!r}")
-            value = _inline_values(f, value, where, from_text=False)
+            value = _inline_values(f, value, where, from_text=False) if "inline" in f.metadata else dict(value)
         else:
             value = _convert(hints[f.name], value, path, nonfinite=f.metadata.get("nonfinite", False))
         object.__setattr__(instance, f.name, value)
@@ -242,7 +275,9 @@ def from_mapping(cls: type, data: Any, where: str, exclude: Collection[str] = ()
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
     derived_ = {name: f.metadata["derived"] for name, f in fields.items() if "derived" in f.metadata}
     inlines = [f for f in fields.values() if "inline" in f.metadata]
-    plain = {name: f for name, f in fields.items() if name not in derived_ and "inline" not in f.metadata}
+    rest = next((f for f in fields.values() if "inline_open" in f.metadata), None)
+    plain = {name: f for name, f in fields.items()
+             if name not in derived_ and "inline" not in f.metadata and "inline_open" not in f.metadata}
     inline_keys = {key: f for f in inlines for key in _inline_fields(f)}
     known = set(plain) | set(inline_keys)
     values: dict[str, Any] = {}
@@ -256,6 +291,8 @@ def from_mapping(cls: type, data: Any, where: str, exclude: Collection[str] = ()
             inline_given[inline_keys[key].name][key] = value
         elif key in derived_:
             raise ConfigError(f"{path}: not set in a config file; {derived_[key]}")
+        elif rest is not None:
+            values.setdefault(rest.name, {})[key] = value
         else:
             kind = "section" if not where else "key"
             raise ConfigError(f"{path}: unknown {kind}{suggest(str(key), known)}{known_keys(known)}")
@@ -285,6 +322,8 @@ def to_mapping(value: Any) -> Any:
             if "inline" in f.metadata:
                 given = getattr(value, f.name)
                 out.update({key: to_mapping(given.get(key)) for key in _inline_fields(f)})
+            elif "inline_open" in f.metadata:
+                out.update({key: to_mapping(item) for key, item in getattr(value, f.name).items()})
             else:
                 out[f.name] = to_mapping(getattr(value, f.name))
         return out

@@ -333,7 +333,7 @@ def test_a_t5_run_recorded_before_the_choice_resumes():
     from bertology.training.config import PretrainConfig
     from bertology.training.trainer import check_same_run
 
-    raw = {"model": {"family": "t5"}, "tokenizer": {"style": "t5", "kind": "unigram"},
+    raw = {"model": {"architecture": "seq2seq", "family": "t5"}, "tokenizer": {"style": "t5", "kind": "unigram"},
            "data": {"instances": {"kind": "doc-sentences"}, "span_corruption": {}}, "objectives": {"denoise": {}}}
     current = PretrainConfig.from_dict(raw).to_dict()
     older = json.loads(json.dumps(current))

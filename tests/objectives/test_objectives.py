@@ -16,6 +16,7 @@ from bertology.model.encoder import EncoderOutput
 from bertology.objectives import (
     MaskedLM,
     NextSentence,
+    Objective,
     Passes,
     TrainingLoss,
     build_objectives,
@@ -118,7 +119,7 @@ def test_split_batches_give_the_gradient_of_the_whole():
         torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
 
 
-class _ReadsEveryToken:
+class _ReadsEveryToken(Objective):
     """A toy objective that reads the last layer at every real token (as a span-boundary objective reads span
     boundaries): the shared pass must not prune the last layer for it."""
 
@@ -186,7 +187,7 @@ def test_an_objective_may_run_passes_of_its_own():
     """A generator -> discriminator objective: a second forward pass on corrupted ids, its own units and stats."""
     from bertology.objectives import ObjectiveOutput
 
-    class Replaced:
+    class Replaced(Objective):
         name, weight = "replaced", 1.0
 
         def heads(self):

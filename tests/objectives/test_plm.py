@@ -235,6 +235,7 @@ def xlnet_assets(tmp_path_factory):
 def xlnet_run(assets, output_dir, **sections):
     raw = tiny_config(assets, output_dir, **sections)
     raw["model"].pop("max_position_embeddings")
+    raw["model"]["architecture"] = "xlnet"
     raw["data"]["instances"] = {"kind": "doc-sentences", "max_seq_length": 32}
     raw["objectives"] = {"plm": {"k": 4}}
     return raw
@@ -272,10 +273,12 @@ def test_pretrain_recipe_trains_saves_and_resumes_an_xlnet(tmp_path, xlnet_asset
 
 @pytest.mark.parametrize(("change", "error", "message"), [
     ({"model": {"family": "bert"}}, ConfigError,
-     r"model.family: 'bert' models read texts framed as \[CLS\] A \[SEP\] B \[SEP\], padded on the right .* but the "
-     r"tokenizer frames them as xlnet does \(A <sep> B <sep> <cls>, padded on the left\)"),
-    ({"objectives": {"mlm": {}}}, ConfigError, "objectives: an XLNet .* pretrains with plm alone, got mlm"),
-    ({"model": {"max_position_embeddings": 64}}, ConfigError, "model.max_position_embeddings: XLNet models have no"),
+     r"model.family: the xlnet architecture builds xlnet models, not 'bert': bert is a family of the encoder "
+     r"architecture \(model: \{architecture: encoder, family: bert"),
+    ({"objectives": {"mlm": {}}}, ConfigError, "objectives.mlm: trains encoder models, but model.architecture is "
+                                               "xlnet"),
+    ({"model": {"max_position_embeddings": 64}}, ConfigError,
+     r"model.max_position_embeddings: unknown key for the xlnet architecture \(a field of encoder"),
     ({"objectives": {"plm": {"k": 40}}}, ConfigError,
      r"objectives.plm.k: K = 40.0 is outside \[1, 32\] \(data.instances.max_seq_length\)"),
 ])
@@ -300,8 +303,12 @@ def test_plm_with_a_bert_tokenizer_is_refused(tmp_path) -> None:
     raw = tiny_config(make_assets(tmp_path / "assets"), tmp_path / "run")
     raw["objectives"] = {"plm": {}}
     raw["data"]["instances"] = {"kind": "doc-sentences", "max_seq_length": 32}
-    with pytest.raises(TokenizerError, match=r"objectives.plm: permutation LM trains an XLNet, .* but the tokenizer "
-                                             r"is bert-style \(tokenizer.style: xlnet"):
+    with pytest.raises(ConfigError, match="objectives.plm: trains xlnet models, but model.architecture is encoder"):
+        pretrain(build(raw))
+    raw["model"] = {"architecture": "xlnet", "preset": "tiny"}
+    with pytest.raises(TokenizerError, match=r"model: xlnet models read texts framed as xlnet does \(A <sep> B <sep> "
+                                             r"<cls>, padded on the left\), but the tokenizer is bert-style .*: set "
+                                             r"tokenizer.style: xlnet"):
         pretrain(build(raw))
 
 

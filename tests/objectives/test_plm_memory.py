@@ -176,12 +176,15 @@ def test_xlnet_settings_on_other_models_are_refused(tmp_path) -> None:
     from bertology.recipes.pretrain import pretrain
     from bertology.training.config import load_config
 
-    with pytest.raises(ConfigError, match="model.mem_len: a field of XLNet models .*, not of gpt2 models"):
-        load_config(None, ["model.family=gpt2", "model.mem_len=64", "data.instances.kind=packed-documents"])
+    with pytest.raises(ConfigError, match=r"model.mem_len: unknown key for the decoder architecture \(a field of xlnet "
+                                          "models: set model.architecture"):
+        load_config(None, ["model.architecture=decoder", "model.family=gpt2", "model.mem_len=64",
+                           "data.instances.kind=packed-documents"])
     (tmp_path / "assets").mkdir()
     raw = tiny_config(make_assets(tmp_path / "assets"), tmp_path / "run")
     raw["model"]["reuse_len"] = 8
-    with pytest.raises(ConfigError, match="model.reuse_len: a field of XLNet models .*, not of bert models"):
+    with pytest.raises(ConfigError, match=r"model.reuse_len: unknown key for the encoder architecture \(a field of "
+                                          "xlnet models"):
         pretrain(build(raw))
 
 

@@ -188,7 +188,7 @@ def test_prefixlm_pretrains_and_resumes_bitwise(tmp_path):
     assets = make_assets(tmp_path / "assets", kind="bpe", style="gpt2")
 
     def raw(output_dir):
-        config = run_config(assets, output_dir, model={"family": "gpt2"},
+        config = run_config(assets, output_dir, model={"architecture": "decoder", "family": "gpt2"},
                             data={"instances": {"kind": "packed-documents"}},
                             optim={"total_steps": 6, "grad_accumulation": 2},
                             run={"checkpoint_every": 2, "eval_every": 3})

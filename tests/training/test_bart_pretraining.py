@@ -35,7 +35,7 @@ def bart_assets(tmp_path_factory) -> dict[str, Path]:
 
 def raw_config(assets, output_dir, **extra):
     objectives = extra.pop("objectives", {"denoise": {}})
-    sections = dict(model={"family": "bart", **extra.pop("model", {})},
+    sections = dict(model={"architecture": "seq2seq", "family": "bart", **extra.pop("model", {})},
                     data={"instances": {"kind": "doc-sentences"}, "noise": NOISE, **extra.pop("data", {})}, **extra)
     raw = tiny_config(assets, output_dir, **sections)
     raw["objectives"] = objectives
@@ -113,7 +113,8 @@ def test_bad_bart_configs_name_the_key(bart_assets, tmp_path, change, message):
             raw["data"][key] = value
     with pytest.raises(ConfigError, match=message):
         build(raw)
-    raw = raw_config(bart_assets, tmp_path / "run", objectives={"clm": {}}, model={"family": "gpt2"})
+    raw = raw_config(bart_assets, tmp_path / "run", objectives={"clm": {}},
+                     model={"architecture": "decoder", "family": "gpt2"})
     with pytest.raises(ConfigError, match="data.noise: makes sources and targets for objectives.denoise"):
         build(raw)
 

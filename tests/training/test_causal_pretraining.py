@@ -38,7 +38,7 @@ def gpt2_assets(tmp_path_factory):
 
 
 def settings(**extra):
-    return dict(model={"family": "gpt2", **extra.pop("model", {})},
+    return dict(model={"architecture": "decoder", "family": "gpt2", **extra.pop("model", {})},
                 data={"instances": {"kind": "packed-documents"}}, objectives={"clm": {}}, **extra)
 
 
@@ -119,10 +119,11 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
 
 @pytest.mark.parametrize("change,message", [
     ({"data": {"instances": {"kind": "nsp"}}}, "objectives.clm: next-token prediction reads running text"),
-    ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder models, but model.family gpt2 builds a decoder"),
-    ({"model": {"family": "bert"}}, "objectives.clm: trains decoder models, but model.family bert builds an? encoder"),
-    ({"model": {"type_vocab_size": 2}}, "model.type_vocab_size: a field of the encoders, not of gpt2 models"),
-    ({"model": {"family": "bert"}, "objectives": {"mlm": {}}},
+    ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder models, but model.architecture is decoder"),
+    ({"model": {"architecture": "encoder", "family": "bert"}},
+     "objectives.clm: trains decoder models, but model.architecture is encoder"),
+    ({"model": {"mem_len": 2}}, r"model.mem_len: unknown key for the decoder architecture \(a field of xlnet"),
+    ({"model": {"architecture": "encoder", "family": "bert"}, "objectives": {"mlm": {}}},
      "data.instances.kind: packed-documents rows hold several documents whose boundaries only causal and prefix "
      "LM keep"),
     ({"tokenizer": "wordpiece"}, "model: gpt2 models read texts framed as gpt2 does .* but the tokenizer is "

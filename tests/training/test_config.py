@@ -238,39 +238,65 @@ def test_boundary_settings_are_accepted(setting):
 
 
 # ------------------------------------------------------------------------------------ one schema per concept
-def test_model_section_is_encoder_config_fields():
-    import dataclasses
-
-    from bertology.model.config import TransformerConfig
+def test_model_section_is_the_architectures_config_fields():
     from bertology.training.config import ModelConfig
 
     config = load_config(None, ["model.preset=mini", "model.hidden_size=320", "model.hidden_act=relu",
                                 "model.family=electra", "model.embedding_size=null"])
-
-    assert config.model.preset == "mini" and config.model.family == "electra"
-    assert config.model.overrides == {"hidden_size": 320, "hidden_act": "relu"}
-    from bertology.model.xlnet import XLNetConfig
-
-    # Every TransformerConfig and XLNetConfig field but ``extra`` is a key of the section, written
-    # flat (``elmo`` holds an ELMo's).
-    settable = {f.name for cls in (TransformerConfig, XLNetConfig)
-                for f in dataclasses.fields(cls)} - {"extra"}
-    assert set(config.to_dict()["model"]) == settable | {"preset", "init_from", "elmo"}
-    decoder = load_config(None, ["model.family=gpt2", "model.hidden_size=64", "model.gated_ffn=true",
-                                 "data.instances.kind=packed-documents"])
-    assert decoder.model.kind == "decoder" and decoder.model.settings == {"hidden_size": 64, "gated_ffn": True}
+    assert config.model.preset == "mini" and config.model.family == "electra" and config.model.kind == "encoder"
+    assert config.model.settings == {"hidden_size": 320, "hidden_act": "relu", "family": "electra"}
+    # The section is {architecture, preset, init_from} and the settings given, written flat.
+    assert config.to_dict()["model"] == {"architecture": None, "preset": "mini", "init_from": None,
+                                         "hidden_size": 320, "hidden_act": "relu", "family": "electra"}
+    decoder = load_config(None, ["model.architecture=decoder", "model.family=gpt2", "model.hidden_size=64",
+                                 "model.gated_ffn=true", "data.instances.kind=packed-documents"])
+    assert decoder.model.kind == "decoder" and decoder.model.settings == {"family": "gpt2", "hidden_size": 64,
+                                                                          "gated_ffn": True}
     assert decoder.objectives == {"clm": {}}  # a decoder's default objective
-    assert ModelConfig(preset="mini", overrides={"hidden_size": 320}) == load_config(
+    assert ModelConfig(preset="mini", settings={"hidden_size": 320}) == load_config(
         None, ["model.preset=mini", "model.hidden_size=320"]).model
+    xlnet = load_config(None, ["model.architecture=xlnet", "model.mem_len=64", "tokenizer.style=xlnet",
+                               "tokenizer.kind=unigram", "data.instances.kind=full-sentences"])
+    assert xlnet.model.settings == {"mem_len": 64} and xlnet.objectives == {"plm": {}}
+
+
+def test_every_architecture_field_is_accepted_and_checked():
+    """Each field of each registered architecture's config class is a key of the model section, checked against
+    its type; the same key under another architecture that lacks it is an error naming the architecture."""
+    import dataclasses
+
+    from bertology.config import schema_fields
+    from bertology.model.registry import registered
+    from bertology.training.config import ModelConfig
+
+    for name in ("encoder", "decoder", "seq2seq", "xlnet", "elmo"):
+        fields = schema_fields(registered(name).config_class)
+        assert "extra" not in fields and "num_layers" in fields
+        values = {f.name: getattr(registered(name).config_class(), f.name)
+                  for f in dataclasses.fields(registered(name).config_class) if f.name in fields}
+        values["family"] = {"decoder": "gpt2", "seq2seq": "t5"}.get(name, values["family"])
+        assert ModelConfig(architecture=name, settings=values).settings == {k: v for k, v in values.items()
+                                                                             if v is not None}
+    with pytest.raises(ConfigError, match="^model.mem_len: unknown key for the encoder architecture .*a field of "
+                                          "xlnet models: set model.architecture"):
+        load_config(None, ["model.mem_len=4"])
+    with pytest.raises(ConfigError, match="^model.cell_size: unknown key for the decoder architecture .*a field of "
+                                          "elmo models"):
+        load_config(None, ["model.architecture=decoder", "model.family=gpt2", "model.cell_size=2",
+                           "data.instances.kind=packed-documents"])
+    # The encoders, decoders and encoder-decoders share one config class: each takes its every field.
+    assert load_config(None, ["model.gated_ffn=true"]).model.settings == {"gated_ffn": True}
 
 
 @pytest.mark.parametrize("setting,message", [
     ("model.hidden_size=1.5", "model.hidden_size: expected int, got float 1.5"),
     ("model.positions_after_padding=1", "model.positions_after_padding: expected bool"),
     ("model.family=bartt", "model.family: unknown family 'bartt'; did you mean bart?"),
-    ("model.gated_ffn=true", "model.gated_ffn: a field of the decoders and encoder-decoders"),
+    ("model.family=gpt2", "model.family: the encoder architecture builds .*: gpt2 is a family of the decoder "
+                          r"architecture \(model: \{architecture: decoder, family: gpt2"),
+    ("model.architecture=decodr", "model.architecture: unknown architecture 'decodr'; did you mean decoder?"),
+    ("model.gated_ffn=1", "model.gated_ffn: expected bool, got int 1"),
     ("model.relative_attention_num_buckets=true", "model.relative_attention_num_buckets: expected int, got bool"),
-    ("model.hidden_act=gelux", "model.hidden_act: expected one of gelu"),
     ("model.preset=minii", "model.preset: unknown preset 'minii'; did you mean mini?"),
     ("model.extra={}", "model.extra: unknown key"),
     ("model.num_hidden_layers=4", "model.num_hidden_layers: unknown key; did you mean num_layers?"),
@@ -280,14 +306,47 @@ def test_model_section_errors(setting, message):
         load_config(None, [setting])
 
 
-def test_model_config_python_construction_checks_overrides():
+@pytest.mark.parametrize("settings,message", [
+    (["model.architecture=seq2seq", "model.family=t5", "model.relative_attention_num_buckets=true"],
+     "model.relative_attention_num_buckets: expected int, got bool"),
+    (["model.architecture=decoder", "model.family=t5"], "model.family: the decoder architecture builds gpt2"),
+    (["model.architecture=decoder"], "model.family: the decoder architecture builds a model of one of the "
+                                     "families gpt2; set model.family"),
+    (["model.architecture=elmo", "model.family=bert"], "model.family: elmo models are of the family 'elmo'"),
+])
+def test_model_section_errors_of_other_architectures(settings, message):
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        load_config(None, settings)
+
+
+@pytest.mark.parametrize("section,key", [
+    ({"family": "gpt2", "preset": "tiny"}, "family"),
+    ({"preset": "tiny", "elmo": {"projection_dim": 128}}, "elmo"),
+    ({"preset": "tiny", "mem_len": 256}, "mem_len"),
+    ({"overrides": {"hidden_size": 64}}, "overrides"),
+])
+def test_a_model_section_of_the_old_shape_says_the_new_one(tmp_path, section, key):
+    """Before the registry resolved it, the section had a family (choosing the schema), an ``elmo`` mapping and
+    XLNet keys taken by the tokenizer's style; each of those is an error that shows the section's shape now."""
+    import yaml
+
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump({"model": section}), encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^{path}: model\.{key}: .*architecture") as error:
+        load_config(path)
+    assert "KeyError" not in str(error.value)
+
+
+def test_model_config_python_construction_checks_settings():
     from bertology.training.config import ModelConfig
 
     with pytest.raises(ConfigError, match="model.hidden_sise: unknown key; did you mean hidden_size?"):
-        ModelConfig(overrides={"hidden_sise": 64})
+        ModelConfig(settings={"hidden_sise": 64})
     with pytest.raises(ConfigError, match="model.num_layers: expected int, got str"):
-        ModelConfig(overrides={"num_layers": "4"})
-    assert ModelConfig(overrides={"num_layers": 4, "hidden_size": None}).overrides == {"num_layers": 4}
+        ModelConfig(settings={"num_layers": "4"})
+    assert ModelConfig(settings={"num_layers": 4, "hidden_size": None}).settings == {"num_layers": 4}
+    # With init_from and no architecture, the checkpoint's config class checks them (in the recipe).
+    assert ModelConfig(init_from="somewhere", settings={"mem_len": 4}).settings == {"mem_len": 4}
 
 
 def test_instances_section_is_instance_config():
@@ -310,12 +369,7 @@ def test_to_dict_keeps_the_recorded_shape():
                                          "dupe_factor": 1}
     assert data["objectives"] == {"mlm": {}, "nsp": {}}
     assert data["optim"]["betas"] == [0.9, 0.999]
-    old_model_keys = {"preset", "init_from", "family", "vocab_size", "hidden_size", "num_layers", "num_heads",
-                      "intermediate_size", "hidden_act", "max_position_embeddings", "type_vocab_size",
-                      "embedding_size", "num_layer_groups", "inner_group_size", "layer_norm_eps", "pad_token_id",
-                      "positions_after_padding", "hidden_dropout", "attention_dropout", "initializer_range"}
-    assert old_model_keys <= set(data["model"]) and data["model"]["preset"] == "tiny"
-    assert all(data["model"][key] is None for key in old_model_keys - {"preset"})
+    assert data["model"] == {"architecture": None, "preset": "tiny", "init_from": None}
     assert json.loads(json.dumps(data)) == data
 
 
@@ -341,7 +395,7 @@ def test_objectives_are_checked_once_against_their_classes():
 def test_set_keeps_working_and_refuses_nan():
     config = load_config(None, ["optim.lr=2e-4", "data.masking.selection=bernoulli", "model.num_layers=3"])
     assert config.optim.lr == 2e-4 and config.data.masking.selection == "bernoulli"
-    assert config.model.overrides == {"num_layers": 3}
+    assert config.model.settings == {"num_layers": 3}
     with pytest.raises(ConfigError, match="optim.lr: must be a finite number, got nan"):
         load_config(None, ["optim.lr=.nan"])
     with pytest.raises(ConfigError, match="optim.lr: expected float, got str 'nan'"):

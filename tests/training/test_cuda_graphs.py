@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from bertology.data.dataset import PretrainingBatch
 from bertology.errors import ConfigError
 from bertology.model import EncoderModel, HeadSpec, Layout, preset
-from bertology.objectives.base import IGNORE
+from bertology.objectives.base import IGNORE, Objective
 from bertology.objectives.compose import TrainingLoss
 from bertology.objectives.mlm import MaskedLM, mlm_loss
 from bertology.objectives.nsp import NextSentence
@@ -123,7 +123,7 @@ def test_bad_settings_are_named(tmp_path):
         trainer = Trainer(TrainConfig(optim=config.optim, run=config.run, speed=speed), model, [MaskedLM()], None)  # type: ignore[arg-type]
         assert trainer.graphs is None
 
-    class Unpadded:
+    class Unpadded(Objective):  # static_shapes: the base class's False
         name = "rtd"
 
     with pytest.raises(ConfigError, match="objective 'rtd' does not take batches padded to static shapes"):

@@ -100,8 +100,8 @@ def test_the_objective_carries_state_and_resets_at_a_streams_start():
 def run_config(corpus: Path, output_dir: Path, steps: int = 6, sampled: int = 0) -> PretrainConfig:
     return PretrainConfig.from_dict({
         "objectives": {"bilm": {"sampled": sampled} if sampled else {}},
-        "model": {"preset": "tiny", "elmo": {"projection_dim": 16, "cell_size": 32, "filters": [[1, 8], [2, 8]],
-                                             "char_embedding_dim": 4, "max_characters_per_token": 12}},
+        "model": {"architecture": "elmo", "preset": "tiny", "projection_dim": 16, "cell_size": 32,
+                  "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4, "max_characters_per_token": 12},
         "tokenizer": {"kind": "word", "vocab_size": 30, "min_frequency": 1},
         "data": {"corpus": [str(corpus)], "format": "bert", "heldout_documents": 4,
                  "instances": {"kind": "word-stream", "max_seq_length": 6}},
@@ -142,11 +142,16 @@ def test_run_config_rules_for_elmo(tmp_path):
     assert good["objectives"] == {"bilm": {}}
     with pytest.raises(ConfigError, match="missing tokenizer.kind 'word'"):
         PretrainConfig.from_dict({**good, "tokenizer": {"kind": "wordpiece"}})
-    with pytest.raises(ConfigError, match="model.hidden_size: an ELMo model"):
-        PretrainConfig.from_dict({**good, "model": {"elmo": {}, "hidden_size": 64}})
-    with pytest.raises(ConfigError, match="model.elmo: unknown elmo config key"):
-        PretrainConfig.from_dict({**good, "model": {"elmo": {"cells": 64}}})
-    with pytest.raises(ConfigError, match="objectives.mlm: an ELMo run trains the bilm objective only"):
+    with pytest.raises(ConfigError, match=r"model.hidden_size: unknown key for the elmo architecture \(a field of "
+                                          "encoder"):
+        PretrainConfig.from_dict({**good, "model": {"architecture": "elmo", "hidden_size": 64}})
+    with pytest.raises(ConfigError, match="model.cells: unknown key; did you mean cell_size?"):
+        PretrainConfig.from_dict({**good, "model": {"architecture": "elmo", "cells": 64}})
+    with pytest.raises(ConfigError, match="model.preset: ELMo has the preset 'tiny' or none"):
+        PretrainConfig.from_dict({**good, "model": {"architecture": "elmo", "preset": "mini"}})
+    with pytest.raises(ConfigError, match=r"model.elmo: the model section is model: \{architecture: NAME"):
+        PretrainConfig.from_dict({**good, "model": {"preset": "tiny", "elmo": {"cell_size": 64}}})
+    with pytest.raises(ConfigError, match="objectives.mlm: trains encoder models, but model.architecture is elmo"):
         PretrainConfig.from_dict({**good, "objectives": {"bilm": {}, "mlm": {}}})
 
 
@@ -197,7 +202,7 @@ def test_two_processes_match_one_process_with_double_batch(tmp_path):
 
     def raw(out: Path, batch: int) -> dict:
         config = run_config(corpus, out, steps=4).to_dict()
-        config["model"]["elmo"]["dropout"] = 0.0
+        config["model"]["dropout"] = 0.0
         config["optim"]["batch_size"] = batch
         config["run"].update(eval_every=0, checkpoint_every=0)
         return config

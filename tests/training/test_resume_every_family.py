@@ -37,29 +37,30 @@ NOISE = {"text_infilling": {"rate": 0.3, "poisson_lambda": 3.0}, "sentence_permu
 # family -> (model, tokenizer, data, objectives) sections: each family as its shipped config trains it, tiny.
 FAMILIES: dict[str, tuple[dict, dict, dict, dict]] = {
     "bert": ({}, {"kind": "wordpiece"}, {"instances": {"kind": "nsp"}}, {"mlm": {}, "nsp": {}}),
-    "roberta": ({}, {"kind": "bpe"}, {"instances": {"kind": "full-sentences"}}, {"mlm": {}}),
-    "gpt2": ({"family": "gpt2"}, {"kind": "bpe", "style": "gpt2"}, {"instances": {"kind": "packed-documents"}},
-             {"clm": {}}),
+    "roberta": ({"family": "roberta"}, {"kind": "bpe"}, {"instances": {"kind": "full-sentences"}}, {"mlm": {}}),
+    "gpt2": ({"architecture": "decoder", "family": "gpt2"}, {"kind": "bpe", "style": "gpt2"},
+             {"instances": {"kind": "packed-documents"}}, {"clm": {}}),
     "xlm-roberta": ({"family": "xlm-roberta"}, {"kind": "unigram"}, {"instances": {"kind": "full-sentences"}},
                     {"mlm": {}}),
-    "t5": ({"family": "t5"}, {"kind": "unigram", "style": "t5"},
+    "t5": ({"architecture": "seq2seq", "family": "t5"}, {"kind": "unigram", "style": "t5"},
            {"instances": {"kind": "doc-sentences"}, "span_corruption": {}}, {"denoise": {}}),
-    "xlnet": ({"max_position_embeddings": None},  # relative positions: XLNet has no position table to size
+    # Relative positions: XLNet has no position table to size.
+    "xlnet": ({"architecture": "xlnet", "max_position_embeddings": None},
               {"kind": "unigram", "style": "xlnet"},
               {"instances": {"kind": "doc-sentences"}}, {"plm": {"k": 4}}),
-    "bart": ({"family": "bart"}, {"kind": "bpe"}, {"instances": {"kind": "doc-sentences"}, "noise": NOISE},
-             {"denoise": {}}),
+    "bart": ({"architecture": "seq2seq", "family": "bart"}, {"kind": "bpe"},
+             {"instances": {"kind": "doc-sentences"}, "noise": NOISE}, {"denoise": {}}),
     "electra": ({"family": "electra"}, {"kind": "wordpiece"},
                 {"instances": {"kind": "full-sentences"},
                  "masking": {"mask_token_prob": 0.85, "random_token_prob": 0.0}},
                 {"electra": {"generator_size": 0.5}}),
     "albert": ({"family": "albert", "embedding_size": 16, "num_layer_groups": 1, "inner_group_size": 1},
                {"kind": "unigram", "style": "bert"}, {"instances": {"kind": "sop"}}, {"mlm": {}, "sop": {}}),
-    "modernbert": ({"family": "modernbert", "attention_window": [None, 8], "rotary_theta": 160000.0,
-                    "rotary_theta_local": 10000.0}, {"kind": "wordpiece"},
+    "modernbert": ({"architecture": "encoder-stack", "family": "modernbert", "attention_window": [None, 8],
+                    "rotary_theta": 160000.0, "rotary_theta_local": 10000.0}, {"kind": "wordpiece"},
                    {"instances": {"kind": "full-sentences"}, "masking": {"mlm_probability": 0.3}}, {"mlm": {}}),
-    "elmo": ({"preset": "tiny", "elmo": {"projection_dim": 16, "cell_size": 32, "filters": [[1, 8], [2, 8]],
-                                         "char_embedding_dim": 4, "max_characters_per_token": 12}},
+    "elmo": ({"architecture": "elmo", "preset": "tiny", "projection_dim": 16, "cell_size": 32,
+              "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4, "max_characters_per_token": 12},
              {"kind": "word", "min_frequency": 1}, {"instances": {"kind": "word-stream", "max_seq_length": 6}},
              {"bilm": {}}),
 }
@@ -140,13 +141,17 @@ def test_a_run_killed_mid_way_resumes_to_the_uninterrupted_runs_bits(family, tmp
 
 
 def test_every_tokenizer_kind_and_every_pretraining_family_is_covered():
+    from bertology.model.run_configs import architecture_families
     from bertology.tokenization._pipeline import KINDS
-    from bertology.training.config import model_families
+    from bertology.training.config import architectures
 
     assert set(TOKENIZER_KIND.values()) == {*KINDS, "word"}
     unigram_styles = {sections[1].get("style", "roberta") for sections in FAMILIES.values()
                       if sections[1]["kind"] == "unigram"}
     assert unigram_styles == {"roberta", "t5", "xlnet", "bert"}
-    # DistilBERT is distilled from a teacher model, not pretrained from a corpus alone; XLNet and ELMo are chosen by
-    # their objective and their model section, not a family name.
-    assert set(model_families()) - {"distilbert"} <= set(FAMILIES)
+    # Every architecture a run config builds, and each of its families: DistilBERT is distilled from a teacher
+    # model, not pretrained from a corpus alone.
+    buildable = [name for name, entry in architectures().items() if entry.run_config is not None]
+    assert set(buildable) == {"encoder", "decoder", "seq2seq", "xlnet", "elmo"}
+    families = {family for name in buildable for family in architecture_families(name)} | {"elmo"}
+    assert families - {"distilbert"} <= set(FAMILIES)

@@ -11,12 +11,13 @@ import torch.nn.functional as F
 
 from bertology.model import EncoderModel, preset
 from bertology.model.encoder import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, classification_output, classification_summary, first_tokens
+from bertology.objectives.base import (Objective, ObjectiveOutput, classification_output, classification_summary,
+                                       first_tokens)
 from bertology.training import TrainConfig, Trainer, read_metrics
 
 
 @dataclass
-class FirstTokenLabel:
+class FirstTokenLabel(Objective):
     num_labels: int = 2
     weight: float = 1.0
     name: str = "label"

@@ -41,7 +41,7 @@ def t5_assets(tmp_path_factory) -> dict[str, Path]:
 
 def raw_config(assets, output_dir, **extra):
     objectives = extra.pop("objectives", {"denoise": {}})
-    sections = dict(model={"family": "t5", **extra.pop("model", {})},
+    sections = dict(model={"architecture": "seq2seq", "family": "t5", **extra.pop("model", {})},
                     data={"instances": {"kind": "doc-sentences"}, "span_corruption": {}, **extra.pop("data", {})},
                     **extra)
     raw = tiny_config(assets, output_dir, **sections)
@@ -125,8 +125,9 @@ def test_more_noise_spans_than_sentinels_is_refused_naming_the_option(t5_assets,
 
 @pytest.mark.parametrize("change,message", [
     ({"data": {"span_corruption": None}}, "objectives.denoise: needs sources and targets: set data.span_corruption"),
-    ({"objectives": {"clm": {}}}, "objectives.clm: trains decoder models, but model.family t5 builds a seq2seq"),
-    ({"model": {"family": "gpt2"}}, "objectives.denoise: trains seq2seq models, but model.family gpt2 builds a"),
+    ({"objectives": {"clm": {}}}, "objectives.clm: trains decoder models, but model.architecture is seq2seq"),
+    ({"model": {"architecture": "decoder", "family": "gpt2"}},
+     "objectives.denoise: trains seq2seq models, but model.architecture is decoder"),
     ({"data": {"instances": {"kind": "nsp"}}}, "objectives.denoise: corrupts running text"),
 ])
 def test_bad_seq2seq_configs_name_the_key(t5_assets, tmp_path, change, message):
@@ -138,7 +139,8 @@ def test_bad_seq2seq_configs_name_the_key(t5_assets, tmp_path, change, message):
     raw["model"].update(change.get("model", {}))
     with pytest.raises(ConfigError, match=message):
         build(raw)
-    raw = raw_config(t5_assets, tmp_path / "run", objectives={"clm": {}}, model={"family": "gpt2"})
+    raw = raw_config(t5_assets, tmp_path / "run", objectives={"clm": {}},
+                     model={"architecture": "decoder", "family": "gpt2"})
     with pytest.raises(ConfigError, match="data.span_corruption: makes sources and targets for objectives.denoise"):
         build(raw)
 
@@ -195,8 +197,11 @@ def test_an_older_run_config_without_the_new_keys_still_compares_equal():
     current = PretrainConfig().to_dict()
     older = json.loads(json.dumps(current))
     del older["tokenizer"]["sentinels"], older["data"]["span_corruption"]
-    for key in ("num_decoder_layers", "gated_ffn", "positions", "relative_attention_num_buckets"):
-        del older["model"][key]
+    # An encoder's model section as older versions recorded it (every field of both schemas, unset ones null, no
+    # architecture) compares equal to the same section now.
+    del older["model"]["architecture"]
+    older["model"].update({key: None for key in ("family", "hidden_size", "num_decoder_layers", "gated_ffn",
+                                                 "positions", "relative_attention_num_buckets")})
     check_same_run("checkpoint", older, current)
     with pytest.raises(ConfigError, match="tokenizer.sentinels: sentinels are T5's, for a t5-style tokenizer"):
         PretrainConfig.from_dict({"tokenizer": {"sentinels": 10}})
@@ -210,7 +215,8 @@ def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets,
 
     tokenizer = load_tokenizer(t5_assets["tokenizer"])
     raw = raw_config(t5_assets, Path("unused"))
-    raw["model"] = {"family": "t5", "preset": "mini", "gated_ffn": True, "hidden_act": "gelu_new"}
+    raw["model"] = {"architecture": "seq2seq", "family": "t5", "preset": "mini", "gated_ffn": True,
+                    "hidden_act": "gelu_new"}
     v11 = build(raw)
     config = build_model_config(v11, tokenizer)
     assert (config.num_layers, config.num_decoder_layers, config.hidden_size, config.num_heads) == (4, 4, 256, 4)
@@ -220,7 +226,7 @@ def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets,
     hf = config_to_hf(config, (HeadSpec("lm", "tied_lm"),))
     assert hf["feed_forward_proj"] == "gated-gelu" and hf["d_kv"] == 64 and hf["vocab_size"] == tokenizer.vocab_size
     raw = raw_config(t5_assets, Path("unused"), data={"span_corruption": None}, objectives={"clm": {}})
-    raw["model"] = {"family": "gpt2", "preset": "tiny"}
+    raw["model"] = {"architecture": "decoder", "family": "gpt2", "preset": "tiny"}
     raw["data"]["instances"]["kind"] = "packed-documents"
     gpt2 = build(raw)
     wordpiece = load_tokenizer(assets["tokenizer"])

@@ -34,3 +34,52 @@ def test_shipped_config_round_trips(path):
     """What a checkpoint records (to_dict) reads back to the same config."""
     config = load_config(path)
     assert PretrainConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+
+
+BROWN = Path(__file__).resolve().parents[3] / "shared" / "data" / "brown-nltk"
+
+
+def needs_artifacts(raw: dict) -> str | None:
+    """Why a shipped config cannot run on a few Brown files alone (a model, tokenizer, shards or corpora of its own),
+    or None."""
+    model, data = raw.get("model") or {}, raw.get("data") or {}
+    if model.get("init_from"):
+        return "continues an installed model (model.init_from)"
+    if (raw.get("tokenizer") or {}).get("path") or data.get("shards"):
+        return "reads a prepared tokenizer and shards"
+    if data.get("multilingual"):
+        return "mixes language-tagged corpora (data.multilingual)"
+    if "distill" in (raw.get("objectives") or {}):
+        return "distils a teacher model"
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_shipped_config_trains_a_few_steps(path, tmp_path):
+    """``bertology pretrain --config X`` for 2 steps of 4 sequences on eight Brown files, two held out (a 1,000-entry
+    tokenizer, one thread, no checkpoints): every shipped config in the model section's shape trains and saves its
+    model."""
+    from bertology.cli.main import main
+    from bertology.model import load_model
+    from bertology.model.registry import model_name
+    from bertology.training.config import read_config_file
+
+    if not BROWN.is_dir():
+        pytest.skip(f"the Brown corpus is not at {BROWN} (see ../shared/data/README.md)")
+    why = needs_artifacts(read_config_file(path))
+    if why is not None:
+        pytest.skip(f"{path.name} {why}")
+    corpus = ",".join(str(BROWN / f"ca0{i}") for i in range(1, 9))
+    settings = [f"data.corpus=[{corpus}]", "data.format=brown", "data.encoding=utf-8", "data.heldout_documents=2",
+                "tokenizer.vocab_size=1000", "optim.total_steps=2", "optim.batch_size=4", "run.eval_batches=1",
+                "run.checkpoint_every=0", f"run.output_dir={tmp_path / 'run'}", "speed.threads=1", "speed.prefetch=0",
+                "run.progress=false"]
+    argv = ["pretrain", "--config", str(path)]
+    for setting in settings:
+        argv += ["--set", setting]
+    assert main(argv) == 0
+    config = load_config(path)
+    model = load_model(tmp_path / "run" / "model")
+    # The registered model the section names, of its family.
+    assert model_name(model) == config.model.kind and model.config.family == config.model.family

@@ -14,7 +14,7 @@ from bertology.embeddings.protocol import Backbone, Framed
 from bertology.embeddings.result import EmbeddingError
 from bertology.errors import TokenizerError
 from bertology.model import Model, Pretrained
-from bertology.model.base import as_model
+from bertology.model.encoder import as_model
 from bertology.model.encoder import Encoder
 from bertology.model.protocol import CHARACTERS, GLOBAL_TOKENS, capabilities
 from bertology.tokenization import Tokenizer

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
-from bertology.model.protocol import ENCODER, GLOBAL_TOKENS, SCALAR_MIX
+from bertology.model.protocol import SCALAR_MIX
 
 
 class BaseModel(nn.Module):
@@ -89,28 +89,3 @@ class BaseModel(nn.Module):
         if not keep_states:
             out.hidden_states = None
         return mixed
-
-
-class StackStates(nn.Module):
-    """A bare BERT-family encoder stack (`bertology.model.encoder.Encoder`, which `embed` also takes) read as a
-    headless model: its `config`, `capabilities` and `layer_states`."""
-
-    def __init__(self, stack: nn.Module) -> None:
-        super().__init__()
-        self.encoder = stack
-        self.config = stack.config
-        self.training = stack.training
-        self.capabilities = frozenset({ENCODER} | ({GLOBAL_TOKENS} if stack.config.attention_window is not None
-                                                   else set()))
-
-    def layer_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None, *,
-                     global_attention_mask: Tensor | None = None) -> tuple[Tensor, ...]:
-        return self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True,
-                            global_attention_mask=global_attention_mask).hidden_states
-
-
-def as_model(module: Any) -> Any:
-    """`module` itself, or a bare BERT-family encoder stack in a `StackStates` reading it."""
-    from bertology.model.encoder import Encoder
-
-    return StackStates(module) if isinstance(module, Encoder) else module

@@ -292,6 +292,11 @@ class CheckpointFamily:
     required: Mapping[str, Any] = field(default_factory=dict)
     # Suffixes of checkpoint keys that are buffers, not weights (GPT-2's attn.bias causal mask): dropped on reading.
     ignored: tuple[str, ...] = ()
+    # What a model of this family pretrained from scratch takes beyond `fixed`: defaults that follow the values
+    # chosen so far (fixed, preset, the tokenizer's ids, the run config's settings) or the run's tokenizer
+    # (bertology.model.registry.RunContext), such as T5's d_kv or BART's decoder start; the architecture's run-config
+    # builder applies them to the fields the run config does not set.
+    run_defaults: Callable[[Mapping[str, Any], Any], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):

@@ -280,3 +280,26 @@ class EncoderModel(BaseModel):
         for head in self.heads.values():
             if isinstance(head, MaskedLMHead):
                 head.bias.zero_()
+
+
+class StackStates(nn.Module):
+    """A bare BERT-family encoder stack (`bertology.model.encoder.Encoder`, which `embed` also takes) read as a
+    headless model: its `config`, `capabilities` and `layer_states`."""
+
+    def __init__(self, stack: nn.Module) -> None:
+        super().__init__()
+        self.encoder = stack
+        self.config = stack.config
+        self.training = stack.training
+        self.capabilities = frozenset({ENCODER} | ({GLOBAL_TOKENS} if stack.config.attention_window is not None
+                                                   else set()))
+
+    def layer_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None, *,
+                     global_attention_mask: Tensor | None = None) -> tuple[Tensor, ...]:
+        return self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True,
+                            global_attention_mask=global_attention_mask).hidden_states
+
+
+def as_model(module: Any) -> Any:
+    """`module` itself, or a bare BERT-family encoder stack in a `StackStates` reading it."""
+    return StackStates(module) if isinstance(module, Encoder) else module

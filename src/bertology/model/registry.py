@@ -1,10 +1,17 @@
 """The model classes bertology's native format can rebuild, by name: bertology.json records the name of the model's
 class, and loading builds the class registered under it. A registered class is built as `cls(config, heads)` and
 has a config class (its `config_class` attribute, or one given at registration) with `to_dict()` and
-`from_dict(data)`."""
+`from_dict(data)`.
+
+An architecture a run config names (``model: {architecture: NAME, ...}``) also registers how it builds its config
+from the run's settings and tokenizer (`register_run_config`): ``build(settings, preset, run, base)`` -> a config of
+its config class, from the ``preset`` size and the ``settings`` (checked against the config class's fields), with
+the vocabulary and special ids of ``run`` (a `RunContext`); ``base``, when given, is the config of the checkpoint
+the run continues (``model.init_from``), which the settings then change."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +24,31 @@ class RegisteredModel:
     name: str
     cls: type
     config_class: type
+
+    @property
+    def run_config(self) -> Callable[[Mapping[str, Any], str | None, RunContext, Any], Any] | None:
+        """Builds the config of a model pretrained by a run config (see the module docstring); None: not
+        registered."""
+        return RUN_CONFIGS.get(self.name)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What a pretraining run tells an architecture about its tokenizer and instances: the vocabulary size, the
+    padding token's id (``pad_id``) and the id padded positions hold (``fill_id``: GPT-2 pads with its end token), the
+    ids of the tokens opening and closing a text (``cls_id``, ``sep_id``; None where the framing has none), the
+    tokenizer's framing style, the instances' length, how many special tokens frame one text, and whether rows carry
+    a memory from batch to batch (segment streams)."""
+
+    vocab_size: int
+    pad_id: int | None = None
+    fill_id: int | None = None
+    cls_id: int | None = None
+    sep_id: int | None = None
+    style: str | None = None
+    max_seq_length: int = 512
+    text_overhead: int = 0
+    segment_stream: bool = False
 
 
 def register_model(name: str, cls: type, config_class: type | None = None) -> None:
@@ -40,8 +72,18 @@ def register_model(name: str, cls: type, config_class: type | None = None) -> No
     MODELS[name] = RegisteredModel(name, cls, config_class)
 
 
+def register_run_config(name: str, build: Callable[..., Any]) -> None:
+    """Register how the model registered under `name` builds its config from a run config (the module docstring)."""
+    registered(name)
+    if not callable(build):
+        raise ConfigError(f"register_run_config({name!r}): expected a function, got {type(build).__name__}")
+    RUN_CONFIGS[name] = build
+
+
 # name -> RegisteredModel; the built-in classes are registered from bertology.builtins on first use.
 MODELS: Registry[RegisteredModel] = Registry("models", register_model)
+# architecture name -> its run-config builder (bertology.model.run_configs), registered likewise.
+RUN_CONFIGS: Registry[Callable[..., Any]] = Registry("run_configs", register_run_config)
 
 
 def registered(name: Any) -> RegisteredModel:

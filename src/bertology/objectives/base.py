@@ -22,7 +22,8 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -82,33 +83,77 @@ class Passes:
         return self.model(*args, **kwargs)
 
 
-@runtime_checkable
-class Objective(Protocol):
-    """A training objective, composed with others by name and weight (see ``bertology.objectives.TrainingLoss``)."""
+class Objective:
+    """A training objective, composed with others by name and weight (see ``bertology.objectives.TrainingLoss``).
+
+    Every objective derives this class. It must give ``name`` and ``weight`` (dataclass fields, the options of a
+    run config's ``objectives`` section), ``heads``, ``reads``, ``units``, ``summarize`` and ``__call__(passes,
+    batch) -> ObjectiveOutput`` (an ``nn.Module`` objective: ``forward``). The rest are optional hooks, declared here
+    with what an objective that needs none of them does; the trainer and the recipes call them on every objective."""
 
     name: str
     weight: float
+    # The registered models it trains (``bertology.model.registry`` names; an encoder's subclass counts as one).
+    trains: ClassVar[tuple[str, ...]] = ("encoder",)
+    # Whether it skips padded targets (label ``IGNORE``) in its loss and unit count, so that batches may be padded
+    # to static shapes (CUDA graphs, ``bertology.training.graphs``).
+    static_shapes: ClassVar[bool] = False
 
     def heads(self) -> Sequence[HeadSpec]:
         """Heads the model needs for this objective (created by the model, saved in its checkpoint)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.heads")
 
     def reads(self, batch: Batch) -> Tensor | None:
         """The ``[N, 2]`` (row, column) positions of the shared pass's last layer this objective reads, its heads'
         inputs included; an empty tensor when it does not read the shared pass, None when it reads every token."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.reads")
 
     def units(self, batch: Batch) -> Tensor:
         """Number of prediction units in ``batch`` (a 0-d int64 tensor), known before the forward pass."""
-        ...
-
-    def __call__(self, passes: Passes, batch: Batch) -> ObjectiveOutput:
-        """Loss sum and metric sums for ``batch``."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.units")
 
     def summarize(self, totals: Mapping[str, float]) -> dict[str, float]:
         """Readable metrics (means, accuracies) from stats summed over batches and ranks."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__}.summarize")
+
+    # --- optional hooks ---------------------------------------------------------------------------------------
+
+    def terms(self) -> Sequence[Objective]:
+        """The losses it is made of, each with units of its own, composed as objectives (ELECTRA: the generator's
+        MLM per masked token and replaced-token detection per token); itself alone by default."""
+        return (self,)
+
+    def fit_model_config(self, model_config: Any, lm_kind: str | None) -> None:
+        """Take what the objective's heads follow of the model it trains, before they are made: the model's
+        ``hidden_act`` for a transform whose activation the options leave unset, ``lm_kind`` the kind of
+        language-model head the model's family has (None: the family has none registered)."""
+
+    def batch_maker(self, framing: Any, seed: int, max_seq_length: int) -> Any | None:
+        """What turns the instances into this objective's batches (permutation LM, causal LM), or None: the run's
+        masking or corruption makes them."""
+        return None
+
+    def check_tokenizer(self, tokenizer: Any, vocab_size: int, pad_id: int | None = None) -> None:
+        """Refuse a run's tokenizer that does not fit (a distillation teacher's must be the run's)."""
+
+    def check_vocabulary(self, vocab_size: int) -> None:
+        """Refuse a vocabulary that does not fit, before any step (a sampled softmax's negatives)."""
+
+    def initial_model(self, heads: Sequence[HeadSpec], generator: torch.Generator | None = None) -> Any | None:
+        """The model this objective derives from another (a distillation student from its teacher), or None."""
+        return None
+
+    def attach(self, model: Any, generator: torch.Generator | None = None) -> Any:
+        """Build the modules it trains around ``model`` (ELECTRA's generator shares its embeddings)."""
+        return None
+
+    def load_with_model(self, model_dir: str | Path) -> bool:
+        """Load what it saved beside the model it continues from (``save_with_model``); whether there was any."""
+        return False
+
+    def save_with_model(self, output_dir: str | Path, tokenizer: Any) -> Path | None:
+        """Save what it trains beside the model (ELECTRA's generator, SpanBERT's boundary head); where, or None."""
+        return None
 
 
 def check_objective(objective: Any) -> None:

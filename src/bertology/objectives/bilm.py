@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -28,17 +28,18 @@ from bertology.errors import ConfigError
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import CHARACTERS, require
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, ratio, safe_exp
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, ratio, safe_exp
 from bertology.objectives.mlm import linear_prediction_applies, linear_token_prediction, token_prediction
 
 
 @dataclass(eq=False)
-class BidirectionalLM(nn.Module):
+class BidirectionalLM(nn.Module, Objective):
     weight: float = 1.0
     # > 0: training uses a sampled softmax over this many negative words a batch (see `sampled_softmax_loss`);
     # held-out metrics always use the full softmax. 0: the full softmax in training too.
     sampled: int = 0
     name: str = "bilm"
+    trains: ClassVar[tuple[str, ...]] = ("elmo",)
 
     def __post_init__(self) -> None:
         nn.Module.__init__(self)

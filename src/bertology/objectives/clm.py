@@ -15,7 +15,7 @@ from torch import Tensor
 
 from bertology.data.causal import CausalBatches, LMBatch as LMBatch, lm_batch as lm_batch  # re-exported
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ class CausalBatch(Protocol):
 
 
 @dataclass
-class CausalLM:
+class CausalLM(Objective):
     """Next-token prediction on the tied ``lm`` head. Stats: ``lm_units`` (predicted tokens), ``lm_loss_sum``,
     ``lm_correct``."""
 

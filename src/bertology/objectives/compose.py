@@ -27,7 +27,11 @@ class TrainingLoss(nn.Module):
             raise ConfigError("objectives: at least one objective is needed")
         # An objective made of several losses with units of their own (ELECTRA: the generator's MLM per masked
         # token, replaced-token detection per token) lists them in ``terms()``; each is composed as an objective.
-        terms = [term for o in objectives for term in (o.terms() if hasattr(o, "terms") else (o,))]
+        strays = [type(o).__name__ for o in objectives if not isinstance(o, Objective)]
+        if strays:
+            raise ConfigError(f"objectives: {strays[0]} does not derive bertology.objectives.Objective, the base "
+                              "class that declares the objectives' optional hooks")
+        terms = [term for o in objectives for term in o.terms()]
         names = [o.name for o in terms]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from bertology.data.seq2seq import Seq2SeqBatch
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
 
 # The head the decoder predicts with: transformers' lm_head (T5ForConditionalGeneration, BartForConditionalGeneration).
@@ -24,7 +24,7 @@ HEAD = "lm"
 
 
 @dataclass
-class Denoising:
+class Denoising(Objective):
     """Cross-entropy on the decoder's targets, on the tied ``lm`` head. Stats: ``denoise_units`` (target tokens),
     ``denoise_loss_sum``, ``denoise_correct``; metrics ``denoise_loss``, ``denoise_accuracy``, ``perplexity``."""
 
@@ -36,6 +36,10 @@ class Denoising:
 
     def __post_init__(self) -> None:
         check_objective(self)
+
+    def fit_model_config(self, model_config: Any, lm_kind: str | None) -> None:
+        if lm_kind is not None:  # the family's kind of head (BART's carries final_logits_bias)
+            self.lm_kind = lm_kind  # type: ignore[misc]
 
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(HEAD, self.lm_kind),)

@@ -34,7 +34,7 @@ from torch import Tensor
 from bertology.errors import CheckpointError, ConfigError, TokenizerError
 from bertology.model.encoder import EncoderModel, EncoderOutput, HeadSpec
 from bertology.model.protocol import ENCODER, require
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, count, ratio
 from bertology.objectives.mlm import MaskedLM
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ def init_student(teacher: EncoderModel, heads: Sequence[HeadSpec], generator: to
 
 
 @dataclass
-class Distillation:
+class Distillation(Objective):
     """Distillation from ``teacher`` (see the module docstring). Metrics: ``distill_ce_loss`` (T^2-scaled KL per
     masked token), ``mlm_loss``/``mlm_accuracy``/``perplexity``, ``distill_cos_loss`` (1 - cosine per real token),
     ``distill_agreement`` (share of masked tokens where student and teacher agree on the top token)."""
@@ -97,6 +97,10 @@ class Distillation:
     weight: float = 1.0
     activation: str | None = None  # of the student's MLM transform; None: the model's hidden_act (set by the recipe)
     name: str = "distill"
+
+    def fit_model_config(self, model_config: Any, lm_kind: str | None) -> None:
+        if self.activation is None:  # the head's activation follows the model's (as in transformers)
+            self.activation = model_config.hidden_act
 
     def __post_init__(self) -> None:
         check_objective(self)
@@ -220,7 +224,7 @@ class Distillation:
         return out
 
 
-class SoftTargets:
+class SoftTargets(Objective):
     """alpha_ce * T^2 * KL(teacher || student) at the masked positions. Stats ``distill_ce_*``."""
 
     name = "distill_ce"
@@ -256,7 +260,7 @@ class SoftTargets:
                 "distill_agreement": ratio(totals.get("distill_ce_agree", 0.0), units)}
 
 
-class HiddenCosine:
+class HiddenCosine(Objective):
     """alpha_cos * (1 - cos(student, teacher last hidden state)) at every real token (DistilBERT's
     CosineEmbeddingLoss with target 1). Stats ``distill_cos_*``."""
 

@@ -42,7 +42,7 @@ from bertology.errors import ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.encoder import EncoderModel, HeadSpec
 from bertology.model.protocol import ENCODER, require
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective, count, ratio, safe_exp
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective, count, ratio, safe_exp
 from bertology.objectives.mlm import MaskedBatch, mlm_loss
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Replaced:
 
 
 @dataclass(eq=False, repr=False)
-class Electra(nn.Module):
+class Electra(nn.Module, Objective):
     """ELECTRA pretraining (see the module docstring). Options: ``generator_size`` in (0, 1] (the paper uses 1/4 to
     1/3), ``generator_layers`` (None: the discriminator's), ``generator_weight`` and ``rtd_weight`` (ELECTRA: 1 and
     50), ``weight`` (a factor on both terms), ``seed`` of the sampling. Metrics: ``generator_loss``,
@@ -164,6 +164,10 @@ class Electra(nn.Module):
     seed: int = 0
     activation: str | None = None  # of the discriminator head; None: the model's hidden_act (set by the recipe)
     name: str = "electra"
+
+    def fit_model_config(self, model_config: Any, lm_kind: str | None) -> None:
+        if self.activation is None:  # the head's activation follows the model's (as in transformers)
+            self.activation = model_config.hidden_act
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -288,7 +292,7 @@ class Electra(nn.Module):
         return path
 
 
-class GeneratorMLM:
+class GeneratorMLM(Objective):
     """ELECTRA's generator loss: MLM cross-entropy at the masked positions. Stats ``generator_*``."""
 
     name = "generator"
@@ -325,7 +329,7 @@ class GeneratorMLM:
                 "generator_perplexity": safe_exp(loss)}
 
 
-class ReplacedTokenDetection:
+class ReplacedTokenDetection(Objective):
     """ELECTRA's discriminator loss: per-token binary cross-entropy of the ``rtd`` head over the real tokens of the
     corrupted batch. Stats ``rtd_*``."""
 

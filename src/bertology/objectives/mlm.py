@@ -17,6 +17,7 @@ from torch import Tensor
 from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
     IGNORE,
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -88,7 +89,7 @@ class _SummedCrossEntropy(torch.autograd.Function):
 
 
 @dataclass
-class MaskedLM:
+class MaskedLM(Objective):
     """MLM on the ``mlm`` head. Stats: ``mlm_units`` (selected tokens), ``mlm_loss_sum``, ``mlm_correct``."""
 
     static_shapes: ClassVar[bool] = True  # padded targets (label IGNORE) take no loss and count no unit
@@ -97,6 +98,10 @@ class MaskedLM:
     weight: float = 1.0
     activation: str | None = None  # of the head's transform; None: the model's hidden_act (set by the recipe)
     name: str = "mlm"
+
+    def fit_model_config(self, model_config: Any, lm_kind: str | None) -> None:
+        if self.activation is None:  # the transform's activation follows the model's (as in transformers)
+            self.activation = model_config.hidden_act
 
     def heads(self) -> Sequence[HeadSpec]:
         return (HeadSpec(self.name, "masked_lm", activation=self.activation or "gelu"),)

@@ -14,11 +14,12 @@ from bertology.errors import DataError
 from bertology.model.encoder import HeadSpec
 from bertology.objectives.base import (
     IGNORE,
+    Objective,
     ObjectiveOutput,
     Passes,
+    check_objective,
     classification_output,
     classification_summary,
-    check_objective,
     first_tokens,
 )
 
@@ -36,7 +37,7 @@ def nsp_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
 
 
 @dataclass
-class NextSentence:
+class NextSentence(Objective):
     """NSP on the pooled head ``nsp``. Stats: ``nsp_units`` (sequences), ``nsp_loss_sum``, ``nsp_correct``."""
 
     static_shapes: ClassVar[bool] = True  # padded rows (label IGNORE) take no loss and count no unit

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from bertology.config import validate
 from bertology.errors import ConfigError
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import IGNORE, ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import IGNORE, Objective, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import (
     linear_prediction_applies,
     linear_token_prediction,
@@ -181,7 +181,7 @@ class PermutationBatches:
 
 
 @dataclass(eq=False)
-class PermutationLM(nn.Module):
+class PermutationLM(nn.Module, Objective):
     """XLNet's objective on the tied `lm` head with its bias (XLNetLMHeadModel's `lm_loss`); `k`, `max_span` and
     `num_predict` configure its batches (`PermutationConfig`, `batch_maker`). On segment streams it carries the
     memory from batch to batch (see the module docstring). Stats: `lm_units` (predicted tokens), `lm_loss_sum`,
@@ -192,6 +192,7 @@ class PermutationLM(nn.Module):
     max_span: int = 5
     num_predict: int | None = None
     name: str = "lm"
+    trains: ClassVar[tuple[str, ...]] = ("xlnet",)
 
     def __post_init__(self) -> None:
         nn.Module.__init__(self)

@@ -37,6 +37,7 @@ from bertology.model.encoder import EncoderModel
 from bertology.model.heads import HeadInputs, HeadSpec, build_head
 from bertology.objectives.base import (
     FINAL_MODEL_DIR,
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -72,7 +73,7 @@ def span_boundary_head(config: TransformerConfig, max_positions: int, name: str 
 
 
 @dataclass(eq=False)
-class SpanBoundary(nn.Module):
+class SpanBoundary(nn.Module, Objective):
     """SBO (see the module docstring). Stats: ``sbo_units`` (span tokens predicted), ``sbo_loss_sum``,
     ``sbo_correct``. ``attach(model)`` makes the head for the model's sizes before training."""
 

@@ -1,4 +1,11 @@
-"""Pretraining from a run config: tokenizer -> shards -> datasets -> model -> trainer.
+"""Pretraining from a run config: tokenizer -> shards -> model config -> model (with the objectives' heads) ->
+datasets -> trainer.
+
+The model comes from the registry: ``model.architecture`` names a registered model, whose registered builder
+(bertology.model.run_configs) makes its config from the preset, the section's settings and the tokenizer; the
+objectives are fitted to that config (``Objective.fit_model_config``) and give their heads; the model class the
+registry holds is built with them (or continued from ``model.init_from``), and the objectives attach what they
+train beside it. Nothing here knows a family.
 
     from bertology.recipes.pretrain import pretrain
     from bertology.training import load_config
@@ -26,24 +33,21 @@ from bertology.data.dataset import PretrainingDataset, StepClock
 from bertology.data.masking import Masker
 from bertology.data.segment_streams import SegmentStreams
 from bertology.data.seq2seq import Seq2SeqBatches
-from bertology.data.span_corruption import SpanCorruption
 from bertology.data.shards import HELDOUT_DIR, TokenizedCorpus, prepare_corpus
+from bertology.data.span_corruption import SpanCorruption
 from bertology.data.span_masking import SpanBatches
-from bertology.errors import ConfigError, DataError, TokenizerError
-from bertology.model.checkpoint import FAMILY_FIXED, load_model
-from bertology.model.config import PRESET_SIZES, TransformerConfig, preset
+from bertology.errors import CheckpointError, ConfigError, DataError, TokenizerError
+from bertology.model.checkpoint import load_model
 from bertology.model.convert import family_for_config
-from bertology.model.encoder import EncoderModel
-from bertology.model.protocol import ENCODER, PERMUTATION_LM, capabilities, model_kind
-from bertology.model.registry import model_class, model_name
-from bertology.model.xlnet import XLNetConfig, XLNetModel
+from bertology.model.protocol import ENCODER, capabilities
+from bertology.model.registry import RunContext, model_class, model_name, registered
+from bertology.model.run_configs import continued_config
 from bertology.objectives.base import Objective
-from bertology.objectives.plm import PermutationLM
 from bertology.tokenization import Tokenizer, load_tokenizer, train_tokenizer
 from bertology.tokenization._pipeline import MODEL_TYPE_STYLE
 from bertology.tokenization.framing import FRAMINGS
 from bertology.training import distributed as D
-from bertology.training.config import PretrainConfig
+from bertology.training.config import PretrainConfig, architectures
 from bertology.training.trainer import FINAL_MODEL_DIR, Hook, Trainer, check_output_dir
 
 TOKENIZER_DIR = "tokenizer"
@@ -211,24 +215,29 @@ def build_corpus(config: PretrainConfig, tokenizer: Tokenizer, env: D.DistEnv | 
 
 
 def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: TokenizedCorpus,
-                   heldout: TokenizedCorpus | None, objectives: list[Objective] | None = None
-                   ) -> tuple[PretrainingDataset, PretrainingDataset | None]:
+                   heldout: TokenizedCorpus | None, objectives: list[Objective] | None = None,
+                   model_config: Any = None) -> tuple[PretrainingDataset, PretrainingDataset | None]:
     """Training instances (masked as configured, made into batches by an objective that has a `batch_maker`:
-    permutation LM, causal LM, or into sources and targets by T5's span corruption) and held-out instances (one
-    fixed, static masking)."""
+    permutation LM, causal LM, or into sources and targets by T5's span corruption or BART's noise, for a decoder
+    that starts from ``model_config``'s start token: the run's model config, built when not given) and held-out
+    instances (one fixed, static masking)."""
     inst = config.data.instances
     special = tokenizer.framing
     masking = config.data.masking
-    makers = [objective for objective in objectives or () if hasattr(objective, "batch_maker")]
 
     # A masking-rate schedule reads the optimizer step of each micro-batch.
     clock = StepClock(config.optim.grad_accumulation, config.optim.total_steps)
 
+    def decoder_start() -> int:
+        start = (model_config or build_model_config(config, tokenizer)).decoder_start_token_id
+        return special.fill_id if start is None else int(start)
+
     def dataset(corpus: TokenizedCorpus, masking_config: Any, dupe_factor: int,
                 bucket_window: int = 0) -> PretrainingDataset:
         instance_config = dataclasses.replace(inst, dupe_factor=dupe_factor, seed=config.run.seed)
-        if makers:
-            make = makers[0].batch_maker(special, config.run.seed, inst.max_seq_length)  # type: ignore[attr-defined]
+        makers = (o.batch_maker(special, config.run.seed, inst.max_seq_length) for o in objectives or ())
+        make = next((maker for maker in makers if maker is not None), None)
+        if make is not None:
             if inst.kind == "segment-stream":  # XLNet with memory: rows continue their documents batch after batch
                 return SegmentStreams(corpus, special, inst.max_seq_length, make, config.run.seed)  # type: ignore
             return PretrainingDataset(corpus, special, instance_config, make, bucket_window)
@@ -236,12 +245,12 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
             room = inst.max_seq_length - special.overhead(False)
             maker = SpanCorruption(config.data.span_corruption, special, config.run.seed, dupe_factor, room,
                                    tokenizer.vocab_size, tokenizer.special_ids)
-            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            pairs = Seq2SeqBatches(maker, decoder_start())
             return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         if config.data.noise is not None:  # BART: the original text from its noised copy
             noise = BartNoise(config.data.noise, special, max_length=inst.max_seq_length)
             maker = DenoisingBatches(noise, config.run.seed, dupe_factor)
-            pairs = Seq2SeqBatches(maker, decoder_start_token(config, tokenizer))
+            pairs = Seq2SeqBatches(maker, decoder_start())
             return PretrainingDataset(corpus, special, instance_config, pairs, bucket_window, clock)
         counts = corpus.unigram_counts if masking_config.replacement == "unigram" else None
         masker = Masker(masking_config, special, tokenizer.vocab_size, tokenizer.special_ids, counts)
@@ -257,271 +266,158 @@ def build_datasets(config: PretrainConfig, tokenizer: Tokenizer, train: Tokenize
     return train_data, eval_data
 
 
-def decoder_start_token(config: PretrainConfig, tokenizer: Tokenizer) -> int:
-    """The token an encoder-decoder's decoder starts from: the one ``model.init_from``'s config names, else the
-    family's (``DECODER_START``: T5 the padding token, BART ``</s>``)."""
-    if config.model.init_from is not None:
-        start = getattr(load_model(config.model.init_from).config, "decoder_start_token_id", None)
-        if start is not None:
-            return int(start)
-    role = DECODER_START.get(config.model.family or "", "pad")
-    return getattr(tokenizer.framing, f"{role}_id") if role != "pad" else tokenizer.framing.fill_id
+# --- build config -> build model ----------------------------------------------------------------------------------
 
 
-def build_model_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
-    """The config of the model ``model.family`` builds: an encoder's or a decoder's (``transformer_config``)."""
-    return encoder_config(config, tokenizer) if config.model.kind == "encoder" else transformer_config(config,
-                                                                                                        tokenizer)
-
-
-# The special token an encoder-decoder's decoder starts from, by family (T5: the padding token; BART: </s>).
-DECODER_START = {"t5": "pad", "bart": "sep"}
-
-
-def transformer_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
-    """A decoder's or an encoder-decoder's config: the family's fixed facts, the preset's size (hidden / 64 heads,
-    a 4 x hidden feed-forward, as for the encoders), then the overrides; the vocabulary and the special ids (padding,
-    begin, end, the decoder's start) come from the tokenizer."""
-    model = config.model
-    family = model.family
-    assert family is not None
-    values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
-    if model.preset is not None:
-        layers, hidden = PRESET_SIZES[model.preset]
-        values.update(num_layers=layers, hidden_size=hidden, num_heads=max(1, hidden // 64),
-                      intermediate_size=4 * hidden)
+def run_context(config: PretrainConfig, tokenizer: Tokenizer | Any) -> RunContext:
+    """What the architecture's builder reads of the run: the tokenizer's vocabulary and special ids (a word
+    vocabulary has only its size) and the instances' shape."""
+    inst = config.data.instances
+    if not isinstance(tokenizer, Tokenizer):  # ELMo's word vocabulary
+        return RunContext(tokenizer.vocab_size, max_seq_length=inst.max_seq_length)
     framing = tokenizer.framing
-    values.update(vocab_size=tokenizer.vocab_size, pad_token_id=framing.fill_id, bos_token_id=framing.cls_id,
-                  eos_token_id=framing.sep_id)
-    if model.kind == "seq2seq":
-        values["decoder_start_token_id"] = decoder_start_token(config, tokenizer)
-    given = model.settings
-    values.update(given)
-    if family == "t5":  # d_kv and the tied head's output scale follow the width unless given; T5Config's numbers
-        derived = {"attention_head_size": values["hidden_size"] // values["num_heads"],
-                   "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
-                   "classifier_dropout": 0.0}
-        values.update({key: value for key, value in derived.items() if key not in given})
-    if model.kind == "seq2seq" and values.get("num_decoder_layers") is None:  # config.json states both depths
-        values["num_decoder_layers"] = values["num_layers"]
-    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", framing.fill_id)):
-        if values[key] != actual:
-            raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
-                                 f"not match the model (leave model.{key} unset to take the tokenizer's)")
-    try:
-        return TransformerConfig.decoder(**values)
-    except ConfigError as error:
-        raise ConfigError(f"model: {error}") from None
+    return RunContext(tokenizer.vocab_size, tokenizer.pad_id, framing.fill_id, framing.cls_id, framing.sep_id,
+                      tokenizer.style, inst.max_seq_length, framing.overhead(False), inst.kind == "segment-stream")
 
 
-def encoder_config(config: PretrainConfig, tokenizer: Tokenizer) -> TransformerConfig:
-    """The model's config from the preset and overrides; the vocabulary and padding id come from the tokenizer."""
+def build_model_config(config: PretrainConfig, tokenizer: Tokenizer | Any, pretrained: Any = None) -> Any:
+    """The model's config, built by the architecture's registered builder (bertology.model.run_configs) from
+    ``model.preset``, the section's settings and the tokenizer; with ``pretrained`` (model.init_from's model), its
+    config changed by the settings."""
     model = config.model
-    overrides = dict(model.overrides)
-    family = model.family or ("bert" if tokenizer.style == "bert" else "roberta")
-    values: dict[str, Any] = {"family": family, **FAMILY_FIXED[family]}
-    if tokenizer.style == "roberta":
-        values.update(type_vocab_size=1, layer_norm_eps=1e-5)
-    values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
-    values.update(overrides)
-    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
-        if values[key] != actual:
-            raise TokenizerError(f"model.{key} is {values[key]} but the tokenizer's is {actual}: the tokenizer does "
-                                 f"not match the model (leave model.{key} unset to take the tokenizer's)")
-    if values.get("positions_after_padding") and "max_position_embeddings" not in overrides:
-        values["max_position_embeddings"] = 512 + values["pad_token_id"] + 1
-    try:
-        return preset(model.preset, **values) if model.preset is not None else TransformerConfig(**values)
-    except ConfigError as error:
-        raise ConfigError(f"model: {error}") from None
+    name = model_name(pretrained) if pretrained is not None else model.kind
+    if pretrained is not None and model.architecture not in (None, name):
+        raise ConfigError(f"model.architecture: model.init_from {model.init_from} holds a {name} model, not "
+                          f"{model.architecture}")
+    build = registered(name).run_config
+    if build is None and pretrained is not None:
+        return continued_config(name, pretrained.config, model.checked_settings(name))
+    if build is None:
+        able = [key for key, entry in architectures().items() if entry.run_config is not None]
+        raise ConfigError(f"model.architecture: {name} models are not built from a run config; those that are: "
+                          f"{', '.join(able)} (or continue a {name} model with model.init_from)")
+    base = pretrained.config if pretrained is not None else None
+    return build(model.checked_settings(name), model.preset, run_context(config, tokenizer), base)
 
 
-def check_model_matches(model_config: TransformerConfig, tokenizer: Tokenizer,
-                        config: PretrainConfig, where: str) -> None:
-    """The tokenizer and sequence length fit the model: same vocabulary size and padding id, positions enough."""
-    if config.model.kind != "encoder":
-        check_transformer_matches(model_config, tokenizer, config, where)
-        return
-    problems = []
-    if model_config.vocab_size != tokenizer.vocab_size:
-        problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
-    if model_config.pad_token_id != tokenizer.pad_id:
-        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.pad_id} "
-                        f"({tokenizer.pad_token!r})")
-    segments = 1 + max(piece.segment for piece in tokenizer.framing.pieces(config.data.instances.pairs))
-    if model_config.type_vocab_size < segments:
-        what = "pairs" if config.data.instances.pairs else "texts"
-        problems.append(f"type_vocab_size {model_config.type_vocab_size} < {segments}, but {tokenizer.style}-style "
-                        f"{what} use segment {segments - 1}")
-    if problems:
-        raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
-    length = config.data.instances.max_seq_length
-    offset = model_config.first_position
-    if length > model_config.max_length:
-        raise ConfigError(f"data.instances.max_seq_length: {length} needs {length + offset} positions, but the "
-                          f"model has {model_config.max_position_embeddings} (model.max_position_embeddings)")
-
-
-def check_transformer_matches(model_config: TransformerConfig, tokenizer: Tokenizer, config: PretrainConfig,
-                              where: str) -> None:
-    """A decoder's tokenizer frames texts as its family's do, its vocabulary and padding id are the tokenizer's, and
-    its positions cover a row."""
-    style = MODEL_TYPE_STYLE.get(model_config.family)
+def check_framing(family: str | None, tokenizer: Tokenizer, where: str) -> None:
+    """The tokenizer frames texts as the model's family reads them."""
+    style = MODEL_TYPE_STYLE.get(family or "")
     if style is not None and not FRAMINGS[tokenizer.style].frames_like(FRAMINGS[style]):
-        raise TokenizerError(f"{where}: {model_config.family} models read texts framed as {style} does "
+        raise TokenizerError(f"{where}: {family} models read texts framed as {style} does "
                              f"({FRAMINGS[style].describe()}), but the tokenizer is {tokenizer.style}-style "
-                             f"({FRAMINGS[tokenizer.style].describe()}): set tokenizer.style: {style}")
+                             f"({FRAMINGS[tokenizer.style].describe()}): set tokenizer.style: {style}, or the "
+                             f"model.family that reads {tokenizer.style}-style texts")
+
+
+def check_model_matches(model_config: Any, tokenizer: Tokenizer, config: PretrainConfig, where: str) -> None:
+    """The tokenizer and sequence length fit the model: the same vocabulary size and padding id, segment embeddings
+    and positions enough."""
+    fields = {f.name for f in dataclasses.fields(model_config)}
     problems = []
     if model_config.vocab_size != tokenizer.vocab_size:
         problems.append(f"vocab_size {model_config.vocab_size} != tokenizer vocabulary {tokenizer.vocab_size}")
     if model_config.pad_token_id != tokenizer.framing.fill_id:
-        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.framing.fill_id}")
+        problems.append(f"pad_token_id {model_config.pad_token_id} != tokenizer pad id {tokenizer.framing.fill_id} "
+                        f"({tokenizer.pad_token!r})")
+    if "type_vocab_size" in fields and model_config.type_vocab_size:  # 0: no segment embeddings, none read
+        segments = 1 + max(piece.segment for piece in tokenizer.framing.pieces(config.data.instances.pairs))
+        if model_config.type_vocab_size < segments:
+            what = "pairs" if config.data.instances.pairs else "texts"
+            problems.append(f"type_vocab_size {model_config.type_vocab_size} < {segments}, but {tokenizer.style}-"
+                            f"style {what} use segment {segments - 1}")
     if problems:
         raise TokenizerError(f"{where}: the tokenizer does not match the model: " + "; ".join(problems))
     length = config.data.instances.max_seq_length
-    if length > model_config.max_length:
-        raise ConfigError(f"data.instances.max_seq_length: {length} tokens need {length} positions, but the model has "
-                          f"{model_config.max_length} (model.max_position_embeddings)")
+    if "max_position_embeddings" in fields and length > model_config.max_length:
+        table = model_config.max_position_embeddings  # rows before position 0 (RoBERTa's, BART's) count in it
+        raise ConfigError(f"data.instances.max_seq_length: {length} needs {length + table - model_config.max_length} "
+                          f"positions, but the model has {table} (model.max_position_embeddings)")
 
 
 def check_objectives_fit(kind: str, objectives: list[Objective]) -> None:
     """Each objective trains the kind of model built (``kind``: its registered name, ``bertology.model.registry``):
-    an objective's ``trains`` names the models it can train (the encoder when it does not say; an encoder's
-    subclass, a Longformer, is an encoder too)."""
+    an objective's ``trains`` names the models it can train (an encoder's subclass, a Longformer, is an encoder
+    too)."""
     kinds = {kind, "encoder"} if ENCODER in capabilities(model_class(kind)) else {kind}
     for objective in objectives:
-        trains = getattr(objective, "trains", ("encoder",))
-        if not kinds & set(trains):
-            raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(trains)} models, but model.family "
-                              f"builds a {kind} model")
+        if not kinds & set(objective.trains):
+            raise ConfigError(f"objectives.{objective.name}: trains {' or '.join(objective.trains)} models, but the "
+                              f"model is a {kind} model (model.architecture)")
 
 
-# The model section's keys an XLNet takes (the shape, activation, norm, dropout and initialisation).
-XLNET_KEYS = ("vocab_size", "pad_token_id", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-              "hidden_act", "layer_norm_eps", "hidden_dropout", "initializer_range")
+def pretrained_model(config: PretrainConfig, tokenizer: Tokenizer) -> Any:
+    """``model.init_from``'s model (grown to an extended vocabulary with ``tokenizer.adapt: extend``), or None."""
+    if config.model.init_from is None:
+        return None
+    pretrained = load_model(init_directory(config) or config.model.init_from)
+    if config.tokenizer.adapt == "extend":
+        grow_vocabulary(config, pretrained, tokenizer)
+    return pretrained
 
 
-def xlnet_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> XLNetModel:
-    """The XLNet an xlnet-style tokenizer or the permutation-LM objective asks for: its shape from model.preset and
-    the model section (seeded by run.seed), or ``model.init_from``; trained by plm alone."""
-    framing = FRAMINGS["xlnet"]
-    if tokenizer.style != "xlnet":
-        raise TokenizerError(f"objectives.plm: permutation LM trains an XLNet, which reads texts framed as xlnet does "
-                             f"({framing.describe()}), but the tokenizer is {tokenizer.style}-style "
-                             "(tokenizer.style: xlnet, tokenizer.kind: unigram)")
-    model = config.model
-    family = model.family
-    if family is not None:
-        raise ConfigError(f"model.family: {family!r} models read texts framed as {FRAMINGS['bert'].describe()} (or "
-                          f"roberta's), but the tokenizer frames them as xlnet does ({framing.describe()}): leave "
-                          f"model.family unset to pretrain an XLNet, or use a {family}-style tokenizer")
-    others = [getattr(o, "name", "?") for o in objectives if not isinstance(o, PermutationLM)]
-    if others or not objectives:
-        raise ConfigError(f"objectives: an XLNet (the tokenizer is xlnet-style) pretrains with plm alone, got "
-                          f"{', '.join(others) or 'none'}")
-    heads = [spec for objective in objectives for spec in objective.heads()]
-    unused = sorted(set(model.overrides) - set(XLNET_KEYS))
-    if unused:
-        raise ConfigError(f"model.{unused[0]}: XLNet models have no such setting (relative positions, no "
-                          f"pooler); they take {', '.join(XLNET_KEYS)}")
-    if model.init_from is not None:
-        pretrained = load_model(model.init_from)
-        if PERMUTATION_LM not in capabilities(pretrained):
-            raise ConfigError(f"model.init_from: {model.init_from} holds a model ({model_kind(pretrained)}) that is "
-                              f"not an XLNet (capability {PERMUTATION_LM!r})")
-        try:
-            xlnet_config = dataclasses.replace(pretrained.config, **model.xlnet)
-        except ConfigError as error:
-            raise ConfigError(f"model.{error}") from None
-    else:
-        shape = preset(model.preset) if model.preset is not None else TransformerConfig()
-        values = {key: getattr(shape, key) for key in XLNET_KEYS}
-        values.update(vocab_size=tokenizer.vocab_size, pad_token_id=tokenizer.pad_id)
-        if config.data.instances.kind == "segment-stream":  # the memory: the previous segments' text
-            values.update(reuse_len=config.data.instances.max_seq_length - tokenizer.framing.overhead(False))
-        values.update({**model.overrides, **model.xlnet})
-        try:
-            xlnet_config = XLNetConfig(**values)
-        except ConfigError as error:
-            raise ConfigError(f"model.{error}") from None
-    check_memory(config, xlnet_config)
-    for key, actual in (("vocab_size", tokenizer.vocab_size), ("pad_token_id", tokenizer.pad_id)):
-        if getattr(xlnet_config, key) != actual:
-            raise TokenizerError(f"model.{key} is {getattr(xlnet_config, key)} but the tokenizer's is {actual}: the "
-                                 "tokenizer does not match the model")
-    built = XLNetModel(xlnet_config, heads)
-    built.init_weights(torch.Generator().manual_seed(config.run.seed))
-    if model.init_from is not None:
-        built.load_state_dict(pretrained.state_dict(), strict=False)  # the heads it lacks keep their initialisation
-    return built
-
-
-def check_memory(config: PretrainConfig, xlnet: XLNetConfig) -> None:
-    """On segment streams the memory carries over: mem_len at least 1 (a bounded memory), reuse_len at most a
-    segment's length."""
-    if config.data.instances.kind != "segment-stream":
-        return
-    if not xlnet.mem_len:
-        raise ConfigError(f"model.mem_len: segment streams carry the memory from batch to batch; it needs a length "
-                          f">= 1 (the positions kept), got {xlnet.mem_len!r}")
-    length = config.data.instances.max_seq_length
-    if xlnet.reuse_len is not None and xlnet.reuse_len > length:
-        raise ConfigError(f"model.reuse_len: {xlnet.reuse_len} is longer than a segment "
-                          f"(data.instances.max_seq_length {length}); it is how many of a segment's first positions "
-                          f"become memory")
-
-
-def build_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective]) -> Any:
-    """A freshly initialised model (seeded by run.seed; on the meta device first with ``speed.meta_init``) or, with
-    ``model.init_from``, a pretrained one. An xlnet-style tokenizer or the plm objective builds an XLNet."""
-    if tokenizer.style == "xlnet" or any(isinstance(o, PermutationLM) for o in objectives):
-        return xlnet_model(config, tokenizer, objectives)
-    if config.model.xlnet:
-        raise ConfigError(f"model.{sorted(config.model.xlnet)[0]}: a field of XLNet models (an xlnet-style "
-                          f"tokenizer), not of {config.model.family or 'bert'} models")
-    if config.model.init_from is not None:
-        source = config.model.init_from
-        pretrained = load_model(init_directory(config) or source)
-        if config.tokenizer.adapt == "extend":
-            grow_vocabulary(config, pretrained, tokenizer)
-        model_config = pretrained.config
-        check_model_matches(model_config, tokenizer, config, f"model.init_from {source}")
-    else:
-        model_config = build_model_config(config, tokenizer)
-        check_model_matches(model_config, tokenizer, config, "model")
-    for objective in objectives:  # heads whose activation follows the model's (BERT's MLM transform)
-        if getattr(objective, "activation", "") is None:
-            objective.activation = model_config.hidden_act  # type: ignore[attr-defined]
-        # A language-model head of the kind the family's transformers class has (BART's adds final_logits_bias).
-        lm = family_for_config(model_config).heads.get("lm") if hasattr(objective, "lm_kind") else None
-        if lm is not None:
-            objective.lm_kind = lm.kind  # type: ignore[attr-defined]
-    heads = [spec for objective in objectives for spec in objective.heads()]
-    derived = _model_from_objectives(config, tokenizer, objectives, heads)
-    kind = model_name(pretrained) if config.model.init_from is not None else config.model.kind
+def build_model(config: PretrainConfig, tokenizer: Tokenizer | Any, objectives: list[Objective]) -> Any:
+    """The run's model: its config (``build_model_config``), the objectives fitted to it (their heads' activation,
+    the family's language-model head), then the model with their heads, freshly initialised (seeded by run.seed;
+    on the meta device first with ``speed.meta_init``), derived by an objective (a distillation student) or
+    continued from ``model.init_from`` (its weights; heads it lacks keep their initialisation); last, the modules
+    the objectives build around it."""
+    pretrained = pretrained_model(config, tokenizer)
+    if pretrained is None and isinstance(tokenizer, Tokenizer):  # before the tokenizer's ids are taken
+        check_framing(config.model.family, tokenizer, "model")
+    model_config = build_model_config(config, tokenizer, pretrained)
+    kind = model_name(pretrained) if pretrained is not None else config.model.kind
     check_objectives_fit(kind, objectives)
-    cls = model_class(kind)
-    if derived is not None:
-        model = derived
-    elif config.model.init_from is not None:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
-        # The body comes from the checkpoint; heads it lacks start from the initialisation above.
-        body = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("heads.")}
-        model.load_state_dict({**model.state_dict(), **body})
-        for name, head in pretrained.heads.items():
-            if name in model.heads and type(model.heads[name]) is type(head):
-                model.heads[name].load_state_dict(head.state_dict())
-    else:
-        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, cls)
+    if isinstance(tokenizer, Tokenizer):
+        where = f"model.init_from {config.model.init_from}" if pretrained is not None else "model"
+        # A continued encoder reads the tokenizer it was trained with, whatever its family (a Longformer converted
+        # from a BERT reads BERT's texts); other continued models read texts as their family does.
+        if pretrained is not None and not issubclass(model_class(kind), model_class("encoder")):
+            check_framing(model_config.family, tokenizer, where)
+        check_model_matches(model_config, tokenizer, config, where)
+        for objective in objectives:  # a distillation teacher's tokenizer must be the run's
+            objective.check_tokenizer(tokenizer, tokenizer.vocab_size, tokenizer.pad_id)
+    lm = lm_head_kind(model_config)
+    for objective in objectives:
+        objective.fit_model_config(model_config, lm)
+        objective.check_vocabulary(model_config.vocab_size)  # a sampled softmax's negatives, before any step
+    heads = [spec for objective in objectives for spec in objective.heads()]
+    model = derived_model(config, tokenizer, objectives, heads)
+    if model is None:
+        model = D.initialised_model(model_config, heads, config.run.seed, config.speed.meta_init, model_class(kind))
+    if pretrained is not None:
+        load_pretrained(model, pretrained)
     for objective in objectives:  # modules built around the model (ELECTRA's generator shares its embeddings)
-        attach = getattr(objective, "attach", None)
-        if attach is not None:
-            attach(model, torch.Generator().manual_seed(config.run.seed + 1))
-        # What the objective saved beside the model it continues from (SpanBERT's boundary head), if anything.
-        load_beside = getattr(objective, "load_with_model", None)
-        if load_beside is not None and config.model.init_from is not None:
-            load_beside(config.model.init_from)
+        objective.attach(model, torch.Generator().manual_seed(config.run.seed + 1))
+        if config.model.init_from is not None:  # what it saved beside that model (SpanBERT's boundary head)
+            objective.load_with_model(config.model.init_from)
     return model
+
+
+def lm_head_kind(model_config: Any) -> str | None:
+    """The kind of language-model head of the config's family, as its transformers class has it (BART's adds
+    final_logits_bias); None when the family has no registered checkpoint table or no such head."""
+    try:
+        head = family_for_config(model_config).heads.get("lm")
+    except CheckpointError:
+        return None
+    return head.kind if head is not None else None
+
+
+def load_pretrained(model: nn.Module, pretrained: Any) -> None:
+    """``pretrained``'s weights into ``model`` (built with the settings' changes to its config): the body, and the
+    heads of the same kind; a setting that changes a weight's shape is an error naming the weight."""
+    body = {k: v for k, v in pretrained.state_dict().items() if not k.startswith("heads.")}
+    own = model.state_dict()
+    changed = sorted(k for k, v in body.items() if k in own and own[k].shape != v.shape)
+    if changed:
+        raise ConfigError(f"model: the settings change the shape of {changed[0]} ({tuple(body[changed[0]].shape)} "
+                          f"in model.init_from's model, {tuple(own[changed[0]].shape)} now); a continued model takes "
+                          f"only settings that keep its weights")
+    model.load_state_dict({**own, **body})
+    for name, head in pretrained.heads.items():
+        if name in model.heads and type(model.heads[name]) is type(head):
+            model.heads[name].load_state_dict(head.state_dict())
 
 
 def grow_vocabulary(config: PretrainConfig, pretrained: Any, tokenizer: Tokenizer) -> None:
@@ -551,29 +447,22 @@ def objectives_to_save(config: PretrainConfig, trainer: Trainer, objectives: lis
     if model is None or state is None:
         return []
     fresh = config.build_objectives()
+    lm = lm_head_kind(model.config)
     for objective in fresh:
-        if getattr(objective, "activation", "") is None:
-            objective.activation = model.config.hidden_act  # type: ignore[attr-defined]
-        attach = getattr(objective, "attach", None)
-        if attach is not None:
-            attach(model, torch.Generator().manual_seed(config.run.seed + 1))
+        objective.fit_model_config(model.config, lm)
+        objective.attach(model, torch.Generator().manual_seed(config.run.seed + 1))
     nn.ModuleDict({o.name: o for o in fresh if isinstance(o, nn.Module)}).load_state_dict(state)
     return fresh
 
 
-def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective],
-                           heads: list[Any]) -> EncoderModel | None:
-    """The model an objective derives from another one (a distillation student from its teacher), or None. Such an
-    objective also checks that the run's tokenizer is its teacher's (``check_tokenizer``)."""
+def derived_model(config: PretrainConfig, tokenizer: Tokenizer, objectives: list[Objective],
+                  heads: list[Any]) -> Any:
+    """The model an objective derives from another one (a distillation student from its teacher), or None."""
     for objective in objectives:
-        check = getattr(objective, "check_tokenizer", None)
-        if check is not None:
-            check(tokenizer, tokenizer.vocab_size, tokenizer.pad_id)
-        derive = getattr(objective, "initial_model", None)
-        model = derive(heads, torch.Generator().manual_seed(config.run.seed)) if derive is not None else None
+        model = objective.initial_model(heads, torch.Generator().manual_seed(config.run.seed))
         if model is None:
             continue
-        where = f"objectives.{getattr(objective, 'name', '?')}"
+        where = f"objectives.{objective.name}"
         if config.model.init_from is not None:
             raise ConfigError(f"model.init_from: {where} builds the model from its teacher; leave model.init_from "
                               "unset")
@@ -582,14 +471,10 @@ def _model_from_objectives(config: PretrainConfig, tokenizer: Tokenizer, objecti
     return None
 
 
-def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.DistEnv | None = None
-                   ) -> tuple[Any, Any, Any, nn.Module]:
+def elmo_vocabulary(config: PretrainConfig, env: D.DistEnv | None = None) -> tuple[Any, list[Any], list[Any]]:
     """An ELMo run's word vocabulary (trained on the training documents into ``<output_dir>/tokenizer/words.txt``,
-    or ``tokenizer.path``'s), its training and held-out word streams and its fresh model (seeded by run.seed; built
-    without drawing from torch's default generator, on the meta device first with ``speed.meta_init``)."""
+    or ``tokenizer.path``'s) and its training and held-out documents."""
     from bertology.data.shards import select_heldout
-    from bertology.data.word_streams import WordStreams
-    from bertology.model.elmo import ElmoModel
     from bertology.tokenization.words import WORDS_FILE, WordVocabulary
 
     env = env or D.DistEnv()
@@ -611,26 +496,27 @@ def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.D
         vocabulary.save(directory)
         return vocabulary
 
-    vocabulary = _on_rank0_first(env, make)
-    model_config = config.model.elmo_config(vocabulary.vocab_size)
-    for objective in objectives:  # what depends on the vocabulary (a sampled softmax's negatives), before any step
-        check = getattr(objective, "check_vocabulary", None)
-        if check is not None:
-            check(model_config.vocab_size)
+    return _on_rank0_first(env, make), train_docs, heldout_docs
+
+
+def elmo_streams(config: PretrainConfig, vocabulary: Any, documents: list[Any], heldout: list[Any],
+                 model_config: Any) -> tuple[Any, Any]:
+    """An ELMo run's training and held-out word streams (windows of data.instances.max_seq_length words)."""
+    from bertology.data.word_streams import WordStreams
+
     window, seed = config.data.instances.max_seq_length, config.run.seed
     width = model_config.max_characters_per_token
-    train = WordStreams(train_docs, vocabulary, window, seed, width)
-    evaluation = WordStreams(heldout_docs, vocabulary, window, seed, width, shuffle=False) if heldout_docs else None
-    heads = [spec for objective in objectives for spec in objective.heads()]
-    if config.speed.meta_init:  # as distributed.initialised_model: no default initialisation, no default generator
-        with torch.device("meta"):
-            model = ElmoModel(model_config, heads)
-        model.to_empty(device="cpu")
-    else:
-        with torch.random.fork_rng(devices=[]):
-            model = ElmoModel(model_config, heads)
-    model.init_weights(torch.Generator().manual_seed(seed))
-    return vocabulary, train, evaluation, model
+    train = WordStreams(documents, vocabulary, window, seed, width)
+    evaluation = WordStreams(heldout, vocabulary, window, seed, width, shuffle=False) if heldout else None
+    return train, evaluation
+
+
+def build_elmo_run(config: PretrainConfig, objectives: list[Objective], env: D.DistEnv | None = None
+                   ) -> tuple[Any, Any, Any, nn.Module]:
+    """An ELMo run's word vocabulary, its training and held-out word streams and its model (``build_model``)."""
+    vocabulary, documents, heldout = elmo_vocabulary(config, env)
+    model = build_model(config, vocabulary, objectives)
+    return (vocabulary, *elmo_streams(config, vocabulary, documents, heldout, model.config), model)
 
 
 def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = None,
@@ -652,22 +538,22 @@ def pretrain(config: PretrainConfig, resume: bool = False, plot: bool | None = N
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
         objectives = config.build_objectives()
-        if config.model.elmo is not None:  # word streams of a word vocabulary for a biLM (instances 'word-stream')
+        if config.model.kind == "elmo":  # word streams of a word vocabulary for a biLM (instances 'word-stream')
             tokenizer, train_data, eval_data, model = build_elmo_run(config, objectives, env)
         else:
             tokenizer = build_tokenizer(config, env)
             train_corpus, heldout_corpus = build_corpus(config, tokenizer, env)
-            train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives)
             model = build_model(config, tokenizer, objectives)
+            train_data, eval_data = build_datasets(config, tokenizer, train_corpus, heldout_corpus, objectives,
+                                                   model.config)
         trainer = Trainer(config, model, objectives, train_data, eval_data, tokenizer, env, hooks or ())
         if resume:
             trainer.resume()
         metrics = trainer.train()
         output_dir = Path(config.run.output_dir)
-        for objective in objectives_to_save(config, trainer, objectives):
-            save = getattr(objective, "save_with_model", None)  # what it trains beside the model (ELECTRA's generator)
-            if save is not None and env.is_main:
-                save(output_dir, tokenizer)
+        for objective in objectives_to_save(config, trainer, objectives):  # every rank: FSDP gathers
+            if env.is_main:  # what it trains beside the model (ELECTRA's generator)
+                objective.save_with_model(output_dir, tokenizer)
         return PretrainResult(output_dir, output_dir / FINAL_MODEL_DIR, metrics, trainer.state.step)
     finally:
         D.shutdown()

@@ -137,8 +137,8 @@ def quickstart_config(options: QuickstartOptions, corpus: Sequence[str | os.Path
     return PretrainConfig.from_dict({
         # Dropout off: a run this short cannot overfit, and dropout only slows learning. BERT's N(0, 0.02) suits
         # hidden 768; a 128-wide model starts learning from context much sooner at 0.06 (about 0.7 / sqrt(128)).
-        "model": {"preset": options.preset, "max_position_embeddings": SEQUENCE_LENGTH, "hidden_dropout": 0.0,
-                  "attention_dropout": 0.0, "initializer_range": 0.06},
+        "model": {"architecture": "encoder", "preset": options.preset, "max_position_embeddings": SEQUENCE_LENGTH,
+                  "hidden_dropout": 0.0, "attention_dropout": 0.0, "initializer_range": 0.06},
         # 4,000 WordPieces: a cheaper output layer than 8,000, and every cloze answer is still one token.
         "tokenizer": {"kind": "wordpiece", "vocab_size": 2000 if quick else 4000},
         "data": {

@@ -36,6 +36,7 @@ from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -100,7 +101,7 @@ class EncodedCloze(EncodedExamples):
 
 
 @dataclass
-class ClozeClassification:
+class ClozeClassification(Objective):
     """Cross-entropy over the verbaliser tokens' masked-LM logits at the mask, against class ids. Stats:
     ``{name}_units`` (examples), ``_loss_sum``, ``_correct``."""
 

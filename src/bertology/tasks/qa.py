@@ -297,7 +297,7 @@ def qa_head(config: TransformerConfig) -> HeadSpec:
 
 
 @dataclass
-class SpanExtraction:
+class SpanExtraction(Objective):
     """Cross-entropy of the start and of the end position over each window's real positions (padding excluded),
     their mean per window, summed over the batch's windows (the units). Stats: ``{name}_units``, ``_loss_sum``,
     ``_correct`` (windows whose most likely start and end are both the labelled ones), summarised as

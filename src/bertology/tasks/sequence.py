@@ -27,6 +27,7 @@ from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec, head_reads
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -188,7 +189,7 @@ class EncodedExamples:
 
 
 @dataclass
-class SequenceClassification:
+class SequenceClassification(Objective):
     """Cross-entropy of the classifier head against class ids. Stats: ``{name}_units`` (examples),
     ``_loss_sum``, ``_correct``."""
 
@@ -220,7 +221,7 @@ class SequenceClassification:
 
 
 @dataclass
-class SequenceRegression:
+class SequenceRegression(Objective):
     """Mean squared error of a one-output head against scores (STS-B), as transformers' regression problem type."""
 
     head: HeadSpec

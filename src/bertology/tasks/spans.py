@@ -41,6 +41,7 @@ from bertology.model.config import TransformerConfig
 from bertology.model.heads import SPAN, SPAN_EXTENSION, SPAN_POOLINGS, HeadSpec, SpanHead
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -176,7 +177,7 @@ def encode_spans(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], type
 
 # --------------------------------------------------------------------------------------------------- objective
 @dataclass
-class SpanTyping:
+class SpanTyping(Objective):
     """Cross-entropy of the model's span classifier against the spans' types; units are spans. Reads the last
     layer only inside the spans. Stats: ``span_units``, ``span_loss_sum``, ``span_correct``."""
 

@@ -45,6 +45,7 @@ from bertology.model.crf import compact
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
 from bertology.objectives.base import (
+    Objective,
     ObjectiveOutput,
     Passes,
     check_objective,
@@ -277,7 +278,7 @@ def encode_tagged(tokenizer: Tokenizer, sentences: Sequence[TaggedSentence], lab
 
 # --------------------------------------------------------------------------------------------------- objective
 @dataclass
-class TokenClassification:
+class TokenClassification(Objective):
     """Cross-entropy of the token classifier summed over the labelled positions (label != -100); the units are the
     labelled tokens. Stats: ``{name}_units``, ``_loss_sum``, ``_correct``. Every token is read, so the last
     layer is not pruned."""

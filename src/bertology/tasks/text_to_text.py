@@ -30,7 +30,7 @@ from bertology.io import atomic_write
 from bertology.model.checkpoint import HEADS
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
-from bertology.objectives.base import ObjectiveOutput, Passes, check_objective
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, check_objective
 from bertology.objectives.mlm import token_prediction, token_prediction_summary
 from bertology.tasks import metrics
 from bertology.tasks.examples import TextExample
@@ -114,7 +114,7 @@ class TextPairs(EncodedExamples):
 
 
 @dataclass
-class TargetCrossEntropy:
+class TargetCrossEntropy(Objective):
     """The decoder's cross-entropy of the target tokens (teacher forcing) through the language-model head. Stats:
     ``{name}_units`` (target tokens), ``_loss_sum``, ``_correct``."""
 

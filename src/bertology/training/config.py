@@ -2,9 +2,9 @@
 
 Sections and what belongs where:
 
-* ``model``: the architecture: a ``family`` (an encoder's, or ``gpt2``, ``t5``, ``bart``), a ``preset`` size plus
-  overrides of the family's config fields (TransformerConfig's: the encoders' and the shared ones, or the
-  decoders' and encoder-decoders' own), or ``init_from`` an existing checkpoint.
+* ``model``: ``architecture`` (a registered model: encoder, decoder, seq2seq, xlnet, elmo), a ``preset`` size or
+  ``init_from`` an existing checkpoint, and fields of the architecture's config class (``family``, ``hidden_size``,
+  ...), checked against that class as the registry has it.
 * ``tokenizer``: an existing tokenizer directory, or how to train one on the corpus.
 * ``data``: the corpus, its shards, how instances are cut (``instances``) and masked (``masking``), or corrupted
   into an encoder-decoder's sources and targets (``span_corruption``: T5's; ``noise``: BART's).
@@ -25,19 +25,20 @@ from __future__ import annotations
 
 import codecs
 import copy
-import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from bertology.config import (
+    check_schema_values,
     decode_text,
     from_mapping,
-    inline,
     known_keys,
     load_json,
     load_yaml,
+    open_inline,
+    schema_fields,
     suggest,
     to_mapping,
     validate,
@@ -48,109 +49,91 @@ from bertology.data.masking import MaskingConfig
 from bertology.data.multilingual import MultilingualConfig
 from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
-from bertology.model.config import ACTIVATIONS, DECODER_ONLY_FIELDS, ENCODER_ONLY_FIELDS, PRESET_SIZES, TransformerConfig
-from bertology.model.xlnet import XLNetConfig
-
-# TransformerConfig fields a run config does not set: ``extra`` keeps unknown keys of published config.json files;
-# ``family`` is a key of its own (it chooses the schema of the others).
-ENCODER_FIELDS_NOT_SET = ("extra", "family", *DECODER_ONLY_FIELDS)
-# TransformerConfig fields set in ``ModelConfig.transformer``: the decoders' own (the shared ones, such as
-# hidden_size, are read from ``overrides`` for every family).
-TRANSFORMER_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(TransformerConfig)
-                                                   if f.name not in DECODER_ONLY_FIELDS))
-# XLNetConfig fields set in ``ModelConfig.xlnet``: XLNet's own (attention type, memory, ...).
-XLNET_FIELDS_NOT_SET = ("extra", "family", *(f.name for f in dataclasses.fields(TransformerConfig)))
+from bertology.model.config import PRESET_SIZES
 
 
-def model_families() -> dict[str, str]:
-    """The registered checkpoint families a run config may name -> the model each builds ("encoder", "decoder",
-    "seq2seq"). Families with a model of their own (XLNet, Longformer) are built from their own settings."""
-    from bertology.model.checkpoint import registry  # importing checkpoint registers the built-in families
+def architectures() -> dict[str, Any]:
+    """The registered architectures a run config may name (``model.architecture``) -> their registry entries
+    (``bertology.model.registry``); those with a run-config builder can be pretrained from scratch."""
+    import bertology.model.run_configs  # noqa: F401  (registers every built-in model and its builder)
+    from bertology.model.registry import MODELS
 
-    return {name: family.model for name, family in registry().items()
-            if family.model in ("encoder", "decoder", "seq2seq", "encoder-stack")}
+    return dict(MODELS)
+
+
+# The shape a model section has (named by the errors that meet an older one).
+MODEL_SHAPE = ("model: {architecture: NAME, preset: SIZE, init_from: DIR, <fields of the architecture's config "
+               "class>}")
 
 
 @dataclass
 class ModelConfig:
-    """The model: a ``family`` (an encoder's, ``bert`` or ``roberta`` after the tokenizer when unset; or a decoder's
-    or an encoder-decoder's: ``gpt2``, ``t5``, ``bart``), a ``preset`` size (or ``init_from`` a model directory) and
-    overrides of the family's config fields, written flat in the section (``model: {family: gpt2, preset: mini,
-    hidden_size: 256}``) and checked against the fields and types of TransformerConfig: the encoders' and the shared
-    ones (``overrides``; the shared, such as hidden_size, are kept here for every family) or the decoders' own
-    (``transformer``: DECODER_ONLY_FIELDS, such as num_decoder_layers or gated_ffn) or XLNetConfig (``xlnet``: XLNet's own, such as
-    mem_len and reuse_len, for a run with an xlnet-style tokenizer). Unset fields come from the preset, then the
-    family's; ``vocab_size`` and ``pad_token_id`` default to the tokenizer's and must match it when given."""
+    """The model: ``architecture`` names a registered model (``encoder``, ``decoder``, ``seq2seq``, ``xlnet``,
+    ``elmo``; bertology.model.registry), ``preset`` a size (tiny ... large; ELMo: tiny or null for the released
+    sizes) or ``init_from`` a model directory to continue, and the section's other keys are fields of that
+    architecture's config class (found through the registry), written flat: ``model: {architecture: decoder,
+    family: gpt2, preset: mini, hidden_size: 256}``. ``family`` picks the family of those the architecture builds
+    (an encoder: bert by default, roberta, albert, ...; a decoder: gpt2; an encoder-decoder: t5, bart). Unset fields
+    come from the preset, then the family's (bertology.model.run_configs); ``vocab_size`` and the special ids are the
+    tokenizer's and must match it when given. ``architecture`` defaults to the encoder, or with ``init_from`` to the
+    checkpoint's model (whose config the settings then change)."""
 
+    architecture: str | None = None
     preset: str | None = "tiny"
     init_from: str | None = None  # a model directory (HF format) to continue pretraining from
-    family: str | None = None
-    # An ELMo biLM instead of a transformer: ElmoConfig's fields (bertology.model.elmo), on top of its tiny sizes
-    # with preset "tiny" or the released ones with preset null; vocab_size comes from the word vocabulary.
-    elmo: dict[str, Any] | None = None
-    overrides: dict[str, Any] = inline(TransformerConfig, exclude=ENCODER_FIELDS_NOT_SET)
-    transformer: dict[str, Any] = inline(TransformerConfig, exclude=TRANSFORMER_FIELDS_NOT_SET)
-    xlnet: dict[str, Any] = inline(XLNetConfig, exclude=XLNET_FIELDS_NOT_SET)
+    settings: dict[str, Any] = open_inline()  # fields of the architecture's config class
 
     def __post_init__(self) -> None:
         validate(self, "model")
-        if self.elmo is not None:
-            if self.family is not None:
-                raise ConfigError(f"model.family: an ELMo model (model.elmo) has no family, got {self.family!r}")
-            given = sorted(key for key, value in self.settings.items() if value is not None)
-            if given:
-                raise ConfigError(f"model.{given[0]}: an ELMo model (model.elmo) takes its settings under model.elmo")
-            if self.preset not in ("tiny", None):
-                raise ConfigError(f"model.preset: ELMo has the preset 'tiny' or none (the released sizes), got "
-                                  f"{self.preset!r}")
-            self.elmo_config(1)
-            return
+        known = architectures()
+        old = [key for key in ("elmo", "overrides", "transformer", "xlnet") if key in self.settings]
+        if old:
+            raise ConfigError(f"model.{old[0]}: the model section is {MODEL_SHAPE} now; write the settings at the "
+                              f"section's level with the architecture they belong to (e.g. model: {{architecture: "
+                              f"{'elmo' if old[0] == 'elmo' else 'xlnet' if old[0] == 'xlnet' else 'encoder'}, "
+                              f"preset: tiny, ...}})")
+        if self.architecture is not None and self.architecture not in known:
+            raise ConfigError(f"model.architecture: unknown architecture {self.architecture!r}"
+                              f"{suggest(self.architecture, known)}{known_keys(known)}")
         if self.preset is not None and self.preset not in PRESET_SIZES:
             raise ConfigError(f"model.preset: unknown preset {self.preset!r}{suggest(self.preset, PRESET_SIZES)}"
                               f"{known_keys(PRESET_SIZES)}")
-        families = model_families()
-        if self.family is not None and self.family not in families:
-            raise ConfigError(f"model.family: unknown family {self.family!r}{suggest(self.family, families)}"
-                              f"{known_keys(families)}")
-        value = self.overrides.get("hidden_act")
-        if value is not None and value not in ACTIVATIONS:
-            raise ConfigError(f"model.hidden_act: expected one of {', '.join(ACTIVATIONS)}, got {value!r}")
-        shared = {f.name for f in dataclasses.fields(TransformerConfig)} - set(ENCODER_ONLY_FIELDS)
-        if self.kind == "encoder" and self.transformer:
-            key = sorted(self.transformer)[0]
-            raise ConfigError(f"model.{key}: a field of the decoders and encoder-decoders (gpt2, t5, bart), not of "
-                              f"{self.family or 'bert'}'s encoder")
-        if self.kind != "encoder":
-            own = sorted(key for key in self.overrides if key not in shared)
-            if own:
-                raise ConfigError(f"model.{own[0]}: a field of the encoders, not of {self.family} models")
-        if self.xlnet and self.family is not None:
-            raise ConfigError(f"model.{sorted(self.xlnet)[0]}: a field of XLNet models (an xlnet-style tokenizer), "
-                              f"not of {self.family} models")
+        if self.architecture is None and self.init_from is not None:
+            return  # the checkpoint's architecture, whose config class the recipe checks the settings against
+        from bertology.model.run_configs import check_family
+
+        check_family(self.kind, self.settings)
+        self.settings = self.checked_settings(self.kind)
+        if self.kind == "elmo" and self.preset not in ("tiny", None):
+            raise ConfigError(f"model.preset: ELMo has the preset 'tiny' or none (the released sizes), got "
+                              f"{self.preset!r}")
+
+    def checked_settings(self, architecture: str) -> dict[str, Any]:
+        """The settings checked against `architecture`'s config class: an unknown key is an error naming it (and,
+        if another architecture's config has it, that architecture)."""
+        known = architectures()
+
+        def hint(key: str) -> str:
+            owners = [name for name, entry in known.items() if key in schema_fields(entry.config_class)]
+            if not owners:
+                return ""
+            return (f" for the {architecture} architecture (a field of {', '.join(owners)} models: set "
+                    f"model.architecture; {MODEL_SHAPE})")
+
+        return check_schema_values(known[architecture].config_class, self.settings, "model", hint)
 
     @property
     def kind(self) -> str:
-        """The model the family builds: "encoder", "decoder" or "seq2seq" (the registered model's name)."""
-        return "encoder" if self.family is None else model_families()[self.family]
+        """The architecture built (its registered name): ``architecture``, the encoder when unset."""
+        return self.architecture or "encoder"
 
     @property
-    def settings(self) -> dict[str, Any]:
-        """The overrides given, of both schemas."""
-        return {**self.overrides, **self.transformer, **self.xlnet}
+    def family(self) -> str | None:
+        """The family the settings name, else the architecture's default one."""
+        from bertology.model.run_configs import default_family
 
-    def elmo_config(self, vocab_size: int) -> Any:
-        """The ElmoConfig of `model.elmo` for a word vocabulary of `vocab_size`."""
-        from bertology.model.elmo import ElmoConfig, tiny_config
-
-        assert self.elmo is not None
-        if "vocab_size" in self.elmo:
-            raise ConfigError("model.elmo.vocab_size: the vocabulary size is the word vocabulary's "
-                              "(tokenizer.vocab_size)")
-        try:
-            base = tiny_config().to_dict() if self.preset == "tiny" else ElmoConfig().to_dict()
-            return ElmoConfig.from_dict({**base, **self.elmo, "vocab_size": vocab_size})
-        except ConfigError as error:
-            raise ConfigError(f"model.elmo: {error}") from None
+        return self.settings.get("family") or (default_family(self.kind) if self.architecture or not self.init_from
+                                               else None)
 
 
 @dataclass
@@ -405,9 +388,9 @@ class TrainConfig:
         return from_mapping(cls, data, "")
 
 
-# The objective a run of each kind of model trains when the config names none (an encoder: MLM, and NSP, SOP or
+# The objective a run of each architecture trains when the config names none (an encoder: MLM, and NSP, SOP or
 # the span boundary objective as the instances and masking ask).
-DEFAULT_OBJECTIVE = {"decoder": "clm", "seq2seq": "denoise"}
+DEFAULT_OBJECTIVE = {"decoder": "clm", "seq2seq": "denoise", "xlnet": "plm", "elmo": "bilm"}
 
 
 @dataclass
@@ -428,8 +411,6 @@ class PretrainConfig:
     speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def __post_init__(self) -> None:
-        if self.objectives is None and self.model.elmo is not None:
-            self.objectives = {"bilm": {}}
         if self.objectives is None and self.model.kind in DEFAULT_OBJECTIVE:
             self.objectives = {DEFAULT_OBJECTIVE[self.model.kind]: {}}
         if self.objectives is None:
@@ -447,15 +428,14 @@ class PretrainConfig:
         # The options as given (null as {}), with their values checked and converted (2 -> 2.0 for a float).
         self.objectives = {name: {key: getattr(built[name], key) for key in (options or {})}
                            for name, options in self.objectives.items()}
-        if self.model.init_from is None:
-            for name, objective in built.items():
-                trains = getattr(objective, "trains", ("encoder",))
-                if self.model.kind not in trains:
-                    raise ConfigError(f"objectives.{name}: trains {' or '.join(trains)} models, but model.family "
-                                      f"{self.model.family or 'bert'} builds a {self.model.kind} model")
         if self.data.instances.kind == "segment-stream" and "plm" not in self.objectives:
             raise ConfigError("data.instances.kind: segment-stream carries XLNet's memory from batch to batch, for "
                               "the permutation LM (objectives.plm); use doc-sentences or full-sentences")
+        if self.model.init_from is None:
+            for name, objective in built.items():
+                if self.model.kind not in objective.trains:
+                    raise ConfigError(f"objectives.{name}: trains {' or '.join(objective.trains)} models, but "
+                                      f"model.architecture is {self.model.kind}")
         causal = [name for name in ("clm", "prefixlm") if name in self.objectives]
         if self.data.instances.kind == "packed-documents" and not causal:
             raise ConfigError("data.instances.kind: packed-documents rows hold several documents whose boundaries "
@@ -468,7 +448,7 @@ class PretrainConfig:
         if len(causal) > 1:
             raise ConfigError("objectives.prefixlm: makes its own batches (a split per row); train it or "
                               "objectives.clm, not both")
-        if causal == ["clm"] and self.model.transformer.get("prefix_lm"):
+        if causal == ["clm"] and self.model.settings.get("prefix_lm"):
             raise ConfigError("model.prefix_lm: a prefix LM reads an input in both directions, which would show "
                               "objectives.clm the tokens it predicts; train it with objectives.prefixlm")
         if "denoise" in self.objectives and self.data.span_corruption is None and self.data.noise is None:
@@ -507,9 +487,10 @@ class PretrainConfig:
                               f"at most {room} tokens of text)")
 
     def _check_elmo(self) -> None:
-        """An ELMo run (model.elmo) is the bilm objective on word streams of a word vocabulary, and only that."""
-        elmo = self.model.elmo is not None
-        parts = {"model.elmo": elmo, "objectives.bilm": "bilm" in self.objectives,
+        """An ELMo run (model.architecture elmo) is the bilm objective on word streams of a word vocabulary, and
+        only that."""
+        elmo = self.model.kind == "elmo"
+        parts = {"model.architecture 'elmo'": elmo, "objectives.bilm": "bilm" in self.objectives,
                  "data.instances.kind 'word-stream'": self.data.instances.kind == "word-stream",
                  "tokenizer.kind 'word'": self.tokenizer.kind == "word"}
         if any(parts.values()) and not all(parts.values()):
@@ -532,7 +513,7 @@ class PretrainConfig:
             if self.model.init_from is None:
                 raise ConfigError("tokenizer.adapt: extend grows the vocabulary of model.init_from's model; set "
                                   "model.init_from")
-            if self.model.elmo is not None or self.model.kind != "encoder":
+            if self.model.kind != "encoder":
                 raise ConfigError("tokenizer.adapt: extend grows an encoder's vocabulary (BERT family)")
             if not self.data.corpus:
                 raise ConfigError("tokenizer.adapt: extend learns the new entries from data.corpus; give it")

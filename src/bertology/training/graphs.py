@@ -84,7 +84,7 @@ def static_batch(batch: Any, bucket: int, max_width: int) -> Any:
 def check_static_objectives(objectives: Sequence[Any]) -> None:
     """Every objective must skip padded targets (``static_shapes = True``), else a ConfigError naming it."""
     for objective in objectives:
-        if not getattr(objective, "static_shapes", False):
+        if not objective.static_shapes:
             raise ConfigError(f"speed.cuda_graphs: objective {objective.name!r} does not take batches padded to "
                               "static shapes (mlm, nsp and sop do); turn speed.cuda_graphs off")
 

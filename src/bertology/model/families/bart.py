@@ -157,4 +157,5 @@ FAMILY = CheckpointFamily(
            "pre_norm": False, "embedding_norm": True, "final_norm": False, "gated_ffn": False, "bias": True,
            "hidden_act": "gelu", "embedding_scale": 1.0, "classifier_dropout": 0.0,
            "shifted_decoder_inputs": True},
+    run_defaults=lambda values, run: {"decoder_start_token_id": run.sep_id},  # BART's decoder starts from </s>
 )

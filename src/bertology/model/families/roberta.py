@@ -12,6 +12,11 @@ HEADS = {
     "qa": bert.QA,
 }
 
+def run_defaults(values: object, run: object) -> dict[str, object]:
+    """A RoBERTa pretrained from scratch: one segment embedding and fairseq's norm epsilon."""
+    return {"type_vocab_size": 1, "layer_norm_eps": 1e-5}
+
+
 FAMILY = CheckpointFamily(
     model_type="roberta",
     class_stem="Roberta",
@@ -21,4 +26,5 @@ FAMILY = CheckpointFamily(
     heads=HEADS,
     architectures=bert.ARCHITECTURES,
     fixed={"positions_after_padding": True},
+    run_defaults=run_defaults,
 )

@@ -130,6 +130,14 @@ WEIGHTS = (
     *stack("decoder", "decoder_depth", cross=True),
 )
 
+def run_defaults(values: Mapping[str, Any], run: Any) -> dict[str, Any]:
+    """A T5 pretrained from scratch: d_kv and the tied head's output scale follow the width, the decoder is as deep
+    as the encoder and starts from the padding token (T5Config's rules)."""
+    return {"attention_head_size": values["hidden_size"] // values["num_heads"],
+            "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
+            "classifier_dropout": 0.0, "decoder_start_token_id": run.fill_id}
+
+
 FAMILY = CheckpointFamily(
     model_type="t5",
     class_stem="T5",
@@ -144,4 +152,5 @@ FAMILY = CheckpointFamily(
     defaults=DECODER_DEFAULTS,
     models={"EncoderModel": "encoder-stack"},
     word_embeddings="embeddings.weight",
+    run_defaults=run_defaults,
 )

@@ -24,6 +24,7 @@ OWNERS = {
     "extensions": ("bertology.model.extensions", "EXTENSIONS", None),
     "tasks": ("bertology.tasks.base", "TASKS", "value.name"),
     "objectives": ("bertology.objectives", "OBJECTIVES", None),
+    "run_configs": ("bertology.model.registry", "RUN_CONFIGS", None),
 }
 
 

@@ -45,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--split", choices=("train", "dev"), default=None,
                         help="retrieval: only that split's questions, as `finetune --task squad` splits --squad "
                         "(by article when it is one file)")
+    parser.add_argument("--rerank", metavar="DIR", default=None,
+                        help="retrieval: a cross-encoder reranker (`finetune --task rerank`) re-scoring each "
+                        "question's first --rerank-depth passages")
+    parser.add_argument("--rerank-depth", type=int, default=100, help="retrieval: see --rerank (default 100)")
     parser.add_argument("--squad", metavar="FILE", help="retrieval: the SQuAD v1.1 file the index was built from")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
@@ -63,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
         where = placement_from_args(args)
         print(json.dumps(evaluate_retrieval(args.index, args.squad, device=where.device, dtype=where.dtype,
-                                            kind=args.kind, split=args.split)))
+                                            kind=args.kind, split=args.split, rerank=args.rerank,
+                                            rerank_depth=args.rerank_depth)))
         return 0
     if args.device != "auto" or args.dtype != "float32":
         raise ConfigError(f"--device, --dtype: for --task retrieval only (it embeds the questions); "

@@ -24,6 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "holds is an error)")
     parser.add_argument("--kind", choices=("dense", "bm25", "hybrid"), default=None,
                         help="the kind the index must be (default: whatever it records); another kind is an error")
+    parser.add_argument("--rerank", metavar="DIR", default=None,
+                        help="a cross-encoder reranker (`bertology finetune --task rerank`) re-scoring the first "
+                        "stage's top --rerank-depth passages; scores are then its log-odds of relevance")
+    parser.add_argument("--rerank-depth", type=int, default=100,
+                        help="first-stage passages the reranker re-scores (default 100, at least --k; at most the "
+                        "index's size)")
     parser.add_argument("--model", default=None, help="model directory (default: the one recorded in the index)")
     parser.add_argument("--ef-search", type=int, default=None, help="hnsw: search-time beam (default: recorded)")
     parser.add_argument("--nprobe", type=int, default=None, help="ivf: cells visited (default: recorded)")
@@ -51,7 +57,16 @@ def run(args: argparse.Namespace) -> int:
     search = {"ef_search": args.ef_search, "nprobe": args.nprobe} if index.kind == "dense" else {}
     if index.kind != "dense" and (args.ef_search is not None or args.nprobe is not None):
         raise ConfigError(f"--ef-search, --nprobe: for a dense index; {args.index} is a {index.kind} one")
-    results = index.search(args.queries, k=args.k, **search)
+    if args.rerank is not None:
+        from bertology.retrieval.rerank import Reranker, rerank_hits
+
+        if args.rerank_depth < args.k:
+            raise ConfigError(f"--rerank-depth {args.rerank_depth}: at least --k ({args.k})")
+        reranker = Reranker.load(args.rerank, device=where.device, dtype=where.dtype)
+        first = index.search(args.queries, k=min(args.rerank_depth, len(index)), **search)
+        results = rerank_hits(reranker, args.queries, first, args.k)
+    else:
+        results = index.search(args.queries, k=args.k, **search)
     for query, hits in zip(args.queries, results):
         print(json.dumps({"query": query, "hits": [{"id": h.id, "score": round(h.score, 6), "text": h.text}
                                                    for h in hits]}, ensure_ascii=False))

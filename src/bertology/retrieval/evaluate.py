@@ -152,23 +152,32 @@ def check_paragraphs(questions: Sequence[QAExample], passages: Sequence[Passage]
 
 
 def evaluate_squad(index, squad: str | os.PathLike, *, ks: Sequence[int] = DEFAULT_KS, batch_size: int = 32,
-                   show_progress: bool = False, split: str | None = None) -> RetrievalScores:
+                   show_progress: bool = False, split: str | None = None, reranker: Any = None,
+                   rerank_depth: int = 100) -> RetrievalScores:
     """Open-retrieval recall@k and MRR@10 of `index` (an index of any kind, `bertology.retrieval.kinds`; a dense
     or hybrid one with its model attached) built from the paragraphs of the SQuAD file `squad`, e.g. by
     ``Index.build(model, squad_passages(squad))``: every question (of `split`, see `squad_questions`) is searched
-    against all passages of the index."""
+    against all passages of the index. `reranker` (a `bertology.retrieval.rerank.Reranker`) re-scores each
+    question's first `rerank_depth` passages."""
     ks = _check_ks(ks)
     questions = squad_questions(squad, split)
     check_paragraphs(questions, index.passages, str(squad))
     texts = [q.question for q in questions]
     depth = min(max(*ks, MRR_DEPTH), len(index))
-    _, rows = index.rank(texts, depth, batch_size=batch_size, show_progress=show_progress)
+    if reranker is not None:
+        from bertology.retrieval.rerank import reranked
+
+        _, rows = reranked(reranker, index, texts, depth, rerank_depth, batch_size=batch_size,
+                           show_progress=show_progress)
+    else:
+        _, rows = index.rank(texts, depth, batch_size=batch_size, show_progress=show_progress)
     return recall_at_k(questions, index.passages, [[r for r in row if r >= 0] for row in rows], ks)
 
 
 def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike | None,
                        model: str | os.PathLike | None = None, *, device: Any = None, dtype: str = "float32",
-                       kind: str | None = None, split: str | None = None) -> dict[str, float | int | str]:
+                       kind: str | None = None, split: str | None = None, rerank: str | os.PathLike | None = None,
+                       rerank_depth: int = 100) -> dict[str, float | int | str]:
     """`bertology evaluate --task retrieval`: open the index directory (`kind`: the kind it must be; a dense or
     hybrid one with `model`, default the recorded one, run on `device` in `dtype` as `Index.attach` takes them)
     and return `evaluate_squad(...).summary()` with the index's kind (and the split)."""
@@ -177,8 +186,16 @@ def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike
     if index is None or squad is None:
         raise ConfigError("evaluate --task retrieval: --index INDEX and --squad FILE are required")
     loaded = open_index(index, kind=kind, model=model, device=device, dtype=dtype)
-    scores = evaluate_squad(loaded, squad, split=split, show_progress=sys.stderr.isatty())
+    reranker = None
+    if rerank is not None:
+        from bertology.retrieval.rerank import Reranker
+
+        reranker = Reranker.load(rerank, device=device, dtype=dtype)
+    scores = evaluate_squad(loaded, squad, split=split, show_progress=sys.stderr.isatty(), reranker=reranker,
+                            rerank_depth=rerank_depth)
     extra: dict[str, Any] = {"kind": loaded.kind}
     if split is not None:
         extra["split"] = split
+    if rerank is not None:
+        extra.update(rerank=str(rerank), rerank_depth=rerank_depth)
     return {**scores.summary(), **extra}

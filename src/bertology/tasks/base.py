@@ -107,6 +107,7 @@ def get_task(name: str) -> FinetuneTask:
     from bertology.tasks import spans  # noqa: F401  (registers conll2003-spans)
     from bertology.tasks import cloze  # noqa: F401  (registers sst2-cloze, rte-cloze)
     from bertology.tasks import retrieval  # noqa: F401  (registers retrieval, retrieval-dot)
+    from bertology.tasks import rerank  # noqa: F401  (registers rerank)
 
     key = str(name).lower()
     if key not in TASKS:

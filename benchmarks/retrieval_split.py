@@ -8,7 +8,10 @@ index kind: bm25s, k1 1.5, b 0.75, English stop words), and the two hybrids of t
 (reciprocal rank fusion, k 60; min-max interpolation, weight 0.5; each over the first 100 of both). Every ranking
 is scored by `bertology.retrieval.recall_at_k` (DPR's answer match or the own paragraph; MRR@10).
 
-    python benchmarks/retrieval_split.py [--model DIR ...] [--no-minilm] [--threads 1] [--json OUT.json]
+    python benchmarks/retrieval_split.py [--model DIR ...] [--no-minilm] [--rerank DIR --rerank-depth 5]
+                                         [--threads 1] [--json OUT.json]
+
+--rerank re-scores the best first stage's (by MRR@10) top --rerank-depth with a `finetune --task rerank` model.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", action="append", default=[], help="a model directory to measure (repeatable)")
     parser.add_argument("--no-minilm", action="store_true", help="leave untrained all-MiniLM-L6-v2 out")
+    parser.add_argument("--rerank", default=None, help="a reranker directory (finetune --task rerank)")
+    parser.add_argument("--rerank-depth", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     bm25 = sparse.rank(texts, max(KS))
     rows = [row("BM25 (bm25 index kind)", questions, passages, bm25[1], {"index_s": build_s,
                                                                           "search_s": time.perf_counter() - start})]
+    rankings = {rows[-1]["system"]: bm25}
     print(json.dumps(rows[-1]), file=sys.stderr)
     models = ([("all-MiniLM-L6-v2, untrained", str(minilm_dir()))] if not args.no_minilm else []) + \
         [(f"trained: {directory}", directory) for directory in args.model]
@@ -84,11 +90,27 @@ def main(argv: list[str] | None = None) -> None:
         queries_s = time.perf_counter() - start
         first = dense.search_vectors(vectors, max(KS))
         rows.append(row(name, questions, passages, first[1], {"index_s": build_s, "queries_s": queries_s}))
+        rankings[rows[-1]["system"]] = first
         print(json.dumps(rows[-1]), file=sys.stderr)
         for label, fusion in FUSIONS.items():
-            _, fused = fuse(first, bm25, fusion, max(KS))
+            scores, fused = fuse(first, bm25, fusion, max(KS))
             rows.append(row(f"{name} + BM25, {label}", questions, passages, fused, {}))
+            rankings[rows[-1]["system"]] = (scores, fused)
             print(json.dumps(rows[-1]), file=sys.stderr)
+    if args.rerank is not None:
+        from bertology.retrieval.rerank import Reranker
+
+        best = max(rows, key=lambda r: r["mrr@10"])["system"]
+        reranker = Reranker.load(args.rerank)
+        start = time.perf_counter()
+        ranked = rankings[best][1].copy()
+        for i, question in enumerate(texts):
+            head = [int(r) for r in ranked[i, :args.rerank_depth]]
+            order = np.argsort(-reranker.score(question, [passages[r].text for r in head]), kind="stable")
+            ranked[i, :len(head)] = [head[j] for j in order.tolist()]
+        rows.append(row(f"{best}, reranked (top {args.rerank_depth}) by {args.rerank}", questions, passages, ranked,
+                        {"rerank_s": time.perf_counter() - start}))
+        print(json.dumps(rows[-1]), file=sys.stderr)
     keys = ["system", *(f"recall@{k}" for k in KS), "mrr@10", *(f"paragraph@{k}" for k in KS)]
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

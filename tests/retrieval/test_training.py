@@ -155,6 +155,18 @@ def test_finetune_retrieval_end_to_end(tiny_dir, mini_squad, tmp_path, capsys):
     assert run("search", "--index", tmp_path / "index", "--k", "2", "capital of france") == 0
     assert len(json.loads(capsys.readouterr().out)["hits"]) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index", "mini-squad.json", "run"]
+    # and the service: its sentence vectors, normalised, are the index's
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from bertology.retrieval import Index
+    from bertology.serve import create_app
+
+    with TestClient(create_app(out / "model", max_wait_ms=2)) as client:
+        response = client.post("/v1/embed", json={"texts": ["capital of france"], "normalize": True})
+    assert response.status_code == 200, response.text
+    expected = Index.load(tmp_path / "index", model=out / "model").encode(["capital of france"])
+    np.testing.assert_allclose(np.asarray(response.json()["vectors"]), expected, atol=1e-5, rtol=0)
 
 
 def test_the_dot_product_variant_is_registered():

@@ -58,6 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-minilm", action="store_true", help="leave untrained all-MiniLM-L6-v2 out")
     parser.add_argument("--rerank", default=None, help="a reranker directory (finetune --task rerank)")
     parser.add_argument("--rerank-depth", type=int, default=5)
+    parser.add_argument("--save-rankings", type=Path, default=None,
+                        help="write every system's first 100 rows and its row here (.npz + .json), for --rankings")
+    parser.add_argument("--rankings", type=Path, default=None,
+                        help="rerank only: the first stages saved by --save-rankings instead of computing them")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
@@ -69,6 +73,12 @@ def main(argv: list[str] | None = None) -> None:
     texts = [q.question for q in questions]
     print(f"{len(questions)} dev questions, {len(passages)} paragraphs; {machine_facts(args.threads)}",
           file=sys.stderr)
+    if args.rankings is not None:
+        saved = json.loads(args.rankings.with_suffix(".json").read_text())
+        arrays = np.load(args.rankings.with_suffix(".npz"))
+        rows = saved["rows"]
+        rankings = {r["system"]: (None, arrays[f"system_{i}"]) for i, r in enumerate(rows)}
+        return finish(args, questions, passages, texts, rows, rankings)
     start = time.perf_counter()
     sparse = SparseIndex.build(passages)
     build_s = time.perf_counter() - start
@@ -97,6 +107,14 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row(f"{name} + BM25, {label}", questions, passages, fused, {}))
             rankings[rows[-1]["system"]] = (scores, fused)
             print(json.dumps(rows[-1]), file=sys.stderr)
+    if args.save_rankings is not None:
+        np.savez(args.save_rankings.with_suffix(".npz"),
+                 **{f"system_{i}": np.asarray(rankings[r["system"]][1]) for i, r in enumerate(rows)})
+        args.save_rankings.with_suffix(".json").write_text(json.dumps({"rows": rows}, indent=2) + "\n")
+    finish(args, questions, passages, texts, rows, rankings)
+
+
+def finish(args, questions, passages, texts, rows, rankings) -> None:
     if args.rerank is not None:
         from bertology.retrieval.rerank import Reranker
 

@@ -423,7 +423,8 @@ def check_query_lengths(model: Pretrained, queries: Sequence[str], max_length: i
     for i, query in enumerate(queries):
         if not isinstance(query, str):
             raise ConfigError(f"query {i + 1}: expected a string, got {type(query).__name__}")
-        length = len(tokenizer.encode(query.lower() if lower else query).ids)
+        encoded = tokenizer.encode(query.lower() if lower else query)
+        length = len(getattr(encoded, "ids", encoded))  # ELMo's word tokenizer gives the words themselves
         if length > limit:
             raise ConfigError(f"query {i + 1} ({query[:40]!r}...): {length} tokens, more than the {limit} the model "
                               f"reads (its positions or the index's max_length); shorten the query")

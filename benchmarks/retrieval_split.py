@@ -8,6 +8,7 @@ index kind: bm25s, k1 1.5, b 0.75, English stop words), and the two hybrids of t
 (reciprocal rank fusion, k 60; min-max interpolation, weight 0.5; each over the first 100 of both). Every ranking
 is scored by `bertology.retrieval.recall_at_k` (DPR's answer match or the own paragraph; MRR@10).
 
+    python benchmarks/retrieval_split.py --quick     # 20 questions, a few paragraphs: checks the script
     python benchmarks/retrieval_split.py [--model DIR ...] [--no-minilm] [--rerank DIR --rerank-depth 5]
                                          [--threads 1] [--json OUT.json]
 
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="write every system's first 100 rows and its row here (.npz + .json), for --rankings")
     parser.add_argument("--rankings", type=Path, default=None,
                         help="rerank only: the first stages saved by --save-rankings instead of computing them")
+    parser.add_argument("--quick", action="store_true",
+                        help="the first 20 dev questions against their paragraphs and the file's first 10: seconds")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
@@ -70,6 +73,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     passages = squad_passages(SQUAD)
     questions = squad_questions(SQUAD, "dev")
+    if args.quick:
+        questions = questions[:20]
+        kept = {q.context for q in questions} | {p.text for p in passages[:10]}
+        passages = [p for p in passages if p.text in kept]
     texts = [q.question for q in questions]
     print(f"{len(questions)} dev questions, {len(passages)} paragraphs; {machine_facts(args.threads)}",
           file=sys.stderr)

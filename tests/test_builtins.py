@@ -25,6 +25,7 @@ OWNERS = {
     "tasks": ("bertology.tasks.base", "TASKS", "value.name"),
     "objectives": ("bertology.objectives", "OBJECTIVES", None),
     "run_configs": ("bertology.model.registry", "RUN_CONFIGS", None),
+    "index_kinds": ("bertology.retrieval.kinds", "INDEX_KINDS", "value.kind"),
 }
 
 

@@ -108,6 +108,15 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("conll2003-spans", "bertology.tasks.spans:CONLL2003_SPANS", {}),
         ("sst2-cloze", "bertology.tasks.cloze:SST2_CLOZE", {}),
         ("rte-cloze", "bertology.tasks.cloze:RTE_CLOZE", {}),
+        ("retrieval", "bertology.retrieval.retriever_task:RETRIEVAL", {}),
+        ("retrieval-dot", "bertology.retrieval.retriever_task:RETRIEVAL_DOT", {}),
+        ("rerank", "bertology.retrieval.reranker_task:RERANK", {}),
+    ),
+    # bertology.retrieval.kinds.INDEX_KINDS: the kind an index.json records (register_index_kind).
+    "index_kinds": (
+        ("dense", "bertology.retrieval.index:Index", {}),
+        ("bm25", "bertology.retrieval.sparse:SparseIndex", {}),
+        ("hybrid", "bertology.retrieval.hybrid:HybridIndex", {}),
     ),
     # bertology.objectives.OBJECTIVES: a run config's objectives section, by name.
     "objectives": (

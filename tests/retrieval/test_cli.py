@@ -91,7 +91,8 @@ def test_evaluate_retrieval_prints_recall(tiny_dir, mini_squad, tmp_path, capsys
     capsys.readouterr()
     assert run("evaluate", "--task", "retrieval", "--index", out, "--squad", squad) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert list(printed) == ["recall@1", "recall@5", "recall@20", "questions"]
+    assert list(printed) == ["recall@1", "recall@5", "recall@20", "recall@100", "mrr@10", "questions", "kind"]
+    assert printed["kind"] == "dense" and printed["recall@100"] == 100.0
     assert printed["questions"] == 4 and printed["recall@5"] == 100.0  # 4 paragraphs: every one is retrieved
     assert run("evaluate", "--task", "retrieval", "--squad", squad) == 2
     assert "--index INDEX and --squad FILE are required" in capsys.readouterr().err

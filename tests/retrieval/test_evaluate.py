@@ -71,7 +71,9 @@ def test_recall_at_k_on_hand_made_rankings():
     assert scores.questions == 3
     assert recall_at_k(questions, passages, [[0], [2], [3]], ks=(1,)).recall == {1: 100.0}
     assert recall_at_k(questions, passages, rankings, ks=(1, 2, 3)).summary() == \
-        {"recall@1": 33.33, "recall@2": 33.33, "recall@3": 66.67, "questions": 3}
+        {"recall@1": 33.33, "recall@2": 33.33, "recall@3": 66.67, "mrr@10": 44.44, "questions": 3}
+    # MRR@10: a's first hit at rank 1, b's at rank 3, c none: (1 + 1/3 + 0) / 3
+    assert scores.mrr == pytest.approx(100 * (1 + 1 / 3) / 3)
     with pytest.raises(ConfigError, match="ranked row 9 is outside the 4 passages"):
         recall_at_k(questions, passages, [[9], [0], [0]], ks=(1,))
     with pytest.raises(ConfigError, match="2 rankings for 3 questions"):
@@ -103,7 +105,8 @@ def test_evaluate_squad_with_minilm(minilm, minilm_path, mini_squad):
     index = Index.build(minilm, squad_passages(mini_squad), model_dir=minilm_path)
     assert index.options.long_texts == "truncate"
     scores = evaluate_squad(index, mini_squad)
-    assert scores.summary() == {"recall@1": 100.0, "recall@5": 100.0, "recall@20": 100.0, "questions": 4}
+    assert scores.summary() == {"recall@1": 100.0, "recall@5": 100.0, "recall@20": 100.0, "recall@100": 100.0,
+                                "mrr@10": 100.0, "questions": 4}
 
 
 def test_an_index_of_other_paragraphs_is_refused(tiny, mini_squad):

@@ -37,8 +37,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="GLUE: a prediction that is none of the task's labels (a text-to-text model's "
                         "generated text, as T5's fine-tuning writes it) counts as wrong instead of being an error")
     parser.add_argument("--index", metavar="INDEX",
-                        help="retrieval: a dense index (`bertology index build --squad FILE`); with --squad FILE, "
-                        "prints recall@1/5/20 (percent) of every question against all its paragraphs")
+                        help="retrieval: an index of any kind (`bertology index build --squad FILE`); with --squad FILE, "
+                        "prints recall@1/5/20/100 and MRR@10 (percent) of every question against all the index's "
+                        "passages")
+    parser.add_argument("--kind", choices=("dense", "bm25", "hybrid"), default=None,
+                        help="retrieval: the kind the index must be (default: whatever it records)")
+    parser.add_argument("--split", choices=("train", "dev"), default=None,
+                        help="retrieval: only that split's questions, as `finetune --task squad` splits --squad "
+                        "(by article when it is one file)")
+    parser.add_argument("--rerank", metavar="DIR", default=None,
+                        help="retrieval: a cross-encoder reranker (`finetune --task rerank`) re-scoring each "
+                        "question's first --rerank-depth passages")
+    parser.add_argument("--rerank-depth", type=int, default=100, help="retrieval: see --rerank (default 100)")
     parser.add_argument("--squad", metavar="FILE", help="retrieval: the SQuAD v1.1 file the index was built from")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
@@ -56,7 +66,9 @@ def run(args: argparse.Namespace) -> int:
         from bertology.retrieval.evaluate import evaluate_retrieval
 
         where = placement_from_args(args)
-        print(json.dumps(evaluate_retrieval(args.index, args.squad, device=where.device, dtype=where.dtype)))
+        print(json.dumps(evaluate_retrieval(args.index, args.squad, device=where.device, dtype=where.dtype,
+                                            kind=args.kind, split=args.split, rerank=args.rerank,
+                                            rerank_depth=args.rerank_depth)))
         return 0
     if args.device != "auto" or args.dtype != "float32":
         raise ConfigError(f"--device, --dtype: for --task retrieval only (it embeds the questions); "

@@ -13,8 +13,8 @@ from bertology.device import add_device_arguments, placement_from_args
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "index",
-        help="build a dense retrieval index (faiss, inner product over normalised sentence vectors)",
-        description="Dense passage indexes for `bertology search` and `bertology evaluate --task retrieval`.",
+        help="build a retrieval index (dense: faiss over sentence vectors; bm25: bm25s; hybrid: both, fused)",
+        description="Passage indexes for `bertology search` and `bertology evaluate --task retrieval`.",
     )
     commands = parser.add_subparsers(dest="index_command", metavar="COMMAND", required=True)
     build = commands.add_parser(
@@ -26,7 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "vectors.faiss, passages.jsonl. Passages: JSON lines {\"id\": string or integer, \"text\": string}, ids "
         "unique; other keys are ignored.",
     )
-    build.add_argument("--model", required=True, help="model directory")
+    build.add_argument("--kind", choices=("dense", "bm25", "hybrid"), default="dense",
+                       help="dense (faiss over the model's sentence vectors, the default), bm25 (bm25s; no model) or "
+                       "hybrid (both, their rankings fused: --fusion)")
+    build.add_argument("--model", default=None, help="model directory (dense and hybrid)")
     source = build.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", metavar="PASSAGES.jsonl", help="passages file (JSON lines with id and text)")
     source.add_argument("--squad", metavar="FILE",
@@ -51,6 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     build.add_argument("--long-texts", choices=("windows", "truncate"), default=None,
                        help="texts over --max-length: embedded in windows, or truncated (default: truncate for a "
                        "sentence-transformers model, as it encodes, else windows)")
+    build.add_argument("--k1", type=float, default=1.5, help="bm25: term-frequency saturation (default 1.5)")
+    build.add_argument("--b", type=float, default=0.75, help="bm25: length normalisation (default 0.75)")
+    build.add_argument("--fusion", choices=("rrf", "interpolate"), default="rrf",
+                       help="hybrid: reciprocal rank fusion (default) or interpolated min-max normalised scores")
+    build.add_argument("--weight", type=float, default=0.5,
+                       help="hybrid, interpolate: the dense score's weight, bm25's being 1 - weight (default 0.5)")
+    build.add_argument("--rrf-k", type=int, default=60, help="hybrid, rrf: the constant k in 1 / (k + rank) (60)")
+    build.add_argument("--fusion-depth", type=int, default=100,
+                       help="hybrid: passages each retriever ranks before fusing (default 100, at least k)")
     build.add_argument("--batch-size", type=int, default=32)
     build.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own setting)")
     build.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -67,11 +79,34 @@ def run_build(args: argparse.Namespace) -> int:
     from bertology.errors import ConfigError
     from bertology.retrieval.index import check_output, corpus_vectors, set_threads
 
+    from bertology.retrieval import BM25Options, Fusion, HybridIndex, SparseIndex
+
     where = placement_from_args(args)
+    bm25 = BM25Options(k1=args.k1, b=args.b)
+    fusion = Fusion(args.fusion, weight=args.weight, rrf_k=args.rrf_k, depth=args.fusion_depth)
+    if args.kind == "bm25":
+        dense_only = [f"--{name}" for name, value in (("model", args.model), ("vectors", args.vectors),
+                                                      ("approximate", args.approximate)) if value is not None]
+        if dense_only:
+            raise ConfigError(f"{', '.join(dense_only)}: a bm25 index embeds nothing; drop them or use --kind "
+                              f"dense or hybrid")
+        check_output(args.out, files=("bm25.npz", "vocabulary.json"))
+        started = time.perf_counter()
+        passages = read_passages(args.input) if args.input else squad_passages(args.squad)
+        index = SparseIndex.build(passages, options=bm25)
+        index.save(args.out)
+        print_result({"out": args.out, "kind": "bm25", "passages": len(index), "terms": index.meta["terms"]})
+        print(f"indexed {len(index)} passages (bm25, {index.meta['terms']} terms) in "
+              f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)
+        return 0
+    if args.model is None:
+        raise ConfigError(f"--model: a {args.kind} index embeds the passages with a model; give its directory")
+    if args.kind == "hybrid" and args.vectors is not None:
+        raise ConfigError("--vectors: for --kind dense only")
     if args.vectors is not None and args.dtype != "float32":
         raise ConfigError(f"--dtype {args.dtype}: with --vectors the corpus run's vectors are indexed and only a "
                           f"check of a few passages is embedded, in float32 (on --device)")
-    check_output(args.out)  # before any embedding work
+    check_output(args.out, files=("dense", "bm25") if args.kind == "hybrid" else ("vectors.faiss",))  # before work
     set_threads(args.threads)
     structure = Structure(args.approximate or "flat", hnsw_m=args.hnsw_m, ef_construction=args.ef_construction,
                           ef_search=args.ef_search, nlist=args.nlist, nprobe=args.nprobe)
@@ -103,8 +138,17 @@ def run_build(args: argparse.Namespace) -> int:
         index = Index.build(pretrained, passages, options=options, structure=structure, batch_size=args.batch_size,
                             show_progress=not args.quiet and sys.stderr.isatty(), model_dir=args.model,
                             device=where.device, dtype=where.dtype)
+    if args.kind == "hybrid":
+        index = HybridIndex(index, SparseIndex.build(passages, options=bm25), fusion)
+        index.save(args.out)
+        print_result({"out": args.out, "kind": "hybrid", "passages": len(index), "dim": index.dense.dim,
+                      "structure": structure.kind, "fusion": fusion.method})
+        print(f"indexed {len(index)} passages (hybrid: {index.dense.dim} dimensions, {structure.kind}; bm25) in "
+              f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)
+        return 0
     index.save(args.out)
-    print_result({"out": args.out, "passages": len(index), "dim": index.dim, "structure": structure.kind})
+    print_result({"out": args.out, "kind": "dense", "passages": len(index), "dim": index.dim,
+                  "structure": structure.kind})
     print(f"indexed {len(index)} passages ({index.dim} dimensions, {structure.kind}) in "
           f"{time.perf_counter() - started:.1f} s to {args.out}", file=sys.stderr)
     return 0

@@ -30,6 +30,11 @@ Python API::
 - `evaluate_squad(index, squad_file)`: recall@k of every question against all paragraphs (`bertology evaluate
   --task retrieval`); `recall_at_k` scores any ranking (a BM25 baseline, say) by the same rules.
 
+Index kinds (`bertology.retrieval.kinds`): ``dense`` (`Index`), ``bm25`` (`SparseIndex`, through bm25s) and
+``hybrid`` (`HybridIndex`: both, fused by reciprocal rank or by interpolated normalised scores, `Fusion`);
+`load_index(path)` opens any of them by the kind its index.json records, `load_index(path, kind=...)` refuses
+another kind (`IndexKindError`).
+
 faiss is imported only when an index is built, read or searched (``pip install 'bertology[index]'``).
 """
 
@@ -54,8 +59,21 @@ from bertology.retrieval.index import (
     normalize,
 )
 from bertology.retrieval.passages import Passage, as_passages, read_passages, squad_passages, write_passages
+from bertology.retrieval.kinds import IndexKindError, index_kinds, load_index, open_index, register_index_kind
+from bertology.retrieval.sparse import BM25Options, SparseIndex
+from bertology.retrieval.hybrid import Fusion, HybridIndex, fuse
 
 __all__ = [
+    "BM25Options",
+    "Fusion",
+    "HybridIndex",
+    "IndexKindError",
+    "SparseIndex",
+    "fuse",
+    "index_kinds",
+    "load_index",
+    "open_index",
+    "register_index_kind",
     "EmbeddingOptions",
     "Hit",
     "Index",

@@ -23,7 +23,8 @@ from bertology.errors import ConfigError, DataError
 from bertology.retrieval.passages import Passage
 from bertology.tasks.examples import QAExample
 
-DEFAULT_KS = (1, 5, 20)
+DEFAULT_KS = (1, 5, 20, 100)
+MRR_DEPTH = 10  # MRR@10
 # Joins tokens for substring matching: a control character, which DPR's tokens never contain.
 _SEPARATOR = "\x00"
 
@@ -60,16 +61,20 @@ def has_answer(answers: Sequence[str], text: str) -> bool:
 @dataclass(frozen=True)
 class RetrievalScores:
     """Recall@k in percent: `recall` counts a paragraph holding a gold answer string or the question's own
-    paragraph; `paragraph_recall` only the question's own paragraph."""
+    paragraph; `paragraph_recall` only the question's own paragraph. `mrr`: MRR@10 in percent, the mean over the
+    questions of 1 / (the rank of the first hit, from 1), 0 when no hit is among the first 10."""
 
     recall: dict[int, float]
     paragraph_recall: dict[int, float]
     questions: int
     ks: tuple[int, ...] = field(default=DEFAULT_KS)
+    mrr: float = 0.0
 
     def summary(self) -> dict[str, float | int]:
-        """``{"recall@1": .., "recall@5": .., "recall@20": .., "questions": N}`` (what the CLI prints)."""
-        return {**{f"recall@{k}": round(self.recall[k], 2) for k in self.ks}, "questions": self.questions}
+        """``{"recall@1": .., "recall@5": .., "recall@20": .., "recall@100": .., "mrr@10": .., "questions": N}``
+        (what the CLI prints; percentages rounded to 2 decimals)."""
+        return {**{f"recall@{k}": round(self.recall[k], 2) for k in self.ks}, f"mrr@{MRR_DEPTH}": round(self.mrr, 2),
+                "questions": self.questions}
 
 
 def _check_ks(ks: Sequence[int]) -> tuple[int, ...]:
@@ -89,7 +94,8 @@ def recall_at_k(questions: Sequence[QAExample], passages: Sequence[Passage], ran
         raise ConfigError(f"{len(rankings)} rankings for {len(questions)} questions")
     if not questions:
         raise ConfigError("no questions to evaluate")
-    depth = max(ks)
+    depth = max(*ks, MRR_DEPTH)
+    reciprocal = 0.0
     tokens: dict[int, str] = {}  # passage row -> joined DPR tokens, computed once per retrieved passage
     found = {k: 0 for k in ks}
     own_found = {k: 0 for k in ks}
@@ -111,18 +117,28 @@ def recall_at_k(questions: Sequence[QAExample], passages: Sequence[Passage], ran
                     first_hit = position
             if first_hit is not None and first_own is not None:
                 break
+        if first_hit is not None and first_hit < MRR_DEPTH:
+            reciprocal += 1.0 / (first_hit + 1)
         for k in ks:
             found[k] += first_hit is not None and first_hit < k
             own_found[k] += first_own is not None and first_own < k
     n = len(questions)
-    return RetrievalScores({k: 100.0 * found[k] / n for k in ks}, {k: 100.0 * own_found[k] / n for k in ks}, n, ks)
+    return RetrievalScores({k: 100.0 * found[k] / n for k in ks}, {k: 100.0 * own_found[k] / n for k in ks}, n, ks,
+                           100.0 * reciprocal / n)
 
 
-def squad_questions(path: str | os.PathLike) -> list[QAExample]:
-    """The questions of a SQuAD v1.1 file (`bertology.tasks.read_squad`)."""
-    from bertology.tasks.readers import read_squad
+def squad_questions(path: str | os.PathLike, split: str | None = None) -> list[QAExample]:
+    """The questions of a SQuAD v1.1 file (`bertology.tasks.read_squad`); with `split` (``train`` or ``dev``),
+    that split's questions as ``finetune --task squad`` takes them from `path` (a folder with the official files,
+    or one file split by article: `bertology.tasks.qa`)."""
+    if split is None:
+        from bertology.tasks.readers import read_squad
 
-    return read_squad(path)
+        return read_squad(path)
+    from bertology.tasks.base import get_task
+
+    task = get_task("squad")
+    return task.read(task.path(str(path), split))
 
 
 def check_paragraphs(questions: Sequence[QAExample], passages: Sequence[Passage], source: str) -> None:
@@ -136,30 +152,50 @@ def check_paragraphs(questions: Sequence[QAExample], passages: Sequence[Passage]
 
 
 def evaluate_squad(index, squad: str | os.PathLike, *, ks: Sequence[int] = DEFAULT_KS, batch_size: int = 32,
-                   show_progress: bool = False) -> RetrievalScores:
-    """Open-retrieval recall@k of `index` (an `Index` with its model attached, built from the paragraphs of the
-    SQuAD file `squad`, e.g. by ``Index.build(model, squad_passages(squad))``): every question is embedded and
-    searched against all passages of the index."""
+                   show_progress: bool = False, split: str | None = None, reranker: Any = None,
+                   rerank_depth: int = 100) -> RetrievalScores:
+    """Open-retrieval recall@k and MRR@10 of `index` (an index of any kind, `bertology.retrieval.kinds`; a dense
+    or hybrid one with its model attached) built from the paragraphs of the SQuAD file `squad`, e.g. by
+    ``Index.build(model, squad_passages(squad))``: every question (of `split`, see `squad_questions`) is searched
+    against all passages of the index. `reranker` (a `bertology.retrieval.rerank.Reranker`) re-scores each
+    question's first `rerank_depth` passages."""
     ks = _check_ks(ks)
-    questions = squad_questions(squad)
+    questions = squad_questions(squad, split)
     check_paragraphs(questions, index.passages, str(squad))
-    vectors = index.encode([q.question for q in questions], batch_size=batch_size, show_progress=show_progress)
-    _, rows = index.search_vectors(vectors, min(max(ks), len(index)))
+    texts = [q.question for q in questions]
+    depth = min(max(*ks, MRR_DEPTH), len(index))
+    if reranker is not None:
+        from bertology.retrieval.rerank import reranked
+
+        _, rows = reranked(reranker, index, texts, depth, rerank_depth, batch_size=batch_size,
+                           show_progress=show_progress)
+    else:
+        _, rows = index.rank(texts, depth, batch_size=batch_size, show_progress=show_progress)
     return recall_at_k(questions, index.passages, [[r for r in row if r >= 0] for row in rows], ks)
 
 
 def evaluate_retrieval(index: str | os.PathLike | None, squad: str | os.PathLike | None,
-                       model: str | os.PathLike | None = None, *, device: Any = None,
-                       dtype: str = "float32") -> dict[str, float | int]:
-    """`bertology evaluate --task retrieval`: load the index directory (with `model`, default the recorded one,
-    run on `device` in `dtype` as `Index.attach` takes them) and return `evaluate_squad(...).summary()`."""
-    from bertology.retrieval.index import Index
+                       model: str | os.PathLike | None = None, *, device: Any = None, dtype: str = "float32",
+                       kind: str | None = None, split: str | None = None, rerank: str | os.PathLike | None = None,
+                       rerank_depth: int = 100) -> dict[str, float | int | str]:
+    """`bertology evaluate --task retrieval`: open the index directory (`kind`: the kind it must be; a dense or
+    hybrid one with `model`, default the recorded one, run on `device` in `dtype` as `Index.attach` takes them)
+    and return `evaluate_squad(...).summary()` with the index's kind (and the split)."""
+    from bertology.retrieval.kinds import open_index
 
     if index is None or squad is None:
         raise ConfigError("evaluate --task retrieval: --index INDEX and --squad FILE are required")
-    loaded = Index.load(index)
-    model = model or loaded.model_path
-    if model is None:
-        raise ConfigError(f"{index}: the index records no model directory (it was built from a loaded model)")
-    loaded.attach(model, device=device, dtype=dtype)
-    return evaluate_squad(loaded, squad, show_progress=sys.stderr.isatty()).summary()
+    loaded = open_index(index, kind=kind, model=model, device=device, dtype=dtype)
+    reranker = None
+    if rerank is not None:
+        from bertology.retrieval.rerank import Reranker
+
+        reranker = Reranker.load(rerank, device=device, dtype=dtype)
+    scores = evaluate_squad(loaded, squad, split=split, show_progress=sys.stderr.isatty(), reranker=reranker,
+                            rerank_depth=rerank_depth)
+    extra: dict[str, Any] = {"kind": loaded.kind}
+    if split is not None:
+        extra["split"] = split
+    if rerank is not None:
+        extra.update(rerank=str(rerank), rerank_depth=rerank_depth)
+    return {**scores.summary(), **extra}

@@ -25,13 +25,12 @@ from bertology.embeddings.result import normalize
 from bertology.embeddings.sentence_config import read_sentence_config
 from bertology.errors import BertologyError, ConfigError, DataError
 from bertology.inputs import check_faiss
-from bertology.io import atomic_directory, file_in_the_way, recover
+from bertology.io import atomic_directory, file_in_the_way
 from bertology.model import Pretrained
 from bertology.model import fingerprint as model_fingerprint
+from bertology.retrieval.kinds import FORMAT, VERSION, read_meta
 from bertology.retrieval.passages import Passage, as_passages, read_passages, write_passages
 
-FORMAT = "bertology-index"
-VERSION = 1
 META_FILE = "index.json"
 FAISS_FILE = "vectors.faiss"
 PASSAGES_FILE = "passages.jsonl"
@@ -157,6 +156,8 @@ class Index:
     Make one with `Index.build`, write it with `save`, read it with `Index.load`; `search` takes query texts
     (embedded with the recorded options by the index's model) or query vectors."""
 
+    kind = "dense"
+
     def __init__(self, faiss_index: Any, passages: list[Passage], meta: dict[str, Any],
                  model: Pretrained | None = None) -> None:
         self.faiss_index = faiss_index
@@ -249,6 +250,7 @@ class Index:
         meta = {
             "format": FORMAT,
             "version": VERSION,
+            "kind": "dense",
             "model": {"fingerprint": model_fingerprint(pretrained), "path": path,
                       "family": pretrained.config.family, "hidden_size": pretrained.config.hidden_size},
             "embedding": to_mapping(options),
@@ -295,22 +297,8 @@ class Index:
         in `dtype`, as `attach` says); without one, only vector queries work until `attach` is called (the
         recorded directory is `model_path`)."""
         directory = Path(directory)
-        recover(directory)
+        meta = read_meta(directory, "dense")  # format, version, and an index of another kind refused
         meta_file = directory / META_FILE
-        if not directory.is_dir():
-            raise DataError(f"{directory}: no such index directory")
-        if not meta_file.is_file():
-            raise DataError(f"{directory}: not an index ({META_FILE} is missing)")
-        try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            raise DataError(f"{meta_file}: cannot read it as JSON: {error}") from None
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-            found = meta.get("format") if isinstance(meta, dict) else None
-            raise DataError(f"{meta_file}: not a bertology index (format {found!r}, expected {FORMAT!r})")
-        if meta.get("version") != VERSION:
-            raise DataError(f"{meta_file}: index format version {meta.get('version')!r}; this bertology reads "
-                            f"version {VERSION}")
         for key in ("model", "embedding", "structure", "passages", "dim"):
             if key not in meta:
                 raise DataError(f"{meta_file}: missing key {key!r}")
@@ -367,6 +355,8 @@ class Index:
         if self.model is None:
             raise ConfigError("this index has no model attached: load it with Index.load(path, model=...) or call "
                               f"index.attach(model) (it was built with {self.model_path or 'a loaded model'})")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        check_query_lengths(self.model, texts, self.options.max_length)
         return encode(self.model, texts, self.options, batch_size=batch_size, show_progress=show_progress,
                       dtype=self.dtype)
 
@@ -376,8 +366,7 @@ class Index:
         fewer). `queries`: texts (a string counts as one), embedded with the index's options, or vectors [N, D]
         (a [D] vector counts as one) from the same model and options, normalised here. `ef_search` (hnsw) and
         `nprobe` (ivf) override the recorded search parameters for this call."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigError(f"k must be a positive integer, got {k!r}")
+        check_k(k)
         if isinstance(queries, np.ndarray):
             vectors = queries[None, :] if queries.ndim == 1 else queries
             if vectors.ndim != 2 or vectors.shape[1] != self.dim:
@@ -393,6 +382,13 @@ class Index:
         return [[Hit(self.passages[r].id, float(s), self.passages[r].text, int(r))
                  for s, r in zip(score_row, row_ids) if r >= 0]
                 for score_row, row_ids in zip(scores, rows)]
+
+    def rank(self, queries: str | Sequence[str], depth: int, *, batch_size: int = 32,
+             show_progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The `depth` best passages of each query text: scores [Q, depth] and rows [Q, depth], best first; `depth`
+        is capped at the number of passages (the same interface as the other index kinds)."""
+        vectors = self.encode(queries, batch_size=batch_size, show_progress=show_progress)
+        return self.search_vectors(vectors, min(depth, len(self)))
 
     def search_vectors(self, vectors: np.ndarray, k: int, *, ef_search: int | None = None,
                        nprobe: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -410,9 +406,37 @@ class Index:
         return self.faiss_index.search(np.ascontiguousarray(vectors, dtype=np.float32), k, params=params)
 
 
-def check_output(directory: str | os.PathLike) -> Path:
-    """Where `Index.save` may write (checked before any embedding work): a new directory or an existing index,
-    not a file, not a directory holding something else, not below a file."""
+def check_query_lengths(model: Pretrained, queries: Sequence[str], max_length: int | None = None) -> None:
+    """Refuse a query longer (in tokens, specials included) than `max_length` or the model's positions: a query is
+    embedded whole or not at all, never silently cut or split into windows. The error names the query's position
+    and both lengths."""
+    from bertology.embeddings.backbone import as_backbone
+
+    tokenizer = model.tokenizer
+    limit = as_backbone(model, tokenizer).max_length
+    if max_length is not None:
+        limit = min(limit, max_length)
+    settings = read_sentence_config(model.directory) if getattr(model, "directory", None) else None
+    lower = settings is not None and settings.lower_case
+    for i, query in enumerate(queries):
+        if not isinstance(query, str):
+            raise ConfigError(f"query {i + 1}: expected a string, got {type(query).__name__}")
+        encoded = tokenizer.encode(query.lower() if lower else query)
+        length = len(getattr(encoded, "ids", encoded))  # ELMo's word tokenizer gives the words themselves
+        if length > limit:
+            raise ConfigError(f"query {i + 1} ({query[:40]!r}...): {length} tokens, more than the {limit} the model "
+                              f"reads (its positions or the index's max_length); shorten the query")
+
+
+def check_k(k: object) -> None:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError(f"k must be a positive integer, got {k!r}")
+
+
+def check_output(directory: str | os.PathLike, files: Sequence[str] = (FAISS_FILE,)) -> Path:
+    """Where an index may be saved (checked before any embedding work): a new directory or an existing index
+    (of any kind) holding nothing but `files` (the kind's own, besides index.json and passages.jsonl), not a file,
+    not a directory holding something else, not below a file."""
     directory = Path(directory)
     if directory.exists() and not directory.is_dir():
         raise ConfigError(f"{directory}: is a file; the index is written as a directory")
@@ -420,7 +444,7 @@ def check_output(directory: str | os.PathLike) -> Path:
         raise ConfigError(f"{directory}: exists and is not an index; refusing to replace it")
     if (directory / META_FILE).is_file():  # an index is replaced as a whole: nothing else may be lost with it
         others = sorted(entry.name for entry in os.scandir(directory) if not entry.name.startswith(".")
-                        and entry.name not in (META_FILE, FAISS_FILE, PASSAGES_FILE))
+                        and entry.name not in (META_FILE, PASSAGES_FILE, *files))
         if others:
             raise ConfigError(f"{directory}: an index, but it also holds {', '.join(others[:5])}, which replacing "
                               "it would remove; move them out or choose another directory")
@@ -511,3 +535,5 @@ def corpus_vectors(output: str | os.PathLike, passages: Sequence[Passage]) -> tu
                                stride=settings.get("stride"), long_texts="windows",
                                source=f"corpus run {output}")
     return np.asarray(vectors[order], dtype=np.float32), options
+
+

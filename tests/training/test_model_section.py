@@ -25,7 +25,7 @@ def build(name, settings=None, preset="tiny", run=BERT_RUN, base=None):
 
 def test_every_buildable_architecture_registers_its_builder():
     buildable = {name for name, entry in architectures().items() if entry.run_config is not None}
-    assert buildable == {"encoder", "decoder", "seq2seq", "xlnet", "elmo"}
+    assert buildable == {"encoder", "encoder-stack", "decoder", "seq2seq", "xlnet", "elmo"}
     for name in buildable:
         config = build(name, {"family": {"decoder": "gpt2", "seq2seq": "t5"}[name]}
                        if name in ("decoder", "seq2seq") else {})
@@ -150,7 +150,7 @@ def test_objectives_declare_their_hooks_in_one_base_class(one_thread):
     assert all(issubclass(cls, Objective) for cls in OBJECTIVES.values())
     trains = {name: cls.trains for name, cls in OBJECTIVES.items()}
     assert trains["plm"] == ("xlnet",) and trains["bilm"] == ("elmo",) and trains["clm"] == ("decoder",)
-    assert trains["denoise"] == ("seq2seq",) and trains["mlm"] == ("encoder",)
+    assert trains["denoise"] == ("seq2seq",) and trains["mlm"] == ("encoder", "encoder-stack")
     mlm = MaskedLM()
     config = build("encoder", {"hidden_act": "relu"})
     mlm.fit_model_config(config, None)

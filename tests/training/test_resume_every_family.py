@@ -152,6 +152,6 @@ def test_every_tokenizer_kind_and_every_pretraining_family_is_covered():
     # Every architecture a run config builds, and each of its families: DistilBERT is distilled from a teacher
     # model, not pretrained from a corpus alone.
     buildable = [name for name, entry in architectures().items() if entry.run_config is not None]
-    assert set(buildable) == {"encoder", "decoder", "seq2seq", "xlnet", "elmo"}
+    assert set(buildable) == {"encoder", "encoder-stack", "decoder", "seq2seq", "xlnet", "elmo"}
     families = {family for name in buildable for family in architecture_families(name)} | {"elmo"}
     assert families - {"distilbert"} <= set(FAMILIES)

@@ -38,11 +38,14 @@ def architecture_families(name: str) -> tuple[str, ...]:
 
 def default_family(name: str) -> str | None:
     """The family a run of architecture `name` builds when ``model.family`` is unset: its config class's default
-    when that is one of its families, else None (the family must be given)."""
+    when that is one of its families, its only family when it has one (encoder-stack: modernbert), else None (the
+    family must be given)."""
     fields = {f.name: f for f in dataclasses.fields(registered(name).config_class)}
     value = fields["family"].default if "family" in fields else None
     families = architecture_families(name)
-    return value if isinstance(value, str) and (value in families or not families) else None
+    if isinstance(value, str) and (value in families or not families):
+        return value
+    return families[0] if len(families) == 1 else None  # an architecture of one family builds that one
 
 
 def check_family(name: str, settings: Mapping[str, Any]) -> str | None:

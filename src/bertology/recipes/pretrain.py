@@ -287,8 +287,8 @@ def build_model_config(config: PretrainConfig, tokenizer: Tokenizer | Any, pretr
     model = config.model
     name = model_name(pretrained) if pretrained is not None else model.kind
     if pretrained is not None and model.architecture not in (None, name):
-        raise ConfigError(f"model.architecture: model.init_from {model.init_from} holds a {name} model, not "
-                          f"{model.architecture}")
+        raise ConfigError(f"model.architecture: model.init_from {model.init_from} holds a model of the {name} "
+                          f"architecture, not {model.architecture}")
     build = registered(name).run_config
     if build is None and pretrained is not None:
         return continued_config(name, pretrained.config, model.checked_settings(name))

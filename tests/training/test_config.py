@@ -310,8 +310,6 @@ def test_model_section_errors(setting, message):
     (["model.architecture=seq2seq", "model.family=t5", "model.relative_attention_num_buckets=true"],
      "model.relative_attention_num_buckets: expected int, got bool"),
     (["model.architecture=decoder", "model.family=t5"], "model.family: the decoder architecture builds gpt2"),
-    (["model.architecture=decoder"], "model.family: the decoder architecture builds a model of one of the "
-                                     "families gpt2; set model.family"),
     (["model.architecture=elmo", "model.family=bert"], "model.family: elmo models are of the family 'elmo'"),
 ])
 def test_model_section_errors_of_other_architectures(settings, message):

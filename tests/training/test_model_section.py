@@ -177,3 +177,9 @@ def test_nothing_probes_objectives_for_their_hooks():
             assert probe not in text, f"{path.name}: {probe}"
     recipe = (SRC / "recipes" / "pretrain.py").read_text(encoding="utf-8")
     assert "tokenizer.style ==" not in recipe and "DECODER_START" not in recipe and "FAMILY_FIXED" not in recipe
+
+
+def test_an_architecture_of_one_family_builds_it_when_the_family_is_unset():
+    assert build("decoder").family == "gpt2"
+    assert build("encoder-stack").family == "modernbert"
+    assert build("encoder").family == "bert"  # the config class's default, one of the encoder's many families

@@ -256,7 +256,7 @@ def test_a_query_longer_than_the_models_positions_is_refused(tiny_dir, passages_
 
 
 def test_evaluate_retrieval_on_a_split_by_article(mini_squad, tmp_path, capsys):
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
 
     assert run("index", "build", "--kind", "bm25", "--squad", mini_squad, "--out", tmp_path / "bm25") == 0
     capsys.readouterr()

@@ -13,7 +13,7 @@ from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
 from bertology.retrieval import SparseIndex, recall_at_k, squad_passages, squad_questions
 from bertology.retrieval.rerank import Reranker, rerank_hits, reranked
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 
 pytest.importorskip("faiss", reason="faiss-cpu is not installed (pip install 'bertology[index]')")
 pytestmark = pytest.mark.usefixtures("one_thread")

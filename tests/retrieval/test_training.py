@@ -15,7 +15,7 @@ from bertology.cli.main import main
 from bertology.errors import DataError
 from bertology.objectives.base import Passes
 from bertology.retrieval import has_answer, squad_questions
-from bertology.tasks.base import get_task
+from bertology.tasks.lookup import get_task
 from bertology.retrieval.retriever_task import (
     ContrastiveRetrieval,
     RetrievalBatches,

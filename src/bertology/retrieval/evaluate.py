@@ -135,7 +135,7 @@ def squad_questions(path: str | os.PathLike, split: str | None = None) -> list[Q
         from bertology.tasks.readers import read_squad
 
         return read_squad(path)
-    from bertology.tasks.base import get_task
+    from bertology.tasks.lookup import get_task
 
     task = get_task("squad")
     return task.read(task.path(str(path), split))

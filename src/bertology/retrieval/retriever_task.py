@@ -44,8 +44,8 @@ from bertology.errors import ConfigError, DataError
 from bertology.inputs import check_unicode
 from bertology.io import atomic_write
 from bertology.model.heads import HeadSpec
-from bertology.objectives.base import ObjectiveOutput, Passes, count, ratio
-from bertology.tasks.base import get_task
+from bertology.objectives.base import Objective, ObjectiveOutput, Passes, count, ratio
+from bertology.tasks.lookup import get_task
 
 JSONL_FILES = {"train": "train.jsonl", "dev": "dev.jsonl"}
 RANKING_DEPTH = 100
@@ -238,7 +238,7 @@ def contrastive_logits(queries: Tensor, passages: Tensor, similarity: str, tempe
 
 
 @dataclass
-class ContrastiveRetrieval:
+class ContrastiveRetrieval(Objective):
     """In-batch and hard negatives' cross-entropy of a bi-encoder (see the module docstring). Stats:
     ``retrieval_units`` (queries), ``retrieval_loss_sum``, ``retrieval_correct`` (queries whose positive scores
     highest in the batch)."""

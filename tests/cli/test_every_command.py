@@ -55,9 +55,10 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
                                                            ("bart", "Seq2SeqModel"), ("xlnet", "XLNetModel"),
                                                            ("elmo", "ElmoModel"))},
     ("heads prune", "albert"): r"pruning the heads of shared layers \(ALBERT\) is not supported",
-    # ModernBERT's stack has no head mask yet (the one-stack refactor brings the encoder's): stats only
-    **{(f"heads {what}", "modernbert"): r"head importance and pruning .* needs a bidirectional encoder \(BERT "
-       r"family\); this model is a EncoderStackModel" for what in ("importance", "prune")},
+    # ModernBERT's model does not pass a head mask to its stack (it declares no 'head-mask'): stats only
+    **{(f"heads {what}", "modernbert"): r"head importance and pruning .* needs a model that takes a head mask "
+       r"\(capability 'head-mask'\); the model \(EncoderStackModel, registered as 'encoder-stack'\) does not "
+       r"declare it" for what in ("importance", "prune")},
     ("heads prune", "longformer"): r"heads of a windowed model \(attention_window\) cannot be pruned",
     **{("longformer mlm-loss", f): rf"a {f} model without a masked-LM head \('mlm'\); mlm-loss scores masked-LM "
        "encoders" for f in ("gpt2", "t5", "bart", "xlnet", "elmo")},

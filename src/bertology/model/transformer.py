@@ -31,7 +31,6 @@ from bertology.model.registry import register_model
 from bertology.model.stack import (  # noqa: F401  (re-exported: the decoders' position helpers)
     Stack,
     StackOutput,
-    corners,
     position_ids_from_mask,
     position_ids_in_documents,
 )

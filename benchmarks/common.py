@@ -162,10 +162,13 @@ def model_flops(config: TransformerConfig, lengths: list[int]) -> float:
     """FLOPs over the real tokens of one batch: 2 x (weights in matmuls) x tokens, plus attention's Q K^T and P V
     (2 x 2 x len^2 x hidden per sequence and layer), plus the pooler on each [CLS]."""
     h, inner, e = config.hidden_size, config.intermediate_size, config.token_embedding_size
-    per_layer = 4 * h * h + 2 * h * inner  # qkv (3 h^2) + output (h^2) + feed-forward in and out
+    ffn = 3 if getattr(config, "gated_ffn", False) else 2  # a gated feed-forward has two input matrices
+    per_layer = 4 * h * h + ffn * h * inner  # qkv (3 h^2) + output (h^2) + feed-forward in and out
     per_token = config.num_layers * per_layer + (e * h if getattr(config, "embedding_size", None) is not None else 0)
     tokens = sum(lengths)
-    attention = config.num_layers * sum(4 * n * n * h for n in lengths)
+    # A windowed layer's query reads at most window + 1 keys (ModernBERT's windows; None: every key).
+    windows = getattr(config, "attention_window", None) or [None] * config.num_layers
+    attention = sum(4 * n * (n if w is None else min(n, w + 1)) * h for w in windows for n in lengths)
     pooler = 2 * h * h * len(lengths) if getattr(config, "pooler", False) else 0
     return 2 * per_token * tokens + attention + pooler
 

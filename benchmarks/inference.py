@@ -1,6 +1,8 @@
 """Inference throughput on CPU: bertology against transformers' BertModel (SDPA attention) on the same weights and
 the same real-text batches, plus ONNX Runtime and CTranslate2 where they are installed; XLNet (xlnet-tiny,
-xlnet-mini: XLNet of the preset's shape) against transformers' XLNetModel on the same batches, without memory.
+xlnet-mini: XLNet of the preset's shape) against transformers' XLNetModel on the same batches, without memory;
+ModernBERT (modernbert-tiny, modernbert-base: random, of ModernBERT-base's published shape) against transformers'
+ModernBertModel (SDPA) on the same batches.
 
     python benchmarks/inference.py                       # every model, print the tables
     python benchmarks/inference.py --write               # ... and rewrite the "## Inference" section of RESULTS.md
@@ -42,7 +44,7 @@ from bertology.io import atomic_write  # noqa: E402
 from bertology.model import load_model, preset  # noqa: E402
 from bertology.tokenization import load_tokenizer  # noqa: E402
 
-MODELS = ("tiny", "mini", "small", "base", "minilm", "xlnet-tiny", "xlnet-mini")
+MODELS = ("tiny", "mini", "small", "base", "minilm", "xlnet-tiny", "xlnet-mini", "modernbert-tiny", "modernbert-base")
 PEER_MODELS = ("base", "minilm")  # ONNX Runtime and CTranslate2 run at these sizes only (export and conversion cost)
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -70,8 +72,16 @@ def bertology_runner(directory: Path) -> Runner:
 
 
 def transformers_runner(directory: Path) -> Runner:
-    from transformers import BertModel, XLNetModel
+    from transformers import BertModel, ModernBertModel, XLNetModel
 
+    if (directory / "modernbert").is_file():  # its SDPA path: the window as a dense mask
+        modern = ModernBertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
+
+        def run_modern(b: TextBatch):
+            return modern(input_ids=b.input_ids, attention_mask=b.attention_mask)
+
+        return Runner("transformers (ModernBertModel, sdpa)", run_modern,
+                      lambda b: real_rows(run_modern(b).last_hidden_state, b))
     if (directory / "xlnet").is_file():  # XLNet has no SDPA path in transformers: its own attention
         model = XLNetModel.from_pretrained(directory).eval()
 
@@ -159,6 +169,10 @@ def model_directory(name: str, workdir: Path) -> Path:
     """A transformers checkpoint directory: MiniLM's own, or a seeded random BERT preset saved into `workdir`."""
     if name == "minilm":
         return common.minilm_dir()
+    if name.startswith("modernbert-"):
+        save_modernbert(name.removeprefix("modernbert-"), workdir)
+        (workdir / "modernbert").touch()  # a mark for transformers_runner
+        return workdir
     if name.startswith("xlnet-"):
         from transformers import XLNetConfig, XLNetModel
 
@@ -180,6 +194,25 @@ def model_directory(name: str, workdir: Path) -> Path:
     for tokenizer_file in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(common.minilm_dir() / tokenizer_file, workdir)  # the converters want a vocabulary beside it
     return workdir
+
+
+# ModernBERT's shapes: base as published (22 layers, hidden 768, GeGLU 1,152, a window of 128 tokens in two layers of
+# three); tiny a 4-layer model of the tiny preset's width with the same pattern and a 64-token window.
+MODERNBERT_SHAPES = {"base": dict(num_hidden_layers=22, hidden_size=768, intermediate_size=1152, num_attention_heads=12,
+                                  local_attention=128),
+                     "tiny": dict(num_hidden_layers=4, hidden_size=128, intermediate_size=192, num_attention_heads=2,
+                                  local_attention=64)}
+
+
+def save_modernbert(shape: str, workdir: Path, heads: str = "Model") -> None:
+    """A random ModernBERT of `shape` (seed 0) over the MiniLM tokenizer's vocabulary, saved by transformers."""
+    from transformers import ModernBertConfig
+    import transformers
+
+    torch.manual_seed(0)
+    config = ModernBertConfig(vocab_size=30522, max_position_embeddings=1024, pad_token_id=0, bos_token_id=101,
+                              cls_token_id=101, eos_token_id=102, sep_token_id=102, **MODERNBERT_SHAPES[shape])
+    getattr(transformers, "ModernBert" + heads)(config).save_pretrained(workdir)
 
 
 def peer_runners(directory: Path, workdir: Path, threads: int) -> tuple[list[Runner], list[str]]:

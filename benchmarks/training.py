@@ -62,13 +62,15 @@ import common  # noqa: E402
 
 from bertology.data.dataset import PretrainingBatch  # noqa: E402
 from bertology.io import atomic_write  # noqa: E402
-from bertology.model import TransformerConfig, EncoderModel, HeadSpec, preset, save_model  # noqa: E402
+from bertology.model import EncoderModel, HeadSpec, TransformerConfig, load_model, preset, save_model  # noqa: E402
+from bertology.model.config import PRESET_SIZES  # noqa: E402
 from bertology.objectives import MaskedLM, Passes  # noqa: E402
 from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
-OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "xlnet-plm", "gpt2-clm", "t5-spans", "bart-masked")
+OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "xlnet-plm", "gpt2-clm", "t5-spans", "bart-masked",
+              "modernbert-mlm")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SEQ_LEN = 128
 LR = 1e-4
@@ -907,6 +909,65 @@ def measure_xlnet(name: str, workload: list[Batches], tokenizer, warmup: int, re
     return rows
 
 
+# --- ModernBERT: MLM on the same masked batches against ModernBertForMaskedLM --------------------------------------
+
+
+def modernbert_directory(name: str, tokenizer, workdir: Path) -> Path:
+    """A random ModernBertForMaskedLM of the preset's width and depth (GeGLU 1.5 x hidden as ModernBERT-base's
+    1,152 for 768, every third layer global, the others a window of 128 tokens), seed 0, saved by transformers: both
+    sides start from its weights."""
+    import transformers
+
+    layers, hidden = PRESET_SIZES[name]
+    torch.manual_seed(0)
+    config = transformers.ModernBertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64), intermediate_size=3 * hidden // 2, max_position_embeddings=512,
+        local_attention=128, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.framing.cls_id,
+        cls_token_id=tokenizer.framing.cls_id, eos_token_id=tokenizer.framing.sep_id,
+        sep_token_id=tokenizer.framing.sep_id)
+    directory = workdir / f"{name}-modernbert-start"
+    transformers.ModernBertForMaskedLM(config).save_pretrained(directory)
+    return directory
+
+
+def without_token_types(step: Callable[[dict[str, torch.Tensor]], Any]) -> Callable[[dict[str, torch.Tensor]], Any]:
+    """transformers' step on batches without token_type_ids (ModernBERT takes none)."""
+    def run(batch: dict[str, torch.Tensor]) -> Any:
+        return step({k: v for k, v in batch.items() if k != "token_type_ids"})
+
+    run.optimizer = step.optimizer  # type: ignore[attr-defined]
+    return run
+
+
+def measure_modernbert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
+                       workdir: Path) -> list[Row]:
+    directory = modernbert_directory(name, tokenizer, workdir)
+    run_config = {"objectives": {"mlm": {}}}
+    rows = []
+    for batches in workload:
+        model = load_model(directory)
+        check = check_steps(pretrain_step(load_model(directory), [MaskedLM()], run_config, workdir,
+                                          "bertology-modernbert-check", dropout=False, with_loss=True),
+                            without_token_types(transformers_step(directory, "ModernBertForMaskedLM",
+                                                                  dropout=False)), batches)
+        sides = {"bertology": functools.partial(run_pass, pretrain_step(model, [MaskedLM()], run_config, workdir,
+                                                                        "bertology-modernbert-run"), batches.ours),
+                 "transformers": functools.partial(run_pass, without_token_types(
+                     transformers_step(directory, "ModernBertForMaskedLM")), batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        config = model.config
+        flops = train_flops(config, batches)
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        rows.append(Row(f"modernbert-{name} MLM", batches.name, batches.padding_share, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap, check.optimizer))
+        print(f"  {name:6s} ModernBERT {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
+              f"tok/s  x{ours / theirs:.2f}  ({check})", file=sys.stderr, flush=True)
+    return rows
+
+
 # --- measurement ----------------------------------------------------------------------------------------------
 
 
@@ -1146,7 +1207,8 @@ def main() -> int:
                              "span corruption against T5ForConditionalGeneration, masked rows reconstructed "
                              "against BartForConditionalGeneration; "
                              "xlnet-plm: XLNet's permutation LM (K = 6) on the same rows, against "
-                             "XLNetLMHeadModel with the same perm_mask, target_mapping and labels")
+                             "XLNetLMHeadModel with the same perm_mask, target_mapping and labels; modernbert-mlm: "
+                             "MLM on a ModernBERT of the preset's width and depth against ModernBertForMaskedLM")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -1218,6 +1280,8 @@ def main() -> int:
                 if objective in args.objectives:
                     rows += measure_generative(name, objective, workload, tokenizer, args.warmup, args.repeats,
                                                Path(tmp), args.seed)
+            if "modernbert-mlm" in args.objectives:
+                rows += measure_modernbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
             if "xlnet-plm" in args.objectives:
                 rows += measure_xlnet(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()

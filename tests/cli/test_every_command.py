@@ -26,8 +26,9 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAMILIES = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "gpt2", "t5", "bart", "xlnet",
-            "longformer", "elmo")
-STYLE = {"bert": "bert", "albert": "bert", "electra": "bert", "distilbert": "bert", "roberta": "roberta",
+            "longformer", "modernbert", "elmo")
+STYLE = {"bert": "bert", "albert": "bert", "electra": "bert", "distilbert": "bert", "modernbert": "bert",
+         "roberta": "roberta",
          "xlm-roberta": "roberta", "longformer": "roberta", "gpt2": "gpt2", "t5": "t5", "bart": "bart",
          "xlnet": "xlnet"}
 TOKENIZER_CLASS = {"bert": "BertTokenizer", "roberta": "RobertaTokenizer", "bart": "BartTokenizer",
@@ -35,7 +36,7 @@ TOKENIZER_CLASS = {"bert": "BertTokenizer", "roberta": "RobertaTokenizer", "bart
 MASK = {"bert": "[MASK]", "roberta": "<mask>", "bart": "<mask>", "xlnet": "<mask>", "t5": "<extra_id_0>",
         "gpt2": "<mask>"}
 
-ENCODERS = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "longformer")
+ENCODERS = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "longformer", "modernbert")
 # (command, family) -> what the refusal must say: the commands a family cannot run, each refused in one line.
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     **{("generate", f): r"generation needs a decoder \(GPT-2\) or an encoder-decoder \(T5, BART\); this is a "
@@ -44,7 +45,7 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     ("fill-mask", "elmo"): "fill-mask needs a model with a masked-LM head; this one has no head",
     **{("longformer convert", f): rf"a Longformer is made from a bert, roberta, xlm-roberta encoder, got '{f}'"
        for f in FAMILIES if f not in ("bert", "roberta", "xlm-roberta")},
-    **{("heads stats", f): "attention heads are read from a BERT-family encoder or XLNet; this model is a "
+    **{("heads stats", f): "attention heads are read from a BERT-family encoder, ModernBERT or XLNet; this model is a "
        for f in ("gpt2", "t5", "bart", "elmo")},
     **{("heads importance", f): "the model has no masked-LM head: give a fine-tuning task" for f in
        ("gpt2", "t5", "bart", "xlnet")},
@@ -53,6 +54,9 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
        rf"model is a {m}" for f, m in (("gpt2", "DecoderModel"), ("t5", "Seq2SeqModel"), ("bart", "Seq2SeqModel"),
                                         ("xlnet", "XLNetModel"), ("elmo", "ElmoModel"))},
     ("heads prune", "albert"): r"pruning the heads of shared layers \(ALBERT\) is not supported",
+    # ModernBERT's stack has no head mask yet (the one-stack refactor brings the encoder's): stats only
+    **{(f"heads {what}", "modernbert"): r"head importance and pruning .* needs a bidirectional encoder \(BERT "
+       r"family\); this model is a EncoderStackModel" for what in ("importance", "prune")},
     ("heads prune", "longformer"): r"heads of a windowed model \(attention_window\) cannot be pruned",
     **{("longformer mlm-loss", f): rf"a {f} model without a masked-LM head \('mlm'\); mlm-loss scores masked-LM "
        "encoders" for f in ("gpt2", "t5", "bart", "xlnet", "elmo")},
@@ -120,6 +124,12 @@ def build_model(family: str, directory: Path) -> Path:
         model = T.XLNetLMHeadModel(T.XLNetConfig(vocab_size=vocab, d_model=16, n_layer=2, n_head=2, d_inner=32,
                                                  pad_token_id=ids("<pad>"), bos_token_id=ids("<s>"),
                                                  eos_token_id=ids("</s>"), mem_len=None))
+    elif family == "modernbert":  # windows of 4 tokens in layer 1, narrower than the texts
+        model = T.ModernBertForMaskedLM(T.ModernBertConfig(
+            vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+            max_position_embeddings=66, local_attention=4, global_attn_every_n_layers=2, pad_token_id=ids("[PAD]"),
+            bos_token_id=ids("[CLS]"), cls_token_id=ids("[CLS]"), eos_token_id=ids("[SEP]"),
+            sep_token_id=ids("[SEP]")))
     else:
         raise ValueError(family)
     model.eval().save_pretrained(directory)

@@ -1,6 +1,7 @@
 """The attention context and its score providers: a provider that reads the queries (a content-to-position term,
 as DeBERTa's) gives the same attention as its definition in float64 on the padded path and on every packed
-kernel that carries a bias; `at` hands each layer call its own policy, cache, head scale and call index."""
+kernel that carries a bias; `at` hands each layer call its own policy, cache, head scale, rotary tables and call
+index."""
 
 import pytest
 import torch
@@ -112,6 +113,10 @@ def test_the_context_of_a_layer_call_holds_its_policy_cache_head_scale_and_call(
                                head_scales=scales, need_weights=True)
     views = [context.at(call) for call in range(2)]
     assert [v.call for v in views] == [0, 1] and [v.policy for v in views] == policies
+    assert all(v.rotary is None for v in views)
+    cos_sin = [(torch.ones(2, 5, 4), torch.zeros(2, 5, 4)), (torch.zeros(2, 5, 4), torch.ones(2, 5, 4))]
+    rotated = AttentionContext(rotaries=[cos_sin[1], cos_sin[0]])
+    assert rotated.at(0).rotary is cos_sin[1] and rotated.at(1).rotary is cos_sin[0]
     assert views[0].cache is caches[0] and views[1].cache is caches[1] and views[1].head_scale is scales[1]
     assert context.policy == BIDIRECTIONAL and context.cache is None  # the forward's context is not changed
     h = x

@@ -44,6 +44,10 @@ def hf_models() -> dict[str, torch.nn.Module]:
                                             mem_len=None, pad_token_id=1)),
         "longformer": t.LongformerModel(t.LongformerConfig(**SMALL, type_vocab_size=1, pad_token_id=1,
                                                            attention_window=[4, 4])),
+        "modernbert": t.ModernBertModel(t.ModernBertConfig(
+            vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
+            max_position_embeddings=40, local_attention=4, global_attn_every_n_layers=2, pad_token_id=1,
+            bos_token_id=0, cls_token_id=0, eos_token_id=2, sep_token_id=2)),
     }
 
 

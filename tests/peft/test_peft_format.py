@@ -168,6 +168,11 @@ FAMILIES = {  # transformers classes, extra config, (task_type, target_modules, 
                           ("SEQ_CLS", ["query", "value"], ["classifier"])),
     "electra-tokens": ("ElectraConfig", "ElectraForTokenClassification", {"embedding_size": 16, "num_labels": 4},
                        ("TOKEN_CLS", ["query", "value"], ["classifier"])),
+    # the query and value updates of one fused Wqkv projection (a window of 4 tokens in layer 1)
+    "modernbert-classifier": ("ModernBertConfig", "ModernBertForSequenceClassification",
+                              {"local_attention": 4, "global_attn_every_n_layers": 2, "pad_token_id": 0,
+                               "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3},
+                              ("SEQ_CLS", ["Wqkv"], ["classifier", "head"])),
 }
 
 
@@ -176,9 +181,11 @@ def test_families(tmp_path, family):
     config_class, model_class, extra, expected = FAMILIES[family]
     model_class = getattr(transformers, model_class)
     torch.manual_seed(0)
+    no_dropout = {} if config_class == "ModernBertConfig" else dict(  # ModernBERT's dropouts default to 0
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     config = getattr(transformers, config_class)(
         vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=40,
-        max_position_embeddings=40, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, **extra)
+        max_position_embeddings=40, **no_dropout, **extra)
     model_class(config).save_pretrained(tmp_path / "base")
     model = bertology.load(tmp_path / "base").model
     apply_lora(model, rank=2, alpha=4)

@@ -138,16 +138,17 @@ def head_layout(model: Any) -> tuple[list[list[int]], dict[int, list[int]]]:
     """Per layer call, the heads it has (original numbering), and the pruned heads: a BERT-family encoder's plan,
     or every head of every XLNet layer; another model (no attention probabilities to read) is unavailable."""
     from bertology.model.encoder import EncoderModel
+    from bertology.model.transformer import EncoderStackModel
     from bertology.model.xlnet import XLNetModel
 
     config = model.config
     if isinstance(model, EncoderModel):
         return [config.kept_heads(index) for index in model.encoder.plan], config.pruned_heads
-    if isinstance(model, XLNetModel):
+    if isinstance(model, (XLNetModel, EncoderStackModel)):  # every head of every layer (ModernBERT)
         return [list(range(config.num_heads)) for _ in range(config.num_layers)], {}
     from bertology.analysis.report import AnalysisUnavailable
 
-    raise AnalysisUnavailable(f"attention heads are read from a BERT-family encoder or XLNet; this model is a "
+    raise AnalysisUnavailable(f"attention heads are read from a BERT-family encoder, ModernBERT or XLNet; this model is a "
                               f"{type(model).__name__}")
 
 

@@ -37,6 +37,7 @@ from bertology.model.context import AttentionContext, KVCache
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import activation
 from bertology.model.packing import Layout
+from bertology.model.positions import apply_rotary
 
 # KVCache lives with the context it is part of; re-exported here, where the blocks that fill it are.
 __all__ = ["COMPILED_METHODS", "Block", "BlockSpec", "KVCache", "compile_blocks", "init_parameters", "norm_layer",
@@ -64,12 +65,15 @@ class BlockSpec:
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim); T5 uses 1
     activation_dropout: float = 0.0  # dropout after the feed-forward's activation (BART's activation_dropout)
     global_projections: bool = False  # Longformer: the global tokens' rows attend with projections of their own
+    norm_bias: bool = True  # the LayerNorms' biases (ModernBERT has none)
+    attention_norm: bool = True  # False (pre-norm only): no norm before the attention, an identity in `attn_norm`
 
 
-def norm_layer(kind: str, width: int, eps: float) -> nn.Module:
+def norm_layer(kind: str, width: int, eps: float, bias: bool = True) -> nn.Module:
+    """A LayerNorm (with a bias or not) or an RMSNorm (never one)."""
     if kind == "rmsnorm":
         return nn.RMSNorm(width, eps=eps)
-    return nn.LayerNorm(width, eps=eps)
+    return nn.LayerNorm(width, eps=eps, bias=bias)
 
 
 def plain_linear(module: nn.Module | None) -> bool:
@@ -97,17 +101,20 @@ class Block(nn.Module):
                 self.query_global = nn.Linear(hidden, width, bias=attention_bias)
                 self.key_global = nn.Linear(hidden, width, bias=attention_bias)
                 self.value_global = nn.Linear(hidden, width, bias=attention_bias)
-        self.attn_norm = norm_layer(spec.norm, hidden, eps)
+        if not spec.attention_norm and not spec.pre_norm:
+            raise ValueError("a block without an attention norm must be pre-norm")
+        norm_bias = spec.norm_bias
+        self.attn_norm = norm_layer(spec.norm, hidden, eps, norm_bias) if spec.attention_norm else nn.Identity()
         if spec.cross_attention:
             self.cross_query = nn.Linear(hidden, width, bias=bias)
             self.cross_key = nn.Linear(hidden, width, bias=bias)
             self.cross_value = nn.Linear(hidden, width, bias=bias)
             self.cross_out = nn.Linear(width, hidden, bias=bias)
-            self.cross_norm = norm_layer(spec.norm, hidden, eps)
+            self.cross_norm = norm_layer(spec.norm, hidden, eps, norm_bias)
         self.ffn_in = nn.Linear(hidden, spec.intermediate_size, bias=bias)
         self.ffn_gate = nn.Linear(hidden, spec.intermediate_size, bias=bias) if spec.gated else None
         self.ffn_out = nn.Linear(spec.intermediate_size, hidden, bias=bias)
-        self.ffn_norm = norm_layer(spec.norm, hidden, eps)
+        self.ffn_norm = norm_layer(spec.norm, hidden, eps, norm_bias)
         self.attn_adapter: nn.Module | None = None
         self.ffn_adapter: nn.Module | None = None
         self.prefix: nn.Module | None = None
@@ -126,11 +133,15 @@ class Block(nn.Module):
         The context's `queries` (packed, bidirectional only): sorted indices of packed tokens; the block's output is
         computed only at these rows ([len(queries), H]), attending to the keys and values of every token (the
         pruned last layer). With the context's `memory_layout` (the packing of `memory_mask`, no cache) the memory
-        comes packed, [T_mem, H], and its keys and values are projected at its real tokens alone."""
+        comes packed, [T_mem, H], and its keys and values are projected at its real tokens alone. The context's
+        `rotary` (cos, sin), [T, head_dim] packed or [B, L, head_dim] padded (`positions.rotary_tables` of the
+        input's positions, this layer call's base): the queries and keys are rotated by them before attention."""
         context = context if context is not None else EVERYTHING
         queries, layout = context.queries, context.layout
         if queries is not None and layout is None:
             raise InputError("queries select packed tokens: they need the packed layout")
+        if queries is not None and context.rotary is not None:
+            raise InputError("queries (the pruned last layer) take no rotary positions")
         pre = self.spec.pre_norm
         rows = x if queries is None else x[queries]
         z = self.attn_norm(x) if pre else x
@@ -249,7 +260,7 @@ class Block(nn.Module):
 
     def self_attention(self, x: Tensor, context: AttentionContext) -> tuple[Tensor, Tensor | None]:
         heads, head_dim = self.num_heads, self.head_dim
-        layout, cache, need_weights = context.layout, context.cache, context.need_weights
+        layout, cache, need_weights, rotary = context.layout, context.cache, context.need_weights, context.rotary
         p = self.attention_dropout if self.training else 0.0
         scale = self.spec.attention_scale
         q, k, v = self.project(x)
@@ -260,6 +271,9 @@ class Block(nn.Module):
         global_qkv = self.global_projection(x, context.global_tokens)
         if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
             q, k, v = (self.heads_first(t) for t in (q, k, v))
+            if rotary is not None:  # [B, L, d] tables, the same for every head
+                cos, sin = rotary[0][:, None], rotary[1][:, None]
+                q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             if cache is not None:
                 k, v = cache.extend(k, v)
             qkv_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
@@ -274,9 +288,12 @@ class Block(nn.Module):
         if isinstance(global_qkv, tuple):
             gq, gk, gv = (t.view(-1, heads, head_dim) for t in global_qkv)
             packed_g = (gq, gk, gv)
-        out, probs_by_group = packed_attention(
-            q.view(-1, heads, head_dim), k.view(-1, heads, head_dim), v.view(-1, heads, head_dim), context,
-            scale=scale, dropout=p, prefix=prefix, global_qkv=packed_g)
+        q, k, v = (t.view(-1, heads, head_dim) for t in (q, k, v))
+        if rotary is not None:  # [T, d] tables, the same for every head
+            cos, sin = rotary[0][:, None], rotary[1][:, None]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out, probs_by_group = packed_attention(q, k, v, context, scale=scale, dropout=p, prefix=prefix,
+                                               global_qkv=packed_g)
         return out.reshape(-1, heads * head_dim), (
             scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 

@@ -14,14 +14,16 @@ from typing import Any, Literal
 
 from bertology.errors import ConfigError
 
-Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer", "transformer",
+Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer", "transformer", "modernbert",
                  "gpt2", "t5", "bart"]
 # The encoder families (bidirectional, BERT's layout of parameters) and the decoder and encoder-decoder ones.
 ENCODER_FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert",
                                      "longformer")
-FAMILIES: tuple[str, ...] = (*ENCODER_FAMILIES, "transformer", "gpt2", "t5", "bart")
+FAMILIES: tuple[str, ...] = (*ENCODER_FAMILIES, "transformer", "gpt2", "t5", "bart", "modernbert")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
-PositionKind = Literal["learned", "sinusoidal", "relative", "none"]
+PositionKind = Literal["learned", "sinusoidal", "relative", "rotary", "none"]
+POSITION_KINDS = ("learned", "sinusoidal", "relative", "rotary", "none")
+DEFAULT_ROTARY_THETA = 10000.0
 
 
 @dataclass
@@ -88,6 +90,17 @@ class TransformerConfig:
     # attention from every token to every token; a windowed layer has separate query/key/value projections for the
     # global tokens. One number stands for every layer; None (the whole field): no window anywhere.
     attention_window: list[int | None] | None = None
+    # Whether a windowed layer has the global tokens' own projections (Longformer's); ModernBERT's windows have none.
+    global_projections: bool = True
+    # Rotary positions (positions "rotary"): the base of the angles of the layers attending globally, and of those
+    # with a window (None: the same); None: 10,000. Set only with rotary positions.
+    rotary_theta: float | None = None
+    rotary_theta_local: float | None = None
+    norm_bias: bool = True  # the LayerNorms' biases
+    first_attention_norm: bool = True  # False (pre-norm): layer 0 has no norm before its attention
+    # The heads' dense layer before their norm (masked-LM transform, prediction heads) has a bias
+    head_bias: bool = True
+    classifier_pooling: Literal["cls", "mean"] = "cls"  # what a "prediction_pooled" sentence head reads
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -103,8 +116,23 @@ class TransformerConfig:
             raise ConfigError(f"num_decoder_layers must be positive, got {self.num_decoder_layers}")
         if self.attention_head_size is None and self.hidden_size % self.num_heads:
             raise ConfigError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
-        if self.positions not in ("learned", "sinusoidal", "relative", "none"):
-            raise ConfigError(f"positions: expected learned, sinusoidal, relative or none, got {self.positions!r}")
+        if self.positions not in POSITION_KINDS:
+            raise ConfigError(f"positions: expected {', '.join(POSITION_KINDS)}, got {self.positions!r}")
+        for name in ("rotary_theta", "rotary_theta_local"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if self.positions != "rotary":
+                raise ConfigError(f"{name}: {value!r} is a setting of rotary positions; this config's positions are "
+                                  f"{self.positions!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ConfigError(f"{name}: expected a positive number, got {value!r}")
+        if self.positions == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"positions: rotary positions need an even head size, got {self.head_dim}")
+        if not self.first_attention_norm and not self.pre_norm:
+            raise ConfigError("first_attention_norm: false (no norm before layer 0's attention) needs pre_norm")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise ConfigError(f"classifier_pooling: expected cls or mean, got {self.classifier_pooling!r}")
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ConfigError(f"norm: expected layernorm or rmsnorm, got {self.norm!r}")
         if self.num_layer_groups is not None and self.num_layers % self.num_layer_groups:
@@ -149,6 +177,18 @@ class TransformerConfig:
     def window_of(self, layer: int) -> int | None:
         """The attention window of layer `layer` (a layer call's unique layer), None for full attention."""
         return self.attention_window[layer] if self.attention_window is not None else None
+
+    @property
+    def theta_of_global(self) -> float:
+        """The rotary base of the layers that attend globally."""
+        return self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA
+
+    def theta_of(self, layer: int) -> float:
+        """The rotary base of layer `layer`: rotary_theta_local for a windowed layer when set, else rotary_theta."""
+        theta = self.rotary_theta if self.rotary_theta is not None else DEFAULT_ROTARY_THETA
+        if self.window_of(layer) is not None and self.rotary_theta_local is not None:
+            return self.rotary_theta_local
+        return theta
 
     def checked_pruned_heads(self, pruned: Any) -> dict[int, list[int]]:
         """`pruned` with int layer keys (JSON writes them as strings) and sorted, distinct head lists; empty lists
@@ -204,7 +244,7 @@ class TransformerConfig:
     @property
     def max_length(self) -> int:
         """The longest sequence (special tokens included) the absolute positions cover; unbounded without them."""
-        if self.positions not in ("learned", "sinusoidal"):
+        if self.positions not in ("learned", "sinusoidal", "rotary"):
             return 1 << 30
         return self.max_position_embeddings - (self.pad_token_id + 1 if self.positions_after_padding else 0)
 
@@ -254,7 +294,7 @@ DECODER_DEFAULTS: dict[str, Any] = dict(
 # config's two model schemas).
 ENCODER_ONLY_FIELDS: tuple[str, ...] = (
     "type_vocab_size", "embedding_size", "num_layer_groups", "inner_group_size", "positions_after_padding",
-    "pooler", "pruned_heads", "attention_window",
+    "pooler", "pruned_heads",
 )
 DECODER_ONLY_FIELDS: tuple[str, ...] = (
     "num_decoder_layers", "attention_head_size", "positions", "position_offset", "relative_attention_num_buckets",

@@ -187,8 +187,10 @@ class AttentionContext:
     score bias (`ScoreProvider`). `need_weights`: return the probabilities. `memory` [B, M, H] with `memory_mask`
     [B, M], packed [T_mem, H] with `memory_layout`: what cross-attention reads.
 
-    Per layer call: `policies`, `caches`, `head_scales` (one entry a call, or empty: the defaults below). The
-    fields `call`, `policy`, `cache`, `head_scale` and `queries` (sorted packed token indices at which the layer's
+    Per layer call: `policies`, `caches`, `head_scales`, `rotaries` (one entry a call, or empty: the defaults
+    below; a rotary entry is the (cos, sin) tables of the input's positions at that call's base, [T, head_dim]
+    packed or [B, L, head_dim] padded, the tables of one base shared by the calls that use it). The fields `call`,
+    `policy`, `cache`, `head_scale`, `rotary` and `queries` (sorted packed token indices at which the layer's
     output is wanted: the pruned last layer) are the ones `at` sets."""
 
     layout: Layout | None = None
@@ -205,11 +207,13 @@ class AttentionContext:
     policies: Sequence[MaskPolicy] = ()
     caches: Sequence[KVCache] | None = None
     head_scales: Sequence[Tensor | None] = ()
+    rotaries: Sequence[tuple[Tensor, Tensor]] = ()
     # one layer call's
     call: int = 0
     policy: MaskPolicy = BIDIRECTIONAL
     cache: KVCache | None = None
     head_scale: Tensor | None = None
+    rotary: tuple[Tensor, Tensor] | None = None
     queries: Tensor | None = None
     # what the views of one forward's context share (built once for all of them): the memory's context
     _shared: dict[str, AttentionContext] = field(default_factory=dict, repr=False, compare=False)
@@ -224,6 +228,8 @@ class AttentionContext:
             view.cache = self.caches[call]
         if self.head_scales:
             view.head_scale = self.head_scales[call]
+        if self.rotaries:
+            view.rotary = self.rotaries[call]
         view.queries = queries
         return view
 

@@ -186,6 +186,7 @@ class WeightEntry:
     transform: Transform = RENAME
     when: str | None = None
     layers: str = "num_unique_layers"  # the config attribute counting the layers `{i}` runs over
+    first: int = 0  # the first layer `{i}` runs over (ModernBERT's layer 0 has no attention norm)
 
     def __post_init__(self) -> None:
         problem = self.transform.arity_problem(len(self.ours), len(self.theirs))
@@ -229,6 +230,7 @@ class Head:
     # Entries beyond the parts, our names spelled in full with `{name}` for the head's (BART's final_logits_bias,
     # an LM head tied to a model whose word embeddings are not the encoder's).
     weights: tuple[WeightEntry, ...] = ()
+    unbiased: tuple[str, ...] = ()  # parts whose modules have a weight only (ModernBERT's dense and norm)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", MappingProxyType(dict(self.parts)))
@@ -249,7 +251,7 @@ class Head:
                 if "bias" in self.parts:  # transformers ties the decoder's bias to the head's
                     out.append(WeightEntry((f"heads.{name}.bias",), (f"{theirs}.bias",), Tie(check=False)))
             else:
-                out.extend(linear(f"heads.{name}.{part}", theirs, params))
+                out.extend(linear(f"heads.{name}.{part}", theirs, ("weight",) if part in self.unbiased else params))
         out.extend(WeightEntry(tuple(o.replace("{name}", name) for o in e.ours), e.theirs, e.transform, e.when)
                    for e in self.weights)
         return tuple(out)
@@ -353,7 +355,7 @@ class CheckpointFamily:
 
 # Modules of bertology.model.families, registered in this order.
 BUILT_IN = ("bert", "roberta", "xlm_roberta", "electra", "albert", "distilbert", "gpt2", "t5", "bart", "xlnet",
-            "longformer")
+            "longformer", "modernbert")
 REGISTRY: dict[str, CheckpointFamily] = {}
 _loaded = False
 
@@ -555,7 +557,7 @@ def bound_entries(config: TransformerConfig, heads: tuple[HeadSpec, ...], prefix
             layers = getattr(config, entry.layers, None)
             if layers is None:  # a config without ALBERT's sharing (num_unique_layers): its depth
                 layers = config.num_layers
-            indices = [dict(i=i, group=i // group, inner=i % group) for i in range(layers)]
+            indices = [dict(i=i, group=i // group, inner=i % group) for i in range(entry.first, layers)]
         else:
             indices = [{}]
         for names in indices:

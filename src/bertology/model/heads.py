@@ -103,16 +103,23 @@ def build_head(config: Any, spec: HeadSpec) -> nn.Module:
     return HEAD_REGISTRY[spec.kind].cls(config, spec)
 
 
+def head_biases(config: Any) -> tuple[bool, bool]:
+    """Whether a head's dense layer and its LayerNorm have biases: the config's `head_bias` and `norm_bias` where it
+    has them (ModernBERT has neither), else both (every config without the fields: BERT's heads)."""
+    return bool(getattr(config, "head_bias", True)), bool(getattr(config, "norm_bias", True))
+
+
 class MaskedLMHead(nn.Module):
     """dense -> act -> LayerNorm -> vocabulary logits, the decoder tied to the input embeddings (plus a bias);
-    only at the masked positions when they are given."""
+    only at the masked positions when they are given. The dense layer's and the norm's biases as `head_biases`."""
 
     def __init__(self, config: Any, spec: HeadSpec) -> None:
         super().__init__()
         width = config.token_embedding_size
-        self.dense = nn.Linear(config.hidden_size, width)
+        dense_bias, norm_bias = head_biases(config)
+        self.dense = nn.Linear(config.hidden_size, width, bias=dense_bias)
         self.act = activation(spec.activation)
-        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps)
+        self.norm = nn.LayerNorm(width, eps=config.layer_norm_eps, bias=norm_bias)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, inputs: HeadInputs) -> Tensor:
@@ -287,7 +294,37 @@ class SpanBoundaryHead(nn.Module):
         return tied_logits(x, inputs, self.bias)
 
 
+class PredictionHead(nn.Module):
+    """dense -> act -> LayerNorm, then dropout and a linear output layer (ModernBERT's prediction head under its
+    classifiers): kind "prediction_pooled" on one vector a sequence, the first token's or the real tokens' mean as
+    the config's `classifier_pooling` says ("cls", "mean"); kind "prediction_token" on every token (tagging, QA).
+    The dense layer's and the norm's biases as `head_biases`; the output layer has one."""
+
+    def __init__(self, config: Any, spec: HeadSpec) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        dense_bias, norm_bias = head_biases(config)
+        self.dense = nn.Linear(hidden, hidden, bias=dense_bias)
+        self.act = activation(spec.activation)
+        self.norm = nn.LayerNorm(hidden, eps=config.layer_norm_eps, bias=norm_bias)
+        self.out = nn.Linear(hidden, spec.num_labels)
+        self.dropout = config.head_dropout
+        self.pooling = getattr(config, "classifier_pooling", "cls") if spec.kind == "prediction_pooled" else None
+
+    def forward(self, inputs: HeadInputs) -> Tensor:
+        h = inputs.hidden
+        if self.pooling == "cls":
+            h = h[:, 0]
+        elif self.pooling == "mean":
+            real = inputs.attention_mask.to(h.dtype).unsqueeze(-1)
+            h = (h * real).sum(1) / real.sum(1).clamp(min=1)
+        x = self.norm(self.act(self.dense(h)))
+        return self.out(fast_dropout(x, self.dropout, self.training))
+
+
 register_head("masked_lm", MaskedLMHead, reads="masked_positions")
+register_head("prediction_pooled", PredictionHead)
+register_head("prediction_token", PredictionHead)
 register_head("pooled", LinearHead, reads="pooler")
 register_head("first_token", FirstTokenHead, reads="first_token")
 register_head("mean_pooled", MeanPooledHead)

@@ -1,8 +1,10 @@
-"""Positions: learned absolute embeddings (with an offset), fixed sinusoids, T5's relative-position buckets and
-Transformer-XL's sinusoids of relative distances (XLNet).
+"""Positions: learned absolute embeddings (with an offset), fixed sinusoids, rotary positions (RoPE), T5's
+relative-position buckets and Transformer-XL's sinusoids of relative distances (XLNet).
 
 Absolute kinds map position ids to vectors added to the token embeddings; the relative kind maps a (query, key)
-pair of positions to one additive score bias per head, given to attention (`bias=`)."""
+pair of positions to one additive score bias per head, given to attention (`bias=`); rotary positions rotate each
+head's queries and keys by angles proportional to their position (Su et al. 2021), so that their dot product depends
+on the distance only: `rotary_tables` once per forward and theta, `apply_rotary` in every block's self-attention."""
 
 from __future__ import annotations
 
@@ -83,3 +85,24 @@ class RelativePositionBias(nn.Module):
         keys = torch.arange(num_keys, device=device)[None, :]
         buckets = relative_buckets(keys - queries, self.bidirectional, self.num_buckets, self.max_distance)
         return self.embedding(buckets).permute(2, 0, 1)
+
+
+def rotary_tables(position_ids: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos and sin of the rotary angles, [..., head_dim] float32 each, for `position_ids` [...]: position p turns
+    the pair of dimensions (j, j + head_dim / 2) by p * theta ** (-2j / head_dim) (the half-split convention, as
+    GPT-NeoX, Llama and ModernBERT rotate)."""
+    if head_dim % 2:
+        raise ValueError(f"rotary positions need an even head size, got {head_dim}")
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.float32, device=position_ids.device) / head_dim
+    inverse = 1.0 / (theta ** exponents)
+    angles = position_ids[..., None].float() * inverse
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [..., head_dim] rotated by the tables (broadcast against x), computed in float32 and returned in x's dtype."""
+    y = x.float()
+    half = y.shape[-1] // 2
+    turned = torch.cat([-y[..., half:], y[..., :half]], -1)
+    return (y * cos + turned * sin).to(x.dtype)

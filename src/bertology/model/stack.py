@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from bertology.errors import InputError
+from bertology.errors import ConfigError, InputError
 from bertology.model.blocks import Block, BlockSpec, norm_layer
 from bertology.model.config import TransformerConfig
 from bertology.model.context import (
@@ -45,6 +45,7 @@ from bertology.model.positions import (
     LearnedPositions,
     RelativePositionBias,
     SinusoidalPositions,
+    rotary_tables,
 )
 from bertology.model.protocol import check_id_range
 
@@ -52,14 +53,16 @@ from bertology.model.protocol import check_id_range
 def block_spec(config: TransformerConfig, index: int = 0, cross_attention: bool = False) -> BlockSpec:
     """The block of layer `index` (a unique layer's): the config's norm kind and placement, feed-forward and biases;
     a pruned layer keeps fewer heads of the same size (config.pruned_heads), so its projections are narrower; a
-    windowed model's (Longformer's attention_window) has the global tokens' projections."""
+    windowed model's (Longformer's attention_window) has the global tokens' projections unless
+    `global_projections` is false (ModernBERT); layer 0 has no attention norm when `first_attention_norm` is false."""
     return BlockSpec(hidden_size=config.hidden_size, num_heads=config.heads_in_layer(index), head_dim=config.head_dim,
                      intermediate_size=config.intermediate_size, activation=config.hidden_act, norm=config.norm,
                      norm_eps=config.layer_norm_eps, pre_norm=config.pre_norm, gated=config.gated_ffn,
                      bias=config.bias, cross_attention=cross_attention, dropout=config.hidden_dropout,
                      attention_dropout=config.attention_dropout, attention_scale=config.attention_scale,
                      activation_dropout=config.activation_dropout,
-                     global_projections=config.attention_window is not None)
+                     global_projections=config.attention_window is not None and config.global_projections,
+                     norm_bias=config.norm_bias, attention_norm=config.first_attention_norm or index > 0)
 
 
 def position_ids_from_mask(attention_mask: Tensor, length: int) -> Tensor:
@@ -100,7 +103,8 @@ class Embeddings(nn.Module):
         self.word = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         self.position = absolute_positions(config, width, table=True)
         self.token_type = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size > 0 else None
-        self.norm = norm_layer(config.norm, width, config.layer_norm_eps) if config.embedding_norm else None
+        self.norm = (norm_layer(config.norm, width, config.layer_norm_eps, config.norm_bias) if config.embedding_norm
+                     else None)
         self.project = nn.Linear(width, config.hidden_size) if config.embedding_size is not None else None
         self.scale = config.embedding_scale
         self.dropout = config.hidden_dropout if config.embedding_dropout is None else config.embedding_dropout
@@ -146,9 +150,12 @@ class Stack(nn.Module):
         self.relative = (RelativePositionBias(config.num_heads, config.relative_attention_num_buckets,
                                               config.relative_attention_max_distance, bidirectional=not causal)
                          if config.positions == "relative" else None)
+        if causal and config.attention_window is not None:
+            raise ConfigError("attention_window: windows are for bidirectional stacks; a causal stack attends to "
+                              "every earlier position")
         if not embeddings:
-            self.embedding_norm = (norm_layer(config.norm, hidden, config.layer_norm_eps) if config.embedding_norm
-                                   else None)
+            self.embedding_norm = (norm_layer(config.norm, hidden, config.layer_norm_eps, config.norm_bias)
+                                   if config.embedding_norm else None)
         if num_layers is None or num_layers == config.num_layers:
             self.layers = nn.ModuleList(block(block_spec(config, i, cross_attention))
                                         for i in range(config.num_unique_layers))
@@ -162,7 +169,13 @@ class Stack(nn.Module):
         self.policies: list[MaskPolicy] = [
             CAUSAL if causal else sliding_window(w // 2) if w is not None else BIDIRECTIONAL for w in windows]
         self.windowed = any(w is not None for w in windows)
-        self.final_norm = norm_layer(config.norm, hidden, config.layer_norm_eps) if config.final_norm else None
+        # Rotary positions: per layer call, its base (one for the global layers, another for the windowed ones).
+        self.thetas: list[float] | None = None
+        if config.positions == "rotary":
+            self.thetas = [config.theta_of(i) if w is not None else config.theta_of_global for i, w in
+                           zip(self.plan, windows)]
+        self.final_norm = (norm_layer(config.norm, hidden, config.layer_norm_eps, config.norm_bias) if config.final_norm
+                           else None)
 
     @property
     def policy(self) -> MaskPolicy:
@@ -279,12 +292,13 @@ class Stack(nn.Module):
                                 pack(token_type_ids) if token_type_ids is not None else None)
         else:
             x = inputs
-            if self.positions is not None:
+            if self.positions is not None or self.thetas is not None:
                 if past + length > self.config.max_length:
                     raise InputError(f"{past + length} positions exceed the model's {self.config.max_length}")
-                positions = (position_ids_in_documents(documents) if documents is not None
-                             else position_ids_from_mask(attention_mask, length))
-                x = x + self.positions(positions)
+                position_ids = (position_ids_in_documents(documents) if documents is not None
+                                else position_ids_from_mask(attention_mask, length))
+            if self.positions is not None:
+                x = x + self.positions(position_ids)
             if self.embedding_norm is not None:
                 x = self.embedding_norm(x)
             dropout = self.config.embedding_dropout
@@ -305,11 +319,16 @@ class Stack(nn.Module):
             memory = memory_layout.pack(memory)  # once for every layer's cross-attention
         else:
             memory_layout = None
+        rotaries: list[tuple[Tensor, Tensor]] = []
+        if self.thetas is not None:  # the tables once per base, shared by the layer calls that use it
+            assert position_ids is not None
+            at = pack(position_ids)
+            rotary = {theta: rotary_tables(at, self.config.head_dim, theta) for theta in sorted(set(self.thetas))}
+            rotaries = [rotary[theta] for theta in self.thetas]
         context = AttentionContext(layout=layout, key_mask=key_mask, global_tokens=flags, lm_prefix=lm_prefix,
                                    scores=scores, need_weights=output_attentions, memory=memory,
                                    memory_mask=memory_mask, memory_layout=memory_layout, policies=self.policies,
-                                   caches=caches, head_scales=head_scales)
-
+                                   caches=caches, head_scales=head_scales, rotaries=rotaries)
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions: list[Tensor] | None = [] if output_attentions else None
@@ -319,7 +338,7 @@ class Stack(nn.Module):
         # A windowed layer (Longformer) runs whole too.
         prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu" and memory is None
                  and not (output_hidden_states or output_attentions) and not self.windowed and not self.causal
-                 and self.relative is None)
+                 and self.relative is None and self.thetas is None)
         if prune:
             plan = plan[:-1]
         for call, index in enumerate(plan):

@@ -22,11 +22,11 @@ from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
 from bertology.model.blocks import KVCache, init_parameters
-from bertology.model.config import TransformerConfig
+from bertology.model.config import DEFAULT_ROTARY_THETA, TransformerConfig  # noqa: F401  (the family tables')
 from bertology.model.extensions import add_extension
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead, build_head
 from bertology.model.packing import Layout
-from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, check_id_range
+from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, MASKED_LM, check_id_range
 from bertology.model.registry import register_model
 from bertology.model.stack import (  # noqa: F401  (re-exported: the decoders' position helpers)
     Stack,
@@ -47,6 +47,7 @@ class ModelOutput:
     past_key_values: list[KVCache] | None = None
     hidden_states: tuple[Tensor, ...] | None = None
     encoder_last_hidden_state: Tensor | None = None
+    attentions: tuple[Tensor, ...] | None = None  # attention probabilities [B, heads, L, L], one per layer
 
 
 def check_ids(input_ids: Tensor, vocab_size: int, what: str = "input_ids") -> None:
@@ -300,7 +301,12 @@ class Seq2SeqModel(TransformerModel):
 
 class EncoderStackModel(TransformerModel):
     """An encoder-decoder's encoder side alone (T5EncoderModel): the token embeddings and a bidirectional `Stack`,
-    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it."""
+    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it; also a bidirectional encoder of
+    its own (ModernBERT), fill-mask with its masked-LM head."""
+
+    @property
+    def capabilities(self) -> frozenset[str]:
+        return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config, heads)
@@ -312,23 +318,31 @@ class EncoderStackModel(TransformerModel):
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                "masked_positions": getattr(batch, "masked_positions", None)}
+                "masked_positions": getattr(batch, "masked_positions", None),
+                "layout": getattr(batch, "layout", None)}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
                      token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
         """The embedding output, then every block's (the last after the final norm), [B, L, H] each."""
-        return self(input_ids, attention_mask, output_hidden_states=True).hidden_states  # type: ignore[return-value]
+        return self(input_ids, attention_mask, token_type_ids,  # type: ignore[return-value]
+                    output_hidden_states=True).hidden_states
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
-                masked_positions: Tensor | None = None, output_hidden_states: bool = False,
-                packed: bool = True, last_layer_at: Tensor | None = None) -> ModelOutput:
-        """`last_layer_at` (the Model protocol's): every position is computed."""
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                token_type_ids: Tensor | None = None, *, masked_positions: Tensor | None = None,
+                output_hidden_states: bool = False, packed: bool = True, last_layer_at: Tensor | None = None,
+                layout: Layout | None = None, output_attentions: bool = False) -> ModelOutput:
+        """`token_type_ids`: the stack has no token types, so only zeros (or none) are taken (callers that frame a
+        pair pass its segments; the model reads the pair from its separators). `last_layer_at` (the Model
+        protocol's): every position is computed. `layout`: the packing of `attention_mask`, built already."""
         check_ids(input_ids, self.config.vocab_size)
+        if token_type_ids is not None and input_ids.device.type == "cpu" and bool(token_type_ids.any()):
+            raise InputError("token_type_ids: this model has no token type embeddings; give zeros or none")
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
-        hidden, states, _ = self.encoder(self.embed(input_ids), attention_mask, packed=packed,
-                                         output_hidden_states=output_hidden_states or self.mix is not None)
-        out = ModelOutput(last_hidden_state=hidden, hidden_states=states)
+        hidden, states, attentions = self.encoder(
+            self.embed(input_ids), attention_mask, packed=packed, layout=layout, output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states or self.mix is not None)
+        out = ModelOutput(last_hidden_state=hidden, hidden_states=states, attentions=attentions)
         self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
         return out
 

@@ -30,6 +30,7 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "bart": "bart",
     "t5": "t5",
     "xlnet": "xlnet",
+    "modernbert": "bert",
 }
 
 # tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.

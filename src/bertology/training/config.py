@@ -68,7 +68,7 @@ def model_families() -> dict[str, str]:
     from bertology.model.checkpoint import registry  # importing checkpoint registers the built-in families
 
     return {name: family.model for name, family in registry().items()
-            if family.model in ("encoder", "decoder", "seq2seq")}
+            if family.model in ("encoder", "decoder", "seq2seq", "encoder-stack")}
 
 
 @dataclass

@@ -366,6 +366,7 @@ def check_flash(device: torch.device) -> dict[str, Any]:
     relative errors of the output and of the three gradients, for each mask policy; and with dropout 0.1, the
     output's mean against dropout 0 (dropout rescales the kept weights, so the expectation is unchanged)."""
     from bertology.model.attention import BIDIRECTIONAL, CAUSAL, packed_attention, sliding_window
+    from bertology.model.context import AttentionContext
     from bertology.model.packing import Layout
 
     g = torch.Generator().manual_seed(1)
@@ -379,17 +380,18 @@ def check_flash(device: torch.device) -> dict[str, Any]:
         results = {}
         for kernel, dtype in (("groups", torch.float32), ("flash", torch.bfloat16)):
             leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
-            out, _ = packed_attention(*leaves, layout, policy=policy, kernel=kernel)
+            out, _ = packed_attention(*leaves, AttentionContext(layout=layout, policy=policy), kernel=kernel)
             (out.float() * up).sum().backward()
             results[kernel] = [out.float()] + [t.grad.float() for t in leaves]
         errors = [((a - b).norm() / b.norm()).item() for a, b in zip(results["flash"], results["groups"])]
         record[name] = {"out": errors[0], "grad_q": errors[1], "grad_k": errors[2], "grad_v": errors[3]}
     low = [t.to(torch.bfloat16) for t in (q, k, v)]
-    plain = packed_attention(*low, layout, kernel="flash")[0].float()
-    dropped = torch.stack([packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+    whole = AttentionContext(layout=layout)
+    plain = packed_attention(*low, whole, kernel="flash")[0].float()
+    dropped = torch.stack([packed_attention(*low, whole, dropout=0.1, kernel="flash")[0].float()
                            for _ in range(32)]).mean(0)
     record["dropout_mean_relative_error"] = ((dropped - plain).norm() / plain.norm()).item()
-    record["dropout_changes_output"] = bool((packed_attention(*low, layout, dropout=0.1, kernel="flash")[0].float()
+    record["dropout_changes_output"] = bool((packed_attention(*low, whole, dropout=0.1, kernel="flash")[0].float()
                                              != plain).any())
     return record
 

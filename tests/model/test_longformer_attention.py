@@ -9,6 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from bertology.model import Layout, sliding_window
 from bertology.model.attention import attention, packed_attention, windowed_attention
+from bertology.model.context import AttentionContext
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -70,11 +71,11 @@ def test_blocked_kernel_equals_the_definition(seed):
     rows = real[:, None, :, None]
     torch.testing.assert_close(got * rows, expected * rows, atol=1e-6, rtol=1e-5)
     # the shared entry point: blocked for a window narrower than the sequence, the whole mask otherwise
-    via, _ = attention(q, k, v, policy=sliding_window(left, right), key_mask=real, global_tokens=flags,
-                       global_qkv=separate)
+    context = AttentionContext(policy=sliding_window(left, right), key_mask=real, global_tokens=flags)
+    via, _ = attention(q, k, v, context, global_qkv=separate)
     torch.testing.assert_close(via * rows, expected * rows, atol=1e-6, rtol=1e-5)
-    dense, probs = attention(q, k, v, policy=sliding_window(left, right), key_mask=real, global_tokens=flags,
-                             global_qkv=separate, need_weights=True)
+    dense, probs = attention(q, k, v, AttentionContext(policy=sliding_window(left, right), key_mask=real,
+                                                       global_tokens=flags, need_weights=True), global_qkv=separate)
     torch.testing.assert_close(dense * rows, expected * rows, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(probs.sum(-1) * real[:, None], real[:, None].expand_as(probs[..., 0]).float())
 
@@ -92,8 +93,9 @@ def test_packed_groups_run_the_kernel_per_sequence():
     flags = torch.zeros(4, 40, dtype=torch.bool)
     flags[0, 0], flags[1, [3, 20]], flags[3, 6] = True, True, True
     q, k, v, gq, gk, gv = (torch.randn(4, 40, 2, 4) for _ in range(6))
-    out, _ = packed_attention(*(layout.pack(t) for t in (q, k, v)), layout, policy=sliding_window(3),
-                              global_tokens=layout.pack(flags),
+    out, _ = packed_attention(*(layout.pack(t) for t in (q, k, v)),
+                              AttentionContext(layout=layout, policy=sliding_window(3),
+                                               global_tokens=layout.pack(flags)),
                               global_qkv=tuple(layout.pack(t) for t in (gq, gk, gv)))
     heads_first = [t.transpose(1, 2) for t in (q, k, v, gq, gk, gv)]
     expected = by_definition(*heads_first[:3], 3, 3, mask.bool(), flags, tuple(heads_first[3:]))
@@ -125,7 +127,8 @@ def test_memory_grows_linearly_with_the_length(with_globals):
         if with_globals:
             flags[0, [0, 5, length // 2]] = True
         with LargestTensor() as mode:
-            out, _ = attention(q, k, v, policy=sliding_window(16), global_tokens=flags, global_qkv=(q, k, v))
+            out, _ = attention(q, k, v, AttentionContext(policy=sliding_window(16), global_tokens=flags),
+                               global_qkv=(q, k, v))
         assert out.shape == q.shape
         largest.append(mode.largest)
     assert largest[1] <= 4 * largest[0] + 64  # linear: 4x the length, 4x the largest tensor

@@ -21,6 +21,7 @@ from bertology.model import (
     sliding_window,
 )
 from bertology.model.attention import attention, choose_kernel, combined_mask, packed_attention
+from bertology.model.context import AttentionContext, RelativeScores
 from bertology.model.blocks import Block, BlockSpec
 from bertology.model.positions import LearnedPositions, RelativePositionBias, SinusoidalPositions, relative_buckets
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
@@ -30,6 +31,16 @@ from bertology.model.transformer import DecoderModel, Seq2SeqModel
 def _seeded():
     torch.manual_seed(0)
     torch.set_num_threads(1)
+
+
+class Table:
+    """A score provider from a fixed bias, whatever the queries and keys (the tests' tensor or function)."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def bias(self, call, q, k, query_offset):
+        return self.table(q.shape[-2], k.shape[-2]) if callable(self.table) else self.table
 
 
 def reference_attention(q, k, v, allowed, bias=None, scale=None):
@@ -95,10 +106,11 @@ def test_attention_equals_the_definition(case):
         allowed = (j <= i) & km[:, None, :].bool()
     if case == "bias":
         bias = torch.randn(2, 6, 6)
-        kwargs.update(bias=bias[None], scale=1.0)
-    out, probs = attention(q, k, v, need_weights=True, **kwargs)
-    expected = reference_attention(q, k, v, allowed, bias, kwargs.get("scale"))
-    fast, _ = attention(q, k, v, **kwargs)
+        kwargs.update(scores=Table(bias[None]))
+    scale = 1.0 if case == "bias" else None
+    out, probs = attention(q, k, v, AttentionContext(need_weights=True, **kwargs), scale=scale)
+    expected = reference_attention(q, k, v, allowed, bias, scale)
+    fast, _ = attention(q, k, v, AttentionContext(**kwargs), scale=scale)
     real = allowed.any(-1)[:, None, :, None]  # rows that see something (all here but for padding)
     torch.testing.assert_close(out * real, expected, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(fast * real, expected, atol=1e-6, rtol=1e-5)
@@ -107,15 +119,15 @@ def test_attention_equals_the_definition(case):
 
 def test_a_query_that_sees_nothing_gives_no_nan():
     q, k, v = qkv(num_q=3, num_k=3)
-    out, _ = attention(q, k, v, policy=CAUSAL, key_mask=torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    out, _ = attention(q, k, v, AttentionContext(policy=CAUSAL, key_mask=torch.tensor([[0, 1, 1], [1, 1, 1]])))
     assert torch.isfinite(out).all()
 
 
 def test_keys_longer_than_queries_are_the_last_positions():
     q, k, v = qkv(num_q=2, num_k=5)
     full_q = torch.cat([torch.randn(2, 2, 3, 4), q], 2)
-    out, _ = attention(q, k, v, policy=CAUSAL)
-    full, _ = attention(full_q, k, v, policy=CAUSAL)
+    out, _ = attention(q, k, v, AttentionContext(policy=CAUSAL))
+    full, _ = attention(full_q, k, v, AttentionContext(policy=CAUSAL))
     torch.testing.assert_close(out, full[:, :, 3:])
 
 
@@ -125,10 +137,10 @@ def test_packed_groups_equal_padded_attention(policy):
     layout = Layout(mask)
     q, k, v = (torch.randn(4, 5, 2, 3) for _ in range(3))
     relative = RelativePositionBias(2, num_buckets=8, max_distance=16, bidirectional=not policy.causal)
-    out, _ = packed_attention(*(layout.pack(t) for t in (q, k, v)), layout, policy=policy,
-                              bias=lambda lq, lk: relative(lq, lk)[None])
-    padded, _ = attention(*(t.transpose(1, 2) for t in (q, k, v)), policy=policy, key_mask=mask,
-                          bias=relative(5, 5)[None])
+    out, _ = packed_attention(*(layout.pack(t) for t in (q, k, v)),
+                              AttentionContext(layout=layout, policy=policy, scores=RelativeScores(relative, 5, 5)))
+    padded, _ = attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                          AttentionContext(policy=policy, key_mask=mask, scores=Table(relative(5, 5)[None])))
     torch.testing.assert_close(layout.unpack(out), padded.transpose(1, 2) * mask[:, :, None, None], atol=1e-6,
                                rtol=1e-5)
 
@@ -137,13 +149,14 @@ def test_the_nested_kernel_equals_the_group_loop():
     mask = torch.tensor([[1, 1, 1, 0, 0, 0, 0, 0], [1] * 8, [1, 1, 1, 1, 1, 0, 0, 0]])
     layout = Layout(mask)
     q, k, v = (layout.pack(torch.randn(3, 8, 2, 8)) for _ in range(3))
-    groups, _ = packed_attention(q, k, v, layout, kernel="groups")
-    nested, _ = packed_attention(q, k, v, layout, kernel="nested")
+    context = AttentionContext(layout=layout)
+    groups, _ = packed_attention(q, k, v, context, kernel="groups")
+    nested, _ = packed_attention(q, k, v, context, kernel="nested")
     torch.testing.assert_close(nested, groups, atol=1e-6, rtol=1e-5)
     with pytest.raises(ValueError, match="bidirectionally"):
-        packed_attention(q, k, v, layout, policy=CAUSAL, kernel="nested")
+        packed_attention(q, k, v, AttentionContext(layout=layout, policy=CAUSAL), kernel="nested")
     with pytest.raises(ValueError, match="unknown attention kernel"):
-        packed_attention(q, k, v, layout, kernel="flash9")
+        packed_attention(q, k, v, context, kernel="flash9")
 
 
 def test_flash_kernel_keeps_the_packed_shape_and_is_differentiable():
@@ -152,7 +165,8 @@ def test_flash_kernel_keeps_the_packed_shape_and_is_differentiable():
     layout = Layout(torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1]])).to(torch.device("meta"))
     q = torch.randn(7, 2, 8, device="meta", dtype=torch.bfloat16, requires_grad=True)
     for policy in (BIDIRECTIONAL, CAUSAL, sliding_window(2)):
-        out, probs = packed_attention(q, q, q, layout, policy=policy, dropout=0.1, kernel="flash")
+        out, probs = packed_attention(q, q, q, AttentionContext(layout=layout, policy=policy), dropout=0.1,
+                                      kernel="flash")
         assert out.shape == q.shape and out.dtype == q.dtype and probs == []
         assert out.grad_fn is not None
 
@@ -231,11 +245,13 @@ def test_block_packed_equals_padded(pre_norm, norm, gated, bias):
     x, memory = torch.randn(2, 4, 8), torch.randn(2, 3, 8)
     memory_mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
     layout = Layout(mask)
-    padded, _ = block(x, None, mask, policy=CAUSAL, memory=memory, memory_mask=memory_mask)
-    packed, _ = block(layout.pack(x), layout, policy=CAUSAL, memory=memory, memory_mask=memory_mask)
+    padded, _ = block(x, AttentionContext(key_mask=mask.bool(), policy=CAUSAL, memory=memory,
+                                          memory_mask=memory_mask))
+    packed, _ = block(layout.pack(x), AttentionContext(layout=layout, policy=CAUSAL, memory=memory,
+                                                       memory_mask=memory_mask))
     torch.testing.assert_close(layout.unpack(packed), padded * mask[..., None], atol=1e-6, rtol=1e-5)
     with pytest.raises(InputError, match="memory"):
-        block(x, None, mask)
+        block(x, AttentionContext(key_mask=mask.bool()))
 
 
 @pytest.mark.parametrize("overrides", [{}, dict(positions="relative", norm="rmsnorm", gated_ffn=True, bias=False,
@@ -533,16 +549,15 @@ def test_the_padded_and_bucket_kernels_with_a_bias_equal_the_group_loop(policy, 
     for kernel, overhead in (("groups", 0), ("padded", 0), ("buckets", 0), ("buckets", 60), ("buckets", 300),
                              ("buckets", 1e9)):
         monkeypatch.setattr("bertology.model.attention.BUCKET_OVERHEAD", overhead * 2)  # per head: 2 heads
-        table = relative(12, 12)[None]
-        out, _ = packed_attention(q, k, v, layout, policy=policy, bias=lambda a, b: table[..., :a, :b], scale=1.0,
-                                  kernel=kernel)
+        context = AttentionContext(layout=layout, policy=policy, scores=RelativeScores(relative, 12, 12))
+        out, _ = packed_attention(q, k, v, context, scale=1.0, kernel=kernel)
         grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(),
                                     (q, k, v, relative.embedding.weight))
         results[kernel, overhead] = (out, *grads)
     assert len(layout.buckets(60)) < len(layout.groups) and len(layout.buckets(1e9)) == 1
     for kernel in ("padded", "buckets"):  # the policy alone, or packed documents: the kernels have no bias to carry
         with pytest.raises(ValueError, match=f"the {kernel} kernel is for a score bias"):
-            packed_attention(q, k, v, layout, policy=policy, kernel=kernel)
+            packed_attention(q, k, v, AttentionContext(layout=layout, policy=policy), kernel=kernel)
     for key, got in results.items():
         for g, want in zip(got, results["groups", 0]):
             torch.testing.assert_close(g, want, atol=1e-5, rtol=1e-5, msg=str(key))

@@ -19,6 +19,7 @@ from bertology.data.instances import InMemoryDocuments, InstanceConfig
 from bertology.errors import ConfigError, InputError
 from bertology.model import HeadSpec
 from bertology.model.attention import CAUSAL, attention, packed_attention
+from bertology.model.context import AttentionContext
 from bertology.model.packing import Layout
 from bertology.model.transformer import DecoderModel, Seq2SeqModel
 from bertology.objectives.base import Passes
@@ -63,18 +64,19 @@ def test_the_mask_is_its_definition_padded_and_packed():
     allowed = definition(real, documents, prefix)
     expected = reference(q, k, v, allowed)
     rows = real[:, None, :, None]  # padding rows see nothing: not compared
-    out, _ = attention(q, k, v, policy=CAUSAL, key_mask=real, documents=documents, lm_prefix=prefix)
+    out, _ = attention(q, k, v, AttentionContext(policy=CAUSAL, key_mask=real, documents=documents, lm_prefix=prefix))
     torch.testing.assert_close(out * rows, expected * rows, atol=1e-6, rtol=0)
     # The packed stream (each document a sequence) runs the group loop with the boolean mask.
     layout = Layout(real.long(), documents)
     packed = [layout.pack(t.transpose(1, 2)) for t in (q, k, v)]
-    out, _ = packed_attention(*packed, layout, policy=CAUSAL, lm_prefix=layout.pack(prefix))
+    out, _ = packed_attention(*packed, AttentionContext(layout=layout, policy=CAUSAL, lm_prefix=layout.pack(prefix)))
     torch.testing.assert_close(layout.unpack(out).transpose(1, 2) * rows, expected * rows, atol=1e-6, rtol=0)
     # Without a prefix it is causal attention; with every token in it, bidirectional within documents.
-    causal, _ = attention(q, k, v, policy=CAUSAL, key_mask=real, documents=documents, lm_prefix=torch.zeros_like(real))
+    causal, _ = attention(q, k, v, AttentionContext(policy=CAUSAL, key_mask=real, documents=documents,
+                                                    lm_prefix=torch.zeros_like(real)))
     torch.testing.assert_close(causal * rows, reference(q, k, v, definition(real, documents, real & False)) * rows,
                                atol=1e-6, rtol=0)
-    whole, _ = attention(q, k, v, policy=CAUSAL, key_mask=real, documents=documents, lm_prefix=real)
+    whole, _ = attention(q, k, v, AttentionContext(policy=CAUSAL, key_mask=real, documents=documents, lm_prefix=real))
     same = real[:, :, None] & real[:, None, :] & (documents[:, :, None] == documents[:, None, :])
     torch.testing.assert_close(whole * rows, reference(q, k, v, same) * rows, atol=1e-6, rtol=0)
 

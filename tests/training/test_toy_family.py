@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from bertology.model import CAUSAL, Block, BlockSpec, HeadInputs, Layout, load_model, save_model
+from bertology.model import CAUSAL, AttentionContext, Block, BlockSpec, HeadInputs, Layout, load_model, save_model
 from bertology.model.extensions import add_extension
 from bertology.model.heads import build_head
 from bertology.model.positions import LearnedPositions
@@ -100,8 +100,9 @@ class ToyDecoder(nn.Module):
         layout = Layout(mask)
         positions = torch.arange(input_ids.shape[1]).expand_as(input_ids)
         x = layout.pack(self.embeddings(input_ids) + self.positions(positions))
+        context = AttentionContext(layout=layout, policy=CAUSAL)
         for block in self.layers:
-            x, _ = block(x, layout, policy=CAUSAL)
+            x, _ = block(x, context)
         hidden = layout.unpack(self.norm(x))
         inputs = HeadInputs(hidden=hidden, attention_mask=mask, word_embeddings=self.embeddings.weight,
                             masked_positions=masked_positions)

@@ -5,6 +5,7 @@ from bertology.model.checkpoint import Pretrained, load, load_model, save_model
 from bertology.model.config import TransformerConfig, preset
 from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
 from bertology.model.blocks import Block, BlockSpec, KVCache
+from bertology.model.context import AttentionContext, RelativeScores, ScoreProvider
 from bertology.model.encoder import Encoder, EncoderModel, EncoderOutput
 from bertology.model.extensions import register_extension
 from bertology.model.heads import HeadInputs, HeadSpec, register_head
@@ -27,8 +28,11 @@ __all__ = [
     "MASKED_LM",
     "capabilities",
     "BIDIRECTIONAL",
+    "AttentionContext",
     "Block",
     "BlockSpec",
+    "RelativeScores",
+    "ScoreProvider",
     "CAUSAL",
     "DecoderModel",
     "ElmoConfig",

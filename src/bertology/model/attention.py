@@ -4,8 +4,12 @@
 
 What a query may see is one `MaskPolicy` (bidirectional, causal, a sliding window) combined with per-batch facts:
 key padding, document ids of a packed stream, global tokens (Longformer), a prefix LM's prefix (its tokens see each
-other in both directions under a causal policy) and an arbitrary boolean mask (XLNet's permutations). `bias` is an additive score bias (T5's relative positions); keys and values may be longer than the
-queries (a key/value cache, memory, cross-attention), the queries then sitting at the end (`query_offset`).
+other in both directions under a causal policy) and an arbitrary boolean mask (XLNet's permutations). The additive
+score bias comes from the context's score provider (T5's relative positions; see `ScoreProvider`), asked for each
+group of queries and keys attended in one call; keys and values may be longer than the queries (a key/value cache,
+memory, cross-attention), the queries then sitting at the end (`query_offset`). All of these facts arrive as one
+`AttentionContext` (bertology.model.context), the Stack's for the layer call; what the block owns (its scale,
+dropout rate, prefix-tuning keys, global projections) comes beside it.
 
 `attention` works on padded [B, heads, L, d] tensors. `packed_attention` works on the packed [T, heads, d] stream of
 a `Layout`: on CPU one call per group of equal-length sequences (the fastest there; with a score bias, a few calls
@@ -24,59 +28,57 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bertology.model.context import (
+    BIDIRECTIONAL,
+    CAUSAL,
+    AttentionContext,
+    MaskPolicy,
+    ScoreProvider,
+    sliding_window,
+)
 from bertology.model.dropout import fast_dropout
 from bertology.model.packing import Bucket, Layout
 
+# the policies and the context are context.py's, re-exported: attention's callers import them from here too
+__all__ = [
+    "BIDIRECTIONAL",
+    "BUCKET_OVERHEAD",
+    "CAUSAL",
+    "EVERYTHING",
+    "AttentionContext",
+    "GlobalProjections",
+    "GlobalQKV",
+    "MaskPolicy",
+    "ScoreProvider",
+    "additive_mask",
+    "attend",
+    "attention",
+    "bucketed_attention",
+    "choose_kernel",
+    "combined_mask",
+    "dense_attention",
+    "flagged_positions",
+    "flash_available",
+    "gather_rows",
+    "global_rows",
+    "packed_attention",
+    "padded_attention",
+    "scatter_attention",
+    "scatter_rows",
+    "sliding_window",
+    "varlen_available",
+    "varlen_takes_windows",
+    "windowed_attention",
+]
 
-@dataclass(frozen=True)
-class MaskPolicy:
-    """Which keys a query may attend to, by position. `window` (left, right): query i sees keys i - left .. i + right
-    (a negative side is unbounded); `causal` caps right at 0. The default sees everything."""
-
-    causal: bool = False
-    window: tuple[int, int] | None = None
-
-    @property
-    def bounds(self) -> tuple[int, int]:
-        """(left, right) reach; -1 for unbounded (the variable-length kernel's `window_size` convention)."""
-        left, right = self.window if self.window is not None else (-1, -1)
-        if self.causal:
-            right = 0
-        return left, right
-
-    @property
-    def restricts(self) -> bool:
-        return self.bounds != (-1, -1)
-
-    def allowed(self, num_queries: int, num_keys: int, query_offset: int, device: torch.device) -> Tensor | None:
-        """[Lq, Lk] True where query i (at key position query_offset + i) may see key j; None when all may."""
-        if not self.restricts:
-            return None
-        left, right = self.bounds
-        q = torch.arange(num_queries, device=device)[:, None] + query_offset
-        k = torch.arange(num_keys, device=device)[None, :]
-        ok = torch.ones(num_queries, num_keys, dtype=torch.bool, device=device)
-        if left >= 0:
-            ok &= k >= q - left
-        if right >= 0:
-            ok &= k <= q + right
-        return ok
-
-
-BIDIRECTIONAL = MaskPolicy()
-CAUSAL = MaskPolicy(causal=True)
-
-
-def sliding_window(left: int, right: int | None = None) -> MaskPolicy:
-    """Each query sees `left` keys before it and `right` (default: `left`) after it, and itself."""
-    return MaskPolicy(window=(left, left if right is None else right))
+# The context of attention with nothing restricted: every key real, bidirectional, no bias.
+EVERYTHING = AttentionContext()
 
 
 def combined_mask(policy: MaskPolicy, num_queries: int, num_keys: int, device: torch.device, *,
@@ -110,23 +112,35 @@ def combined_mask(policy: MaskPolicy, num_queries: int, num_keys: int, device: t
     return allowed
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, policy: MaskPolicy = BIDIRECTIONAL, key_mask: Tensor | None = None,
-              documents: Tensor | None = None, global_tokens: Tensor | None = None, mask: Tensor | None = None,
-              bias: Tensor | None = None, scale: float | None = None, dropout: float = 0.0,
-              need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
-              head_scale: Tensor | None = None, query_offset: int | None = None,
-              global_qkv: GlobalQKV | None = None, lm_prefix: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-    """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d]; returns (output [B, heads, Lq, d], the
-    probabilities [B, heads, Lq, Lk] when `need_weights`). `query_offset` defaults to Lk - Lq (queries are the last
-    positions, as with a key/value cache). See `combined_mask` for the masks; `bias` is added to the scores.
+def attention(q: Tensor, k: Tensor, v: Tensor, context: AttentionContext | None = None, *,
+              scale: float | None = None, dropout: float = 0.0, prefix: tuple[Tensor, Tensor] | None = None,
+              global_qkv: GlobalQKV | None = None, query_offset: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """Attention of q [B, heads, Lq, d] over k, v [B, heads, Lk, d] under `context` (padded: its policy, key mask,
+    documents, global tokens, boolean mask, prefix LM's prefix, score provider, head scale and need_weights; default
+    none of them); returns (output [B, heads, Lq, d], the probabilities [B, heads, Lq, Lk] when the context wants
+    them). `query_offset` defaults to Lk - Lq (queries are the last positions, as with a key/value cache). See
+    `combined_mask` for the masks; the provider's bias is added to the scores.
 
-    `global_qkv` (with `global_tokens`, queries and keys of one length): the global tokens' rows attend with these
-    queries, keys and values instead (Longformer's separate projections), to every real key. A window narrower
-    than the sequence runs blocked (`windowed_attention`), linear in the length, where nothing it lacks is asked
-    for (probabilities, documents, a boolean mask, a bias, a prefix, a key/value cache, a prefix LM's prefix).
-    `lm_prefix` [B, Lk]: see `combined_mask`."""
+    The block's own: `scale` (None: 1 / sqrt(d)), `dropout`, `prefix` (prefix tuning's keys and values, see
+    `attend`), `global_qkv` (with global tokens, queries and keys of one length): the global tokens' rows attend
+    with these queries, keys and values instead (Longformer's separate projections), to every real key. A window
+    narrower than the sequence runs blocked (`windowed_attention`), linear in the length, where nothing it lacks is
+    asked for (probabilities, documents, a boolean mask, a bias, a prefix, a key/value cache, a prefix LM's
+    prefix)."""
+    c = context if context is not None else EVERYTHING
+    offset = k.shape[-2] - q.shape[-2] if query_offset is None else query_offset
+    return padded_attention(q, k, v, c.policy, c.key_mask, c.documents, c.global_tokens, c.mask, c.bias(q, k, offset),
+                            scale, dropout, c.need_weights, prefix, c.head_scale, offset, global_qkv, c.lm_prefix)
+
+
+def padded_attention(q: Tensor, k: Tensor, v: Tensor, policy: MaskPolicy, key_mask: Tensor | None,
+                     documents: Tensor | None, global_tokens: Tensor | None, mask: Tensor | None,
+                     bias: Tensor | None, scale: float | None, dropout: float, need_weights: bool,
+                     prefix: tuple[Tensor, Tensor] | None, head_scale: Tensor | None, offset: int,
+                     global_qkv: GlobalQKV | None, lm_prefix: Tensor | None) -> tuple[Tensor, Tensor | None]:
+    """`attention` with the context's facts spelled out and the bias computed (what the packed kernels call per
+    group)."""
     num_queries, num_keys = q.shape[-2], k.shape[-2]
-    offset = num_keys - num_queries if query_offset is None else query_offset
     left, right = policy.bounds
     if (0 <= left and 0 <= right and left + right + 1 < num_keys and num_queries == num_keys and offset == 0
             and documents is None and mask is None and bias is None and prefix is None and not need_weights
@@ -280,8 +294,8 @@ def windowed_attention(q: Tensor, k: Tensor, v: Tensor, left: int, right: int, *
     """Banded + global attention of q, k, v [B, heads, L, d] in O(L * (left + right + G)) time and memory: query i
     sees the real keys (`key_mask` [B, L]) i - left .. i + right and every global token (`global_tokens` [B, L]);
     a global token's query sees every real key, with `global_qkv`'s queries, keys and values when given (else q, k,
-    v). The same as `attention(q, k, v, policy=MaskPolicy(window=(left, right)), key_mask=, global_tokens=)` at every
-    row that sees a key; no [L, L] tensor is made.
+    v). The same as `attention` under a context of policy `MaskPolicy(window=(left, right))`, that key mask and
+    those global tokens at every row that sees a key; no [L, L] tensor is made.
 
     Queries go in blocks of `block` (default: the wider side of the window); block b's queries b*block ..
     b*block + block - 1 reach the keys b*block - left .. b*block + block - 1 + right, a strided view of the padded
@@ -361,21 +375,17 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
     return out, (probs[..., num_prefix:] if need_weights else None)
 
 
-# A score bias as a function of the group's (query length, key length): T5's relative positions in a packed stream.
-BiasFn = Callable[[int, int], Tensor]
-
-
-def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy: MaskPolicy = BIDIRECTIONAL,
-                     bias: BiasFn | None = None, scale: float | None = None, dropout: float = 0.0,
-                     need_weights: bool = False, prefix: tuple[Tensor, Tensor] | None = None,
-                     head_scale: Tensor | None = None, kernel: str = "auto", global_tokens: Tensor | None = None,
-                     global_qkv: GlobalQKV | None = None, lm_prefix: Tensor | None = None
+def packed_attention(q: Tensor, k: Tensor, v: Tensor, context: AttentionContext, *, scale: float | None = None,
+                     dropout: float = 0.0, prefix: tuple[Tensor, Tensor] | None = None,
+                     global_qkv: GlobalQKV | None = None, kernel: str = "auto"
                      ) -> tuple[Tensor, list[Tensor | None]]:
     """Attention within each sequence of a packed stream: q, k, v [T, heads, d] -> ([T, heads, d], per-group
-    probabilities [count, heads, length, length] when `need_weights`, for `scatter_attention`). `global_tokens` [T]
-    and `global_qkv` ([T, heads, d] each): Longformer's global tokens and their projections (see `attention`).
-    `lm_prefix` [T] bool: a prefix LM's prefix tokens (see `combined_mask`), which the variable-length kernels cannot
-    express: the group loop then runs, each group with its boolean mask.
+    probabilities [count, heads, length, length] when the context wants them, for `scatter_attention`). From the
+    context: its `layout` (required), policy, score provider, head scale, need_weights, `global_tokens` [T] (with
+    the block's `global_qkv`, [T, heads, d] each: Longformer's global tokens and their projections, see
+    `attention`) and `lm_prefix` [T] bool (a prefix LM's prefix tokens, see `combined_mask`), which the
+    variable-length kernels cannot express: the group loop then runs, each group with its boolean mask. The score
+    provider is asked once per group (or bucket, or the padded rows) with that group's queries and keys.
 
     `kernel`: "groups" (one call per group of equal-length sequences), "varlen" (one variable-length kernel call,
     CUDA), "flash" (the variable-length flash kernel with dropout, CUDA, half precision), "nested" (SDPA on a jagged
@@ -384,11 +394,14 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
     (the groups merged into a few buckets of nearby lengths, one padded call each: T5's relative positions on CPU)
     or "auto": one of those where nothing the kernels lack is asked for (probabilities, a prefix, a head mask), else
     groups."""
+    layout, policy, need_weights, head_scale = context.layout, context.policy, context.need_weights, context.head_scale
+    global_tokens, lm_prefix, scored = context.global_tokens, context.lm_prefix, context.scores is not None
+    if layout is None:
+        raise ValueError("packed attention needs the context's layout")
     if kernel == "auto":
         others = prefix is not None or head_scale is not None or global_tokens is not None or lm_prefix is not None
-        kernel = choose_kernel(q.device, policy, dropout, need_weights, bias is not None or others,
-                               q.dtype, scale, q.shape[-1], bias_only=bias is not None and not others
-                               and layout.per_row)
+        kernel = choose_kernel(q.device, policy, dropout, need_weights, scored or others,
+                               q.dtype, scale, q.shape[-1], bias_only=scored and not others and layout.per_row)
     if kernel == "varlen":
         from torch.nn.attention.varlen import varlen_attn
 
@@ -405,18 +418,17 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
             False, scale=scale, window_size_left=left, window_size_right=right)[0]
         return out, []
     if kernel == "padded":  # one call over the padded rows, the policy, padding and bias as one additive mask
-        if bias is None or not layout.per_row:
+        if not scored or not layout.per_row:
             raise ValueError("the padded kernel is for a score bias on a layout of one sequence a row")
-        rows = [layout.unpack(t).transpose(1, 2) for t in (q, k, v)]  # [B, heads, L, d]
+        qp, kp, vp = (layout.unpack(t).transpose(1, 2) for t in (q, k, v))  # [B, heads, L, d]
         real = layout.unpack(torch.ones(len(q), dtype=torch.bool, device=q.device))
-        width = layout.seq_len
-        out, _ = attention(*rows, policy=policy, key_mask=real, bias=bias(width, width), scale=scale,
-                           dropout=dropout)
+        out, _ = padded_attention(qp, kp, vp, policy, real, None, None, None, context.bias(qp, kp, 0), scale,
+                                  dropout, False, None, None, 0, None, None)
         return layout.pack(out.transpose(1, 2)), []
     if kernel == "buckets":  # the same over a few buckets of rows of nearby lengths (built on the host: CPU)
-        if bias is None or not layout.per_row:
+        if not scored or not layout.per_row:
             raise ValueError("the buckets kernel is for a score bias on a layout of one sequence a row")
-        return bucketed_attention(q, k, v, layout.buckets(BUCKET_OVERHEAD / q.shape[1]), policy, bias, scale,
+        return bucketed_attention(q, k, v, layout.buckets(BUCKET_OVERHEAD / q.shape[1]), context, scale,
                                   dropout), []
     if kernel == "nested":
         if policy.restricts:
@@ -442,9 +454,9 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
         elif global_qkv is not None:
             gq, gk, gv = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in global_qkv)
             qkv_g = (gq, gk, gv)
-        o, probs = attention(q_g, k_g, v_g, policy=policy, bias=bias(length, length) if bias is not None else None,
-                             scale=scale, dropout=dropout, need_weights=need_weights, prefix=prefix,
-                             head_scale=head_scale, global_tokens=g_g, global_qkv=qkv_g, lm_prefix=p_g)
+        o, probs = padded_attention(q_g, k_g, v_g, policy, None, None, g_g, None,
+                                    context.bias(q_g, k_g, 0) if scored else None, scale, dropout, need_weights,
+                                    prefix, head_scale, 0, qkv_g, p_g)
         outs.append(o.transpose(1, 2).reshape(count * length, heads, head_dim))
         probs_by_group.append(probs)
     out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens
@@ -457,11 +469,11 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, layout: Layout, *, policy:
 BUCKET_OVERHEAD = 8192
 
 
-def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], policy: MaskPolicy, bias: BiasFn,
+def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], context: AttentionContext,
                        scale: float | None, dropout: float) -> Tensor:
     """Attention of a packed stream's sequences ([T, heads, d] each) by buckets of rows (`Layout.buckets`): each
-    bucket's rows padded to its width and attended in one dense call, the padding keys masked, the bias of the
-    width added."""
+    bucket's rows padded to its width and attended in one dense call under the context's policy, the padding keys
+    masked, the provider's bias for the bucket's queries and keys added."""
     heads, dim = q.shape[1], q.shape[2]
     # One split of each stream (its backward one concatenation), not a slice a bucket (each slice's backward a zero
     # gradient of the whole stream, summed).
@@ -473,8 +485,9 @@ def bucketed_attention(q: Tensor, k: Tensor, v: Tensor, buckets: list[Bucket], p
                 t = t.new_zeros(b.count * b.width, heads, dim).index_copy(0, b.index, t)
             return t.view(b.count, b.width, heads, dim).transpose(1, 2)
 
-        out, _ = attention(*(rows(t) for t in tokens), policy=policy, key_mask=b.real, bias=bias(b.width, b.width),
-                           scale=scale, dropout=dropout)
+        qb, kb, vb = (rows(t) for t in tokens)
+        out, _ = padded_attention(qb, kb, vb, context.policy, b.real, None, None, None, context.bias(qb, kb, 0),
+                                  scale, dropout, False, None, None, 0, None, None)
         out = out.transpose(1, 2).reshape(b.count * b.width, heads, dim)
         outs.append(out if b.index is None else out[b.index])
     return outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])

@@ -25,20 +25,23 @@ from torch import Tensor, nn
 
 from bertology.errors import InputError
 from bertology.model.attention import (
-    BIDIRECTIONAL,
-    BiasFn,
+    EVERYTHING,
     GlobalProjections,
     GlobalQKV,
-    MaskPolicy,
     attend,
     attention,
     packed_attention,
     scatter_attention,
 )
+from bertology.model.context import AttentionContext, KVCache
 from bertology.model.dropout import fast_dropout
 from bertology.model.heads import activation
 from bertology.model.packing import Layout
 from bertology.model.positions import apply_rotary
+
+# KVCache lives with the context it is part of; re-exported here, where the blocks that fill it are.
+__all__ = ["COMPILED_METHODS", "Block", "BlockSpec", "KVCache", "compile_blocks", "init_parameters", "norm_layer",
+           "plain_linear"]
 
 
 @dataclass(frozen=True)
@@ -76,53 +79,6 @@ def norm_layer(kind: str, width: int, eps: float, bias: bool = True) -> nn.Modul
 def plain_linear(module: nn.Module | None) -> bool:
     """True for an nn.Linear itself (not a subclass or a wrapper) without hooks: its output is x W^T + b."""
     return type(module) is nn.Linear and not (module._forward_hooks or module._forward_pre_hooks)
-
-
-class KVCache:
-    """One block's keys and values of the positions decoded so far, [B, heads, L, head_dim] each, and the keys and
-    values of the encoder memory for cross-attention (computed once).
-
-    They live in buffers with room to spare (doubled when full), so a decoding step writes its position instead of
-    copying the whole cache into a new tensor, which made decoding quadratic in copies."""
-
-    def __init__(self) -> None:
-        self._buffers: tuple[Tensor, Tensor] | None = None  # [B, heads, capacity, head_dim] each
-        self._length = 0
-        self.memory: tuple[Tensor, Tensor] | None = None
-
-    @property
-    def keys(self) -> Tensor | None:
-        return None if self._buffers is None else self._buffers[0][..., :self._length, :]
-
-    @property
-    def values(self) -> Tensor | None:
-        return None if self._buffers is None else self._buffers[1][..., :self._length, :]
-
-    def extend(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        start, end = self._length, self._length + keys.shape[-2]
-        if self._buffers is None or end > self._buffers[0].shape[-2]:
-            capacity = max(2 * end, end + 64)
-            grown = tuple(t.new_empty(*t.shape[:-2], capacity, t.shape[-1]) for t in (keys, values))
-            if self._buffers is not None:
-                for new, old in zip(grown, self._buffers):
-                    new[..., :start, :] = old[..., :start, :]
-            self._buffers = grown  # type: ignore[assignment]
-        assert self._buffers is not None
-        self._buffers[0][..., start:end, :] = keys
-        self._buffers[1][..., start:end, :] = values
-        self._length = end
-        return self.keys, self.values  # type: ignore[return-value]
-
-    @property
-    def length(self) -> int:
-        return self._length
-
-    def reorder(self, rows: Tensor) -> None:
-        """Keep the batch rows `rows` (in that order): beam search's surviving hypotheses."""
-        if self._buffers is not None:
-            self._buffers = (self._buffers[0][rows], self._buffers[1][rows])
-        if self.memory is not None:
-            self.memory = (self.memory[0][rows], self.memory[1][rows])
 
 
 class Block(nn.Module):
@@ -166,46 +122,39 @@ class Block(nn.Module):
         self.dropout = spec.dropout
         self.attention_dropout = spec.attention_dropout
 
-    def forward(self, x: Tensor, layout: Layout | None = None, key_mask: Tensor | None = None,
-                need_weights: bool = False, queries: Tensor | None = None, head_scale: Tensor | None = None, *,
-                policy: MaskPolicy = BIDIRECTIONAL, bias: Tensor | BiasFn | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: KVCache | None = None, global_tokens: Tensor | None = None,
-                lm_prefix: Tensor | None = None, memory_layout: Layout | None = None,
-                rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
-        """x is packed [T, H] when `layout` is given, else padded [B, L, H] with `key_mask` [B, L_keys] (with a
-        cache, L_keys counts the cached positions too).
+    def forward(self, x: Tensor, context: AttentionContext | None = None) -> tuple[Tensor, Tensor | None]:
+        """x is packed [T, H] when the context has a `layout`, else padded [B, L, H] with the context's `key_mask`
+        [B, L_keys] (with a cache, L_keys counts the cached positions too). `context`: one layer call's
+        (`AttentionContext.at`; default: bidirectional, every key real); the block reads from it its policy, score
+        provider, head scale, cache, global tokens (their rows with the block's global projections when it has
+        them: Longformer), prefix LM's prefix, the memory cross-attention reads and whether probabilities are
+        wanted.
 
-        `queries` (packed, bidirectional only): sorted indices of packed tokens; the block's output is computed only
-        at these rows ([len(queries), H]), attending to the keys and values of every token (the pruned last layer).
-        `head_scale` [num_heads]: multiplies each head's output (a head mask). `policy`, `bias`: see attention
-        (`bias` a tensor when padded, a function of the lengths when packed). `memory` [B, M, H] with
-        `memory_mask` [B, M]: what cross-attention reads; with `memory_layout` (the packing of `memory_mask`, no
-        cache) the memory comes packed, [T_mem, H], and its keys and values are projected at its real tokens alone.
-        `cache`: keys and values of earlier positions (decoding).
-        `global_tokens` (packed [T] or padded [B, L], bool): tokens that attend to and are attended by every token,
-        their rows with the global projections when the block has them (Longformer). `lm_prefix` (packed [T] or
-        padded [B, L_keys], bool): a prefix LM's prefix, whose tokens see each other in both directions.
+        The context's `queries` (packed, bidirectional only): sorted indices of packed tokens; the block's output is
+        computed only at these rows ([len(queries), H]), attending to the keys and values of every token (the
+        pruned last layer). With the context's `memory_layout` (the packing of `memory_mask`, no cache) the memory
+        comes packed, [T_mem, H], and its keys and values are projected at its real tokens alone. The context's
         `rotary` (cos, sin), [T, head_dim] packed or [B, L, head_dim] padded (`positions.rotary_tables` of the
-        input's positions): the queries and keys are rotated by them before attention (rotary positions)."""
+        input's positions, this layer call's base): the queries and keys are rotated by them before attention."""
+        context = context if context is not None else EVERYTHING
+        queries, layout = context.queries, context.layout
         if queries is not None and layout is None:
             raise InputError("queries select packed tokens: they need the packed layout")
-        if queries is not None and rotary is not None:
+        if queries is not None and context.rotary is not None:
             raise InputError("queries (the pruned last layer) take no rotary positions")
         pre = self.spec.pre_norm
         rows = x if queries is None else x[queries]
         z = self.attn_norm(x) if pre else x
         if queries is None:
-            a, probs = self.self_attention(z, layout, key_mask, need_weights, head_scale, policy, bias, cache,
-                                           global_tokens, lm_prefix, rotary)
+            a, probs = self.self_attention(z, context)
         else:
-            a, probs = self.attention_at(z, layout, queries, head_scale), None
+            assert layout is not None
+            a, probs = self.attention_at(z, layout, queries, context.head_scale), None
         h = self.attention_residual(rows, a)
         if self.spec.cross_attention:
-            if memory is None:
+            if context.memory is None:
                 raise InputError("this block cross-attends: it needs the encoder's memory")
-            c = self.cross_attention(self.cross_norm(h) if pre else h, layout, memory, memory_mask, cache,
-                                     memory_layout)
+            c = self.cross_attention(self.cross_norm(h) if pre else h, context)
             h = h + self.sublayer_output(self.cross_out(c), None)
             if not pre:
                 h = self.cross_norm(h)
@@ -309,12 +258,9 @@ class Block(nn.Module):
         """[B, L, heads x d] -> [B, heads, L, d]."""
         return t.unflatten(-1, (self.num_heads, self.head_dim)).transpose(1, 2)
 
-    def self_attention(self, x: Tensor, layout: Layout | None, key_mask: Tensor | None, need_weights: bool,
-                       head_scale: Tensor | None, policy: MaskPolicy, bias: Tensor | BiasFn | None,
-                       cache: KVCache | None, global_tokens: Tensor | None = None,
-                       lm_prefix: Tensor | None = None,
-                       rotary: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
+    def self_attention(self, x: Tensor, context: AttentionContext) -> tuple[Tensor, Tensor | None]:
         heads, head_dim = self.num_heads, self.head_dim
+        layout, cache, need_weights, rotary = context.layout, context.cache, context.need_weights, context.rotary
         p = self.attention_dropout if self.training else 0.0
         scale = self.spec.attention_scale
         q, k, v = self.project(x)
@@ -322,7 +268,7 @@ class Block(nn.Module):
             batch, length = (layout.batch_size, layout.seq_len) if layout is not None else x.shape[:2]
             return q, (x.new_zeros(batch, 0, length, length) if need_weights else None)
         prefix = self.prefix_states()
-        global_qkv = self.global_projection(x, global_tokens)
+        global_qkv = self.global_projection(x, context.global_tokens)
         if layout is None:  # padded: [B, L, H] -> [B, heads, L, d]
             q, k, v = (self.heads_first(t) for t in (q, k, v))
             if rotary is not None:  # [B, L, d] tables, the same for every head
@@ -330,18 +276,14 @@ class Block(nn.Module):
                 q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             if cache is not None:
                 k, v = cache.extend(k, v)
-            assert not callable(bias)
             qkv_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
             if isinstance(global_qkv, tuple):
                 gq, gk, gv = (self.heads_first(t) for t in global_qkv)
                 qkv_g = (gq, gk, gv)
-            out, probs = attention(q, k, v, policy=policy, key_mask=key_mask, bias=bias, scale=scale, dropout=p,
-                                   need_weights=need_weights, prefix=prefix, head_scale=head_scale,
-                                   global_tokens=global_tokens, global_qkv=qkv_g, lm_prefix=lm_prefix)
+            out, probs = attention(q, k, v, context, scale=scale, dropout=p, prefix=prefix, global_qkv=qkv_g)
             return out.transpose(1, 2).flatten(2), probs
         if cache is not None:
             raise InputError("a key/value cache needs the padded layout")
-        assert bias is None or callable(bias)
         packed_g: GlobalQKV | None = global_qkv if not isinstance(global_qkv, tuple) else None
         if isinstance(global_qkv, tuple):
             gq, gk, gv = (t.view(-1, heads, head_dim) for t in global_qkv)
@@ -350,18 +292,17 @@ class Block(nn.Module):
         if rotary is not None:  # [T, d] tables, the same for every head
             cos, sin = rotary[0][:, None], rotary[1][:, None]
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out, probs_by_group = packed_attention(
-            q, k, v, layout,
-            policy=policy, bias=bias, scale=scale, dropout=p, need_weights=need_weights, prefix=prefix,
-            head_scale=head_scale, global_tokens=global_tokens, global_qkv=packed_g, lm_prefix=lm_prefix)
+        out, probs_by_group = packed_attention(q, k, v, context, scale=scale, dropout=p, prefix=prefix,
+                                               global_qkv=packed_g)
         return out.reshape(-1, heads * head_dim), (
             scatter_attention(probs_by_group, layout, heads, x) if need_weights else None)
 
-    def cross_attention(self, h: Tensor, layout: Layout | None, memory: Tensor, memory_mask: Tensor | None,
-                        cache: KVCache | None, memory_layout: Layout | None = None) -> Tensor:
-        """Queries from h (packed or padded) over the memory's keys and values: padded [B, M, H], or packed [T_mem, H]
-        with `memory_layout`. Every projection runs on packed tokens where it can (the real ones alone); attention
-        itself runs once over the padded rows, the memory's padding masked."""
+    def cross_attention(self, h: Tensor, context: AttentionContext) -> Tensor:
+        """Queries from h (packed or padded) over the context's memory's keys and values: padded [B, M, H], or packed
+        [T_mem, H] with its `memory_layout`. Every projection runs on packed tokens where it can (the real ones
+        alone); attention itself runs once over the padded rows, the memory's padding masked."""
+        layout, memory, cache, memory_layout = context.layout, context.memory, context.cache, context.memory_layout
+        assert memory is not None
         p = self.attention_dropout if self.training else 0.0
         q = self.cross_query(h)
         if layout is not None:
@@ -376,7 +317,7 @@ class Block(nn.Module):
             k, v = self.heads_first(self.cross_key(memory)), self.heads_first(self.cross_value(memory))
             if cache is not None:
                 cache.memory = (k, v)
-        out, _ = attention(self.heads_first(q), k, v, key_mask=memory_mask, scale=self.spec.attention_scale,
+        out, _ = attention(self.heads_first(q), k, v, context.memory_context(), scale=self.spec.attention_scale,
                            dropout=p)
         out = out.transpose(1, 2).flatten(2)
         return layout.pack(out) if layout is not None else out

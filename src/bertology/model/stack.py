@@ -27,9 +27,18 @@ import torch
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import BIDIRECTIONAL, CAUSAL, MaskPolicy, sliding_window
-from bertology.model.blocks import Block, BlockSpec, KVCache, norm_layer
+from bertology.model.blocks import Block, BlockSpec, norm_layer
 from bertology.model.config import TransformerConfig
+from bertology.model.context import (
+    BIDIRECTIONAL,
+    CAUSAL,
+    AttentionContext,
+    KVCache,
+    MaskPolicy,
+    RelativeScores,
+    ScoreProvider,
+    sliding_window,
+)
 from bertology.model.dropout import fast_dropout
 from bertology.model.packing import Layout
 from bertology.model.positions import (
@@ -69,21 +78,6 @@ def position_ids_in_documents(documents: Tensor) -> Tensor:
     starts = torch.ones_like(documents, dtype=torch.bool)
     starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
     return columns - torch.where(starts, columns, torch.zeros_like(columns)).cummax(1).values
-
-
-def corners(table: Tensor) -> Callable[[int, int], Tensor]:
-    """The score bias of a packed stream's sequences from one relative-position table [1, heads, L, L] for the
-    padded rows, computed once for every layer and group: a sequence of n tokens reads its top-left n x n corner
-    (the bias depends on key - query only; the padded kernel reads the whole table). Each corner is cut once, so the
-    backward adds every layer's gradient there before one pass into the table."""
-    cut: dict[tuple[int, int], Tensor] = {}
-
-    def bias(queries: int, keys: int) -> Tensor:
-        if (queries, keys) not in cut:
-            cut[queries, keys] = table[..., :queries, :keys]
-        return cut[queries, keys]
-
-    return bias
 
 
 def absolute_positions(config: TransformerConfig, width: int, table: bool = False) -> nn.Module | None:
@@ -314,22 +308,27 @@ class Stack(nn.Module):
                 lm_prefix = layout.pack(lm_prefix)
             if flags is not None:
                 flags = layout.pack(flags)
-            bias = (corners(self.relative(layout.seq_len, layout.seq_len)[None])
-                    if self.relative is not None else None)
             key_mask = None
         else:
-            bias = self.relative(length, past + length)[None] if self.relative is not None else None
             key_mask = attention_mask.bool()
+        scores: ScoreProvider | None = None
+        if self.relative is not None:  # one table for every layer: packed, the widest row's; padded, the batch's
+            scores = (RelativeScores(self.relative, layout.seq_len, layout.seq_len) if layout is not None
+                      else RelativeScores(self.relative, length, past + length))
         if memory is not None and memory_layout is not None and layout is not None:
             memory = memory_layout.pack(memory)  # once for every layer's cross-attention
         else:
             memory_layout = None
-
-        rotary: dict[float, tuple[Tensor, Tensor]] = {}
+        rotaries: list[tuple[Tensor, Tensor]] = []
         if self.thetas is not None:  # the tables once per base, shared by the layer calls that use it
             assert position_ids is not None
             at = pack(position_ids)
             rotary = {theta: rotary_tables(at, self.config.head_dim, theta) for theta in sorted(set(self.thetas))}
+            rotaries = [rotary[theta] for theta in self.thetas]
+        context = AttentionContext(layout=layout, key_mask=key_mask, global_tokens=flags, lm_prefix=lm_prefix,
+                                   scores=scores, need_weights=output_attentions, memory=memory,
+                                   memory_mask=memory_mask, memory_layout=memory_layout, policies=self.policies,
+                                   caches=caches, head_scales=head_scales, rotaries=rotaries)
         to_padded = layout.unpack if layout is not None else (lambda t: t)
         hidden_states = [to_padded(x)] if output_hidden_states else None
         attentions: list[Tensor] | None = [] if output_attentions else None
@@ -343,11 +342,7 @@ class Stack(nn.Module):
         if prune:
             plan = plan[:-1]
         for call, index in enumerate(plan):
-            x, probs = self.layers[index](x, layout, key_mask, output_attentions, head_scale=head_scales[call],
-                                          policy=self.policies[call], bias=bias, memory=memory,
-                                          memory_mask=memory_mask, cache=caches[call] if caches is not None else None,
-                                          global_tokens=flags, lm_prefix=lm_prefix, memory_layout=memory_layout,
-                                          rotary=rotary[self.thetas[call]] if self.thetas is not None else None)
+            x, probs = self.layers[index](x, context.at(call))
             if attentions is not None:
                 attentions.append(probs)  # type: ignore[arg-type]
             if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
@@ -358,8 +353,7 @@ class Stack(nn.Module):
             packed_of_flat[layout.flat_index] = torch.arange(layout.num_tokens, device=x.device)
             real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
             queries = torch.unique(packed_of_flat[real])  # sorted, each once
-            rows = self.layers[self.plan[-1]](x, layout, key_mask, queries=queries, head_scale=head_scales[-1],
-                                              global_tokens=flags)[0]
+            rows = self.layers[self.plan[-1]](x, context.at(len(self.plan) - 1, queries=queries))[0]
             if self.final_norm is not None:
                 rows = self.final_norm(rows)
             out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])

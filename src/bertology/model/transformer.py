@@ -40,7 +40,6 @@ from bertology.model.protocol import (
 from bertology.model.stack import (  # noqa: F401  (re-exported: the decoders' position helpers)
     Stack,
     StackOutput,
-    corners,
     position_ids_from_mask,
     position_ids_in_documents,
 )

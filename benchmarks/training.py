@@ -866,8 +866,8 @@ def measure_xlnet(name: str, workload: list[Batches], tokenizer, warmup: int, re
     from bertology.objectives.plm import PermutationLM
 
     config = xlnet_config(name, tokenizer.vocab_size, tokenizer.pad_id)
-    run_config = {"objectives": {"plm": {"k": XLNET_K}}, "data": {"instances": {"kind": "doc-sentences"}},
-                  "tokenizer": {"style": "xlnet", "kind": "unigram"}}
+    run_config = {"model": {"architecture": "xlnet"}, "objectives": {"plm": {"k": XLNET_K}},
+                  "data": {"instances": {"kind": "doc-sentences"}}, "tokenizer": {"style": "xlnet", "kind": "unigram"}}
 
     def build() -> XLNetModel:
         model = XLNetModel(config, PermutationLM().heads())

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from bertology.data.corpus import read_lines
 from bertology.errors import ConfigError, DataError
-from bertology.inputs import check_unicode
+from bertology.inputs import check_unicode, json_object
 from bertology.io import atomic_write
 from bertology.model.heads import HeadSpec
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, count, ratio
@@ -78,14 +78,7 @@ def read_pairs(path: str | Path, limit: int | None = None) -> list[RetrievalExam
         if not line.strip():
             continue
         where = f"{path}: line {number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{where}: invalid JSON: {error.msg} (column {error.colno})") from None
-        except RecursionError:
-            raise DataError(f"{where}: invalid JSON: nested too deeply") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{where}: expected a JSON object with 'query', 'positive' and 'negatives'")
+        record = json_object(line, where)  # invalid JSON, too deep, not an object: errors naming the line
         check_unicode(record, where)
         for key in ("query", "positive"):
             if not isinstance(record.get(key), str) or not record[key].strip():
@@ -371,11 +364,8 @@ class RetrievalTask:
         for number, line in read_lines(Path(predictions_path), "utf-8"):
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{predictions_path}: line {number}: invalid JSON: {error.msg}") from None
-            if not isinstance(row, dict) or not isinstance(row.get("ranking"), list) or "positive" not in row:
+            row = json_object(line, f"{predictions_path}: line {number}")
+            if not isinstance(row.get("ranking"), list) or "positive" not in row:
                 raise DataError(f"{predictions_path}: line {number}: expected {{\"id\", \"positive\", \"ranking\"}}")
             rows.append(row)
         if gold_path is not None:

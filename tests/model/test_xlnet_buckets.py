@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from bertology.model import xlnet as X
+from bertology.model.context import AttentionContext
 from bertology.model.heads import HeadSpec
 from bertology.peft.prefix import apply_prefix
 
@@ -100,15 +101,19 @@ def test_every_bucket_plan_equals_the_padded_path(monkeypatch, no_noise, plan, m
 @pytest.mark.parametrize("prefix", [False, True])
 def test_relative_attention_equals_its_definition(prefix):
     """Content rows and targets (distance columns), segments and masks, with and without a prefix (whose keys take
-    no position or segment term):
+    no position or segment term), through the shared attention with the layer's mask and score provider (the
+    second layer's parameters, looked up by the call):
     score(i, j) = [(q_i + u) k_j + (q_i + v) r_{i - j} + (q_i + s) e_{seg_ij}] / sqrt(d)."""
     model = build(prefix=prefix).eval()
-    layer = model.layers[0]
+    layer = model.layers[1]
+    with torch.no_grad():  # the first layer's terms differ: the provider must read the call's own
+        for p in (model.layers[0].content_bias, model.layers[0].position_bias, model.layers[0].segment_bias):
+            p.add_(1.0)
     torch.manual_seed(3)
     batch_size, heads, keys, targets, dim = 2, 2, 5, 3, 8
     q = torch.randn(batch_size, heads, keys + targets, dim)
     k, v = torch.randn(batch_size, heads, keys, dim), torch.randn(batch_size, heads, keys, dim)
-    r = torch.randn(batch_size, heads, 2 * keys, dim)  # distances keys .. -keys + 1
+    encoded = torch.randn(batch_size, 2 * keys, 16)  # encoded distances keys .. -keys + 1
     segments = torch.rand(batch_size, keys + targets, keys) < 0.4
     allowed = torch.rand(batch_size, keys + targets, keys) < 0.7
     allowed[..., 0] = True
@@ -116,7 +121,11 @@ def test_relative_attention_equals_its_definition(prefix):
     position = torch.cat([torch.arange(keys).expand(batch_size, -1), at], 1)  # every row's position
     columns = keys - at[:, :, None] + torch.arange(keys)
     with torch.no_grad():
-        got = layer.relative_attention(q, k, v, r, segments, allowed, columns[:, None])[0]
+        scores = X.XLNetScores(model.layers, encoded, columns[:, None], segments)
+        got = layer.streams_attention(q, k, v, allowed, None, scores, AttentionContext(call=1))[0]
+        only_targets = layer.streams_attention(q[:, :, keys:], k, v, allowed, None, scores,
+                                               AttentionContext(call=1))[0]
+        r = layer.heads_first(layer.position(encoded))
         distance = position[:, :, None] - torch.arange(keys)  # [B, Q, K]
         r_at = r[torch.arange(batch_size)[:, None, None, None], torch.arange(heads)[None, :, None, None],
                  (keys - distance)[:, None]]  # [B, heads, Q, K, d]
@@ -133,6 +142,7 @@ def test_relative_attention_equals_its_definition(prefix):
             values = torch.cat([prefix_values.expand(batch_size, -1, -1, -1), v], -2)
         expected = scores.softmax(-1) @ values
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(only_targets, expected[:, :, keys:], atol=1e-5, rtol=1e-5)
 
 
 def test_with_dropout_padding_changes_nothing():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -185,13 +185,17 @@ class AttentionContext:
     prefix LM's prefix. `documents` [B, L_keys] (padded): each document attends within itself. `mask` (padded,
     broadcastable to [B, heads, L_q, L_k], bool): any further restriction (XLNet's permutations). `scores`: the
     score bias (`ScoreProvider`). `need_weights`: return the probabilities. `memory` [B, M, H] with `memory_mask`
-    [B, M], packed [T_mem, H] with `memory_layout`: what cross-attention reads.
+    [B, M], packed [T_mem, H] with `memory_layout`: what cross-attention reads. `streams`: a two-stream block's
+    plan of the forward (XLNet's `bertology.model.xlnet.PaddedStreams` or `Packed`: where each stream's rows sit in
+    the block's input, which keys each row attends and its groups' score providers).
 
-    Per layer call: `policies`, `caches`, `head_scales`, `rotaries` (one entry a call, or empty: the defaults
-    below; a rotary entry is the (cos, sin) tables of the input's positions at that call's base, [T, head_dim]
-    packed or [B, L, head_dim] padded, the tables of one base shared by the calls that use it). The fields `call`,
-    `policy`, `cache`, `head_scale`, `rotary` and `queries` (sorted packed token indices at which the layer's
-    output is wanted: the pruned last layer) are the ones `at` sets."""
+    Per layer call: `policies`, `caches`, `head_scales`, `rotaries`, `mems` (one entry a call, or empty: the
+    defaults below; a rotary entry is the (cos, sin) tables of the input's positions at that call's base, [T,
+    head_dim] packed or [B, L, head_dim] padded, the tables of one base shared by the calls that use it; a `mems`
+    entry is Transformer-XL's memory of that call, the layer's inputs of earlier segments [B, M, H], whose keys and
+    values its queries attend before the input's own, or None). The fields `call`, `policy`, `cache`, `head_scale`,
+    `rotary`, `mem` and `queries` (sorted packed token indices at which the layer's output is wanted: the pruned
+    last layer, or a two-stream block's query-stream rows alone) are the ones `at` sets."""
 
     layout: Layout | None = None
     key_mask: Tensor | None = None
@@ -208,12 +212,15 @@ class AttentionContext:
     caches: Sequence[KVCache] | None = None
     head_scales: Sequence[Tensor | None] = ()
     rotaries: Sequence[tuple[Tensor, Tensor]] = ()
+    streams: Any = None
+    mems: Sequence[Tensor | None] = ()
     # one layer call's
     call: int = 0
     policy: MaskPolicy = BIDIRECTIONAL
     cache: KVCache | None = None
     head_scale: Tensor | None = None
     rotary: tuple[Tensor, Tensor] | None = None
+    mem: Tensor | None = None
     queries: Tensor | None = None
     # what the views of one forward's context share (built once for all of them): the memory's context
     _shared: dict[str, AttentionContext] = field(default_factory=dict, repr=False, compare=False)
@@ -230,6 +237,8 @@ class AttentionContext:
             view.head_scale = self.head_scales[call]
         if self.rotaries:
             view.rotary = self.rotaries[call]
+        if self.mems:
+            view.mem = self.mems[call]
         view.queries = queries
         return view
 

@@ -20,7 +20,7 @@ runs the padded computation; both give the same outputs at real tokens."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -121,6 +121,25 @@ class Embeddings(nn.Module):
             x = self.norm(x)
         x = fast_dropout(x, self.dropout, self.training)
         return self.project(x) if self.project is not None else x
+
+
+def run_layers(layers: Sequence[nn.Module], plan: Sequence[int], x: Tensor, context: AttentionContext,
+               hidden_states: list[Tensor] | None = None, attentions: list[Tensor] | None = None,
+               to_padded: Callable[[Tensor], Tensor] = lambda t: t, last_queries: Tensor | None = None) -> Tensor:
+    """The layer loop of every stack: each layer call `call` runs `layers[plan[call]](x, context.at(call))`,
+    appending its attention probabilities to `attentions` and its output (as `to_padded` makes it) to
+    `hidden_states` when they are given, one entry per layer call (as transformers records them, ALBERT's groups
+    too). `last_queries`: the rows at which the last call's output is wanted (`AttentionContext.queries`); that
+    output is then no whole hidden state and is not recorded. XLNet's two-stream blocks run here too, both streams
+    in the one input (`bertology.model.xlnet`)."""
+    for call, index in enumerate(plan):
+        queries = last_queries if call == len(plan) - 1 else None
+        x, probs = layers[index](x, context.at(call, queries=queries))
+        if attentions is not None:
+            attentions.append(probs)  # type: ignore[arg-type]
+        if hidden_states is not None and queries is None:
+            hidden_states.append(to_padded(x))
+    return x
 
 
 class StackOutput(NamedTuple):
@@ -341,12 +360,7 @@ class Stack(nn.Module):
                  and self.relative is None and self.thetas is None)
         if prune:
             plan = plan[:-1]
-        for call, index in enumerate(plan):
-            x, probs = self.layers[index](x, context.at(call))
-            if attentions is not None:
-                attentions.append(probs)  # type: ignore[arg-type]
-            if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)
-                hidden_states.append(to_padded(x))
+        x = run_layers(self.layers, plan, x, context, hidden_states, attentions, to_padded)
         if prune:
             assert layout is not None and last_layer_at is not None
             packed_of_flat = torch.empty(layout.batch_size * layout.seq_len, dtype=torch.long, device=x.device)

@@ -20,7 +20,26 @@ the query stream's slots at its targets, in the row's own coordinates (relative 
 irrelevant). Every linear layer runs once over the joint stream and attention once per bucket for both streams; the
 content stream's output is zero at padding (transformers' runs its padding positions too), and the empty slots past
 a bucket's most targets share one row (with dropout, one draw: they predict nothing). With a memory, attention
-probabilities, "uni" attention or bi_data the rows run padded.
+probabilities, "uni" attention or bi_data the rows run padded, both streams in one input [B, L + P, H].
+
+On the one stack's parts: the layers run in the stack's layer loop (`bertology.model.stack.run_layers`, each as
+`layer(x, context.at(call))`), one `AttentionContext` a forward holding the two-stream plan (`streams`: where each
+stream's rows sit, each group's boolean mask of permutations, padding and "uni", the empty targets), each layer
+call's memory (`mems`) and the relative-position and segment terms as score providers (`XLNetScores`: the padded
+batch's, or one per bucket in packed order). Each group of rows attends through the shared `attention` with that
+mask and provider. What stays XLNet's own, and why:
+
+- The grouping of the packed rows. A query-stream row attends to the content stream's keys and values but is no
+  key itself (it must not see its own content), so a group's keys are a subset of its rows. The packed `Layout`
+  and its kernels (`packed_attention`: groups, buckets, variable-length calls) pair every row with the keys of its
+  own sequence, each row a key; XLNet's joint stream is cut into its own buckets (`Packed`), each bucket then one
+  call of the shared padded `attention`.
+- The input. `Stack.forward` embeds (absolute positions, token types) and packs by a `Layout`; XLNet adds no
+  position to its embeddings (distances enter through R) and no token-type embedding (segments enter as the
+  relative term), its query stream starts from one learned vector at the targets, and its rows are packed as
+  above. So the model embeds, packs and builds the context itself, then runs the stack's loop; its layers stay
+  the model's own `layers` (a `Stack` would hold them under its own name, and the checkpoints' keys are
+  `layers.N.*`).
 
 The forward pass takes transformers' keyword names (input_ids, attention_mask, token_type_ids, perm_mask,
 target_mapping, mems, use_mems) and returns `last_hidden_state`, `logits` and `mems` under the same names."""
@@ -37,15 +56,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bertology.errors import ConfigError, InputError
-from bertology.model.attention import attend
+from bertology.model.attention import attention
 from bertology.model.blocks import Block, BlockSpec, init_parameters
 from bertology.model.config import ACTIVATIONS, config_from_dict, config_to_dict
+from bertology.model.context import AttentionContext
 from bertology.model.dropout import fast_dropout
 from bertology.model.base import BaseModel
 from bertology.model.heads import HeadInputs, HeadSpec, TiedLMBiasHead, activation
 from bertology.model.packing import Layout, plan_buckets
 from bertology.model.positions import relative_sinusoids
 from bertology.model.protocol import ATTENTIONS, BLOCKS, MEMORY, PERMUTATION_LM, TOKEN_TYPES
+from bertology.model.stack import run_layers
 from bertology.model.transformer import check_ids
 
 
@@ -150,46 +171,118 @@ class Targets:
     present: Tensor
 
 
+def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
+    """[B, heads, Lq, R] scores against R relative distances (from the largest down) -> [B, heads, Lq, num_keys],
+    entry (i, j) read from column Lq - i + j: the distance between query i (after the memory) and key j."""
+    batch, heads, queries, distances = scores.shape
+    shifted = scores.reshape(batch, heads, distances, queries)[:, :, 1:]
+    return shifted.reshape(batch, heads, queries, distances - 1)[..., :num_keys]
+
+
+@dataclass
+class XLNetScores:
+    """XLNet's relative-position and segment terms as the score provider (`ScoreProvider`) of one group of rows
+    attended in one call: the padded batch (memory included), or one bucket of the packed joint stream.
+
+        bias(i, j) = [rel_shift((q_i + v) R)_ij + (q_i + s) e_{[seg_i != seg_j]}] / sqrt(d)
+
+    R is the layer call's projection (`position`, transformers' `r`) of the encoded distances `positions` [N or 1,
+    R, H] (dropped out already; from the farthest key down), v, s and e the layer's r_r_bias, r_s_bias and segment
+    vectors, looked up by the call. The group's rows are its content positions (the last positions of the keys,
+    `rel_shift` reads their distances) followed by the query stream's targets, which read their distance columns
+    from `columns` [N, 1, T, K] (the distance column of each target and key); a call with fewer rows than the group
+    (the last layer's query stream alone) holds its last rows. `segments` [N, rows, K] (True: the key is of another
+    segment than the row's token, None without token types).
+
+    The content term (q + u) k, u = r_w_bias, is attention's own product: XLNet's block hands attention its queries
+    with the content bias and the scale applied, q' = (q + u) / sqrt(d), and scale 1 (prefix keys are then scored
+    (q + u) k_p / sqrt(d) too, without position or segment term), so the terms here read q' as (q' + (v - u) /
+    sqrt(d)) R and (q' + (s - u) / sqrt(d)) e. Without a prefix the segment term (q + s) e_0 common to all of a
+    row's keys is left out (a softmax does not see it), and left out entirely where no allowed pair crosses
+    segments (`mixed` false)."""
+
+    layers: Sequence[nn.Module]
+    positions: Tensor
+    columns: Tensor | None = None
+    segments: Tensor | None = None
+    mixed: bool = True
+
+    def bias(self, call: int, q: Tensor, k: Tensor, query_offset: int) -> Tensor:
+        layer = self.layers[call]
+        scale = 1 / math.sqrt(layer.head_dim)
+        u = layer.content_bias * scale
+        r = layer.heads_first(layer.position(self.positions))  # [N or 1, heads, R, d]
+        by_distance = (q + (layer.position_bias * scale - u)[:, None]) @ r.transpose(-1, -2)  # [N, heads, Q, R]
+        rows = q.shape[-2]
+        targets = self.columns.shape[-2] if self.columns is not None else 0
+        parts = [rel_shift(by_distance[:, :, :rows - targets], k.shape[-2])] if rows > targets else []
+        if self.columns is not None:
+            parts.append(by_distance[:, :, rows - targets:].gather(-1, self.columns.expand(-1, q.shape[1], -1, -1)))
+        bias = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
+        prefix = layer.prefix is not None
+        if self.segments is not None and (self.mixed or prefix):
+            segments = self.segments[:, -rows:]
+            query = q + (layer.segment_bias * scale - u)[:, None]
+            e = layer.segment_embeddings
+            if not prefix:
+                other = query @ (e[1] - e[0])[:, :, None]  # [N, heads, Q, 1]
+                bias = torch.addcmul(bias, segments[:, None].to(bias.dtype), other)
+            else:
+                by_segment = torch.einsum("bnid,snd->bnis", query, e)
+                bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
+        return bias
+
+
+@dataclass
+class PaddedStreams:
+    """The padded rows' plan of one forward (`AttentionContext.streams`): a layer's input is [B, L + P, H], the
+    content stream's L positions, then the query stream's P targets (none without `target_mapping`); its keys
+    and values come from the layer call's memory (`AttentionContext.mem`, [B, M, H]) and the content positions.
+    `allowed` [B or 1, L + P, M + L] (True: may attend; None: every key), `keep` [B, 1, L + P, 1] (0 at the empty
+    targets, whose attention output is 0; None without targets) and `scores` the batch's `XLNetScores`; a call
+    with the query stream alone reads their last P rows."""
+
+    length: int
+    slots: int
+    allowed: Tensor | None
+    keep: Tensor | None
+    scores: XLNetScores
+
+
 @dataclass
 class JointBucket:
     """`count` rows of a packed batch, each padded to `width` content positions (its real tokens first, in its own
     coordinates) and followed by `slots` rows of the query stream (the row's targets, then empty slots up to the
     bucket's most targets): `count x (width + slots)` rows of the joint stream (`Packed`). For every row (content
     position or slot) against the `width` keys: `allowed` [count, width + slots, width] (True: may attend; never a
-    padding key), `segments` (True: another segment; None without token types), `mixed` (whether an allowed pair
-    crosses segments) and `keep` [count, 1, width + slots, 1] (0 at the empty slots, whose attention output is 0;
-    None when no slot is empty); `columns` [count, 1, slots, width] the relative-distance column of each slot and
-    key (None without slots)."""
+    padding key), `keep` [count, 1, width + slots, 1] (0 at the empty slots, whose attention output is 0; None
+    when no slot is empty) and `scores` the bucket's `XLNetScores` (its encoded distances, the slots' distance
+    columns [count, 1, slots, width], its segments [count, width + slots, width] and whether an allowed pair crosses
+    segments)."""
 
     count: int
     width: int
     slots: int
     allowed: Tensor
-    columns: Tensor | None
-    segments: Tensor | None
-    mixed: bool
     keep: Tensor | None
+    scores: XLNetScores
 
 
 @dataclass
 class Packed:
     """What every layer needs to run a batch's real tokens (`XLNetModel.packed`) as one joint stream of both
-    streams: the buckets of rows, then, with a query stream, one more row (`empty`): the slot that no bucket holds,
-    whose attention output is 0 (a row's slots past its bucket's are all this one). `sizes`: each bucket's number
-    of joint rows (and 1 for `empty`); the encoded distances, either each row's own copy (dropped out row by row,
-    as transformers' does), `position_sizes` rows per bucket, or one copy for all [2 longest, H] from which a bucket
-    of width n reads the middle 2n; `source` [joint rows] the flat [B * L] position each joint row takes its token
-    from (a padding position or slot: any), `query` [joint rows] True at the slots, `real` the joint rows of the
-    real tokens and `flat` their flat positions; `slot_rows` the joint rows of the slots (bucket order, `empty`
-    last) and `slot_index` [B, P] where each slot of `target_mapping` reads its state among those."""
+    streams (`AttentionContext.streams` on the packed path): the buckets of rows, then, with a query stream, one
+    more row (`empty`): the slot that no bucket holds, whose attention output is 0 (a row's slots past its bucket's
+    are all this one). `sizes`: each bucket's number of joint rows (and 1 for `empty`); `source` [joint rows] the
+    flat [B * L] position each joint row takes its token from (a padding position or slot: any), `query` [joint
+    rows] True at the slots, `real` the joint rows of the real tokens and `flat` their flat positions; `slot_rows`
+    the joint rows of the slots (bucket order, `empty` last; sorted) and `slot_index` [B, P] where each slot of
+    `target_mapping` reads its state among those."""
 
     buckets: list[JointBucket]
     sizes: list[int]
     slots: int
     empty: bool
-    positions: Tensor
-    position_sizes: list[int] | None
-    longest: int
     source: Tensor
     query: Tensor
     real: Tensor
@@ -205,16 +298,13 @@ class Packed:
 BUCKET_OVERHEAD_FLOPS = 1e8
 
 
-def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
-    """[B, heads, Lq, R] scores against R relative distances (from the largest down) -> [B, heads, Lq, num_keys],
-    entry (i, j) read from column Lq - i + j: the distance between query i (after the memory) and key j."""
-    batch, heads, queries, distances = scores.shape
-    shifted = scores.reshape(batch, heads, distances, queries)[:, :, 1:]
-    return shifted.reshape(batch, heads, queries, distances - 1)[..., :num_keys]
-
-
 class XLNetLayer(Block):
-    """A post-norm block whose self-attention is XLNet's relative attention, run for both streams."""
+    """A post-norm block whose self-attention is XLNet's two-stream relative attention: the shared `attention`
+    under each group's boolean mask (the permutations, padding, "uni") with the group's `XLNetScores`. Its input
+    holds both streams (`AttentionContext.streams` says where: `PaddedStreams` or the packed `Packed`), which share
+    its weights; the query stream's rows attend to the content stream's keys and values, never to their own. Slots:
+    the `Block`'s (query key value attn_out attn_norm ffn_in ffn_out ffn_norm, the extension slots) plus `position`,
+    `content_bias`, `position_bias`, `segment_bias`, `segment_embeddings`."""
 
     def __init__(self, config: XLNetConfig) -> None:
         super().__init__(BlockSpec(
@@ -229,104 +319,75 @@ class XLNetLayer(Block):
         self.segment_bias = nn.Parameter(torch.zeros(heads, head_dim))  # r_s_bias
         self.segment_embeddings = nn.Parameter(torch.zeros(2, heads, head_dim))  # seg_embed: same segment, other
 
-    def forward(self, h: Tensor, g: Tensor | None, content_mask: Tensor | None,  # type: ignore[override]
-                positions: Tensor, segments: Tensor | None, memory: Tensor | None,
-                targets: Targets | None = None, content: bool = True,
-                probabilities: list[Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
-        """h [B, L, H]; g [B, P, H] (the query stream at `targets`) or None; content_mask [B or 1, L, M + L]
-        (True: may attend); positions [B or 1, R, H] (encoded distances); segments [B, L, M + L] (True: another
-        segment); memory [B, M, H]. Without `content` the content stream's output is not computed (the last
-        layer's, when only the query stream is read): h comes back as it came. The content stream's attention
-        probabilities are appended to `probabilities` when it is given."""
-        keys_from = h if memory is None else torch.cat([memory, h], 1)
-        q, k, v = self.project(keys_from)
-        q = self.heads_first(q[:, keys_from.shape[1] - h.shape[1]:])
-        k, v = self.heads_first(k), self.heads_first(v)
-        r = self.heads_first(self.position(positions))
-        h_out = h
-        if content or g is None:
-            a, probs = self.relative_attention(q, k, v, r, segments, content_mask,
-                                               need_weights=probabilities is not None)
-            if probabilities is not None:
-                probabilities.append(probs)
-            h_out = self.feed_forward_residual(self.attention_residual(h, a.transpose(1, 2).flatten(2)))
-        if g is None or targets is None:
-            return h_out, None
-        a_g = self.relative_attention(self.heads_first(self.query(g)), k, v, r, targets.segments, targets.mask,
-                                      targets.columns)[0] * targets.present
-        g_out = self.feed_forward_residual(self.attention_residual(g, a_g.transpose(1, 2).flatten(2)))
-        return h_out, g_out
+    def forward(self, x: Tensor, context: AttentionContext | None = None) -> tuple[Tensor, Tensor | None]:
+        """x holds both streams as the context's `streams` plan says: padded [B, L + P, H] (`PaddedStreams`, keys
+        and values from the call's `mem` and the L content positions) or the packed joint stream [rows, H]
+        (`Packed`). With the context's `queries` (any value: the last layer when only the query stream is read)
+        only the query stream's rows are computed and come back ([B, P, H] padded, [len(slot_rows), H] packed).
+        The content stream's attention probabilities come back when the context asks for them (padded only)."""
+        if context is None or context.streams is None:
+            raise InputError("an XLNet layer needs the forward's two-stream plan (AttentionContext.streams)")
+        streams = context.streams
+        if isinstance(streams, Packed):
+            return self.forward_packed(x, context, streams), None
+        return self.forward_padded(x, context, streams)
 
-    def forward_packed(self, x: Tensor, packed: Packed, content: bool = True) -> Tensor:
-        """`forward` on the joint stream x [rows, H] of both streams (`Packed`): the linear layers once over it,
-        attention once per bucket, a row's content positions and slots together against its keys. Without
-        `content` only the slots' rows come back ([len(slot_rows), H]): the last layer's, when the query stream
-        alone is read. The buckets are split off the stream (a slice per bucket would make autograd add a
-        stream-sized zero gradient per bucket)."""
+    def forward_padded(self, x: Tensor, context: AttentionContext,
+                       streams: PaddedStreams) -> tuple[Tensor, Tensor | None]:
+        length, slots = streams.length, streams.slots
+        h = x[:, :length]
+        alone = context.queries is not None and slots > 0  # the query stream alone
+        keys_from = h if context.mem is None else torch.cat([context.mem.to(h.dtype), h], 1)
+        q, k, v = self.project(keys_from)
+        queries = [] if alone else [q[:, keys_from.shape[1] - length:]]
+        if slots:
+            queries.append(self.query(x[:, length:]))
+        q = queries[0] if len(queries) == 1 else torch.cat(queries, 1)
+        a, probs = self.streams_attention(self.heads_first(q), self.heads_first(k), self.heads_first(v),
+                                          streams.allowed, streams.keep, streams.scores, context)
+        residual = x[:, length:] if alone else x
+        return self.feed_forward_residual(self.attention_residual(residual, a.transpose(1, 2).flatten(2))), probs
+
+    def forward_packed(self, x: Tensor, context: AttentionContext, packed: Packed) -> Tensor:
+        """The joint stream x [rows, H] of both streams: the linear layers once over it, attention once per
+        bucket, a row's content positions and slots together against its keys. The buckets are split off the
+        stream (a slice per bucket would make autograd add a stream-sized zero gradient per bucket)."""
+        alone = context.queries is not None
         q, k, v = (t.split(packed.sizes) for t in self.project(x))
-        r_all = self.position(packed.positions)
-        r_rows = r_all.split(packed.position_sizes) if packed.position_sizes is not None else None
         width = self.num_heads * self.head_dim
-        rows = len(x) if content else len(packed.slot_rows)
+        rows = len(packed.slot_rows) if alone else len(x)
         a_all = x.new_zeros(rows, width) if packed.empty else x.new_empty(rows, width)  # `empty`'s stays 0
         done = 0
         for index, bucket in enumerate(packed.buckets):
             count, n = bucket.count, bucket.width
-            if not content and not bucket.slots:
+            if alone and not bucket.slots:
                 continue
             qb, kb, vb = (t[index].view(count, n + bucket.slots, self.num_heads, self.head_dim) for t in (q, k, v))
-            r = r_rows[index].view(count, 2 * n, -1) if r_rows is not None \
-                else r_all[packed.longest - n:packed.longest + n][None]
-            at = slice(None) if content else slice(n, None)  # which rows attend: all, or the slots
-            segments = bucket.segments if bucket.mixed or self.prefix is not None else None
-            a = self.relative_attention(
-                qb[:, at].transpose(1, 2), kb[:, :n].transpose(1, 2), vb[:, :n].transpose(1, 2),
-                self.heads_first(r), segments[:, at] if segments is not None else None, bucket.allowed[:, at],
-                bucket.columns)[0]
-            if bucket.keep is not None:
-                a = a * bucket.keep[:, :, at]
+            a = self.streams_attention(qb[:, n:] if alone else qb, kb[:, :n], vb[:, :n], bucket.allowed,
+                                       bucket.keep, bucket.scores, context, heads_last=True)[0]
             size = count * a.shape[2]
             a_all[done:done + size].view(count, -1, self.num_heads, self.head_dim).copy_(a.transpose(1, 2))
             done += size
-        residual = x if content else x.index_select(0, packed.slot_rows)
+        residual = x.index_select(0, packed.slot_rows) if alone else x
         return self.feed_forward_residual(self.attention_residual(residual, a_all))
 
-    def relative_attention(self, q: Tensor, k: Tensor, v: Tensor, r: Tensor, segments: Tensor | None,
-                           allowed: Tensor | None, columns: Tensor | None = None,
-                           need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """[B, heads, Q, d] attention output of queries q over keys k and values v with relative position and
-        segment terms added to the scores (and the probabilities [B, heads, Q, K] with `need_weights`). The queries
-        are the last positions of the keys (Q - T of them), then T targets wherever `columns` [B, 1, T, K] say (the
-        distance column each target reads for each key).
-
-        The scale goes into the queries, and the segment term (q + s) e_0 common to all of a query's keys is left
-        out (it does not change a softmax) unless a prefix takes part, whose keys have no segment: the segment term
-        is then (q + s) (e_1 - e_0) where the segments differ."""
+    def streams_attention(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, keep: Tensor | None,
+                          scores: XLNetScores, context: AttentionContext, heads_last: bool = False
+                          ) -> tuple[Tensor, Tensor | None]:
+        """[N, heads, rows, d] attention output of one group's rows (its last `rows`, see `XLNetScores`) over its
+        keys, through the shared `attention` with the group's mask and provider (and the probabilities when the
+        context wants them). `heads_last`: q, k, v come as [N, len, heads, d]."""
+        if heads_last:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        rows = q.shape[-2]
         scale = 1 / math.sqrt(self.head_dim)
-        q = q * scale
-        by_distance = (q + self.position_bias[:, None] * scale) @ r.transpose(-1, -2)  # [B, heads, Q, R]
-        queries, targets = q.shape[-2], columns.shape[-2] if columns is not None else 0
-        parts = [rel_shift(by_distance[:, :, :queries - targets], k.shape[-2])] if queries > targets else []
-        if columns is not None:
-            parts.append(by_distance[:, :, queries - targets:].gather(-1, columns.expand(-1, q.shape[1], -1, -1)))
-        bias = parts[0] if len(parts) == 1 else torch.cat(parts, 2)
-        prefix = self.prefix_states()
-        if segments is not None:
-            query = q + self.segment_bias[:, None] * scale
-            if prefix is None:
-                other = query @ (self.segment_embeddings[1] - self.segment_embeddings[0])[:, :, None]  # [B, h, Q, 1]
-                bias = torch.addcmul(bias, segments[:, None].to(bias.dtype), other)
-            else:
-                by_segment = torch.einsum("bnid,snd->bnis", query, self.segment_embeddings)
-                bias = bias + torch.where(segments[:, None], by_segment[..., 1:], by_segment[..., :1])
-        fresh = columns is not None or segments is not None or bias.dtype != q.dtype  # not a view of by_distance
-        bias = bias.to(q.dtype)
-        if allowed is not None:
-            # The dtype's lowest value instead of -inf: a query that may see nothing gets a uniform row, not NaN.
-            fill = bias.masked_fill_ if fresh else bias.masked_fill
-            bias = fill(~allowed[:, None], torch.finfo(bias.dtype).min)
-        return attend(q + self.content_bias[:, None] * scale, k, v, bias,
-                      self.attention_dropout if self.training else 0.0, need_weights, prefix, scale=1.0)
+        call = AttentionContext(mask=allowed[:, None, -rows:] if allowed is not None else None, scores=scores,
+                                need_weights=context.need_weights, call=context.call)
+        a, probs = attention((q + self.content_bias[:, None]) * scale, k, v, call, scale=1.0,
+                             dropout=self.attention_dropout if self.training else 0.0, prefix=self.prefix_states())
+        if keep is not None:
+            a = a * keep[:, :, -rows:]
+        return a, probs
 
 
 class SequenceSummaryHead(nn.Module):
@@ -517,7 +578,7 @@ class XLNetModel(BaseModel):
         counts = torch.tensor([count for count, _ in groups])
         lengths = torch.repeat_interleave(torch.tensor([n for _, n in groups]), counts).to(device)
         rows_cpu = firsts.cpu() // length  # the rows' batch indices, on the host
-        buckets, sources, real_rows, query_rows, slot_rows, slot_parts, per_row, flags = [], [], [], [], [], [], [], []
+        planned, sources, real_rows, query_rows, slot_rows, slot_parts, per_row, flags = [], [], [], [], [], [], [], []
         done = joint = compact = 0
         for first_group, end_group in plan_buckets(groups, row_cost, BUCKET_OVERHEAD_FLOPS):
             count = sum(c for c, _ in groups[first_group:end_group])
@@ -566,19 +627,30 @@ class XLNetModel(BaseModel):
                 slot_rows.append((starts + torch.arange(used, device=device)).flatten())
                 slot_parts.append((batch_rows, chosen, compact + torch.arange(count * used, device=device)))
                 compact += count * used
-            mixed = segments is not None
             if segments is not None:
                 flags.append((segments & allowed).any())
-            buckets.append(JointBucket(count, n, used, allowed, column, segments, mixed, keep))
+            planned.append((count, n, used, allowed, keep, column, segments))
             joint += count * (n + used)
             if dropout:
                 per_row.append(self.relative_positions(n, n, count, device).flatten(0, 1))
+        # The encoded distances: in training each row's own copy (dropped out row by row, as transformers' does),
+        # else one copy [2 longest, H] from which a bucket of width n reads the middle 2n.
+        longest = planned[-1][1]
+        distances = torch.cat(per_row) if dropout else self.relative_positions(longest, longest, 1, device)[0]
+        distances = fast_dropout(distances.to(dtype), dropout, self.training)
+        if dropout:
+            encoded = [part.view(count, 2 * n, -1) for part, (count, n, *_) in
+                       zip(distances.split([2 * count * n for count, n, *_ in planned]), planned)]
+        else:
+            encoded = [distances[longest - n:longest + n][None] for _, n, *_ in planned]
         read = iter(torch.stack(flags).tolist() if flags else [])  # one host read for the whole batch
-        for bucket in buckets:
-            if bucket.slots and not next(read):
-                bucket.keep = None
-            if bucket.mixed:
-                bucket.mixed = next(read)
+        buckets = []
+        for (count, n, used, allowed, keep, column, segments), positions in zip(planned, encoded):
+            if used and not next(read):
+                keep = None
+            mixed = segments is not None and next(read)
+            buckets.append(JointBucket(count, n, used, allowed, keep,
+                                       XLNetScores(self.layers, positions, column, segments, mixed)))
         empty = target_mapping is not None
         slot_index = torch.full((batch, slots), compact, dtype=torch.long, device=device)  # default: `empty`
         for batch_rows, chosen, at in slot_parts:
@@ -588,13 +660,9 @@ class XLNetModel(BaseModel):
             real_rows.append(real_rows[0].new_zeros(1))
             query_rows.append(query_rows[0].new_ones(1))
             slot_rows.append(torch.tensor([joint], device=device))
-        longest = buckets[-1].width
-        positions = torch.cat(per_row) if dropout else self.relative_positions(longest, longest, 1, device)[0]
         source = torch.cat(sources)
         real_index = torch.cat(real_rows).nonzero().squeeze(1)
-        return Packed(buckets, [b.count * (b.width + b.slots) for b in buckets] + [1] * empty, slots, empty,
-                      fast_dropout(positions.to(dtype), dropout, self.training),
-                      [2 * b.count * b.width for b in buckets] if dropout else None, longest, source,
+        return Packed(buckets, [b.count * (b.width + b.slots) for b in buckets] + [1] * empty, slots, empty, source,
                       torch.cat(query_rows), real_index, source[real_index],
                       torch.cat(slot_rows) if slot_rows else source.new_zeros(0), slot_index)
 
@@ -653,9 +721,9 @@ class XLNetModel(BaseModel):
     def packed_streams(self, layout: Layout, input_ids: Tensor, token_type_ids: Tensor | None,
                        perm_mask: Tensor | None, target_mapping: Tensor | None, output_hidden_states: bool
                        ) -> tuple[Tensor | None, Tensor | None, list[Tensor] | None]:
-        """The two streams on the real tokens alone (see `layout`), as one joint stream (`Packed`): h [B, L, H]
-        with zeros at padding (None when the query stream runs: then it is not read), g [B, P, H] or None, the
-        content stream's states [B, L, H] when asked."""
+        """The two streams on the real tokens alone (see `layout`), as one joint stream (`Packed`) run by the
+        stack's layer loop: h [B, L, H] with zeros at padding (None when the query stream runs: then it is not
+        read), g [B, P, H] or None, the content stream's states [B, L, H] when asked."""
         dropout = self.config.hidden_dropout if self.training else 0.0
         packed = self.packed(layout, perm_mask, token_type_ids, target_mapping, self.embeddings.weight.dtype)
         x = self.embeddings(input_ids.flatten()[packed.source])
@@ -668,28 +736,28 @@ class XLNetModel(BaseModel):
             return out.index_copy(0, packed.flat, x[packed.real]).view(layout.batch_size, layout.seq_len, -1)
 
         states = [content_states(x)] if output_hidden_states else None
-        last_content = target_mapping is None or states is not None
-        for index, layer in enumerate(self.layers):
-            x = layer.forward_packed(x, packed, last_content or index < len(self.layers) - 1)
-            if states is not None:
-                states.append(content_states(x))
+        # The last layer's content stream is read only when no query stream runs, or for the hidden states.
+        alone = target_mapping is not None and states is None
+        x = run_layers(self.layers, range(len(self.layers)), x, AttentionContext(streams=packed), states, to_padded=content_states,
+                       last_queries=packed.slot_rows if alone else None)
         if target_mapping is None:
             return states[-1] if states is not None else content_states(x), None, states
-        slots = x.index_select(0, packed.slot_rows) if last_content else x
+        slots = x if alone else x.index_select(0, packed.slot_rows)
         return None, slots[packed.slot_index], states
 
     def padded_streams(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                        perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None,
                        use_mems: bool, output_hidden_states: bool, output_attentions: bool
                        ) -> tuple[Tensor, Tensor | None, list[Tensor] | None, list[Tensor], list[Tensor] | None]:
-        """The two streams on the padded rows, with a memory: h, g, the states, the next memory, the content
-        stream's attention probabilities (when asked)."""
+        """The two streams on the padded rows, with a memory, run by the stack's layer loop as one input [B, L + P,
+        H] (`PaddedStreams`): h, g, the states, the next memory, the content stream's attention probabilities
+        (when asked)."""
         config = self.config
         batch, length = input_ids.shape
         device = input_ids.device
         memory = mems[0].shape[0] if mems else 0
         dropout = config.hidden_dropout if self.training else 0.0
-        content_mask, query_mask = self.masks(batch, length, memory, attention_mask, perm_mask, device)
+        allowed, query_mask = self.masks(batch, length, memory, attention_mask, perm_mask, device)
         h = fast_dropout(self.embeddings(input_ids), dropout, self.training)
         segments = None
         if token_type_ids is not None:
@@ -698,25 +766,36 @@ class XLNetModel(BaseModel):
             segments = token_type_ids[:, :, None] != keys[:, None, :]
         positions = fast_dropout(self.relative_positions(length, memory + length, batch, device).to(h.dtype),
                                  dropout, self.training)
-        g, targets = None, None
-        if target_mapping is not None:
-            g = fast_dropout(self.mask_embedding.expand(batch, target_mapping.shape[1], -1), dropout, self.training)
+        x, slots, keep, columns = h, 0, None, None
+        if target_mapping is not None:  # the query stream's rows after the content stream's
+            slots = target_mapping.shape[1]
+            g = fast_dropout(self.mask_embedding.expand(batch, slots, -1), dropout, self.training)
             targets = self.targets(target_mapping, query_mask, segments, memory, positions.shape[1], h.dtype)
-        new_mems: list[Tensor] = []
-        states = [h] if output_hidden_states else None
+            x = torch.cat([h, g.to(h.dtype)], 1)
+            if allowed is not None:
+                assert targets.mask is not None
+                allowed = torch.cat([allowed.expand(batch, -1, -1), targets.mask], 1)
+            if segments is not None:
+                assert targets.segments is not None
+                segments = torch.cat([segments, targets.segments], 1)
+            keep = torch.cat([targets.present.new_ones(batch, 1, length, 1), targets.present], 2)
+            columns = targets.columns
+        streams = PaddedStreams(length, slots, allowed, keep, XLNetScores(self.layers, positions, columns, segments))
+        context = AttentionContext(streams=streams, scores=streams.scores, need_weights=output_attentions,
+                                   mems=[m.transpose(0, 1) for m in mems] if mems else ())
+        # Every layer's input is kept as the next memory: the loop's states are those inputs (and the last output).
+        states = [h] if output_hidden_states or use_mems else None
         probabilities: list[Tensor] | None = [] if output_attentions else None
-        for index, layer in enumerate(self.layers):
-            previous = mems[index] if mems else None
-            if use_mems:
-                new_mems.append(self.cache(h, previous))
-            # The last layer's content stream is read only when no query stream runs, or for the hidden states.
-            content = g is None or states is not None or index < len(self.layers) - 1
-            h, g = layer(h, g, content_mask, positions, segments,
-                         previous.transpose(0, 1).to(h.dtype) if previous is not None else None, targets, content,
-                         probabilities)
-            if states is not None:
-                states.append(h)
-        return h, g, states, new_mems, probabilities
+        alone = slots > 0 and not output_hidden_states
+        x = run_layers(self.layers, range(len(self.layers)), x, context, states, probabilities, lambda t: t[:, :length],
+                       last_queries=torch.arange(length, length + slots, device=device) if alone else None)
+        new_mems = [self.cache(states[index], mems[index] if mems else None) for index in range(len(self.layers))] \
+            if use_mems and states is not None else []
+        if not output_hidden_states:
+            states = None
+        if slots:
+            return x[:, :length], (x if alone else x[:, length:]), states, new_mems, probabilities
+        return x, None, states, new_mems, probabilities
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 token_type_ids: Tensor | None = None, perm_mask: Tensor | None = None,

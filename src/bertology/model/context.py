@@ -133,10 +133,10 @@ class ScoreProvider(Protocol):
     c2p[n, h, i, j] = q[n, h, i] . P_k[h, delta(i, j)], with P_k the layer's projected relative-position
     embeddings and delta the bucketed distance j - (offset + i): one product q @ P_k^T [N, heads, L_q, 2 buckets]
     gathered at delta; position-to-content the same with k and P_q, transposed. XLNet's relative term is the same
-    shape of computation with its own position encodings; its segment term needs each token's segment id besides,
-    which a provider built for the forward would hold in the packed order (a group's rows are a contiguous slice of
-    the stream: the layout's groups say which). A provider scales its own terms (DeBERTa divides by sqrt(3 d)): the
-    bias is added to the scores after the attention scale.
+    shape of computation with its own position encodings, and its segment term needs each token's segment id
+    besides: `bertology.model.xlnet.XLNetScores` holds them for one group of rows (the padded batch, or one bucket
+    of XLNet's packed joint stream, one provider a bucket in packed order). A provider scales its own terms
+    (DeBERTa divides by sqrt(3 d)): the bias is added to the scores after the attention scale.
 
     `call` is the layer call (an index into the stack's plan), so per-layer parameters can be looked up; a provider
     shared by every layer (T5's) ignores it."""

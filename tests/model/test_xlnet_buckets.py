@@ -122,8 +122,8 @@ def test_relative_attention_equals_its_definition(prefix):
     columns = keys - at[:, :, None] + torch.arange(keys)
     with torch.no_grad():
         scores = X.XLNetScores(model.layers, encoded, columns[:, None], segments)
-        got = layer.streams_attention(q, k, v, allowed, None, scores, AttentionContext(call=1))[0]
-        only_targets = layer.streams_attention(q[:, :, keys:], k, v, allowed, None, scores,
+        got = layer.streams_attention(q, k, v, allowed[:, None], None, scores, AttentionContext(call=1))[0]
+        only_targets = layer.streams_attention(q[:, :, keys:], k, v, allowed[:, None], None, scores,
                                                AttentionContext(call=1))[0]
         r = layer.heads_first(layer.position(encoded))
         distance = position[:, :, None] - torch.arange(keys)  # [B, Q, K]

@@ -70,6 +70,10 @@ def test_both_paths_run_in_the_stack_loop(loops, packed):
         assert torch.equal(last_queries, context.streams.slot_rows)
     else:
         assert context.scores is context.streams.scores
+        # the permutations as the context's mask: row 0's content query 0 may not see key 1 where perm_mask says so
+        assert context.mask.shape == (3, 1, LENGTH + 2, LENGTH)
+        blocked = (batch["perm_mask"][0] > 0) & ~torch.eye(LENGTH, dtype=torch.bool)
+        assert torch.equal(context.mask[0, 0, :LENGTH], ~blocked)
         assert context.streams.length == LENGTH and context.streams.slots == 2
         assert len(out.mems) == 3
 

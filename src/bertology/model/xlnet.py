@@ -179,7 +179,7 @@ def rel_shift(scores: Tensor, num_keys: int) -> Tensor:
     return shifted.reshape(batch, heads, queries, distances - 1)[..., :num_keys]
 
 
-@dataclass
+@dataclass(eq=False)
 class XLNetScores:
     """XLNet's relative-position and segment terms as the score provider (`ScoreProvider`) of one group of rows
     attended in one call: the padded batch (memory included), or one bucket of the packed joint stream.
@@ -233,18 +233,18 @@ class XLNetScores:
         return bias
 
 
-@dataclass
+@dataclass(eq=False)
 class PaddedStreams:
     """The padded rows' plan of one forward (`AttentionContext.streams`): a layer's input is [B, L + P, H], the
     content stream's L positions, then the query stream's P targets (none without `target_mapping`); its keys
     and values come from the layer call's memory (`AttentionContext.mem`, [B, M, H]) and the content positions.
-    `allowed` [B or 1, L + P, M + L] (True: may attend; None: every key), `keep` [B, 1, L + P, 1] (0 at the empty
-    targets, whose attention output is 0; None without targets) and `scores` the batch's `XLNetScores`; a call
-    with the query stream alone reads their last P rows."""
+    The context's `mask` [B or 1, 1, L + P, M + L] says which keys each row may attend (permutations, padding,
+    "uni"; None: every key); `keep` [B, 1, L + P, 1] (0 at the empty targets, whose attention output is 0; None
+    without targets) and `scores` the batch's `XLNetScores` (also the context's `scores`); a call with the query
+    stream alone reads their last P rows."""
 
     length: int
     slots: int
-    allowed: Tensor | None
     keep: Tensor | None
     scores: XLNetScores
 
@@ -344,7 +344,7 @@ class XLNetLayer(Block):
             queries.append(self.query(x[:, length:]))
         q = queries[0] if len(queries) == 1 else torch.cat(queries, 1)
         a, probs = self.streams_attention(self.heads_first(q), self.heads_first(k), self.heads_first(v),
-                                          streams.allowed, streams.keep, streams.scores, context)
+                                          context.mask, streams.keep, streams.scores, context)
         residual = x[:, length:] if alone else x
         return self.feed_forward_residual(self.attention_residual(residual, a.transpose(1, 2).flatten(2))), probs
 
@@ -363,7 +363,7 @@ class XLNetLayer(Block):
             if alone and not bucket.slots:
                 continue
             qb, kb, vb = (t[index].view(count, n + bucket.slots, self.num_heads, self.head_dim) for t in (q, k, v))
-            a = self.streams_attention(qb[:, n:] if alone else qb, kb[:, :n], vb[:, :n], bucket.allowed,
+            a = self.streams_attention(qb[:, n:] if alone else qb, kb[:, :n], vb[:, :n], bucket.allowed[:, None],
                                        bucket.keep, bucket.scores, context, heads_last=True)[0]
             size = count * a.shape[2]
             a_all[done:done + size].view(count, -1, self.num_heads, self.head_dim).copy_(a.transpose(1, 2))
@@ -371,17 +371,18 @@ class XLNetLayer(Block):
         residual = x.index_select(0, packed.slot_rows) if alone else x
         return self.feed_forward_residual(self.attention_residual(residual, a_all))
 
-    def streams_attention(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, keep: Tensor | None,
+    def streams_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: Tensor | None,
                           scores: XLNetScores, context: AttentionContext, heads_last: bool = False
                           ) -> tuple[Tensor, Tensor | None]:
         """[N, heads, rows, d] attention output of one group's rows (its last `rows`, see `XLNetScores`) over its
-        keys, through the shared `attention` with the group's mask and provider (and the probabilities when the
-        context wants them). `heads_last`: q, k, v come as [N, len, heads, d]."""
+        keys, through the shared `attention` with the group's boolean mask ([N or 1, 1, group rows, keys], True:
+        may attend) as its context's `mask` and the group's provider (and the probabilities when the context wants
+        them). `heads_last`: q, k, v come as [N, len, heads, d]."""
         if heads_last:
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         rows = q.shape[-2]
         scale = 1 / math.sqrt(self.head_dim)
-        call = AttentionContext(mask=allowed[:, None, -rows:] if allowed is not None else None, scores=scores,
+        call = AttentionContext(mask=mask[:, :, -rows:] if mask is not None else None, scores=scores,
                                 need_weights=context.need_weights, call=context.call)
         a, probs = attention((q + self.content_bias[:, None]) * scale, k, v, call, scale=1.0,
                              dropout=self.attention_dropout if self.training else 0.0, prefix=self.prefix_states())
@@ -780,8 +781,9 @@ class XLNetModel(BaseModel):
                 segments = torch.cat([segments, targets.segments], 1)
             keep = torch.cat([targets.present.new_ones(batch, 1, length, 1), targets.present], 2)
             columns = targets.columns
-        streams = PaddedStreams(length, slots, allowed, keep, XLNetScores(self.layers, positions, columns, segments))
+        streams = PaddedStreams(length, slots, keep, XLNetScores(self.layers, positions, columns, segments))
         context = AttentionContext(streams=streams, scores=streams.scores, need_weights=output_attentions,
+                                   mask=allowed[:, None] if allowed is not None else None,
                                    mems=[m.transpose(0, 1) for m in mems] if mems else ())
         # Every layer's input is kept as the next memory: the loop's states are those inputs (and the last output).
         states = [h] if output_hidden_states or use_mems else None

@@ -739,8 +739,8 @@ class XLNetModel(BaseModel):
         states = [content_states(x)] if output_hidden_states else None
         # The last layer's content stream is read only when no query stream runs, or for the hidden states.
         alone = target_mapping is not None and states is None
-        x = run_layers(self.layers, range(len(self.layers)), x, AttentionContext(streams=packed), states, to_padded=content_states,
-                       last_queries=packed.slot_rows if alone else None)
+        x = run_layers(self.layers, range(len(self.layers)), x, AttentionContext(streams=packed), states,
+                       to_padded=content_states, last_queries=packed.slot_rows if alone else None)
         if target_mapping is None:
             return states[-1] if states is not None else content_states(x), None, states
         slots = x if alone else x.index_select(0, packed.slot_rows)
@@ -749,10 +749,10 @@ class XLNetModel(BaseModel):
     def padded_streams(self, input_ids: Tensor, attention_mask: Tensor | None, token_type_ids: Tensor | None,
                        perm_mask: Tensor | None, target_mapping: Tensor | None, mems: Sequence[Tensor] | None,
                        use_mems: bool, output_hidden_states: bool, output_attentions: bool
-                       ) -> tuple[Tensor, Tensor | None, list[Tensor] | None, list[Tensor], list[Tensor] | None]:
+                       ) -> tuple[Tensor | None, Tensor | None, list[Tensor] | None, list[Tensor], list[Tensor] | None]:
         """The two streams on the padded rows, with a memory, run by the stack's layer loop as one input [B, L + P,
-        H] (`PaddedStreams`): h, g, the states, the next memory, the content stream's attention probabilities
-        (when asked)."""
+        H] (`PaddedStreams`): h (None when the last layer ran the query stream alone), g, the states, the next
+        memory, the content stream's attention probabilities (when asked)."""
         config = self.config
         batch, length = input_ids.shape
         device = input_ids.device
@@ -795,8 +795,8 @@ class XLNetModel(BaseModel):
             if use_mems and states is not None else []
         if not output_hidden_states:
             states = None
-        if slots:
-            return x[:, :length], (x if alone else x[:, length:]), states, new_mems, probabilities
+        if slots:  # the content stream's last output exists only when it ran
+            return (None if alone else x[:, :length]), (x if alone else x[:, length:]), states, new_mems, probabilities
         return x, None, states, new_mems, probabilities
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,

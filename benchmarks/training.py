@@ -1230,6 +1230,9 @@ def main() -> int:
                              "shared machine it does not grow with the neighbours' load (tokens/s then per CPU "
                              "second)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-steps", type=int, default=CHECK_STEPS, metavar="N",
+                        help=f"optimizer steps of the fresh sides' agreement check before timing (default "
+                             f"{CHECK_STEPS}; fewer for a large model on a loaded machine)")
     parser.add_argument("--write", action="store_true", help="rewrite the Training section of RESULTS.md")
     parser.add_argument("--profile", action="store_true",
                         help="instead of the table: torch.profiler op totals of each side's step, first model and "
@@ -1244,6 +1247,9 @@ def main() -> int:
     unknown = sorted(set(args.objectives) - set(OBJECTIVES))
     if unknown:
         parser.error(f"--objectives: unknown {', '.join(unknown)} (choose from {', '.join(OBJECTIVES)})")
+    if args.check_steps < 1:
+        parser.error("--check-steps: at least 1")
+    globals()["CHECK_STEPS"] = args.check_steps  # what check_steps and the tables read
     if MODERNBERT_BASE in args.models and args.objectives != ["modernbert-mlm"]:
         parser.error(f"--models {MODERNBERT_BASE} runs with --objectives modernbert-mlm alone")
 

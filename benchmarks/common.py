@@ -13,10 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
+# bertology before numpy and torch: importing it sets OpenMP's passive waiting policy, which OpenMP reads once, when
+# torch loads it (imported after torch, it can only warn that the policy was not applied).
+from bertology.model.config import TransformerConfig  # isort: skip
 
-from bertology.model.config import TransformerConfig
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / ".." / "shared" / "data"

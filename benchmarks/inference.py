@@ -196,12 +196,13 @@ def model_directory(name: str, workdir: Path) -> Path:
     return workdir
 
 
-# ModernBERT's shapes: base as published (22 layers, hidden 768, GeGLU 1,152, a window of 128 tokens in two layers of
-# three); tiny a 4-layer model of the tiny preset's width with the same pattern and a 64-token window.
+# ModernBERT's shapes: base as published (22 layers, hidden 768, 12 heads, GeGLU 1,152, a window of 128 tokens in two
+# layers of three, its 50,368-token vocabulary: the MiniLM tokenizer's ids are a part of it); tiny a 4-layer model of
+# the tiny preset's width with the same pattern, a 64-token window and the MiniLM tokenizer's vocabulary.
 MODERNBERT_SHAPES = {"base": dict(num_hidden_layers=22, hidden_size=768, intermediate_size=1152, num_attention_heads=12,
-                                  local_attention=128),
+                                  local_attention=128, global_attn_every_n_layers=3, vocab_size=50368),
                      "tiny": dict(num_hidden_layers=4, hidden_size=128, intermediate_size=192, num_attention_heads=2,
-                                  local_attention=64)}
+                                  local_attention=64, vocab_size=30522)}
 
 
 def save_modernbert(shape: str, workdir: Path, heads: str = "Model") -> None:
@@ -210,7 +211,7 @@ def save_modernbert(shape: str, workdir: Path, heads: str = "Model") -> None:
     import transformers
 
     torch.manual_seed(0)
-    config = ModernBertConfig(vocab_size=30522, max_position_embeddings=1024, pad_token_id=0, bos_token_id=101,
+    config = ModernBertConfig(max_position_embeddings=1024, pad_token_id=0, bos_token_id=101,
                               cls_token_id=101, eos_token_id=102, sep_token_id=102, **MODERNBERT_SHAPES[shape])
     getattr(transformers, "ModernBert" + heads)(config).save_pretrained(workdir)
 

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import bertology as _openmp_policy  # noqa: F401  (before torch: it sets OpenMP's passive waiting, read when torch loads)
+
 import numpy as np
 import torch
 

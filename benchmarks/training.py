@@ -69,6 +69,11 @@ from bertology.training.config import PretrainConfig  # noqa: E402
 from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
+# ModernBERT-base's published shape (22 layers, hidden 768, 12 heads, GeGLU 1,152, every third layer global, the
+# others a window of 128 tokens, a 50,368-token vocabulary): a --models choice for the modernbert-mlm objective only.
+MODERNBERT_BASE = "modernbert-base"
+MODERNBERT_BASE_SHAPE = dict(num_hidden_layers=22, hidden_size=768, num_attention_heads=12, intermediate_size=1152,
+                             global_attn_every_n_layers=3, local_attention=128, vocab_size=50368)
 OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "xlnet-plm", "gpt2-clm", "t5-spans", "bart-masked",
               "modernbert-mlm")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -914,16 +919,20 @@ def measure_xlnet(name: str, workload: list[Batches], tokenizer, warmup: int, re
 
 def modernbert_directory(name: str, tokenizer, workdir: Path) -> Path:
     """A random ModernBertForMaskedLM of the preset's width and depth (GeGLU 1.5 x hidden as ModernBERT-base's
-    1,152 for 768, every third layer global, the others a window of 128 tokens), seed 0, saved by transformers: both
-    sides start from its weights."""
+    1,152 for 768, every third layer global, the others a window of 128 tokens), or of ModernBERT-base's shape
+    (`MODERNBERT_BASE`), seed 0, saved by transformers: both sides start from its weights."""
     import transformers
 
-    layers, hidden = PRESET_SIZES[name]
+    if name == MODERNBERT_BASE:
+        shape = dict(MODERNBERT_BASE_SHAPE)
+    else:
+        layers, hidden = PRESET_SIZES[name]
+        shape = dict(vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+                     num_attention_heads=max(1, hidden // 64), intermediate_size=3 * hidden // 2,
+                     local_attention=128)
     torch.manual_seed(0)
     config = transformers.ModernBertConfig(
-        vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
-        num_attention_heads=max(1, hidden // 64), intermediate_size=3 * hidden // 2, max_position_embeddings=512,
-        local_attention=128, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.framing.cls_id,
+        **shape, max_position_embeddings=512, pad_token_id=tokenizer.pad_id, bos_token_id=tokenizer.framing.cls_id,
         cls_token_id=tokenizer.framing.cls_id, eos_token_id=tokenizer.framing.sep_id,
         sep_token_id=tokenizer.framing.sep_id)
     directory = workdir / f"{name}-modernbert-start"
@@ -960,7 +969,7 @@ def measure_modernbert(name: str, workload: list[Batches], tokenizer, warmup: in
         flops = train_flops(config, batches)
         tokens = batches.real_tokens
         ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
-        rows.append(Row(f"modernbert-{name} MLM", batches.name, batches.padding_share, ours, theirs,
+        rows.append(Row(f"{name if name == MODERNBERT_BASE else f'modernbert-{name}'} MLM", batches.name, batches.padding_share, ours, theirs,
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
                         executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap, check.optimizer))
         print(f"  {name:6s} ModernBERT {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
@@ -1195,7 +1204,9 @@ def write_section(text: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--models", nargs="+", choices=(*MODELS, MODERNBERT_BASE), default=list(MODELS),
+                        help=f"presets; {MODERNBERT_BASE}: ModernBERT-base's shape, for the modernbert-mlm objective "
+                             "only")
     parser.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), metavar="OBJECTIVE",
                         help="any of " + ", ".join(OBJECTIVES) + " (default: all; spaces or commas between them). "
                              "mlm: against BertForMaskedLM; electra: ELECTRA's masking (85 %% [MASK], 15 %% kept), "
@@ -1219,6 +1230,9 @@ def main() -> int:
                              "shared machine it does not grow with the neighbours' load (tokens/s then per CPU "
                              "second)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--check-steps", type=int, default=CHECK_STEPS, metavar="N",
+                        help=f"optimizer steps of the fresh sides' agreement check before timing (default "
+                             f"{CHECK_STEPS}; fewer for a large model on a loaded machine)")
     parser.add_argument("--write", action="store_true", help="rewrite the Training section of RESULTS.md")
     parser.add_argument("--profile", action="store_true",
                         help="instead of the table: torch.profiler op totals of each side's step, first model and "
@@ -1233,6 +1247,11 @@ def main() -> int:
     unknown = sorted(set(args.objectives) - set(OBJECTIVES))
     if unknown:
         parser.error(f"--objectives: unknown {', '.join(unknown)} (choose from {', '.join(OBJECTIVES)})")
+    if args.check_steps < 1:
+        parser.error("--check-steps: at least 1")
+    globals()["CHECK_STEPS"] = args.check_steps  # what check_steps and the tables read
+    if MODERNBERT_BASE in args.models and args.objectives != ["modernbert-mlm"]:
+        parser.error(f"--models {MODERNBERT_BASE} runs with --objectives modernbert-mlm alone")
 
     common.check_data()
     torch.set_num_threads(args.threads)

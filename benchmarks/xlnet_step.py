@@ -15,6 +15,8 @@ import argparse
 import statistics
 import time
 
+import bertology as _openmp_policy  # noqa: F401  (before torch: it sets OpenMP's passive waiting, read when torch loads)
+
 import torch
 import transformers
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +24,33 @@ def cue_sentence(rng, positive) -> str:
     words = list(rng.choice(FILL, int(rng.integers(2, 7))))
     words.insert(int(rng.integers(len(words) + 1)), str(rng.choice(GOOD if positive else BAD)))
     return " ".join(words)
+
+
+def cue_sst2(root: Path, seed: int = 0, sizes: tuple[tuple[str, int], ...] = (("train", 160), ("dev", 32))) -> Path:
+    """SST-2's files (root/SST-2/{train,dev}.tsv) of cue sentences with random labels; returns `root`."""
+    rng = np.random.default_rng(seed)
+    (root / "SST-2").mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
+        (root / "SST-2" / f"{split}.tsv").write_text(
+            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+    return root
+
+
+def strategy_trains_saves_and_predicts(run: Any, data: Path, scratch: Path) -> Any:
+    """Fine-tune SST-2 by `run` (a FinetuneConfig naming its strategy) on the files of `cue_sst2(data)`: a part of
+    the model trains, not all of it, and `bertology predict` on the saved model repeats the run's dev predictions
+    (written under `scratch`). Returns the run's result."""
+    from bertology.cli.main import main
+    from bertology.recipes.finetune import finetune
+
+    result = finetune(run)
+    assert 0 < result.trainable.trainable < result.trainable.total, (run.strategy.kind, result.trainable)
+    out = Path(run.run.output_dir)
+    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
+                 str(data / "SST-2" / "dev.tsv"), "--output", str(scratch / "p.tsv")]) == 0
+    assert (scratch / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
+    return result
 
 
 def save_tiny_model(directory: Path, words: Iterable[str], vocab_size: int = 40) -> Path:

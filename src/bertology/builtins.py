@@ -21,10 +21,11 @@ Value = TypeVar("Value")
 BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
     # bertology.model.registry.MODELS: what bertology.json's "model" names (register_model).
     "models": (
-        ("encoder", "bertology.model.encoder:EncoderModel", {}),
+        # encoder-stack: the name of an encoder holding the token table in the model (T5's encoder alone,
+        # ModernBERT) before there was one bidirectional model; a run config naming it built ModernBERT.
+        ("encoder", "bertology.model.encoder:EncoderModel", {"aliases": {"encoder-stack": {"family": "modernbert"}}}),
         ("decoder", "bertology.model.transformer:DecoderModel", {}),
         ("seq2seq", "bertology.model.transformer:Seq2SeqModel", {}),
-        ("encoder-stack", "bertology.model.transformer:EncoderStackModel", {}),
         ("xlnet", "bertology.model.xlnet:XLNetModel", {}),
         ("longformer", "bertology.model.longformer:LongformerModel", {}),
         ("elmo", "bertology.model.elmo:ElmoModel", {}),
@@ -35,7 +36,6 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("encoder", "bertology.model.run_configs:encoder_config", {}),
         ("decoder", "bertology.model.run_configs:decoder_config", {}),
         ("seq2seq", "bertology.model.run_configs:seq2seq_config", {}),
-        ("encoder-stack", "bertology.model.run_configs:encoder_stack_config", {}),
         ("xlnet", "bertology.model.run_configs:xlnet_config", {}),
         ("elmo", "bertology.model.run_configs:elmo_config", {}),
     ),

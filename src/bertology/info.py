@@ -152,7 +152,6 @@ class StackInfo:
     def format(self) -> str:
         m, c = self.model, self.model.config
         kind = {"DecoderModel": "decoder (causal language model)", "Seq2SeqModel": "encoder-decoder",
-                "EncoderStackModel": "an encoder-decoder's encoder alone",
                 "XLNetModel": "permutation language model (two-stream attention, relative positions)"}.get(
                     type(m).__name__, type(m).__name__)
         decoder_layers = getattr(c, "num_decoder_layers", None)

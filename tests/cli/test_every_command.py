@@ -55,9 +55,9 @@ EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
                                                            ("bart", "Seq2SeqModel"), ("xlnet", "XLNetModel"),
                                                            ("elmo", "ElmoModel"))},
     ("heads prune", "albert"): r"pruning the heads of shared layers \(ALBERT\) is not supported",
-    # ModernBERT's model does not pass a head mask to its stack (it declares no 'head-mask'): stats only
+    # ModernBERT (an encoder holding its token table) declares no 'head-mask': stats only
     **{(f"heads {what}", "modernbert"): r"head importance and pruning .* needs a model that takes a head mask "
-       r"\(capability 'head-mask'\); the model \(EncoderStackModel, registered as 'encoder-stack'\) does not "
+       r"\(capability 'head-mask'\); the model \(EncoderModel, registered as 'encoder'\) does not "
        r"declare it" for what in ("importance", "prune")},
     ("heads prune", "longformer"): r"heads of a windowed model \(attention_window\) cannot be pruned",
     **{("longformer mlm-loss", f): rf"a {f} model without a masked-LM head \('mlm'\); mlm-loss scores masked-LM "

@@ -17,7 +17,7 @@ from bertology.model import protocol as P
 from bertology.model.elmo import ElmoConfig, ElmoModel
 from bertology.model.longformer import LongformerConfig, LongformerModel
 from bertology.model.registry import MODELS
-from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel, TransformerModel
+from bertology.model.transformer import DecoderModel, Seq2SeqModel, TransformerModel
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from transformer_helpers import tiny_config
 
@@ -37,8 +37,9 @@ def test_generating_models_declare_their_kind():
         == {GENERATES, DECODER_ONLY, P.SCALAR_MIX} | common
     assert capabilities(Seq2SeqModel(tiny_config(), [HeadSpec("lm", "tied_lm")])) \
         == {GENERATES, ENCODER_DECODER} | common
-    assert capabilities(EncoderStackModel(tiny_config())) == {P.SCALAR_MIX, P.ATTENTIONS} | common
-    assert capabilities(EncoderStackModel(tiny_config(), [HeadSpec("mlm", "masked_lm")])) \
+    # The one bidirectional model holding the token table (an encoder-decoder's encoder alone, ModernBERT).
+    assert capabilities(EncoderModel(tiny_config())) == {P.SCALAR_MIX, P.ATTENTIONS} | common
+    assert capabilities(EncoderModel(tiny_config(), [HeadSpec("mlm", "masked_lm")])) \
         == {P.SCALAR_MIX, P.ATTENTIONS, P.MASKED_LM} | common
 
 
@@ -69,7 +70,8 @@ def test_a_class_answers_for_every_instance_of_it():
     assert capabilities(Seq2SeqModel) == {GENERATES, ENCODER_DECODER, P.LORA, P.BLOCKS}
     assert P.ENCODER in capabilities(LongformerModel)
     assert MASKED_LM not in capabilities(EncoderModel)  # it depends on the heads: only an instance has it
-    assert Seq2SeqModel.encoder_alone is EncoderStackModel and DecoderModel.encoder_alone is None
+    assert Seq2SeqModel.encoder_alone is EncoderModel and DecoderModel.encoder_alone is None
+    assert capabilities(EncoderModel) == {P.ATTENTIONS, P.LORA, P.SCALAR_MIX, P.BLOCKS}  # the rest: its config's
 
 
 def test_every_declared_capability_is_named_in_the_protocol():
@@ -157,7 +159,7 @@ def test_the_scan_finds_each_way_of_asking_for_a_class():
 
 def test_nothing_outside_the_model_package_asks_for_a_model_class():
     names = model_class_names()
-    assert {"EncoderModel", "LongformerModel", "DecoderModel", "Seq2SeqModel", "EncoderStackModel", "XLNetModel",
+    assert {"EncoderModel", "LongformerModel", "DecoderModel", "Seq2SeqModel", "XLNetModel",
             "ElmoModel", "TransformerModel"} <= names
     found = []
     for path in sorted(SRC.rglob("*.py")):

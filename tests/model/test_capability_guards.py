@@ -11,7 +11,7 @@ from bertology.embeddings.result import EmbeddingError
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model import EncoderModel, HeadSpec, preset
 from bertology.model.elmo import ElmoConfig, ElmoModel
-from bertology.model.transformer import DecoderModel, EncoderStackModel, Seq2SeqModel
+from bertology.model.transformer import DecoderModel, Seq2SeqModel
 from bertology.model.xlnet import XLNetConfig, XLNetModel
 from transformer_helpers import tiny_config
 
@@ -100,7 +100,7 @@ def test_the_finetuning_strategies_ask_for_theirs():
     with pytest.raises(ConfigError, match="strategy.kind: scalar-mix .* needs a model that has heads reading one "
                                           "stack's states .*" + refusal("scalar-mix", "Seq2SeqModel", "seq2seq")):
         check_strategy(StrategyConfig(kind="scalar-mix"), seq2seq())
-    check_strategy(StrategyConfig(kind="scalar-mix"), seq2seq(), EncoderStackModel)  # a tagger's encoder alone
+    check_strategy(StrategyConfig(kind="scalar-mix"), seq2seq(), EncoderModel)  # a tagger's encoder alone
     with pytest.raises(ConfigError, match="strategy.kind: lora .*" + refusal("lora", "XLNetModel", "xlnet")):
         check_strategy(StrategyConfig(kind="lora"), xlnet())
     with pytest.raises(ConfigError, match="strategy.kind: prefix adapts transformer blocks, which the model "

@@ -13,7 +13,8 @@ from bertology.embeddings import embed
 from bertology.model import load
 from bertology.model.checkpoint import Pretrained
 from bertology.model.heads import HeadSpec
-from bertology.model.transformer import DecoderModel, EncoderStackModel, TransformerConfig
+from bertology.model.encoder import EncoderModel
+from bertology.model.transformer import DecoderModel, TransformerConfig
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from finetune_helpers import BAD, FILL, GOOD, cue_sentence, family_tokenizer
 
@@ -47,7 +48,7 @@ def set_mix(model) -> torch.Tensor:
     return 1.7 * torch.tensor([0.3, -1.0, 2.0, 0.5]).softmax(0)
 
 
-@pytest.mark.parametrize("cls", [DecoderModel, EncoderStackModel])
+@pytest.mark.parametrize("cls", [DecoderModel, EncoderModel])
 def test_heads_read_the_softmax_weighted_sum_of_every_state(cls):
     model = tiny(cls)
     ids = torch.randint(1, 60, (3, 7))

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from bertology.errors import ConfigError
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, build_head
 from bertology.model.positions import apply_rotary, rotary_tables
-from bertology.model.transformer import EncoderStackModel, TransformerConfig
+from bertology.model.encoder import EncoderModel, TransformerConfig
 
 
 def test_rotary_turns_each_pair_by_its_angle(one_thread):
@@ -57,7 +57,7 @@ def config(**overrides) -> TransformerConfig:
     return TransformerConfig(**values)
 
 
-def reference_stack(model: EncoderStackModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def reference_stack(model: EncoderModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """The stack in float64 with explicit [L, L] masks: rotary on q and k by each layer's base, a window of w
     tokens = |i - j| <= w / 2, pre-norm blocks, GeGLU (act on ffn_gate), no norm before layer 0's attention."""
     c = model.config
@@ -96,7 +96,7 @@ def reference_stack(model: EncoderStackModel, ids: torch.Tensor, mask: torch.Ten
 @pytest.mark.parametrize("windows", [[4, None, 2], [None, None, None], [2, 2, 2]])
 def test_windows_and_rotary_bases_per_layer_match_float64(one_thread, windows):
     torch.manual_seed(0)
-    model = EncoderStackModel(config(attention_window=windows)).eval()
+    model = EncoderModel(config(attention_window=windows)).eval()
     model.init_weights(torch.Generator().manual_seed(1))
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -117,13 +117,13 @@ def test_windows_and_rotary_bases_per_layer_match_float64(one_thread, windows):
 
 
 def test_no_biases_and_no_first_attention_norm():
-    model = EncoderStackModel(config(), [HeadSpec("mlm", "masked_lm")])
+    model = EncoderModel(config(), [HeadSpec("mlm", "masked_lm")])
     names = set(dict(model.named_parameters()))
     assert "encoder.layers.0.attn_norm.weight" not in names
     assert isinstance(model.encoder.layers[0].attn_norm, torch.nn.Identity)
     assert "encoder.layers.1.attn_norm.weight" in names
     assert not [n for n in names if n.endswith(".bias") and n != "heads.mlm.bias"]
-    biased = EncoderStackModel(config(norm_bias=True, head_bias=True), [HeadSpec("mlm", "masked_lm")])
+    biased = EncoderModel(config(norm_bias=True, head_bias=True), [HeadSpec("mlm", "masked_lm")])
     assert "encoder.layers.1.attn_norm.bias" in dict(biased.named_parameters())
     assert "heads.mlm.dense.bias" in dict(biased.named_parameters())
 

@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 from bertology.errors import CheckpointError, ConfigError  # noqa: E402
 from bertology.model import TransformerConfig, load_model, save_model  # noqa: E402
-from bertology.model.transformer import EncoderStackModel  # noqa: E402
+from bertology.model.encoder import EncoderModel  # noqa: E402
 
 TOL = 1e-5
 VOCAB, CLS, SEP, PAD = 97, 1, 2, 0
@@ -102,7 +102,7 @@ def test_load_matches_transformers_and_saves_back(tmp_path, one_thread, suffix, 
     expected = reference_output(ref, suffix, ids, mask)
 
     model = load_model(tmp_path / "hf")
-    assert isinstance(model, EncoderStackModel)
+    assert isinstance(model, EncoderModel)
     assert model.config.family == "modernbert"
     for packed in (True, False):
         ours = our_output(model, suffix, ids, mask, packed)

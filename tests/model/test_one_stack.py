@@ -8,7 +8,6 @@ import torch
 from bertology.model import DecoderModel, EncoderModel, Seq2SeqModel
 from bertology.model.config import TransformerConfig, preset
 from bertology.model.stack import Stack
-from bertology.model.transformer import EncoderStackModel
 
 TINY = dict(vocab_size=40, hidden_size=16, num_layers=4, num_heads=2, intermediate_size=24, hidden_dropout=0.0,
             attention_dropout=0.0)
@@ -18,7 +17,7 @@ def test_every_model_wraps_the_one_stack():
     encoder = EncoderModel(preset("tiny", vocab_size=40))
     decoder = DecoderModel(TransformerConfig.decoder(family="gpt2", **TINY))
     seq2seq = Seq2SeqModel(TransformerConfig.decoder(family="t5", positions="relative", **TINY))
-    alone = EncoderStackModel(TransformerConfig.decoder(family="t5", positions="relative", **TINY))
+    alone = EncoderModel(TransformerConfig.decoder(family="t5", positions="relative", **TINY))
     stacks = [encoder.encoder, decoder.decoder, seq2seq.encoder, seq2seq.decoder, alone.encoder]
     assert all(type(s) is Stack or isinstance(s, Stack) for s in stacks)
     assert encoder.encoder.embeddings is not None and decoder.decoder.embeddings is None

@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model import HeadSpec, Model, Seq2SeqModel, load_model, save_model
 from bertology.model.heads import HeadInputs
-from bertology.model.transformer import EncoderStackModel
+from bertology.model.encoder import EncoderModel
 
 transformers = pytest.importorskip("transformers")
 
@@ -123,7 +123,7 @@ def test_encoder_model_is_an_encoder_stack(tmp_path, projection):
     hf = transformers.T5EncoderModel(t5_config(projection)).eval()
     hf.save_pretrained(tmp_path / "hf")
     ours = load_model(tmp_path / "hf")
-    assert isinstance(ours, EncoderStackModel)
+    assert isinstance(ours, EncoderModel)
     assert not any(name.startswith("decoder.") for name in ours.state_dict())
     src, src_mask, _ = batch()
     real = src_mask[..., None].bool()
@@ -134,7 +134,7 @@ def test_encoder_model_is_an_encoder_stack(tmp_path, projection):
     torch.testing.assert_close(got * real, expected * real, atol=1e-5, rtol=1e-5)
     assert len(states) == 3
     torch.testing.assert_close(states[-1], got)
-    assert isinstance(load_model(tmp_path / "hf", heads=()), EncoderStackModel)  # heads chosen: the class stays
+    assert isinstance(load_model(tmp_path / "hf", heads=()), EncoderModel)  # heads chosen: the class stays
     save_model(ours, tmp_path / "ours")
     config = json.loads((tmp_path / "ours" / "config.json").read_text())
     assert config["architectures"] == ["T5EncoderModel"]
@@ -150,7 +150,7 @@ def test_native_format_rebuilds_an_encoder_stack(tmp_path):
     ours = load_model(tmp_path / "hf")
     save_model(ours, tmp_path / "native", format="native")
     again = load_model(tmp_path / "native")
-    assert isinstance(again, EncoderStackModel)
+    assert isinstance(again, EncoderModel)
     src, src_mask, _ = batch()
     with torch.no_grad():
         torch.testing.assert_close(again(src, src_mask).last_hidden_state, ours(src, src_mask).last_hidden_state)
@@ -242,10 +242,10 @@ def test_an_unsupported_architecture_is_named(tmp_path):
 def test_an_encoder_stack_with_a_head_transformers_lacks_is_saved_natively(tmp_path):
     transformers.T5EncoderModel(t5_config()).save_pretrained(tmp_path / "hf")
     ours = load_model(tmp_path / "hf")
-    with_head = EncoderStackModel(ours.config, [HeadSpec("lm", "tied_lm")])
+    with_head = EncoderModel(ours.config, [HeadSpec("lm", "tied_lm")])
     with_head.load_state_dict(ours.state_dict())
     with pytest.raises(CheckpointError, match=r"no transformers architecture of 't5' has exactly the heads "
-                                              r"\('lm',\) on a 'encoder-stack' model"):
+                                              r"\('lm',\) on a 'encoder' model"):
         save_model(with_head, tmp_path / "hf-only", format="hf")
     save_model(with_head, tmp_path / "auto")
     assert (tmp_path / "auto" / "bertology.json").is_file()
@@ -299,8 +299,8 @@ def test_a_table_whose_models_name_an_unknown_architecture_is_refused():
 
     with pytest.raises(ConfigError, match=r"checkpoint family 't5': models names architecture suffix "
                                           r"'ForEncoding', which architectures lacks"):
-        dataclasses.replace(FAMILY, models={"ForEncoding": "encoder-stack"})
-    assert FAMILY.model_for("EncoderModel") == "encoder-stack" and FAMILY.model_for("Model") == "seq2seq"
+        dataclasses.replace(FAMILY, models={"ForEncoding": "encoder"})
+    assert FAMILY.model_for("EncoderModel") == "encoder" and FAMILY.model_for("Model") == "seq2seq"
 
 
 def test_decoding_step_by_step_with_the_cache_gives_transformers_logits(tmp_path):

@@ -275,7 +275,7 @@ def test_pretrain_recipe_trains_saves_and_resumes_an_xlnet(tmp_path, xlnet_asset
     ({"model": {"family": "bert"}}, ConfigError,
      r"model.family: the xlnet architecture builds xlnet models, not 'bert': bert is a family of the encoder "
      r"architecture \(model: \{architecture: encoder, family: bert"),
-    ({"objectives": {"mlm": {}}}, ConfigError, "objectives.mlm: trains encoder or encoder-stack models, but model.architecture is "
+    ({"objectives": {"mlm": {}}}, ConfigError, "objectives.mlm: trains encoder models, but model.architecture is "
                                                "xlnet"),
     ({"model": {"max_position_embeddings": 64}}, ConfigError,
      r"model.max_position_embeddings: unknown key for the xlnet architecture \(a field of encoder"),

@@ -219,14 +219,14 @@ def test_folded_lora_saves_in_transformers_layout(tmp_path):
 
 def test_a_model_transformers_has_no_class_for_is_named(tmp_path):
     from bertology.model import HeadSpec
-    from bertology.model.transformer import EncoderStackModel
+    from bertology.model.encoder import EncoderModel
     from bertology.peft import peft_architecture
 
     seq2seq = bertology.load(saved_base(tmp_path / "base", "bart", "BartModel")).model
     assert peft_architecture(seq2seq) == "BartModel"
-    encoder = EncoderStackModel(seq2seq.config, [HeadSpec("token_classifier", "token", num_labels=3)])
+    encoder = EncoderModel(seq2seq.config, [HeadSpec("token_classifier", "token", num_labels=3)])
     assert peft_architecture(encoder) is None  # BART's encoder with a token classifier: no transformers class
     apply_lora(encoder, rank=2, alpha=2, targets=("query",))
-    with pytest.raises(ConfigError, match="transformers has no class for this EncoderStackModel with heads "
+    with pytest.raises(ConfigError, match="transformers has no class for this EncoderModel with heads "
                                           "\\['token_classifier'\\]"):
         save_lora_peft(encoder, tmp_path / "a")

@@ -174,7 +174,7 @@ def test_ner_on_gpt2_and_on_barts_encoder(conll, models, tmp_path, style):
     result = finetune(config(conll, models[style], out, task="conll2003", epochs=10, lr=1e-2))
     assert result.best["value"] > 50, result.best  # the name decides its tag
     model = load(out / "model")
-    assert type(model.model).__name__ == ("DecoderModel" if style == "gpt2" else "EncoderStackModel")
+    assert type(model.model).__name__ == ("DecoderModel" if style == "gpt2" else "EncoderModel")
     if style == "gpt2":
         assert json.loads((out / "model" / "config.json").read_text())["architectures"] == \
             ["GPT2ForTokenClassification"]

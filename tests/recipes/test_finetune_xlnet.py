@@ -18,7 +18,7 @@ from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import PairFrame, QAWindows
 from bertology.tasks.sequence import EncodedExamples
-from finetune_helpers import BAD, FILL, GOOD, cue_sentence, key_squad, save_family_model
+from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, save_family_model, strategy_trains_saves_and_predicts
 
 transformers = pytest.importorskip("transformers")
 
@@ -62,12 +62,7 @@ def same_logits_in_transformers(model_dir, hf_class, texts, pairs=None):
 
 
 def test_sst2_reads_the_last_token_and_transformers_gives_the_same_logits(model_dir, tmp_path):
-    rng = np.random.default_rng(0)
-    (tmp_path / "SST-2").mkdir()
-    for split, n in (("train", 160), ("dev", 32)):
-        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
-        (tmp_path / "SST-2" / f"{split}.tsv").write_text(
-            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+    cue_sst2(tmp_path)
     tokenizer = load(model_dir).tokenizer
     encoded = get_task("sst2").encode(tokenizer, get_task("sst2").read(tmp_path / "SST-2" / "dev.tsv"), 64,
                                       train=False)
@@ -157,19 +152,9 @@ def test_squad_learns_and_transformers_simple_qa_gives_the_same_logits(model_dir
 
 @pytest.mark.parametrize("kind", ["adapters", "prefix"])
 def test_adapters_and_prefixes_train_save_and_predict_on_xlnet(model_dir, tmp_path, kind):
-    rng = np.random.default_rng(2)
-    (tmp_path / "SST-2").mkdir()
-    for split, n in (("train", 32), ("dev", 16)):
-        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
-        (tmp_path / "SST-2" / f"{split}.tsv").write_text(
-            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
+    cue_sst2(tmp_path, seed=2, sizes=(("train", 32), ("dev", 16)))
     out = tmp_path / "run"
     run = config(tmp_path, model_dir, out, epochs=1)
     run.strategy.kind = kind
-    result = finetune(run)
-    assert 0 < result.trainable.trainable < result.trainable.total
-    reloaded = load(out / "model")  # bertology's native format: the extensions are rebuilt
-    assert reloaded.model.extensions
-    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
-                 str(tmp_path / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
-    assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
+    strategy_trains_saves_and_predicts(run, tmp_path, tmp_path)
+    assert load(out / "model").model.extensions  # bertology's native format: the extensions are rebuilt

@@ -119,7 +119,7 @@ def test_a_resumed_gpt2_run_is_bitwise_identical(gpt2_assets, tmp_path):
 
 @pytest.mark.parametrize("change,message", [
     ({"data": {"instances": {"kind": "nsp"}}}, "objectives.clm: next-token prediction reads running text"),
-    ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder or encoder-stack models, but model.architecture is decoder"),
+    ({"objectives": {"mlm": {}}}, "objectives.mlm: trains encoder models, but model.architecture is decoder"),
     ({"model": {"architecture": "encoder", "family": "bert"}},
      "objectives.clm: trains decoder models, but model.architecture is encoder"),
     ({"model": {"mem_len": 2}}, r"model.mem_len: unknown key for the decoder architecture \(a field of xlnet"),

@@ -151,7 +151,7 @@ def test_run_config_rules_for_elmo(tmp_path):
         PretrainConfig.from_dict({**good, "model": {"architecture": "elmo", "preset": "mini"}})
     with pytest.raises(ConfigError, match=r"model.elmo: the model section is model: \{architecture: NAME"):
         PretrainConfig.from_dict({**good, "model": {"preset": "tiny", "elmo": {"cell_size": 64}}})
-    with pytest.raises(ConfigError, match="objectives.mlm: trains encoder or encoder-stack models, but model.architecture is elmo"):
+    with pytest.raises(ConfigError, match="objectives.mlm: trains encoder models, but model.architecture is elmo"):
         PretrainConfig.from_dict({**good, "objectives": {"bilm": {}, "mlm": {}}})
 
 

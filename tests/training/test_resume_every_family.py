@@ -56,7 +56,7 @@ FAMILIES: dict[str, tuple[dict, dict, dict, dict]] = {
                 {"electra": {"generator_size": 0.5}}),
     "albert": ({"family": "albert", "embedding_size": 16, "num_layer_groups": 1, "inner_group_size": 1},
                {"kind": "unigram", "style": "bert"}, {"instances": {"kind": "sop"}}, {"mlm": {}, "sop": {}}),
-    "modernbert": ({"architecture": "encoder-stack", "family": "modernbert", "attention_window": [None, 8],
+    "modernbert": ({"architecture": "encoder", "family": "modernbert", "attention_window": [None, 8],
                     "rotary_theta": 160000.0, "rotary_theta_local": 10000.0}, {"kind": "wordpiece"},
                    {"instances": {"kind": "full-sentences"}, "masking": {"mlm_probability": 0.3}}, {"mlm": {}}),
     "elmo": ({"architecture": "elmo", "preset": "tiny", "projection_dim": 16, "cell_size": 32,
@@ -152,6 +152,6 @@ def test_every_tokenizer_kind_and_every_pretraining_family_is_covered():
     # Every architecture a run config builds, and each of its families: DistilBERT is distilled from a teacher
     # model, not pretrained from a corpus alone.
     buildable = [name for name, entry in architectures().items() if entry.run_config is not None]
-    assert set(buildable) == {"encoder", "encoder-stack", "decoder", "seq2seq", "xlnet", "elmo"}
+    assert set(buildable) == {"encoder", "decoder", "seq2seq", "xlnet", "elmo"}
     families = {family for name in buildable for family in architecture_families(name)} | {"elmo"}
     assert families - {"distilbert"} <= set(FAMILIES)

@@ -82,6 +82,13 @@ class TransformerConfig:
     # it through the cache are causal. Training passes its own split (`lm_prefix`).
     prefix_lm: bool = False
     pooler: bool = True  # an encoder model's [CLS] pooler
+    # Where an encoder's input embeddings live: True, in its stack (BERT's layout, `encoder.embeddings.{word,
+    # position, token_type, norm, project}`); False, one token table of the model's (`embeddings`, what an
+    # encoder-decoder shares between its sides: T5's and BART's encoder alone, ModernBERT), the stack adding the
+    # positions and the embedding norm itself (`encoder.embedding_norm`). None: the family's layout (the BERT-family
+    # encoders of ENCODER_FAMILIES the stack's, every other family the model's). Decoders and encoder-decoders always
+    # hold the table in the model.
+    stack_embeddings: bool | None = None
     initializer_range: float = 0.02
     # Heads removed from each layer (layer index -> head indices in the unpruned numbering), as transformers'
     # config.json `pruned_heads` says: those layers' query/key/value and attention output are narrower.
@@ -139,6 +146,10 @@ class TransformerConfig:
             raise ConfigError(
                 f"num_layers {self.num_layers} is not divisible by num_layer_groups {self.num_layer_groups}"
             )
+        if self.stack_embeddings is None:
+            self.stack_embeddings = self.family in ENCODER_FAMILIES
+        elif not isinstance(self.stack_embeddings, bool):
+            raise ConfigError(f"stack_embeddings: expected true, false or null, got {self.stack_embeddings!r}")
         self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
         self.attention_window = self.checked_windows(self.attention_window)
 

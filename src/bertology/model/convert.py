@@ -25,6 +25,7 @@ from bertology.builtins import Registry
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model.config import TransformerConfig
 from bertology.model.encoder import HeadSpec
+from bertology.model.protocol import PRUNES_HEADS
 from bertology.model.registry import model_class, model_name
 
 # --- config keys --------------------------------------------------------------------------------------------------
@@ -463,8 +464,6 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> Transform
                                   f"{family.model_type} models with {key} {value!r}")
     values: dict[str, Any] = {**{k: v for k, v in family.defaults.items() if k != "family"}, **family.fixed}
     used = set()
-    # The family's model prunes heads (the encoders'); every config has the field since the configs are one class.
-    prunable = callable(getattr(model_class(family.model), "prune_heads", None))
     for key in family.config_keys:
         try:
             if hf.get(key.key) is not None:
@@ -477,13 +476,19 @@ def config_from_hf(hf: dict[str, Any], source: str = "config.json") -> Transform
             named = re.match(r"[A-Za-z_]\w*: ", message) is not None
             raise ConfigError(f"{source}: {message if named else f'{key.key}: {message}'}") from None
     try:
-        if "pruned_heads" in hf and (prunable or hf["pruned_heads"]):  # every family's key: {"layer": [heads]}
-            if not prunable:
-                raise ConfigError(f"pruned_heads: {family.model_type} models cannot have pruned heads")
+        # Every family's key ({"layer": [heads]}): pruned heads where the family's model prunes them (the BERT
+        # family's: capability prunes-heads, which its config decides).
+        declared = getattr(model_class(family.model), "config_capabilities", None)
+        if "pruned_heads" in hf and declared is not None:
             values["pruned_heads"] = hf["pruned_heads"] or {}
             used.add("pruned_heads")
+        elif hf.get("pruned_heads"):
+            raise ConfigError(f"pruned_heads: {family.model_type} models cannot have pruned heads")
         extra = {k: v for k, v in hf.items() if k not in used}
-        return family.config_class(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
+        config = family.config_class(family=family.family, extra=extra, **values)  # type: ignore[arg-type]
+        if declared is not None and config.pruned_heads and PRUNES_HEADS not in declared(config):
+            raise ConfigError(f"pruned_heads: {family.model_type} models cannot have pruned heads")
+        return config
     except (ConfigError, TypeError) as error:
         raise ConfigError(f"{source}: {error}") from None
 

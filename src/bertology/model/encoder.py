@@ -1,5 +1,7 @@
-"""The bidirectional transformer encoder: every family (BERT, RoBERTa, XLM-R, ELECTRA, ALBERT, DistilBERT) as the
-one `Stack` (bertology.model.stack) with its own embeddings, plus the [CLS] pooler; post-LayerNorm:
+"""The one bidirectional transformer model, `EncoderModel`: every encoder family (BERT, RoBERTa, XLM-R, ELECTRA,
+ALBERT, DistilBERT, Longformer, ModernBERT) and an encoder-decoder's encoder side alone (T5EncoderModel) as the one
+`Stack` (bertology.model.stack), plus the optional [CLS] pooler. A family is a config (norm placement, positions,
+token types, pooler, where the embeddings live) plus its checkpoint tables; BERT's, post-LayerNorm:
 
     x_0 = LayerNorm(E_word[w] + E_pos[p] + E_type[t])        (then a linear projection if embedding_size != hidden)
     a   = softmax(Q K^T / sqrt(d_k)) V, per head, Q = x W_q, K = x W_k, V = x W_v
@@ -36,6 +38,7 @@ from bertology.model.heads import (
     HeadInputs,
     HeadSpec,
     MaskedLMHead,
+    TiedLMBiasHead,
     activation,
     head_reads,
 )
@@ -82,12 +85,12 @@ def narrowed_linear(linear: nn.Linear, index: Tensor, dim: int) -> nn.Linear:
 
 
 class Encoder(Stack):
-    """An encoder: the one bidirectional `Stack` with its own embeddings (word, position, token type, norm,
-    projection; per-layer windows, ALBERT's shared layers, pruned heads), plus the optional [CLS] pooler. Returns
-    an `EncoderOutput`."""
+    """An encoder: the one bidirectional `Stack` (per-layer windows, ALBERT's shared layers, pruned heads), with its
+    own embeddings (word, position, token type, norm, projection) where the config keeps them in the stack
+    (`stack_embeddings`, BERT's layout), plus the optional [CLS] pooler. Returns an `EncoderOutput`."""
 
     def __init__(self, config: TransformerConfig) -> None:
-        super().__init__(config, embeddings=True, block=EncoderLayer)
+        super().__init__(config, embeddings=bool(config.stack_embeddings), block=EncoderLayer)
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size) if config.pooler else None
 
     def forward(  # type: ignore[override]
@@ -105,10 +108,11 @@ class Encoder(Stack):
         layout: Layout | None = None,
         global_attention_mask: Tensor | None = None,
     ) -> EncoderOutput:
-        """Stack.forward on token ids: `layout` the packing of `attention_mask` built already by the caller,
-        `global_attention_mask` [B, L] a windowed model's global tokens, `last_layer_at` (flat indices into [B * L])
-        where the last layer must run, `head_mask` [layer calls, num_heads] (layer calls = num_layers, times
-        inner_group_size for ALBERT) multiplying each head's output (see Stack.forward)."""
+        """Stack.forward on token ids (on the embedded tokens [B, L, H] when the model holds the token table):
+        `layout` the packing of `attention_mask` built already by the caller, `global_attention_mask` [B, L] a
+        windowed model's global tokens, `last_layer_at` (flat indices into [B * L]) where the last layer must run,
+        `head_mask` [layer calls, num_heads] (layer calls = num_layers, times inner_group_size for ALBERT)
+        multiplying each head's output (see Stack.forward)."""
         out = super().forward(input_ids, attention_mask, token_type_ids=token_type_ids, position_ids=position_ids,
                               output_hidden_states=output_hidden_states, output_attentions=output_attentions,
                               packed=packed, last_layer_at=last_layer_at, head_mask=head_mask, layout=layout,
@@ -120,25 +124,58 @@ class Encoder(Stack):
 
 
 class EncoderModel(BaseModel):
-    """An encoder with zero or more heads. The first head is the primary one: its logits are `output.logits`.
-    Under a scalar mix (`mix`) the heads read it instead of the last layer; the pooler still reads the last layer's
-    [CLS]."""
+    """The one bidirectional model, with zero or more heads: every BERT-family encoder, ModernBERT, and an
+    encoder-decoder's encoder side alone (T5EncoderModel; a tagger fine-tunes BART's or T5's encoder). Its config
+    says what it has: the pooler (`pooler`), token types (`type_vocab_size`), and where the input embeddings are
+    (`stack_embeddings`): in the stack (`encoder.embeddings.*`, BERT's layout) or one token table of the model's
+    (`embeddings`, named as in `Seq2SeqModel`, so that an encoder-decoder's checkpoint loads its encoder into it).
+
+    The first head is the primary one: its logits are `output.logits`. Under a scalar mix (`mix`) the heads read it
+    instead of the last layer; the pooler still reads the last layer's [CLS]."""
 
     config_class = TransformerConfig
-    CAPABILITIES = frozenset({ENCODER, ATTENTIONS, HEAD_MASK, LORA, SCALAR_MIX, BLOCKS})
+    CAPABILITIES = frozenset({ATTENTIONS, LORA, SCALAR_MIX, BLOCKS})
     lora_targets = ("query", "key", "value", "attn_out", "ffn_in", "ffn_gate", "ffn_out")
 
     def conditional_capabilities(self) -> frozenset[str]:
-        config = self.config
-        return frozenset({MASKED_LM} if "mlm" in self.heads else ()) \
+        return self.config_capabilities(self.config) | frozenset({MASKED_LM} if "mlm" in self.heads else ())
+
+    @staticmethod
+    def config_capabilities(config: TransformerConfig) -> frozenset[str]:
+        """What every model of this class with `config` can do beyond CAPABILITIES, whatever its heads: the BERT
+        layout (its stack's own embeddings) gives the `encoder.embeddings` others build on, transformers' head masks
+        and, unwindowed, pruning; a pooler; token types; global tokens where the windows have their projections."""
+        own = bool(config.stack_embeddings)
+        windowed = config.attention_window is not None
+        return frozenset({ENCODER, HEAD_MASK} if own else ()) \
             | frozenset({POOLER} if config.pooler else ()) \
-            | frozenset({TOKEN_TYPES} if config.type_vocab_size else ()) \
-            | frozenset({GLOBAL_TOKENS} if config.attention_window is not None else {PRUNES_HEADS})
+            | frozenset({TOKEN_TYPES} if own and config.type_vocab_size else ()) \
+            | frozenset({GLOBAL_TOKENS} if windowed and config.global_projections else ()) \
+            | frozenset({PRUNES_HEADS} if own and not windowed else ())
 
     def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
         super().__init__(config)
-        self.encoder = Encoder(config)
-        self.init_heads(heads)
+        # Module order is the parameters' initialisation order (init_weights): each layout keeps the one it has had.
+        if config.stack_embeddings:
+            self.encoder = Encoder(config)
+            self.init_heads(heads)
+        else:
+            self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.init_heads(heads)
+            self.encoder = Encoder(config)
+
+    def embedded(self, input_ids: Tensor, token_type_ids: Tensor | None) -> Tensor:
+        """What the stack reads: the token ids where it embeds them itself, else the model's token embeddings
+        (scaled by embedding_scale), after checking the ids; such a model has no token types, so only zeros (or
+        none) are taken (callers that frame a pair pass its segments; the model reads the pair from its
+        separators)."""
+        if self.config.stack_embeddings:
+            return input_ids
+        self.encoder.check_inputs(input_ids)
+        if token_type_ids is not None and input_ids.device.type == "cpu" and bool(token_type_ids.any()):
+            raise InputError("token_type_ids: this model has no token type embeddings; give zeros or none")
+        x = self.embeddings(input_ids)
+        return x * self.config.embedding_scale if self.config.embedding_scale != 1.0 else x
 
     def forward(
         self,
@@ -159,18 +196,20 @@ class EncoderModel(BaseModel):
         """`global_attention_mask` [B, L]: a windowed model's global tokens (see Encoder.forward).
         `masked_positions` [N, 2] (row, column): MLM logits only there ([N, V]), else at every position.
         `layout`: the packing of `attention_mask`, built already by the caller (see Encoder.forward).
-        `head_mask` [layers, heads]: multiplies each head's output (see Encoder.forward).
+        `head_mask` [layers, heads]: multiplies each head's output (see Encoder.forward). `position_ids`: the
+        stack's own embeddings' positions (a model holding the token table counts the mask's real tokens).
 
         `last_layer_at` [N, 2] (row, column), possibly empty: the positions where the caller will read
         `last_hidden_state`. Given it, the last layer runs only at those positions plus the ones the heads read
         (`masked_positions` for a masked-LM head, the first token of every row for the pooler or a first_token head),
         as pretraining wants; `last_hidden_state` is then zero everywhere else. Nothing is pruned (every position is
         computed) when it is None, when a head reads every token (kinds token, token_mlp), when a masked-LM head has
-        no `masked_positions`, when hidden states or attentions are requested, or with `packed=False`."""
+        no `masked_positions`, when hidden states or attentions are requested, with `packed=False`, or where the
+        stack runs its last layer whole (windows, relative or rotary positions: Stack.forward)."""
         flat_at = None if self.mix is not None else self.last_layer_positions(input_ids, masked_positions,
                                                                               last_layer_at)
         out = self.encoder(
-            input_ids,
+            self.embedded(input_ids, token_type_ids),
             attention_mask,
             token_type_ids,
             position_ids,
@@ -185,16 +224,18 @@ class EncoderModel(BaseModel):
         h = self.mixed_states(out, output_hidden_states)
         if self.head_specs:
             self.apply_heads(out, HeadInputs(
-                hidden=h, word_embeddings=self.encoder.embeddings.word.weight,
+                hidden=h, word_embeddings=self.word_embeddings.weight,
                 attention_mask=attention_mask if attention_mask is not None else torch.ones_like(input_ids),
-                pooled=out.pooler_output, masked_positions=masked_positions))
+                pooled=out.pooler_output, masked_positions=masked_positions, input_ids=input_ids,
+                logit_scale=self.config.logit_scale))
         return out
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
-        """The forward's arguments for a training batch: ids, mask, and the segment ids, masked positions and
-        packing (`layout`, set by the trainer on a GPU) when the batch has them."""
+        """The forward's arguments for a training batch: ids, mask, and the segment ids (a model with token types,
+        or the stack's own embeddings, which take them whatever they hold), masked positions and packing (`layout`,
+        set by the trainer on a GPU) when the batch has them."""
         return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                "token_type_ids": getattr(batch, "token_type_ids", None),
+                "token_type_ids": getattr(batch, "token_type_ids", None) if self.config.stack_embeddings else None,
                 "masked_positions": getattr(batch, "masked_positions", None),
                 "layout": getattr(batch, "layout", None)}
 
@@ -205,14 +246,14 @@ class EncoderModel(BaseModel):
                      global_attention_mask: Tensor | None = None) -> tuple[Tensor, ...]:
         """The contextual representations embed and the analyses read: the embedding output, then every layer
         call's output, [B, L, H] each. `global_attention_mask`: a windowed model's global tokens."""
-        out = self.encoder(input_ids, attention_mask, token_type_ids, output_hidden_states=True,
-                           global_attention_mask=global_attention_mask)
+        out = self.encoder(self.embedded(input_ids, token_type_ids), attention_mask, token_type_ids,
+                           output_hidden_states=True, global_attention_mask=global_attention_mask)
         assert out.hidden_states is not None
         return out.hidden_states
 
     @property
     def word_embeddings(self) -> nn.Embedding:
-        return self.encoder.embeddings.word
+        return self.encoder.embeddings.word if self.config.stack_embeddings else self.embeddings
 
     def attention_heads(self) -> tuple[list[list[int]], dict[int, list[int]]]:
         """Per layer call, the heads it has (original numbering), and the pruned heads."""
@@ -227,6 +268,9 @@ class EncoderModel(BaseModel):
         config = self.config
         if config.attention_window is not None:
             raise ConfigError("prune_heads: heads of a windowed model (attention_window) cannot be pruned")
+        if not config.stack_embeddings:
+            raise ConfigError(f"prune_heads: the heads of a {config.family} model cannot be pruned (its checkpoints "
+                              "have no pruned_heads; capability 'prunes-heads')")
         wanted = {int(layer): set(config.pruned_heads.get(int(layer), ())) | {int(h) for h in chosen}
                   for layer, chosen in heads.items()}
         pruned = config.checked_pruned_heads({**config.pruned_heads, **wanted})
@@ -278,7 +322,7 @@ class EncoderModel(BaseModel):
         """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
         init_parameters(self, self.config.initializer_range, generator)
         for head in self.heads.values():
-            if isinstance(head, MaskedLMHead):
+            if isinstance(head, (MaskedLMHead, TiedLMBiasHead)):
                 head.bias.zero_()
 
 
@@ -291,8 +335,7 @@ class StackStates(nn.Module):
         self.encoder = stack
         self.config = stack.config
         self.training = stack.training
-        self.capabilities = frozenset({ENCODER} | ({GLOBAL_TOKENS} if stack.config.attention_window is not None
-                                                   else set()))
+        self.capabilities = EncoderModel.config_capabilities(stack.config) & {ENCODER, GLOBAL_TOKENS}
 
     def layer_states(self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None, *,
                      global_attention_mask: Tensor | None = None) -> tuple[Tensor, ...]:
@@ -301,5 +344,6 @@ class StackStates(nn.Module):
 
 
 def as_model(module: Any) -> Any:
-    """`module` itself, or a bare BERT-family encoder stack in a `StackStates` reading it."""
-    return StackStates(module) if isinstance(module, Encoder) else module
+    """`module` itself, or a bare BERT-family encoder stack (one embedding its tokens itself) in a `StackStates`
+    reading it."""
+    return StackStates(module) if isinstance(module, Encoder) and module.embeddings is not None else module

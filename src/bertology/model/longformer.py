@@ -29,6 +29,7 @@ from bertology.errors import ConfigError, InputError
 from bertology.model.config import TransformerConfig, Family, config_from_dict
 from bertology.model.convert import checkpoint_family
 from bertology.model.encoder import EncoderModel, EncoderOutput
+from bertology.model.protocol import ENCODER, GLOBAL_TOKENS, HEAD_MASK
 
 
 @dataclass
@@ -46,6 +47,8 @@ class LongformerConfig(TransformerConfig):
         super().__post_init__()
         if self.attention_window is None:
             raise ConfigError("attention_window: a Longformer needs a window (an even number per layer)")
+        if not self.stack_embeddings:
+            raise ConfigError("stack_embeddings: a Longformer's embeddings are its stack's (RoBERTa's layout)")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LongformerConfig:
@@ -57,6 +60,8 @@ class LongformerModel(EncoderModel):
 
     config_class = LongformerConfig
     config: LongformerConfig
+    # Every Longformer keeps BERT's layout (its stack's own embeddings) and its windows' global tokens.
+    CAPABILITIES = EncoderModel.CAPABILITIES | {ENCODER, HEAD_MASK, GLOBAL_TOKENS}
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
                 position_ids: Tensor | None = None, *, global_attention_mask: Tensor | None = None,

@@ -53,6 +53,9 @@ def quantize(model: Quantizable, *, inplace: bool = False) -> Quantizable:
         return model if inplace else Pretrained(model=inner, tokenizer=model.tokenizer, directory=model.directory)
     if not isinstance(model, (EncoderModel, Encoder)):
         raise ConfigError(f"quantize needs a Pretrained, EncoderModel or Encoder, got {type(model).__name__}")
+    if not model.config.stack_embeddings:
+        raise ConfigError(f"quantize needs a BERT-family encoder (its stack's own embeddings); this is a "
+                          f"{model.config.family} model")
     _check_int_mm()
     if not inplace:
         model = copy.deepcopy(model)

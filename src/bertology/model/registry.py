@@ -51,9 +51,12 @@ class RunContext:
     segment_stream: bool = False
 
 
-def register_model(name: str, cls: type, config_class: type | None = None) -> None:
+def register_model(name: str, cls: type, config_class: type | None = None,
+                   aliases: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Register `cls` under `name`. Registering the same class again is harmless; another class under a registered
-    name, or a class registered under two names, is a ConfigError."""
+    name, or a class registered under two names, is a ConfigError. `aliases`: names a class went by before, each
+    with the run-config settings it stood for (``{"encoder-stack": {"family": "modernbert"}}``): a bertology.json
+    or a run config naming one builds this class (`registered`, `alias`); saving writes `name`."""
     if not isinstance(name, str) or not name:
         raise ConfigError(f"register_model: the name must be a non-empty string, got {name!r}")
     if not isinstance(cls, type):
@@ -69,6 +72,13 @@ def register_model(name: str, cls: type, config_class: type | None = None) -> No
     for entry in MODELS.values():
         if entry.cls is cls and entry.name != name:
             raise ConfigError(f"register_model: {cls.__name__} is registered already as {entry.name!r}")
+    for old, settings in (aliases or {}).items():
+        if not isinstance(old, str) or not old or old in MODELS or old == name:
+            raise ConfigError(f"register_model({name!r}): alias {old!r} must be a new name")
+        current_alias = ALIASES.get(old)
+        if current_alias is not None and current_alias[0] != name:
+            raise ConfigError(f"register_model: {old!r} is an alias of {current_alias[0]!r} already")
+        ALIASES[old] = (name, dict(settings))
     MODELS[name] = RegisteredModel(name, cls, config_class)
 
 
@@ -86,7 +96,22 @@ MODELS: Registry[RegisteredModel] = Registry("models", register_model)
 RUN_CONFIGS: Registry[Callable[..., Any]] = Registry("run_configs", register_run_config)
 
 
+# An old name -> (the registered name it stands for, the run-config settings it implied); see register_model.
+ALIASES: dict[str, tuple[str, dict[str, Any]]] = {}
+
+
+def alias(name: Any) -> tuple[str, dict[str, Any]] | None:
+    """(the registered name, the settings it implies) when `name` is an old name of a registered model, else None."""
+    if not isinstance(name, str) or name in MODELS:  # the lookup registers the built-ins, and their aliases
+        return None
+    return ALIASES.get(name)
+
+
 def registered(name: Any) -> RegisteredModel:
+    """The model registered under `name` (or under the name an old alias of it stands for)."""
+    old = alias(name)
+    if old is not None:
+        name = old[0]
     if not isinstance(name, str) or name not in MODELS:
         raise CheckpointError(f"unknown model {name!r}; registered: {', '.join(MODELS) or 'none'}")
     return MODELS[name]

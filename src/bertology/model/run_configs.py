@@ -38,8 +38,7 @@ def architecture_families(name: str) -> tuple[str, ...]:
 
 def default_family(name: str) -> str | None:
     """The family a run of architecture `name` builds when ``model.family`` is unset: its config class's default
-    when that is one of its families, its only family when it has one (encoder-stack: modernbert), else None (the
-    family must be given)."""
+    when that is one of its families, its only family when it has one, else None (the family must be given)."""
     fields = {f.name: f for f in dataclasses.fields(registered(name).config_class)}
     value = fields["family"].default if "family" in fields else None
     families = architecture_families(name)
@@ -134,8 +133,8 @@ def _fresh(name: str, settings: Mapping[str, Any], preset: str | None, run: RunC
 
 
 def encoder_config(settings: Mapping[str, Any], preset: str | None, run: RunContext, base: Any = None) -> Any:
-    """A bidirectional encoder of the BERT family (bert unless ``model.family`` says otherwise); positions numbered
-    after the padding id (RoBERTa's) get 512 of them unless ``max_position_embeddings`` is set."""
+    """A bidirectional encoder (bert unless ``model.family`` says otherwise: roberta, albert, ..., modernbert);
+    positions numbered after the padding id (RoBERTa's) get 512 of them unless ``max_position_embeddings`` is set."""
     if base is not None:
         return continued_config("encoder", base, settings)
     values = _fresh("encoder", settings, preset, run, {"vocab_size": run.vocab_size, "pad_token_id": run.pad_id})
@@ -143,19 +142,6 @@ def encoder_config(settings: Mapping[str, Any], preset: str | None, run: RunCont
     if values.get("positions_after_padding") and "max_position_embeddings" not in settings:
         values["max_position_embeddings"] = 512 + values["pad_token_id"] + 1
     return _make("encoder", values)
-
-
-def encoder_stack_config(settings: Mapping[str, Any], preset: str | None, run: RunContext,
-                         base: Any = None) -> Any:
-    """A bidirectional stack whose model embeds the tokens itself (ModernBERT: ``model.family: modernbert``): the
-    family's facts (pre-norm, no biases, GeGLU, rotary positions), the preset, the tokenizer's ids, the settings."""
-    if base is not None:
-        return continued_config("encoder-stack", base, settings)
-    ids = {"vocab_size": run.vocab_size, "pad_token_id": run.pad_id, "bos_token_id": run.cls_id,
-           "eos_token_id": run.sep_id}
-    values = _fresh("encoder-stack", settings, preset, run, ids)
-    _matches(values, {"vocab_size": run.vocab_size, "pad_token_id": run.pad_id})
-    return _make("encoder-stack", values)
 
 
 def _transformer_config(name: str, settings: Mapping[str, Any], preset: str | None, run: RunContext,

@@ -228,6 +228,9 @@ class Stack(nn.Module):
         if self.config.attention_window is None:
             raise InputError("global_attention_mask: this model attends from every token to every token (it has no "
                              "attention_window); global tokens need a windowed model such as a Longformer")
+        if not self.config.global_projections:
+            raise InputError("global_attention_mask: this model's windows have no global tokens (no global "
+                             "projections: ModernBERT's); global tokens need a windowed model such as a Longformer")
         if global_attention_mask.shape != attention_mask.shape:
             raise InputError(f"global_attention_mask must have the shape of input_ids {tuple(attention_mask.shape)}, "
                              f"got {tuple(global_attention_mask.shape)}")

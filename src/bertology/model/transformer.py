@@ -1,7 +1,8 @@
 """Causal decoders and encoder-decoders as thin wrappers over the one `Stack` (bertology.model.stack): `DecoderModel`
-(GPT-style, a causal stack with a key/value cache), `Seq2SeqModel` (BART/T5-style: a bidirectional and a causal,
-cross-attending stack sharing the model's token table) and `EncoderStackModel` (the bidirectional one alone). A family is a `TransformerConfig` (norm placement and kind, gated or
-dense feed-forward, biases, position kind, embedding scale) plus its checkpoint tables; no family has a class here.
+(GPT-style, a causal stack with a key/value cache) and `Seq2SeqModel` (BART/T5-style: a bidirectional and a causal,
+cross-attending stack sharing the model's token table; its encoder alone is the one bidirectional model,
+bertology.model.encoder.EncoderModel). A family is a `TransformerConfig` (norm placement and kind, gated or dense
+feed-forward, biases, position kind, embedding scale) plus its checkpoint tables; no family has a class here.
 
     x_0 = s * E_word[w] (+ E_pos[p]) (-> Norm if embedding_norm)
     x_l = Block_l(x_{l-1})              causal self-attention (decoder), + cross-attention over the encoder's output
@@ -24,16 +25,15 @@ from bertology.errors import ConfigError, InputError
 from bertology.model.base import BaseModel
 from bertology.model.blocks import KVCache, init_parameters
 from bertology.model.config import DEFAULT_ROTARY_THETA, TransformerConfig  # noqa: F401  (the family tables')
+from bertology.model.encoder import EncoderModel
 from bertology.model.heads import HeadInputs, HeadSpec, MaskedLMHead, TiedLMBiasHead
 from bertology.model.packing import Layout
 from bertology.model.protocol import (
-    ATTENTIONS,
     BLOCKS,
     DECODER_ONLY,
     ENCODER_DECODER,
     GENERATES,
     LORA,
-    MASKED_LM,
     SCALAR_MIX,
     check_id_range,
 )
@@ -289,56 +289,6 @@ class Seq2SeqModel(TransformerModel):
         return out
 
 
-class EncoderStackModel(TransformerModel):
-    """An encoder-decoder's encoder side alone (T5EncoderModel): the token embeddings and a bidirectional `Stack`,
-    named as in `Seq2SeqModel`, so that a seq2seq checkpoint's encoder loads into it; also a bidirectional encoder of
-    its own (ModernBERT), fill-mask with its masked-LM head."""
-
-    CAPABILITIES = TransformerModel.CAPABILITIES | {SCALAR_MIX, ATTENTIONS}
-
-    def conditional_capabilities(self) -> frozenset[str]:
-        return frozenset({MASKED_LM}) if "mlm" in self.heads else frozenset()
-
-    def attention_heads(self) -> tuple[list[list[int]], dict[int, list[int]]]:
-        """Per layer call, the heads it has (every head: this stack prunes none), and no pruned heads."""
-        return [list(range(self.config.num_heads)) for _ in self.encoder.plan], {}
-
-    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec] = ()) -> None:
-        super().__init__(config, heads)
-        self.encoder = Stack(config)
-
-    def blocks(self) -> list[nn.Module]:
-        return list(self.encoder.layers)
-
-    def forward_inputs(self, batch: Any) -> dict[str, Any]:
-        return {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask,
-                "masked_positions": getattr(batch, "masked_positions", None),
-                "layout": getattr(batch, "layout", None)}
-
-    def layer_states(self, input_ids: Tensor, attention_mask: Tensor,
-                     token_type_ids: Tensor | None = None) -> tuple[Tensor, ...]:
-        """The embedding output, then every block's (the last after the final norm), [B, L, H] each."""
-        return self(input_ids, attention_mask, token_type_ids,  # type: ignore[return-value]
-                    output_hidden_states=True).hidden_states
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                token_type_ids: Tensor | None = None, *, masked_positions: Tensor | None = None,
-                output_hidden_states: bool = False, packed: bool = True, last_layer_at: Tensor | None = None,
-                layout: Layout | None = None, output_attentions: bool = False) -> ModelOutput:
-        """`token_type_ids`: the stack has no token types, so only zeros (or none) are taken (callers that frame a
-        pair pass its segments; the model reads the pair from its separators). `last_layer_at` (the Model
-        protocol's): every position is computed. `layout`: the packing of `attention_mask`, built already."""
-        check_ids(input_ids, self.config.vocab_size)
-        if token_type_ids is not None and input_ids.device.type == "cpu" and bool(token_type_ids.any()):
-            raise InputError("token_type_ids: this model has no token type embeddings; give zeros or none")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        hidden, states, attentions = self.encoder(
-            self.embed(input_ids), attention_mask, packed=packed, layout=layout, output_attentions=output_attentions,
-            output_hidden_states=output_hidden_states or self.mix is not None)
-        out = ModelOutput(last_hidden_state=hidden, hidden_states=states, attentions=attentions)
-        self.run_heads(out, attention_mask, masked_positions, hidden=self.mixed_states(out, output_hidden_states))
-        return out
-
-
-Seq2SeqModel.encoder_alone = EncoderStackModel  # a tagger fine-tunes an encoder-decoder's encoder alone
+# A tagger fine-tunes an encoder-decoder's encoder alone: the one bidirectional model, holding the token table as the
+# encoder-decoder does (its config's stack_embeddings is false), so that the checkpoint's encoder loads into it.
+Seq2SeqModel.encoder_alone = EncoderModel

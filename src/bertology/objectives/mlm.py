@@ -93,8 +93,8 @@ class MaskedLM(Objective):
     """MLM on the ``mlm`` head. Stats: ``mlm_units`` (selected tokens), ``mlm_loss_sum``, ``mlm_correct``."""
 
     static_shapes: ClassVar[bool] = True  # padded targets (label IGNORE) take no loss and count no unit
-    # The models it trains (bertology.model.registry): the encoders, and a bidirectional stack alone (ModernBERT)
-    trains: ClassVar[tuple[str, ...]] = ("encoder", "encoder-stack")
+    # The models it trains (bertology.model.registry): the encoders (the BERT family, ModernBERT)
+    trains: ClassVar[tuple[str, ...]] = ("encoder",)
     weight: float = 1.0
     activation: str | None = None  # of the head's transform; None: the model's hidden_act (set by the recipe)
     name: str = "mlm"

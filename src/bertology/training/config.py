@@ -50,6 +50,7 @@ from bertology.data.multilingual import MultilingualConfig
 from bertology.data.span_corruption import SpanCorruptionConfig
 from bertology.errors import ConfigError
 from bertology.model.config import PRESET_SIZES
+from bertology.model.registry import alias
 
 
 def architectures() -> dict[str, Any]:
@@ -92,6 +93,10 @@ class ModelConfig:
                               f"section's level with the architecture they belong to (e.g. model: {{architecture: "
                               f"{'elmo' if old[0] == 'elmo' else 'xlnet' if old[0] == 'xlnet' else 'encoder'}, "
                               f"preset: tiny, ...}})")
+        renamed = alias(self.architecture)  # an old name: the architecture it is now, with what it implied
+        if renamed is not None:
+            self.architecture = renamed[0]
+            self.settings = {**renamed[1], **self.settings}
         if self.architecture is not None and self.architecture not in known:
             raise ConfigError(f"model.architecture: unknown architecture {self.architecture!r}"
                               f"{suggest(self.architecture, known)}{known_keys(known)}")

@@ -1,7 +1,8 @@
-"""ModernBERT (Warner et al. 2024): transformers' ModernBert* classes, built as an `EncoderStackModel` over the
-shared parts: pre-norm blocks, LayerNorms and linear layers without biases, a GeGLU feed-forward, rotary positions
-with one base for the global layers and another for the windowed ones, every `global_attn_every_n_layers`-th layer
-global (transformers' `layer_types`) and the others a window of `local_attention` tokens (a query at i sees the keys
+"""ModernBERT (Warner et al. 2024): transformers' ModernBert* classes, built as an `EncoderModel` holding its token
+table (`stack_embeddings` false: the table is `embeddings`, as an encoder-decoder's) over the shared parts: pre-norm
+blocks, LayerNorms and linear layers without biases, a GeGLU feed-forward, rotary positions with one base for the
+global layers and another for the windowed ones, every `global_attn_every_n_layers`-th layer global (transformers'
+`layer_types`) and the others a window of `local_attention` tokens (a query at i sees the keys
 i - local_attention / 2 .. i + local_attention / 2, as transformers' masks and its flash call do), a norm after the
 embeddings, none before layer 0's attention, a final norm.
 
@@ -23,7 +24,7 @@ from typing import Any
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Split, Tie, WeightEntry, linear, \
     renamed_keys
-from bertology.model.transformer import DEFAULT_ROTARY_THETA, TransformerConfig
+from bertology.model.config import DEFAULT_ROTARY_THETA, TransformerConfig
 
 GLOBAL, WINDOWED = "full_attention", "sliding_attention"
 # ModernBertConfig's defaults, for keys a config.json leaves out.
@@ -40,7 +41,7 @@ OLD_THETA_KEYS = {GLOBAL: "global_rope_theta", WINDOWED: "local_rope_theta"}
 FIXED = {"positions": "rotary", "norm": "layernorm", "pre_norm": True, "embedding_norm": True, "final_norm": True,
          "gated_ffn": True, "bias": False, "norm_bias": False, "first_attention_norm": False, "head_bias": False,
          "embedding_scale": 1.0, "logit_scale": 1.0, "type_vocab_size": 0, "pooler": False,
-         "global_projections": False}
+         "global_projections": False, "stack_embeddings": False}
 # Variants bertology does not build: a CheckpointError names the key when config.json says otherwise.
 REQUIRED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False, "classifier_bias": False,
             "decoder_bias": True, "classifier_activation": "gelu", "tie_word_embeddings": True}
@@ -166,6 +167,11 @@ def prediction(kind: str) -> Head:
                 unbiased=("dense", "norm"))
 
 
+def run_defaults(values: Mapping[str, Any], run: Any) -> dict[str, Any]:
+    """A ModernBERT pretrained from scratch: its begin and end ids are the tokenizer's opening and closing tokens."""
+    return {"bos_token_id": run.cls_id, "eos_token_id": run.sep_id}
+
+
 FAMILY = CheckpointFamily(
     model_type="modernbert",
     class_stem="ModernBert",
@@ -189,7 +195,8 @@ FAMILY = CheckpointFamily(
     },
     fixed={**DEFAULTS, **FIXED},
     required=REQUIRED,
-    model="encoder-stack",
+    model="encoder",
     config_class=TransformerConfig,
     word_embeddings="embeddings.weight",
+    run_defaults=run_defaults,
 )

@@ -1,4 +1,5 @@
-"""T5: transformers' T5Model, T5ForConditionalGeneration (a Seq2SeqModel) and T5EncoderModel (an EncoderStackModel).
+"""T5: transformers' T5Model, T5ForConditionalGeneration (a Seq2SeqModel) and T5EncoderModel (an EncoderModel holding
+the token table, as the Seq2SeqModel does: `stack_embeddings` false).
 
 v1.0 has a ReLU feed-forward (`DenseReluDense.wi`), v1.1 a gated-GELU one (`wi_0` the gated branch, our `ffn_gate`;
 `wi_1` our `ffn_in`). The language-model head is tied to `shared` and reads the decoder output scaled by
@@ -150,7 +151,7 @@ FAMILY = CheckpointFamily(
     model="seq2seq",
     config_class=TransformerConfig,
     defaults=DECODER_DEFAULTS,
-    models={"EncoderModel": "encoder-stack"},
+    models={"EncoderModel": "encoder"},
     word_embeddings="embeddings.weight",
     run_defaults=run_defaults,
 )

@@ -353,3 +353,20 @@ def test_instruction_tuning_runs_end_to_end_and_scores_every_task(tmp_path, styl
     assert result.dev_metrics == pytest.approx(result.best["scores"])
     reloaded = load(out / "model")
     assert lm_head(reloaded.model.config).name in reloaded.model.heads
+
+
+def test_a_decoder_without_an_eos_id_ends_its_responses_with_the_tokenizers_end_of_text(mixture, tmp_path):
+    task, glue = mixture
+    gpt2 = save_family_model(tmp_path / "gpt2", "gpt2", PROMPTS + TARGETS)
+    pretrained = load(gpt2)
+    pretrained.model.config.eos_token_id = None  # as bertology's own GPT-2 pretraining leaves it
+    bound = task.for_model(pretrained.model)
+    tokenizer = pretrained.tokenizer
+    end = tokenizer.token_to_id("<|endoftext|>")
+    assert bound.end_id(tokenizer) == end == tokenizer.pad_id
+    examples = task.read(task.path(glue, "dev"), limit=2)
+    source = bound.encode(tokenizer, examples, 96, train=False)
+    batch = source.inner.collate(np.arange(len(examples)))
+    for row, example in enumerate(examples):
+        response = [t for t in batch.labels[row].tolist() if t != -100]
+        assert response == tokenizer.encode(" " + example.target, add_special_tokens=False).ids + [end]

@@ -42,8 +42,9 @@ order shuffled anew each epoch (cycled when a small task is drawn more often tha
 **The loss on the target only.** An encoder-decoder (T5, BART) reads the prompt in its encoder; its decoder learns
 the target (``bertology.tasks.text_to_text``: teacher forcing, the cross-entropy at the target's tokens and its
 EOS). A decoder (GPT-2) reads ``prompt + " " + target + EOS`` as one sequence (the prompt and the response
-tokenised apart, so the boundary is exact); the prompt's positions are labelled -100: only the positions that
-predict a response token or the EOS carry loss (``ResponseBatch``). A prompt too long for the model keeps its end.
+tokenised apart, so the boundary is exact; EOS: the model's eos_token_id, else the tokenizer's end-of-text token);
+the prompt's positions are labelled -100: only the positions that predict a response token or the EOS carry loss
+(``ResponseBatch``). A prompt too long for the model keeps its end.
 
 **Evaluation.** Every dev example is answered by greedy generation (a decoder: after its prompt, up to the first
 EOS or line break), read back as the task's prediction (a label word, a number, an answer, entities) and scored
@@ -750,15 +751,22 @@ class InstructionTask:
                               f"T5, BART); the model ({model_kind(model)}) is neither")
         if DECODER_ONLY in kinds:
             eos = model.config.eos_token_id
-            if eos is None:
-                raise ConfigError("eos_token_id is not set in the model's config: a decoder's response ends with it")
-            return InstructionTask(self.config, self.source, "decoder", eos_id=int(eos))
+            return InstructionTask(self.config, self.source, "decoder", eos_id=None if eos is None else int(eos))
         return InstructionTask(self.config, self.source, "seq2seq", start_id=start_token(model))
 
     def _bound(self) -> str:
         if self.mode is None:
             raise ConfigError(f"{self.name}: the instruction task is not bound to a model yet (for_model)")
         return self.mode
+
+    def end_id(self, tokenizer: Tokenizer) -> int:
+        """What ends a decoder's response: the model's eos_token_id, else the tokenizer's separator, else its pad
+        token (GPT-2's <|endoftext|> is both its padding and the end of a text)."""
+        for value in (self.eos_id, tokenizer.framing.sep_id, tokenizer.pad_id):
+            if value is not None:
+                return int(value)
+        raise ConfigError("a decoder's response ends with an end-of-text token: the model's config has no "
+                          "eos_token_id and the tokenizer no separator or padding token")
 
     def heads(self, config: Any) -> list[HeadSpec]:
         return [lm_head(config)]
@@ -780,8 +788,7 @@ class InstructionTask:
         prompts = [e.prompt for e in examples]
         targets = [e.target for e in examples] if labelled else None
         if self._bound() == "decoder":
-            assert self.eos_id is not None
-            return PromptResponses(tokenizer, prompts, targets, max_length=max_length, eos_id=self.eos_id,
+            return PromptResponses(tokenizer, prompts, targets, max_length=max_length, eos_id=self.end_id(tokenizer),
                                    max_new_tokens=max_new_tokens, shuffle=shuffle, seed=seed)
         assert self.start_id is not None
         return TextPairs(tokenizer, prompts, targets, max_length=max_length, start_id=self.start_id,

@@ -176,6 +176,8 @@ def test_a_task_without_data_and_a_bad_jsonl_record_are_errors_naming_where(tmp_
     (tmp_path / "notes-train.jsonl").write_text('{"instruction": "x", "output": "y"}\n{"instruction": "x"}\n')
     with pytest.raises(DataError, match=r"notes-train.jsonl:2: 'output': a non-empty string is required"):
         task.read(task.path(str(tmp_path / "glue"), "train"))
+    with pytest.raises(ConfigError, match=r"an instruction task reads the tasks its file names, not .*dev.tsv"):
+        task.read(tmp_path / "glue" / "RTE" / "dev.tsv")
 
 
 # ------------------------------------------------------------------------------------------------ mixing

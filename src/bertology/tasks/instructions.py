@@ -733,6 +733,9 @@ class InstructionTask:
     def read(self, path: Path, limit: int | None = None) -> list[InstructionExample]:
         """The examples of a split (``path`` from ``path``; a plain path: the dev split with each task's own
         data): train, every mixture task's (never a held-out one's); dev, every task's. ``limit``: per task."""
+        if Path(path).resolve() != self.source.resolve():
+            raise ConfigError(f"{self.source}: an instruction task reads the tasks its file names, not {path} (to "
+                              "predict a file of one task, use that task: --task sst2, squad, ...)")
         split = getattr(path, "split", "dev")
         data = getattr(path, "data", None)
         names = self.mixture if split == "train" else [*self.mixture, *self.heldout]

@@ -371,56 +371,35 @@ def heldout(name: str) -> dict:
     return evals[-1] if evals else {}
 
 
-PROMPT = "{text} it was"  # SST-2 prompted: the label word the language model finds likelier next
-LABEL_WORDS = (" bad", " good")  # SST-2's labels 0 and 1, one token each in the decoders' BPE
-SHOTS = 4  # labelled training phrases before each dev phrase, drawn anew for each seed (two of each label)
+PROMPT = "{text} it was [MASK] ."  # SST-2 prompted: the label word the language model finds likelier at [MASK]
+VERBALIZER = {"bad": "0", "good": "1"}  # SST-2's labels 0 and 1, one token each (with their space) in the BPE
+SHOTS = 4  # labelled training phrases before each dev phrase, one set drawn per seed
 
 
 def prompt_all(args: argparse.Namespace) -> None:
     """The decoders prompted as language models on SST-2's dev phrases, zero-shot and with SHOTS demonstrations
-    (seeds 0, 1, 2), no training: a phrase is classified by the likelier of LABEL_WORDS after PROMPT. A prefix LM
-    reads the prompt as its prefix (its `prefix_lm` setting)."""
-    import random
-
+    (seeds 0, 1, 2), no training: `bertology prompt`'s protocol (bertology.tasks.prompting), a phrase classified by
+    the likelier of VERBALIZER's words at PROMPT's [MASK]. A prefix LM reads the prompt as its prefix (its
+    `prefix_lm` setting)."""
     import torch
 
     from bertology.model import load
-    from bertology.tasks.readers import read_glue
+    from bertology.tasks.prompting import PromptSetup, prompt_evaluate
 
     torch.set_num_threads(SUITE.threads)
-    train = list(read_glue("sst2", DATA / "glue" / "SST-2" / "train.tsv"))
-    dev = list(read_glue("sst2", DATA / "glue" / "SST-2" / "dev.tsv"))
-    by_label = {label: [e for e in train if e.label == label] for label in ("0", "1")}
+    setup = PromptSetup("sst2", PROMPT, VERBALIZER)
+    train_path = DATA / "glue" / "SST-2" / "train.tsv"
+    train, dev = setup.glue.read(train_path), setup.glue.read(DATA / "glue" / "SST-2" / "dev.tsv")
     rows = []
     for name in args.only or ["clm", "prefixlm"]:
         pretrained = load(RUNS / name / "model")
-        model, tokenizer = pretrained.model.eval(), pretrained.tokenizer
-        words = [tokenizer.encode(word).ids for word in LABEL_WORDS]
-        if any(len(ids) != 1 for ids in words):
-            raise SystemExit(f"{name}: the label words {LABEL_WORDS} are not one token each ({words})")
-        for shots, seed in [(0, 0), *((SHOTS, seed) for seed in args.seeds)]:
-            rng = random.Random(seed)
-            correct = 0
-            for start in range(0, len(dev), 32):
-                texts = []
-                for example in dev[start:start + 32]:
-                    shown = [*rng.sample(by_label["0"], shots // 2), *rng.sample(by_label["1"], shots // 2)]
-                    rng.shuffle(shown)
-                    context = "".join(PROMPT.format(text=e.text.strip()) + LABEL_WORDS[int(e.label)] + ". "
-                                      for e in shown)
-                    texts.append(context + PROMPT.format(text=example.text.strip()))
-                encoded = [tokenizer.encode(text).ids[-model.config.max_length:] for text in texts]
-                width = max(map(len, encoded))  # left-padded: every prompt ends at the last column
-                ids = torch.tensor([[tokenizer.pad_id] * (width - len(e)) + e for e in encoded])
-                mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-                with torch.no_grad():
-                    last = torch.stack([torch.arange(len(texts)), torch.full((len(texts),), width - 1)], 1)
-                    logits = model(ids, mask, masked_positions=last).logits
-                choice = logits[:, [words[0][0], words[1][0]]].argmax(1).tolist()
-                correct += sum(c == int(e.label) for c, e in zip(choice, dev[start:start + 32]))
-            row = {"model": name, "shots": shots, "seed": seed, "accuracy": 100 * correct / len(dev)}
-            print(json.dumps(row), flush=True)
-            rows.append(row)
+        for shots in (0, SHOTS):
+            result = prompt_evaluate(pretrained.model, pretrained.tokenizer, setup, train, dev, shots=shots,
+                                     seeds=args.seeds, train_path=train_path)
+            for run in result["per_seed"]:
+                row = {"model": name, "shots": shots, "seed": run["seed"], "accuracy": run["accuracy"]}
+                print(json.dumps(row), flush=True)
+                rows.append(row)
     with (RUNS / "prompt.jsonl").open("w") as f:
         f.writelines(json.dumps(row) + "\n" for row in rows)
 

@@ -17,7 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "select, optim, run, speed sections) and --set key=value.",
     )
     parser.add_argument("--task", required=True,
-                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad")
+                        help="sst2, cola, mrpc, rte, stsb (GLUE), conll2003 (NER), conll2003-spans, squad, or the path of a "
+                        "task file or an instructions file (several tasks as instructions: docs/INSTRUCTIONS.md)")
     parser.add_argument("--model", required=True, metavar="DIR", help="the model directory to fine-tune")
     parser.add_argument("--out", required=True, metavar="DIR", help="the run's output directory")
     parser.add_argument("--data", metavar="DIR", help="the task's data: the GLUE folder (holding SST-2/, CoLA/, ...), "

@@ -31,6 +31,7 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "t5": "t5",
     "xlnet": "xlnet",
     "modernbert": "bert",
+    "deberta-v2": "bert",
 }
 
 # tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.

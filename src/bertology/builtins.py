@@ -86,6 +86,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("gpt2", "bertology.tokenization.framing:GPT2", {}),
         ("t5", "bertology.tokenization.framing:T5", {}),
         ("xlnet", "bertology.tokenization.framing:XLNET", {}),
+        ("deberta", "bertology.tokenization.framing:DEBERTA", {}),
     ),
     # bertology.model.extensions.EXTENSIONS: a factory that add_extension plugs in and bertology.json records
     # (register_extension).

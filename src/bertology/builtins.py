@@ -76,6 +76,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("xlnet", "bertology.model.families.xlnet:FAMILY", {}),
         ("longformer", "bertology.model.families.longformer:FAMILY", {}),
         ("modernbert", "bertology.model.families.modernbert:FAMILY", {}),
+        ("deberta-v2", "bertology.model.families.deberta_v2:FAMILY", {}),
     ),
     # bertology.tokenization.framing.FRAMINGS: a tokenizer's style (register_framing).
     "framings": (
@@ -85,6 +86,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("gpt2", "bertology.tokenization.framing:GPT2", {}),
         ("t5", "bertology.tokenization.framing:T5", {}),
         ("xlnet", "bertology.tokenization.framing:XLNET", {}),
+        ("deberta", "bertology.tokenization.framing:DEBERTA", {}),
     ),
     # bertology.model.extensions.EXTENSIONS: a factory that add_extension plugs in and bertology.json records
     # (register_extension).

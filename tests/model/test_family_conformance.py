@@ -53,6 +53,11 @@ TINY = {
                                                         global_attn_every_n_layers=3, max_position_embeddings=64,
                                                         pad_token_id=0, bos_token_id=1, cls_token_id=1,
                                                         eos_token_id=2, sep_token_id=2, attn_implementation="eager"),
+    # DeBERTa-v3's settings: shared position keys, 4 log buckets a side up to distance 8 (rows of 12 reach beyond)
+    "deberta-v2": lambda: transformers.DebertaV2Config(**SMALL, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                                                       position_buckets=4, max_relative_positions=8,
+                                                       share_att_key=True, norm_rel_ebd="layer_norm",
+                                                       position_biased_input=False, type_vocab_size=0),
 }
 LENGTHS = [12, 7, 12, 4]
 LOGIT_FIELDS = ("logits", "prediction_logits", "seq_relationship_logits", "sop_logits", "start_logits", "end_logits")

@@ -159,7 +159,7 @@ def test_features_that_need_a_token_the_framing_lacks(tmp_path: Path) -> None:
 
 
 def test_bad_framings() -> None:
-    with pytest.raises(ConfigError, match="Framing.style: expected one of 'bert', .*'xlnet', got 'elmo'"):
+    with pytest.raises(ConfigError, match="Framing.style: expected one of 'bert', .*'xlnet', 'deberta', got 'elmo'"):
         Framing(1, 2, 0, 3, style="elmo")
     with pytest.raises(ConfigError, match="Framing.cls_id: the xlnet framing places a cls token, got None"):
         Framing(None, 2, 0, 3, style="xlnet")

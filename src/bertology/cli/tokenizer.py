@@ -33,9 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--overwrite", action="store_true",
                        help="replace the tokenizer of an existing model directory (its weights depend on it)")
     add_corpus_arguments(train)
-    train.add_argument("--style", choices=("bert", "roberta", "gpt2", "bart", "t5"), default=None,
+    train.add_argument("--style", choices=("bert", "roberta", "gpt2", "bart", "t5", "deberta"), default=None,
                        help="special-token style (default: bert for wordpiece, roberta otherwise): bpe also as gpt2 "
-                       "or bart, unigram as bert (ALBERT) or t5 (</s> after each text, <pad>, sentinels)")
+                       "or bart, unigram as bert (ALBERT), t5 (</s> after each text, <pad>, sentinels) or deberta "
+                       "(DeBERTa-v3: [CLS] A [SEP] B [SEP], [PAD] 0)")
     train.add_argument("--sentinels", type=int, default=None, metavar="N",
                        help="t5 style: N sentinel tokens <extra_id_0> ... <extra_id_N-1> at the end of the vocabulary "
                        "(default 100, as T5)")

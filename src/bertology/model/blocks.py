@@ -67,6 +67,8 @@ class BlockSpec:
     global_projections: bool = False  # Longformer: the global tokens' rows attend with projections of their own
     norm_bias: bool = True  # the LayerNorms' biases (ModernBERT has none)
     attention_norm: bool = True  # False (pre-norm only): no norm before the attention, an identity in `attn_norm`
+    # DeBERTa's projections of the relative-position embeddings of their own: "key" (pos_key), "query" (pos_query)
+    relative_projections: tuple[str, ...] = ()
 
 
 def norm_layer(kind: str, width: int, eps: float, bias: bool = True) -> nn.Module:
@@ -97,6 +99,8 @@ class Block(nn.Module):
             self.key = nn.Linear(hidden, width, bias=attention_bias)
             self.value = nn.Linear(hidden, width, bias=attention_bias)
             self.attn_out = nn.Linear(width, hidden, bias=attention_bias)
+            for side in spec.relative_projections:  # DeBERTa's, read by its score provider
+                setattr(self, f"pos_{side}", nn.Linear(hidden, width, bias=attention_bias))
             if spec.global_projections:
                 self.query_global = nn.Linear(hidden, width, bias=attention_bias)
                 self.key_global = nn.Linear(hidden, width, bias=attention_bias)

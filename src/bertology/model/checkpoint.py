@@ -103,7 +103,7 @@ def hf_layout_problem(model: Model) -> str | None:
     if getattr(config, "embedding_size", None) is not None and not projects:
         return f"it projects its embeddings (embedding_size), which transformers' {name} models do not"
     for spec in model.head_specs:
-        head = family.heads.get(spec.name)
+        head = family.heads_of(config).get(spec.name)
         if head is None:
             return f"transformers' {name} models have no head named {spec.name!r}"
         head = head.variant(spec.kind) or head
@@ -266,6 +266,8 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     config = config_from_hf(hf, str(config_path))
     weights = read_weights(directory)
     check_depth(declared_depths(family, hf), len(weights), str(config_path), weight_file_name(directory))
+    if family.check_weights is not None:
+        family.check_weights(config, weights, str(config_path))
     prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
     architectures = hf.get("architectures") or [family.class_stem + "Model"]
     if not isinstance(architectures, list):

@@ -15,15 +15,17 @@ from typing import Any, Literal
 from bertology.errors import ConfigError
 
 Family = Literal["bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert", "longformer", "transformer", "modernbert",
-                 "gpt2", "t5", "bart"]
+                 "gpt2", "t5", "bart", "deberta-v2"]
 # The encoder families (bidirectional, BERT's layout of parameters) and the decoder and encoder-decoder ones.
 ENCODER_FAMILIES: tuple[str, ...] = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert",
                                      "longformer")
-FAMILIES: tuple[str, ...] = (*ENCODER_FAMILIES, "transformer", "gpt2", "t5", "bart", "modernbert")
+FAMILIES: tuple[str, ...] = (*ENCODER_FAMILIES, "transformer", "gpt2", "t5", "bart", "modernbert", "deberta-v2")
 ACTIVATIONS: tuple[str, ...] = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast", "relu", "silu", "swish", "tanh")
 PositionKind = Literal["learned", "sinusoidal", "relative", "rotary", "none"]
 POSITION_KINDS = ("learned", "sinusoidal", "relative", "rotary", "none")
 DEFAULT_ROTARY_THETA = 10000.0
+# DeBERTa's disentangled attention terms (`pos_att_type`): content-to-position and position-to-content.
+RELATIVE_TERMS = ("c2p", "p2c")
 
 
 @dataclass
@@ -101,6 +103,22 @@ class TransformerConfig:
     # The heads' dense layer before their norm (masked-LM transform, prediction heads) has a bias
     head_bias: bool = True
     classifier_pooling: Literal["cls", "mean"] = "cls"  # what a "prediction_pooled" sentence head reads
+    # DeBERTa's disentangled attention (bertology.model.disentangled): with `relative_attention`, a table of
+    # relative-position embeddings (2 x span rows: span = position_buckets when positive, else
+    # max_relative_positions, itself max_position_embeddings when not positive), layer-normed when `relative_norm`,
+    # projected per layer by the block's key / query projections (`share_att_key`) or by its own `pos_key` /
+    # `pos_query`, and the terms of `pos_att_type` ("c2p", "p2c") added to the scores. The attention scale is
+    # 1 / sqrt(head_dim x (1 + number of terms)) whenever terms are named (as transformers scales them).
+    relative_attention: bool = False
+    pos_att_type: tuple[str, ...] = ()
+    position_buckets: int = -1  # log-bucketed distances (positive: the buckets on each side), else exact ones
+    max_relative_positions: int = -1
+    share_att_key: bool = False
+    relative_norm: bool = False
+    # DeBERTa-v2's convolution beside layer 0 (conv_kernel_size > 0): LayerNorm(layer 0's output + act(conv(x_0)))
+    conv_kernel_size: int = 0
+    conv_groups: int = 1
+    conv_act: str = "tanh"
     # Keys of the published config.json that bertology does not use, kept so that a saved checkpoint round-trips.
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -141,6 +159,64 @@ class TransformerConfig:
             )
         self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
         self.attention_window = self.checked_windows(self.attention_window)
+        self.check_relative_terms()
+
+    def check_relative_terms(self) -> None:
+        """DeBERTa's settings: known terms, a span the buckets fit in, a convolution's width."""
+        terms = self.pos_att_type
+        if isinstance(terms, str):
+            terms = [t.strip() for t in terms.lower().split("|") if t.strip()]
+        if not isinstance(terms, (list, tuple)) or not all(isinstance(t, str) for t in terms):
+            raise ConfigError(f"pos_att_type: expected a list of {', '.join(RELATIVE_TERMS)}, got {terms!r}")
+        unknown = [t for t in terms if t not in RELATIVE_TERMS]
+        if unknown:
+            raise ConfigError(f"pos_att_type: unknown entry {unknown[0]!r}; expected any of {', '.join(RELATIVE_TERMS)} "
+                              "(content-to-position, position-to-content)")
+        self.pos_att_type = tuple(dict.fromkeys(terms))
+        for name in ("position_buckets", "max_relative_positions", "conv_kernel_size", "conv_groups"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"{name}: expected a whole number, got {value!r}")
+        if self.relative_attention and self.position_buckets > 0:
+            if self.position_buckets > self.relative_distance:
+                raise ConfigError(f"position_buckets: {self.position_buckets} buckets on each side for relative "
+                                  f"distances up to {self.relative_distance} (max_relative_positions): the buckets "
+                                  "must not outnumber the distances they bucket")
+            if self.position_buckets < 2:
+                raise ConfigError(f"position_buckets: expected at least 2 buckets, got {self.position_buckets}")
+        if self.conv_kernel_size < 0 or (self.conv_kernel_size and self.conv_kernel_size % 2 == 0):
+            raise ConfigError(f"conv_kernel_size: expected 0 (no convolution) or an odd width, got "
+                              f"{self.conv_kernel_size}")
+        if self.conv_kernel_size and (self.conv_groups <= 0 or self.hidden_size % self.conv_groups):
+            raise ConfigError(f"conv_groups: {self.conv_groups} does not divide hidden_size {self.hidden_size}")
+        if self.conv_kernel_size and self.conv_act not in ACTIVATIONS:
+            raise ConfigError(f"conv_act: unknown activation {self.conv_act!r}; expected one of {', '.join(ACTIVATIONS)}")
+
+    @property
+    def relative_distance(self) -> int:
+        """The largest relative distance DeBERTa's table tells apart (max_relative_positions, or the absolute
+        positions' count when that is not positive)."""
+        return self.max_relative_positions if self.max_relative_positions > 0 else self.max_position_embeddings
+
+    @property
+    def learned_positions(self) -> bool:
+        """Whether the model has a learned table of absolute positions."""
+        return self.positions == "learned"
+
+    @property
+    def relative_key_projection(self) -> bool:
+        """Whether DeBERTa's layers project the relative positions' keys with a projection of their own."""
+        return self.relative_attention and not self.share_att_key and "c2p" in self.pos_att_type
+
+    @property
+    def relative_query_projection(self) -> bool:
+        """Whether DeBERTa's layers project the relative positions' queries with a projection of their own."""
+        return self.relative_attention and not self.share_att_key and "p2c" in self.pos_att_type
+
+    @property
+    def relative_span(self) -> int:
+        """Half the rows of DeBERTa's relative-position table: the buckets on each side, else the distance."""
+        return self.position_buckets if self.position_buckets > 0 else self.relative_distance
 
     @classmethod
     def decoder(cls, **values: Any) -> TransformerConfig:

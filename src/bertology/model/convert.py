@@ -297,6 +297,12 @@ class CheckpointFamily:
     # (bertology.model.registry.RunContext), such as T5's d_kv or BART's decoder start; the architecture's run-config
     # builder applies them to the fields the run config does not set.
     run_defaults: Callable[[Mapping[str, Any], Any], Mapping[str, Any]] | None = None
+    # The heads as one config's checkpoints store them, where that depends on the config (DeBERTa's two masked-LM
+    # layouts, its pooler's activation): config -> name -> Head, the names and kinds those of `heads`; None: `heads`.
+    config_heads: Callable[[Any], Mapping[str, Head]] | None = None
+    # A check of the stored weights against the config read from `source` (config.json), before the model is built:
+    # (config, weights, source) -> None, raising a ConfigError that names the key the weights disagree with.
+    check_weights: Callable[[Any, Mapping[str, Tensor], str], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):
@@ -325,6 +331,10 @@ class CheckpointFamily:
                 raise ConfigError(f"{where}: models names architecture suffix {suffix!r}, which architectures lacks")
         if "Model" not in self.architectures:
             raise ConfigError(f"{where}: architectures has no 'Model' entry (the base model without heads)")
+
+    def heads_of(self, config: Any) -> Mapping[str, Head]:
+        """The heads as `config`'s checkpoints store them (`config_heads`, else `heads`)."""
+        return self.config_heads(config) if self.config_heads is not None else self.heads
 
     @property
     def key_names(self) -> frozenset[str]:
@@ -561,7 +571,7 @@ def bound_entries(config: TransformerConfig, heads: tuple[HeadSpec, ...], prefix
             out.append(Bound(tuple(n.format(**names) for n in entry.ours),
                              tuple(base + n.format(**names) for n in entry.theirs), entry.transform))
     for spec in heads:
-        head = family.heads.get(spec.name)
+        head = family.heads_of(config).get(spec.name)
         if head is None:
             raise CheckpointError(f"family {family.model_type!r} has no head named {spec.name!r} in transformers' "
                                   "format")
@@ -683,7 +693,7 @@ def head_specs(family: CheckpointFamily, config: TransformerConfig, names: tuple
     """The heads `names` as the family stores them; labels counted from the output layer's weight."""
     specs = []
     for name in names:
-        head = family.heads.get(name)
+        head = family.heads_of(config).get(name)
         if head is None:
             raise CheckpointError(f"{source}: {family.model_type} checkpoints have no head {name!r} (heads: "
                                   f"{', '.join(family.heads)})")

@@ -236,14 +236,16 @@ class EncoderModel(BaseModel):
             keep = [position for position, head in enumerate(kept_before) if head not in removed]
             if len(keep) == len(kept_before):
                 continue
-            modules = {name: getattr(layer, name) for name in ("query", "key", "value", "attn_out")}
+            narrowed = ("query", "key", "value") + tuple(  # DeBERTa's relative projections share the heads
+                name for name in ("pos_key", "pos_query") if hasattr(layer, name))
+            modules = {name: getattr(layer, name) for name in (*narrowed, "attn_out")}
             if not all(plain_linear(m) for m in modules.values()) or layer.prefix is not None:
                 raise ConfigError(f"layer {index}: heads cannot be pruned under extensions (LoRA, prefixes); prune "
                                   "before adding them")
             d = layer.head_dim
             columns = torch.tensor([position * d + j for position in keep for j in range(d)], dtype=torch.long,
                                    device=layer.query.weight.device)
-            for name in ("query", "key", "value"):
+            for name in narrowed:
                 setattr(layer, name, narrowed_linear(modules[name], columns, dim=0))
             layer.attn_out = narrowed_linear(modules["attn_out"], columns, dim=1)
             layer.num_heads = len(keep)

@@ -39,6 +39,7 @@ from bertology.model.context import (
     ScoreProvider,
     sliding_window,
 )
+from bertology.model.disentangled import ConvLayer, RelativeTable
 from bertology.model.dropout import fast_dropout
 from bertology.model.packing import Layout
 from bertology.model.positions import (
@@ -55,14 +56,24 @@ def block_spec(config: TransformerConfig, index: int = 0, cross_attention: bool 
     a pruned layer keeps fewer heads of the same size (config.pruned_heads), so its projections are narrower; a
     windowed model's (Longformer's attention_window) has the global tokens' projections unless
     `global_projections` is false (ModernBERT); layer 0 has no attention norm when `first_attention_norm` is false."""
+    spec = {"attention_scale": config.attention_scale, **disentangled_spec(config)}
     return BlockSpec(hidden_size=config.hidden_size, num_heads=config.heads_in_layer(index), head_dim=config.head_dim,
                      intermediate_size=config.intermediate_size, activation=config.hidden_act, norm=config.norm,
                      norm_eps=config.layer_norm_eps, pre_norm=config.pre_norm, gated=config.gated_ffn,
                      bias=config.bias, cross_attention=cross_attention, dropout=config.hidden_dropout,
-                     attention_dropout=config.attention_dropout, attention_scale=config.attention_scale,
-                     activation_dropout=config.activation_dropout,
+                     attention_dropout=config.attention_dropout, activation_dropout=config.activation_dropout,
                      global_projections=config.attention_window is not None and config.global_projections,
-                     norm_bias=config.norm_bias, attention_norm=config.first_attention_norm or index > 0)
+                     norm_bias=config.norm_bias, attention_norm=config.first_attention_norm or index > 0, **spec)
+
+
+def disentangled_spec(config: TransformerConfig) -> dict[str, object]:
+    """DeBERTa's block settings: the scale 1 / sqrt(d (1 + terms)) and the relative projections of its own."""
+    if not config.pos_att_type:
+        return {}
+    own = tuple(side for side, projected in (("key", config.relative_key_projection),
+                                            ("query", config.relative_query_projection)) if projected)
+    return {"attention_scale": (config.head_dim * (1 + len(config.pos_att_type))) ** -0.5,
+            "relative_projections": own}
 
 
 def position_ids_from_mask(attention_mask: Tensor, length: int) -> Tensor:
@@ -150,6 +161,9 @@ class Stack(nn.Module):
         self.relative = (RelativePositionBias(config.num_heads, config.relative_attention_num_buckets,
                                               config.relative_attention_max_distance, bidirectional=not causal)
                          if config.positions == "relative" else None)
+        # DeBERTa's relative-position table and the convolution beside its first layer
+        self.disentangled = RelativeTable(config) if config.relative_attention or config.relative_norm else None
+        self.conv = ConvLayer(config) if config.conv_kernel_size else None
         if causal and config.attention_window is not None:
             raise ConfigError("attention_window: windows are for bidirectional stacks; a causal stack attends to "
                               "every earlier position")
@@ -315,6 +329,9 @@ class Stack(nn.Module):
         if self.relative is not None:  # one table for every layer: packed, the widest row's; padded, the batch's
             scores = (RelativeScores(self.relative, layout.seq_len, layout.seq_len) if layout is not None
                       else RelativeScores(self.relative, length, past + length))
+        if self.disentangled is not None and self.config.relative_attention:  # the rows the longest sequence reaches, projected once a layer call
+            scores = self.disentangled.scores(self.layers, self.plan, layout.seq_len if layout is not None
+                                              else past + length)
         if memory is not None and memory_layout is not None and layout is not None:
             memory = memory_layout.pack(memory)  # once for every layer's cross-attention
         else:
@@ -338,11 +355,15 @@ class Stack(nn.Module):
         # A windowed layer (Longformer) runs whole too.
         prune = (last_layer_at is not None and layout is not None and x.device.type == "cpu" and memory is None
                  and not (output_hidden_states or output_attentions) and not self.windowed and not self.causal
-                 and self.relative is None and self.thetas is None)
+                 and self.relative is None and self.thetas is None and not self.config.relative_attention
+                 and self.conv is None)
         if prune:
             plan = plan[:-1]
+        first_input = x
         for call, index in enumerate(plan):
             x, probs = self.layers[index](x, context.at(call))
+            if call == 0 and self.conv is not None:
+                x = self.conv(first_input, x, layout, key_mask)
             if attentions is not None:
                 attentions.append(probs)  # type: ignore[arg-type]
             if hidden_states is not None:  # one per layer call, as transformers records them (ALBERT groups too)

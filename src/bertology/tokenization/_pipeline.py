@@ -31,6 +31,7 @@ MODEL_TYPE_STYLE: dict[str, str] = {
     "t5": "t5",
     "xlnet": "xlnet",
     "modernbert": "bert",
+    "deberta-v2": "deberta",
 }
 
 # tokenizer_config.json tokenizer_class (without a trailing "Fast") -> style.
@@ -46,6 +47,7 @@ CLASS_STYLE: dict[str, str] = {
     "GPT2Tokenizer": "gpt2",
     "T5Tokenizer": "t5",
     "XLNetTokenizer": "xlnet",
+    "DebertaV2Tokenizer": "deberta",
 }
 
 # A class that makes transformers load tokenizer.json as it is, for pipelines no family class rebuilds.
@@ -95,7 +97,13 @@ TRAINING_SPECIALS: dict[tuple[str, str], list[str]] = {
     ("bpe", "bart"): ["<s>", "<pad>", "</s>", "<unk>", "<mask>"],
     ("unigram", "t5"): ["<pad>", "</s>", "<unk>"],  # then the vocabulary, then the sentinels (<extra_id_0> last)
     ("unigram", "xlnet"): ["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"],  # XLNet's ids 0-6
+    ("unigram", "deberta"): ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"],  # DeBERTa-v3's ids 0-3, then [MASK]
 }
+
+# DeBERTa-v3's normaliser as DebertaV2Tokenizer builds it (after an optional Lowercase): runs of whitespace and
+# newlines or tabs to one space, NFC, trailing whitespace stripped.
+DEBERTA_WHITESPACE = r"\s{2,}|[\n\r\t]"
+
 
 
 def find_components(node: Any, type_name: str) -> list[dict]:
@@ -152,6 +160,13 @@ def transformers_class(state: dict, kind: str, style: str, trim_offsets: bool,
             and _t5_layout(state, sentinels or []):
         # T5Tokenizer builds <pad> 0, </s> 1, <unk> 2 and the sentinels from extra_ids; the vocabulary is the file's.
         return "T5Tokenizer", {"extra_ids": len(sentinels or []), "additional_special_tokens": list(sentinels or [])}
+    if kind == "unigram" and style == "deberta" and pre_types == ["Metaspace"] \
+            and norm_types in (["Replace", "NFC", "Strip"], ["Lowercase", "Replace", "NFC", "Strip"]):
+        metaspace = find_components(pre_tokenizer, "Metaspace")[0]
+        if metaspace.get("replacement", "▁") == "▁" and metaspace.get("prepend_scheme", "always") in (
+                "always", "first"):
+            return "DebertaV2Tokenizer", {"do_lower_case": norm_types[0] == "Lowercase", "split_by_punct": False,
+                                          "add_prefix_space": metaspace.get("prepend_scheme", "always") == "always"}
     if kind == "wordpiece" and style == "bert" and norm_types == ["BertNormalizer"] and pre_types == ["BertPreTokenizer"]:
         if normalizer.get("clean_text", True):
             return "BertTokenizer", {

@@ -18,9 +18,11 @@ bart      as roberta                              as roberta                    
 gpt2      ``A`` (nothing added)                   ``A`` 0, ``B`` 1                            right
 t5        ``A </s>``                              ``A </s> B </s>``, all 0                    right
 xlnet     ``A <sep> <cls>``                       ``A <sep>`` 0, ``B <sep>`` 1, ``<cls>`` 2   left
+deberta   as bert                                 as bert                                     right
 ========  ======================================  ==========================================  =============
 
-ALBERT, ELECTRA and DistilBERT use bert's; XLM-R uses roberta's. T5's sentinels ``<extra_id_0>``,
+ALBERT, ELECTRA and DistilBERT use bert's; XLM-R uses roberta's. deberta frames as bert does; it is a style of
+its own for DeBERTa-v3's SentencePiece vocabulary ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3, its normaliser). T5's sentinels ``<extra_id_0>``,
 ``<extra_id_1>``, ... are found by name (T5 numbers them downward from the end of its vocabulary).
 """
 
@@ -136,6 +138,7 @@ ROBERTA = Layout(
     trims_offsets=True,
 )
 BART = dataclasses.replace(ROBERTA, name="bart")
+DEBERTA = dataclasses.replace(BERT, name="deberta")
 GPT2 = Layout(
     "gpt2",
     single=(("A", 0),),

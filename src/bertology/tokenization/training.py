@@ -1,4 +1,4 @@
-"""Train a WordPiece (BERT), byte-level BPE (RoBERTa, GPT-2, BART) or Unigram (XLM-R, ALBERT, T5) tokenizer from
+"""Train a WordPiece (BERT), byte-level BPE (RoBERTa, GPT-2, BART) or Unigram (XLM-R, ALBERT, T5, DeBERTa-v3) tokenizer from
 corpus files or an iterator of strings."""
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Union
 
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
 from bertology.errors import DataError, TokenizerError
 from bertology.text.corpus import CorpusSource, read_sources
 from bertology.tokenization._pipeline import (
     KINDS,
+    DEBERTA_WHITESPACE,
     TRAINING_SPECIALS,
     SpecialTokenTexts,
     check_choice,
@@ -29,7 +30,7 @@ from bertology.tokenization.unigram import unigram_scores
 
 _DEFAULT_STYLE = {"wordpiece": "bert", "bpe": "roberta", "unigram": "roberta"}
 # The framings a tokenizer is trained for.
-TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "gpt2", "bart", "t5", "xlnet")
+TRAINING_STYLES: tuple[str, ...] = ("bert", "roberta", "gpt2", "bart", "t5", "xlnet", "deberta")
 # Another name of a kind: GPT-2's and BART's byte-level BPE is the bpe kind.
 KIND_ALIASES = {"bytelevel-bpe": "bpe"}
 T5_SENTINELS = 100  # T5's extra_ids
@@ -70,11 +71,12 @@ def train_tokenizer(
     of texts. ``style``: WordPiece is always BERT-style; byte-level BPE is RoBERTa-style by default, "gpt2" (one
     special token, <|endoftext|>, and nothing added around a text) or "bart" (RoBERTa's tokens); Unigram is
     XLM-R-style by default, ALBERT-style with "bert", XLNet-style with "xlnet" (<sep> <cls> at the end, left
-    padding), and T5-style with "t5": SentencePiece's Metaspace, <pad> 0,
+    padding), DeBERTa-v3-style with "deberta" (DebertaV2Tokenizer's normaliser and Metaspace, [PAD] 0, [CLS] 1,
+    [SEP] 2, [UNK] 3, [MASK] 4, cased by default), and T5-style with "t5": SentencePiece's Metaspace, <pad> 0,
     </s> 1 (the EOS after each text), <unk> 2, then the vocabulary, then ``sentinels`` (default 100, T5's
     extra_ids) sentinel tokens <extra_id_0> ... numbered down from the end of the vocabulary (<extra_id_0> has the
     highest id), on top of ``vocab_size``. Saved, transformers' class of the style loads them to the same ids
-    (T5TokenizerFast, GPT2TokenizerFast, BartTokenizerFast). ``lowercase`` defaults to the reference model
+    (T5TokenizerFast, GPT2TokenizerFast, BartTokenizerFast, DebertaV2Tokenizer). ``lowercase`` defaults to the reference model
     of the kind (BERT uncased and ALBERT lower-case; RoBERTa and XLM-R keep case). ``min_frequency`` does not apply
     to Unigram. BPE and WordPiece training are deterministic: the same text gives the same tokenizer in every run
     and process (WordPiece reads the text twice for that: ``_train_wordpiece``), and so is Unigram training: the
@@ -274,9 +276,16 @@ def _pipeline(
             special_tokens=special_list, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
     else:
-        unk = "<unk>"
+        unk = "[UNK]" if style == "deberta" else "<unk>"
         backend = tokenizers.Tokenizer(models.Unigram())
-        if style == "bert":
+        if style == "deberta":  # DebertaV2Tokenizer's pipeline, so that transformers rebuilds it alike
+            steps = [normalizers.Lowercase()] if lowercase else []
+            steps += [normalizers.Replace(Regex(DEBERTA_WHITESPACE), " "), normalizers.NFC(),
+                      normalizers.Strip(left=False, right=True)]
+            backend.normalizer = normalizers.Sequence(steps)
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")])
+        elif style == "bert":
             # ALBERT's normaliser: quotes unified, accents stripped when lower-casing.
             steps = [normalizers.Replace("``", '"'), normalizers.Replace("''", '"')]
             if lowercase:
@@ -284,9 +293,10 @@ def _pipeline(
             backend.normalizer = normalizers.Sequence(steps)
         elif lowercase:
             backend.normalizer = normalizers.Lowercase()
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
-        )
+        if style != "deberta":
+            backend.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")]
+            )
         backend.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
         trainer = trainers.UnigramTrainer(
             vocab_size=vocab_size, show_progress=show_progress, special_tokens=special_list, unk_token=unk,

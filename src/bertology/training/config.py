@@ -154,7 +154,7 @@ class TokenizerConfig:
     path: str | None = None
     kind: Literal["wordpiece", "bpe", "unigram", "word"] = "wordpiece"  # word: whole words (ELMo's softmax)
     vocab_size: int = 8000
-    style: Literal["bert", "roberta", "xlnet", "gpt2", "bart", "t5"] | None = None
+    style: Literal["bert", "roberta", "xlnet", "gpt2", "bart", "t5", "deberta"] | None = None
     lowercase: bool | None = None
     min_frequency: int = 2
     sentinels: int | None = None  # with style t5 (None: T5's 100)

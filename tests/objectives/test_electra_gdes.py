@@ -258,3 +258,33 @@ def test_continuing_a_gdes_run_restores_its_tables(tmp_path):
     for key, value in model.state_dict().items():
         torch.testing.assert_close(value, saved[key], rtol=0, atol=1e-6, msg=key)
     assert isinstance(model.encoder.embeddings.word, GradientDisentangledEmbedding)
+
+
+def test_deberta_v3_tiny_config_runs_a_few_steps(tmp_path):
+    """configs/deberta-v3-tiny.yaml (a DeBERTa generator and discriminator, RTD with GDES, DeBERTa-v3's Unigram
+    tokenizer) for 3 steps on five Brown files: both models written, the discriminator's table the generator's
+    plus a trained E_delta, and DeBERTa-v3's shape."""
+    from pretrain_helpers import run_shipped_config_briefly
+
+    brown = ROOT.parent / "shared" / "data" / "brown-nltk"
+    if not brown.is_dir():
+        pytest.skip(f"the Brown corpus is not at {brown}")
+    out = tmp_path / "run"
+    corpus = [brown / f"ca0{i}" for i in range(1, 6)]
+    assert run_shipped_config_briefly(ROOT / "configs" / "deberta-v3-tiny.yaml", out, corpus, heldout=2) == 0
+    import json
+
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert {"generator_accuracy", "rtd_loss", "rtd_recall"} <= set(rows[-1])
+    disc, gen = bertology.load(out / "model"), bertology.load(out / "generator")
+    config = disc.model.config
+    assert config.family == gen.model.config.family == "deberta-v2"
+    assert config.relative_attention and config.pos_att_type == ("p2c", "c2p") and config.share_att_key
+    assert config.positions == "none" and config.type_vocab_size == 0
+    assert gen.model.config.hidden_size == config.hidden_size // 4
+    assert disc.tokenizer.style == "deberta" and disc.tokenizer.vocab_size == gen.tokenizer.vocab_size
+    assert not any(isinstance(m, GradientDisentangledEmbedding) for m in disc.model.modules())
+    # Only the token table is shared (DeBERTa-v3 has no absolute positions and no token types): the folded table
+    # differs from the generator's by the trained E_delta.
+    word = disc.model.encoder.embeddings.word.weight
+    assert not torch.equal(word, gen.model.encoder.embeddings.word.weight)

@@ -124,6 +124,19 @@ FINETUNE = {  # one recipe per task for every pretrained model; one evaluation, 
 METRIC = {"sst2": "accuracy", "conll2003": "f1", "squad": "f1"}
 
 
+def finetune_recipe(recipe: dict, settings: list[str]) -> dict:
+    """``recipe`` (task -> its fine-tuning settings) with ``TASK.KEY=VALUE`` settings (VALUE read as YAML)."""
+    out = {task: dict(spec) for task, spec in recipe.items()}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        task, dot, name = key.partition(".")
+        if not sep or not dot or task not in out or name not in out[task]:
+            raise SystemExit(f"--finetune-set {setting}: expected TASK.KEY=VALUE with TASK one of {', '.join(out)} "
+                             f"and KEY one of {', '.join(next(iter(out.values())))}")
+        out[task][name] = yaml.safe_load(value)
+    return out
+
+
 def merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
@@ -516,6 +529,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, help="finetune, table: this learning rate for every task instead of "
                                                  "the recipe's (its runs and results kept apart)")
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
+    parser.add_argument("--finetune-set", action="append", default=[], metavar="TASK.KEY=VALUE",
+                        help="finetune: change the suite's fine-tuning recipe for every model of this call (e.g. "
+                             "sst2.limit_train=4000, conll2003.epochs=1); use another --out for another recipe")
     parser.add_argument("--threads", type=int, help="torch threads of every run (pretraining, fine-tuning) instead "
                                                     "of the suite's")
     parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
@@ -526,6 +542,8 @@ def main() -> None:
         SUITE = dataclasses.replace(SUITE, threads=args.threads,
                                     base=merge(SUITE.base, {"speed": {"threads": args.threads}}))
     RUNS = ROOT / (args.out or SUITE.runs)
+    if args.finetune_set:
+        SUITE = dataclasses.replace(SUITE, finetune=finetune_recipe(SUITE.finetune, args.finetune_set))
     args.tasks = args.tasks or list(SUITE.finetune)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if SUITE.threads == 1:

@@ -2,7 +2,8 @@
 the same real-text batches, plus ONNX Runtime and CTranslate2 where they are installed; XLNet (xlnet-tiny,
 xlnet-mini: XLNet of the preset's shape) against transformers' XLNetModel on the same batches, without memory;
 ModernBERT (modernbert-tiny, modernbert-base: random, of ModernBERT-base's published shape) against transformers'
-ModernBertModel (SDPA) on the same batches.
+ModernBertModel (SDPA) on the same batches; DeBERTa-v3 (deberta-tiny, deberta-base: random, of DeBERTa-v3-base's
+published shape and settings) against transformers' DebertaV2Model on the same batches.
 
     python benchmarks/inference.py                       # every model, print the tables
     python benchmarks/inference.py --write               # ... and rewrite the "## Inference" section of RESULTS.md
@@ -44,7 +45,8 @@ from bertology.io import atomic_write  # noqa: E402
 from bertology.model import load_model, preset  # noqa: E402
 from bertology.tokenization import load_tokenizer  # noqa: E402
 
-MODELS = ("tiny", "mini", "small", "base", "minilm", "xlnet-tiny", "xlnet-mini", "modernbert-tiny", "modernbert-base")
+MODELS = ("tiny", "mini", "small", "base", "minilm", "xlnet-tiny", "xlnet-mini", "modernbert-tiny", "modernbert-base",
+          "deberta-tiny", "deberta-base")
 PEER_MODELS = ("base", "minilm")  # ONNX Runtime and CTranslate2 run at these sizes only (export and conversion cost)
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
@@ -72,8 +74,16 @@ def bertology_runner(directory: Path) -> Runner:
 
 
 def transformers_runner(directory: Path) -> Runner:
-    from transformers import BertModel, ModernBertModel, XLNetModel
+    from transformers import BertModel, DebertaV2Model, ModernBertModel, XLNetModel
 
+    if (directory / "deberta").is_file():  # its own attention (no SDPA path): the disentangled terms padded
+        deberta = DebertaV2Model.from_pretrained(directory).eval()
+
+        def run_deberta(b: TextBatch):
+            return deberta(input_ids=b.input_ids, attention_mask=b.attention_mask)
+
+        return Runner("transformers (DebertaV2Model)", run_deberta,
+                      lambda b: real_rows(run_deberta(b).last_hidden_state, b))
     if (directory / "modernbert").is_file():  # its SDPA path: the window as a dense mask
         modern = ModernBertModel.from_pretrained(directory, attn_implementation="sdpa").eval()
 
@@ -169,6 +179,10 @@ def model_directory(name: str, workdir: Path) -> Path:
     """A transformers checkpoint directory: MiniLM's own, or a seeded random BERT preset saved into `workdir`."""
     if name == "minilm":
         return common.minilm_dir()
+    if name.startswith("deberta-"):
+        save_deberta(name.removeprefix("deberta-"), workdir)
+        (workdir / "deberta").touch()  # a mark for transformers_runner
+        return workdir
     if name.startswith("modernbert-"):
         save_modernbert(name.removeprefix("modernbert-"), workdir)
         (workdir / "modernbert").touch()  # a mark for transformers_runner
@@ -213,6 +227,26 @@ def save_modernbert(shape: str, workdir: Path, heads: str = "Model") -> None:
     config = ModernBertConfig(vocab_size=30522, max_position_embeddings=1024, pad_token_id=0, bos_token_id=101,
                               cls_token_id=101, eos_token_id=102, sep_token_id=102, **MODERNBERT_SHAPES[shape])
     getattr(transformers, "ModernBert" + heads)(config).save_pretrained(workdir)
+
+
+# DeBERTa-v3's settings (both terms over 256 log buckets a side up to distance 512, shared position keys, normed
+# relative embeddings, no absolute positions, no token types); base as published (12 layers, hidden 768), tiny the
+# tiny preset's shape.
+DEBERTA_V3 = dict(relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256,
+                  max_relative_positions=-1, max_position_embeddings=512, share_att_key=True,
+                  norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0, layer_norm_eps=1e-7)
+DEBERTA_SHAPES = {"base": dict(num_hidden_layers=12, hidden_size=768, intermediate_size=3072, num_attention_heads=12),
+                  "tiny": dict(num_hidden_layers=2, hidden_size=128, intermediate_size=512, num_attention_heads=2)}
+
+
+def save_deberta(shape: str, workdir: Path, heads: str = "Model") -> None:
+    """A random DeBERTa-v3 of `shape` (seed 0) over the MiniLM tokenizer's vocabulary, saved by transformers."""
+    import transformers
+    from transformers import DebertaV2Config
+
+    torch.manual_seed(0)
+    config = DebertaV2Config(vocab_size=30522, pad_token_id=0, **DEBERTA_V3, **DEBERTA_SHAPES[shape])
+    getattr(transformers, "DebertaV2" + heads)(config).save_pretrained(workdir)
 
 
 def peer_runners(directory: Path, workdir: Path, threads: int) -> tuple[list[Runner], list[str]]:

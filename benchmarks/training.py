@@ -70,7 +70,7 @@ from bertology.training.trainer import Trainer  # noqa: E402
 
 MODELS = ("tiny", "mini", "small")
 OBJECTIVES = ("mlm", "electra", "spanbert", "albert-sop", "xlnet-plm", "gpt2-clm", "t5-spans", "bart-masked",
-              "modernbert-mlm")
+              "modernbert-mlm", "deberta-mlm")
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SEQ_LEN = 128
 LR = 1e-4
@@ -214,7 +214,8 @@ def transformers_step(directory: Path, architecture: str = "BertForMaskedLM", dr
 
     import transformers
 
-    sdpa = {} if architecture.startswith("XLNet") else {"attn_implementation": "sdpa"}  # XLNet: its own attention
+    # XLNet and DeBERTa: their own attention (no SDPA path in transformers)
+    sdpa = {} if architecture.startswith(("XLNet", "DebertaV2")) else {"attn_implementation": "sdpa"}
     model = getattr(transformers, architecture).from_pretrained(directory, **sdpa).to(device).train(dropout)
     optimizer, scheduler = transformers_optimizer(list(model.named_parameters()))
     kind = torch.device(device).type
@@ -1193,6 +1194,56 @@ def write_section(text: str) -> None:
         handle.write(out.rstrip("\n") + "\n")
 
 
+# --- DeBERTa-v3: MLM on the same masked batches against DebertaV2ForMaskedLM -----------------------------------------
+
+
+def deberta_directory(name: str, tokenizer, workdir: Path) -> Path:
+    """A random DebertaV2ForMaskedLM of the preset's width and depth with DeBERTa-v3's settings (both terms over 256
+    log buckets a side up to distance 512, shared position keys, normed relative embeddings, no absolute positions,
+    no token types), seed 0, saved by transformers: both sides start from its weights."""
+    import transformers
+
+    layers, hidden = PRESET_SIZES[name]
+    torch.manual_seed(0)
+    config = transformers.DebertaV2Config(
+        vocab_size=tokenizer.vocab_size, hidden_size=hidden, num_hidden_layers=layers,
+        num_attention_heads=max(1, hidden // 64), intermediate_size=4 * hidden, max_position_embeddings=512,
+        relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=256, max_relative_positions=-1,
+        share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False, type_vocab_size=0,
+        layer_norm_eps=1e-7, pad_token_id=tokenizer.pad_id)
+    directory = workdir / f"{name}-deberta-start"
+    transformers.DebertaV2ForMaskedLM(config).save_pretrained(directory)
+    return directory
+
+
+def measure_deberta(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
+                    workdir: Path) -> list[Row]:
+    directory = deberta_directory(name, tokenizer, workdir)
+    run_config = {"objectives": {"mlm": {}}}
+    rows = []
+    for batches in workload:
+        model = load_model(directory)
+        check = check_steps(pretrain_step(load_model(directory), [MaskedLM()], run_config, workdir,
+                                          "bertology-deberta-check", dropout=False, with_loss=True),
+                            without_token_types(transformers_step(directory, "DebertaV2ForMaskedLM",
+                                                                  dropout=False)), batches)
+        sides = {"bertology": functools.partial(run_pass, pretrain_step(model, [MaskedLM()], run_config, workdir,
+                                                                        "bertology-deberta-run"), batches.ours),
+                 "transformers": functools.partial(run_pass, without_token_types(
+                     transformers_step(directory, "DebertaV2ForMaskedLM")), batches.hf)}
+        seconds = common.interleaved(sides, warmup, repeats)
+        config = model.config
+        flops = train_flops(config, batches)
+        tokens = batches.real_tokens
+        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
+        rows.append(Row(f"deberta-{name} MLM", batches.name, batches.padding_share, ours, theirs,
+                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
+                        executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap, check.optimizer))
+        print(f"  {name:6s} DeBERTa {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
+              f"tok/s  x{ours / theirs:.2f}  ({check})", file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -1208,7 +1259,9 @@ def main() -> int:
                              "against BartForConditionalGeneration; "
                              "xlnet-plm: XLNet's permutation LM (K = 6) on the same rows, against "
                              "XLNetLMHeadModel with the same perm_mask, target_mapping and labels; modernbert-mlm: "
-                             "MLM on a ModernBERT of the preset's width and depth against ModernBertForMaskedLM")
+                             "MLM on a ModernBERT of the preset's width and depth against ModernBertForMaskedLM; "
+                             "deberta-mlm: MLM on a DeBERTa-v3 of the preset's width and depth against "
+                             "DebertaV2ForMaskedLM")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=4, help="batches per timed pass")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per side")
@@ -1282,6 +1335,8 @@ def main() -> int:
                                                Path(tmp), args.seed)
             if "modernbert-mlm" in args.objectives:
                 rows += measure_modernbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+            if "deberta-mlm" in args.objectives:
+                rows += measure_deberta(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
             if "xlnet-plm" in args.objectives:
                 rows += measure_xlnet(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()

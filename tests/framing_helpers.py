@@ -43,12 +43,12 @@ def _byte_level(specials: list[str]) -> tokenizers.Tokenizer:
     return backend
 
 
-def _unigram(specials: list[str]) -> tokenizers.Tokenizer:
+def _unigram(specials: list[str], unk: str = "<unk>") -> tokenizers.Tokenizer:
     backend = tokenizers.Tokenizer(models.Unigram())
     backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Metaspace()])
     backend.decoder = decoders.Metaspace()
     backend.train_from_iterator(TEXTS, trainers.UnigramTrainer(
-        vocab_size=80, special_tokens=specials, unk_token="<unk>", show_progress=False))
+        vocab_size=80, special_tokens=specials, unk_token=unk, show_progress=False))
     return backend
 
 
@@ -66,11 +66,13 @@ def backend(style: str) -> tokenizers.Tokenizer:
         return made
     if style == "xlnet":
         return _unigram(["<unk>", "<s>", "</s>", "<cls>", "<sep>", "<pad>", "<mask>"])
+    if style == "deberta":
+        return _unigram(["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"], unk="[UNK]")
     raise ValueError(style)
 
 
 def kind(style: str) -> str:
-    return {"bert": "wordpiece", "t5": "unigram", "xlnet": "unigram"}.get(style, "bpe")
+    return {"bert": "wordpiece", "t5": "unigram", "xlnet": "unigram", "deberta": "unigram"}.get(style, "bpe")
 
 
 def specials(style: str) -> SpecialTokenTexts:
@@ -91,6 +93,7 @@ def saved(style: str, directory: Path, tokenizer_class: str | None = None) -> Pa
     directory.mkdir(parents=True, exist_ok=True)
     backend(style).save(str(directory / "tokenizer.json"))
     name = tokenizer_class or {"bert": "BertTokenizer", "roberta": "RobertaTokenizer", "bart": "BartTokenizer",
-                               "gpt2": "GPT2Tokenizer", "t5": "T5Tokenizer", "xlnet": "XLNetTokenizer"}[style]
+                               "gpt2": "GPT2Tokenizer", "t5": "T5Tokenizer", "xlnet": "XLNetTokenizer",
+                               "deberta": "DebertaV2Tokenizer"}[style]
     (directory / "tokenizer_config.json").write_text(f'{{"tokenizer_class": "{name}"}}', encoding="utf-8")
     return directory

@@ -26,17 +26,20 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FAMILIES = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "gpt2", "t5", "bart", "xlnet",
-            "longformer", "modernbert", "elmo")
+            "longformer", "modernbert", "deberta-v2", "elmo")
 STYLE = {"bert": "bert", "albert": "bert", "electra": "bert", "distilbert": "bert", "modernbert": "bert",
+         "deberta-v2": "deberta",
          "roberta": "roberta",
          "xlm-roberta": "roberta", "longformer": "roberta", "gpt2": "gpt2", "t5": "t5", "bart": "bart",
          "xlnet": "xlnet"}
 TOKENIZER_CLASS = {"bert": "BertTokenizer", "roberta": "RobertaTokenizer", "bart": "BartTokenizer",
-                   "gpt2": "GPT2Tokenizer", "t5": "T5Tokenizer", "xlnet": "XLNetTokenizer"}
-MASK = {"bert": "[MASK]", "roberta": "<mask>", "bart": "<mask>", "xlnet": "<mask>", "t5": "<extra_id_0>",
+                   "gpt2": "GPT2Tokenizer", "t5": "T5Tokenizer", "xlnet": "XLNetTokenizer",
+                   "deberta": "DebertaV2Tokenizer"}
+MASK = {"bert": "[MASK]", "deberta": "[MASK]", "roberta": "<mask>", "bart": "<mask>", "xlnet": "<mask>", "t5": "<extra_id_0>",
         "gpt2": "<mask>"}
 
-ENCODERS = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "longformer", "modernbert")
+ENCODERS = ("bert", "roberta", "albert", "electra", "distilbert", "xlm-roberta", "longformer", "modernbert",
+            "deberta-v2")
 # (command, family) -> what the refusal must say: the commands a family cannot run, each refused in one line.
 EXPECTED_REFUSALS: dict[tuple[str, str], str] = {
     **{("generate", f): r"generation needs a decoder \(GPT-2\) or an encoder-decoder \(T5, BART\); this is a "
@@ -132,6 +135,11 @@ def build_model(family: str, directory: Path) -> Path:
             max_position_embeddings=66, local_attention=4, global_attn_every_n_layers=2, pad_token_id=ids("[PAD]"),
             bos_token_id=ids("[CLS]"), cls_token_id=ids("[CLS]"), eos_token_id=ids("[SEP]"),
             sep_token_id=ids("[SEP]")))
+    elif family == "deberta-v2":  # v3's settings: 4 log buckets a side, shorter than the texts
+        model = T.DebertaV2ForMaskedLM(T.DebertaV2Config(
+            **small, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=4,
+            max_relative_positions=16, share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+            type_vocab_size=0, pad_token_id=ids("[PAD]")))
     else:
         raise ValueError(family)
     model.eval().save_pretrained(directory)
@@ -399,7 +407,8 @@ def test_wsd(family, models, data_dir, tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------- commands without a model
 
-@pytest.mark.parametrize("kind,style", [("wordpiece", "bert"), ("bpe", "roberta"), ("unigram", "t5")])
+@pytest.mark.parametrize("kind,style", [("wordpiece", "bert"), ("bpe", "roberta"), ("unigram", "t5"),
+                                        ("unigram", "deberta")])
 def test_tokenizer_train_and_data_prepare(kind, style, data, tmp_path, capsys):
     """The tokenizer of each kind, then pretraining shards made with it: each prints its result on stdout."""
     result = check("tokenizer train", kind, run(capsys, "tokenizer", "train", "--kind", kind, "--vocab-size", 400,

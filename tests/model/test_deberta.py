@@ -146,6 +146,18 @@ def test_the_newer_masked_lm_layout_loads_and_saves(tmp_path, one_thread):
     check_round_trip(tmp_path, model, ref, "ForMaskedLM", ids, mask, None, expected)
 
 
+def test_the_poolers_own_activation(tmp_path, one_thread):
+    ref = reference("ForSequenceClassification", pooler_hidden_act="tanh")
+    ref.save_pretrained(tmp_path / "hf")
+    ids, mask, _ = padded_batch()
+    expected = reference_output(ref, "ForSequenceClassification", ids, mask)
+    model = load_model(tmp_path / "hf")
+    assert model.head_specs[0].activation == "tanh"
+    torch.testing.assert_close(our_output(model, "ForSequenceClassification", ids, mask), expected, atol=TOL, rtol=0)
+    check_round_trip(tmp_path, model, ref, "ForSequenceClassification", ids, mask, None, expected)
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["pooler_hidden_act"] == "tanh"
+
+
 def test_masked_positions_and_attentions_match_transformers(tmp_path, one_thread):
     ref = reference("ForMaskedLM")
     ref.save_pretrained(tmp_path / "hf")
@@ -254,5 +266,7 @@ def test_unsupported_settings_are_refused_by_key(tmp_path):
         load_model(write_config(tmp_path / "a", norm_rel_ebd="batch_norm"))
     with pytest.raises(ConfigError, match="config.json: embedding_size: 16 differs from hidden_size 32"):
         load_model(write_config(tmp_path / "b", embedding_size=16))
+    with pytest.raises(ConfigError, match="config.json: pooler_hidden_act: unknown activation 'swiglu'"):
+        load_model(write_config(tmp_path / "c", pooler_hidden_act="swiglu"))
     with pytest.raises(ConfigError, match="conv_kernel_size"):
         TransformerConfig(family="deberta-v2", conv_kernel_size=4)

@@ -48,6 +48,10 @@ def hf_models() -> dict[str, torch.nn.Module]:
             vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=24,
             max_position_embeddings=40, local_attention=4, global_attn_every_n_layers=2, pad_token_id=1,
             bos_token_id=0, cls_token_id=0, eos_token_id=2, sep_token_id=2)),
+        "deberta-v2": t.DebertaV2Model(t.DebertaV2Config(
+            **SMALL, relative_attention=True, pos_att_type=["p2c", "c2p"], position_buckets=4,
+            max_relative_positions=16, share_att_key=True, norm_rel_ebd="layer_norm", position_biased_input=False,
+            type_vocab_size=0)),
     }
 
 

@@ -173,6 +173,12 @@ FAMILIES = {  # transformers classes, extra config, (task_type, target_modules, 
                               {"local_attention": 4, "global_attn_every_n_layers": 2, "pad_token_id": 0,
                                "bos_token_id": 2, "cls_token_id": 2, "eos_token_id": 3, "sep_token_id": 3},
                               ("SEQ_CLS", ["Wqkv"], ["classifier", "head"])),
+    # DeBERTa-v3's settings: LoRA on the shared query projection changes the position-to-content term too
+    "deberta-v2-classifier": ("DebertaV2Config", "DebertaV2ForSequenceClassification",
+                              {"relative_attention": True, "pos_att_type": ["p2c", "c2p"], "position_buckets": 4,
+                               "max_relative_positions": 16, "share_att_key": True, "norm_rel_ebd": "layer_norm",
+                               "position_biased_input": False, "type_vocab_size": 0, "num_labels": 3},
+                              ("SEQ_CLS", ["query_proj", "value_proj"], ["classifier", "pooler"])),
 }
 
 

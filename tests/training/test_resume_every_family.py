@@ -59,6 +59,9 @@ FAMILIES: dict[str, tuple[dict, dict, dict, dict]] = {
     "modernbert": ({"architecture": "encoder-stack", "family": "modernbert", "attention_window": [None, 8],
                     "rotary_theta": 160000.0, "rotary_theta_local": 10000.0}, {"kind": "wordpiece"},
                    {"instances": {"kind": "full-sentences"}, "masking": {"mlm_probability": 0.3}}, {"mlm": {}}),
+    # DeBERTa-v3 from scratch: the family's run defaults (both terms over log buckets, no absolute positions)
+    "deberta-v2": ({"family": "deberta-v2", "position_buckets": 8}, {"kind": "unigram", "style": "deberta"},
+                   {"instances": {"kind": "full-sentences"}}, {"mlm": {}}),
     "elmo": ({"architecture": "elmo", "preset": "tiny", "projection_dim": 16, "cell_size": 32,
               "filters": [[1, 8], [2, 8]], "char_embedding_dim": 4, "max_characters_per_token": 12},
              {"kind": "word", "min_frequency": 1}, {"instances": {"kind": "word-stream", "max_seq_length": 6}},

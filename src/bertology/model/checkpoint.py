@@ -266,8 +266,8 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     config = config_from_hf(hf, str(config_path))
     weights = read_weights(directory)
     check_depth(declared_depths(family, hf), len(weights), str(config_path), weight_file_name(directory))
-    if family.check_weights is not None:
-        family.check_weights(config, weights, str(config_path))
+    if family.check_checkpoint is not None:
+        family.check_checkpoint(config, weights, str(config_path))
     prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
     architectures = hf.get("architectures") or [family.class_stem + "Model"]
     if not isinstance(architectures, list):

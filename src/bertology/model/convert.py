@@ -300,9 +300,10 @@ class CheckpointFamily:
     # The heads as one config's checkpoints store them, where that depends on the config (DeBERTa's two masked-LM
     # layouts, its pooler's activation): config -> name -> Head, the names and kinds those of `heads`; None: `heads`.
     config_heads: Callable[[Any], Mapping[str, Head]] | None = None
-    # A check of the stored weights against the config read from `source` (config.json), before the model is built:
-    # (config, weights, source) -> None, raising a ConfigError that names the key the weights disagree with.
-    check_weights: Callable[[Any, Mapping[str, Tensor], str], None] | None = None
+    # A check of a checkpoint before its model is built: (the config read from `source`, config.json; the stored
+    # weights; source) -> None, raising a ConfigError that names the key (one the weights disagree with, a value the
+    # config keys keep unread in `extra`).
+    check_checkpoint: Callable[[Any, Mapping[str, Tensor], str], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):

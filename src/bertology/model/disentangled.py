@@ -87,7 +87,7 @@ class DisentangledScores:
         weight = relative.table.weight[self.first:last + 1]
         self.table = relative.norm(weight) if relative.norm is not None else weight
         self.projected: dict[int, dict[str, Tensor]] = {}
-        self.indices: dict[tuple[int, int, int, torch.device], Tensor] = {}
+        self.indices: dict[tuple[int, int, int, torch.device], tuple[Tensor, Tensor]] = {}
 
     def projections(self, call: int, like: Tensor) -> dict[str, Tensor]:
         """Layer call `call`'s P_k (c2p) and P_q (p2c), [heads, rows, d] each, once a call (one dropout mask of the
@@ -105,36 +105,51 @@ class DisentangledScores:
             self.projected[call] = out
         return self.projected[call]
 
-    def index(self, num_queries: int, num_keys: int, query_offset: int, device: torch.device) -> Tensor:
-        """[L_q, L_k] rows (relative to the projected run) of query i (at query_offset + i) and key j."""
+    def index(self, num_queries: int, num_keys: int, query_offset: int, device: torch.device
+              ) -> tuple[Tensor, Tensor]:
+        """For query i (at query_offset + i) and key j, in [L_q x L_k] order: the flat positions i x rows + delta(i, j)
+        in the queries' products with P_k and j x rows + delta(i, j) in the keys' with P_q (delta relative to the
+        projected run of rows)."""
         request = (num_queries, num_keys, query_offset, device)
         if request not in self.indices:
-            queries = torch.arange(num_queries)[:, None] + query_offset
+            queries = torch.arange(num_queries)[:, None]
             keys = torch.arange(num_keys)[None, :]
-            rows = relative_index(self.config, queries - keys) - self.first
+            rows = relative_index(self.config, queries + query_offset - keys) - self.first
             if rows.numel() and not (0 <= int(rows.min()) and int(rows.max()) < len(self.table)):
                 raise ValueError(f"{num_queries} queries at offset {query_offset} over {num_keys} keys reach "
                                  "distances beyond the forward's longest sequence")
-            self.indices[request] = rows.to(device)
+            width = len(self.table)
+            self.indices[request] = ((queries * width + rows).flatten().to(device),
+                                     (keys * width + rows).flatten().to(device))
         return self.indices[request]
 
     def bias(self, call: int, q: Tensor, k: Tensor, query_offset: int) -> Tensor:
         num_queries, num_keys = q.shape[-2], k.shape[-2]
         projected = self.projections(call, q)
-        index = self.index(num_queries, num_keys, query_offset, q.device)
+        by_query, by_key = self.index(num_queries, num_keys, query_offset, q.device)
         scale = (q.shape[-1] * (1 + len(self.terms))) ** -0.5
-        score: Tensor | None = None
         batch, heads = q.shape[0], q.shape[1]
+        score: Tensor | None = None
+        # Each term in heads-first order, [heads, N, L_q x L_k]: the queries (keys) of every row against the rows of
+        # P as one product a head (the linear layers' [N, L, heads, d] output read in place), then one gather at
+        # the flat positions (`index`).
         if "c2p" in projected:  # q_i . P_k[delta(i, j)]
-            by_row = q @ projected["c2p"].transpose(-1, -2)  # [N, heads, L_q, rows]
-            score = by_row.gather(-1, index.expand(batch, heads, num_queries, num_keys))
+            by_row = per_head(q) @ projected["c2p"].transpose(-1, -2)  # [heads, N x L_q, rows]
+            score = by_row.view(heads, batch, -1).gather(-1, by_query.expand(heads, batch, -1))
         if "p2c" in projected:  # k_j . P_q[delta(i, j)]
-            by_row = k @ projected["p2c"].transpose(-1, -2)  # [N, heads, L_k, rows]
-            term = by_row.gather(-1, index.t().expand(batch, heads, num_keys, num_queries)).transpose(-1, -2)
+            by_row = per_head(k) @ projected["p2c"].transpose(-1, -2)  # [heads, N x L_k, rows]
+            term = by_row.view(heads, batch, -1).gather(-1, by_key.expand(heads, batch, -1))
             score = term if score is None else score + term
         if score is None:
             return q.new_zeros(())
-        return score * scale
+        return (score * scale).view(heads, batch, num_queries, num_keys).transpose(0, 1)
+
+
+def per_head(t: Tensor) -> Tensor:
+    """[N, heads, L, d] (a transposed view of [N, L, heads, d], as attention's callers make it) as [heads, N x L, d],
+    without a copy when the layout allows it."""
+    heads, dim = t.shape[1], t.shape[-1]
+    return t.transpose(0, 1).reshape(heads, -1, dim)
 
 
 class ConvLayer(nn.Module):

@@ -163,8 +163,13 @@ def config_heads(config: TransformerConfig) -> dict[str, Head]:
     return {**HEADS, "mlm": LEGACY_MLM if legacy is not False else MLM, "classifier": classifier(act)}
 
 
-def check_weights(config: TransformerConfig, weights: Mapping[str, Tensor], source: str) -> None:
-    """The stored relative-position table has the 2 x span rows config.json's buckets (or distances) make."""
+def check_checkpoint(config: TransformerConfig, weights: Mapping[str, Tensor], source: str) -> None:
+    """The pooler's activation is one bertology has; the stored relative-position table has the 2 x span rows
+    config.json's buckets (or distances) make."""
+    try:
+        config_heads(config)
+    except ConfigError as error:
+        raise ConfigError(f"{source}: {error}") from None
     if not config.relative_attention:
         return
     for key in ("encoder.rel_embeddings.weight", "deberta.encoder.rel_embeddings.weight"):
@@ -197,6 +202,6 @@ FAMILY = CheckpointFamily(
     architectures=bert.ARCHITECTURES,
     fixed={**DEFAULTS, **FIXED},
     config_heads=config_heads,
-    check_weights=check_weights,
+    check_checkpoint=check_checkpoint,
     run_defaults=run_defaults,
 )

@@ -1,7 +1,10 @@
 """The pretraining objectives side by side on one budget: MLM, MLM+NSP, MLM+SOP, SpanBERT, ELECTRA and DistilBERT-
 style distillation, each pretraining the same BERT-tiny-sized encoder (2 layers, 128 wide) on the same corpus
 (Gutenberg + Brown, one 8k WordPiece tokenizer, one set of shards) for the same wall-clock budget, then fine-tuned
-the same way on SST-2 and CoNLL-2003 with three seeds each. docs/OBJECTIVES.md holds the results. With
+the same way on SST-2 and CoNLL-2003 with three seeds each. docs/OBJECTIVES.md holds the results. DeBERTa-v3's
+recipes are entries too: `electra-gdes` (ELECTRA with gradient-disentangled embedding sharing), `deberta-mlm`
+(a DeBERTa of the same shape, disentangled attention over relative positions, with MLM) and `deberta-v3` (that
+DeBERTa as ELECTRA's discriminator with GDES). With
 `--suite architectures` the same phases compare an MLM encoder, a GPT-2 causal LM, a prefix LM, T5's span
 corruption and BART's denoising (about 1.5 M parameters each; `prepare` first makes their tokenizers and shards),
 fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md.
@@ -25,6 +28,7 @@ Everything is written under runs/objectives/.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -66,6 +70,15 @@ BASE = {
 
 DROP = object()  # in an objective's settings: leave the base's setting out
 
+ELECTRA = {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}
+ELECTRA_MASKING = {"mask_token_prob": 0.85, "random_token_prob": 0.0}
+# DeBERTa-v3's settings at this size: disentangled attention (content-to-position and position-to-content terms)
+# over log-bucketed relative positions (64 buckets each side for 128 positions, as v3's 256 for 512), keys shared
+# with the content's, a layer-normed relative table, no absolute positions, no token types.
+DEBERTA = {"family": "deberta-v2", "relative_attention": True, "pos_att_type": ["p2c", "c2p"],
+           "position_buckets": 64, "max_relative_positions": -1, "share_att_key": True, "relative_norm": True,
+           "positions": "none", "type_vocab_size": 0}
+
 TEACHER = "teacher"
 RANDOM = "random"
 REFERENCES = [RANDOM, TEACHER]  # fine-tuned beside the objectives: no pretraining, and the distillation teacher
@@ -78,8 +91,18 @@ OBJECTIVES = {
                                       "spans": {"geometric_p": 0.2, "max_words": 10}}},
                  "objectives": {"mlm": {"weight": 1.0}, "span_boundary": {"weight": 1.0, "max_positions": 32}}},
     "electra": {"model": {"family": "electra"},
-                "data": {"masking": {"mask_token_prob": 0.85, "random_token_prob": 0.0}},
-                "objectives": {"electra": {"generator_size": 0.25, "generator_weight": 1.0, "rtd_weight": 50.0}}},
+                "data": {"masking": ELECTRA_MASKING},
+                "objectives": {"electra": ELECTRA}},
+    # The same with DeBERTa-v3's gradient-disentangled embedding sharing instead of ELECTRA's shared embeddings.
+    "electra-gdes": {"model": {"family": "electra"},
+                     "data": {"masking": ELECTRA_MASKING},
+                     "objectives": {"electra": {**ELECTRA, "embedding_sharing": "gdes"}}},
+    # DeBERTa (family deberta-v2) of the same shape with MLM, and DeBERTa-v3's pretraining: ELECTRA's generator
+    # (the same 1/4 width) and replaced-token detection with gradient-disentangled embedding sharing.
+    "deberta-mlm": {"model": DEBERTA},
+    "deberta-v3": {"model": DEBERTA,
+                   "data": {"masking": ELECTRA_MASKING},
+                   "objectives": {"electra": {**ELECTRA, "embedding_sharing": "gdes"}}},
     # Permutation LM (K = 6, whole-word spans of up to 5 words, configs/xlnet-tiny.yaml) on an XLNet of the same
     # shape: relative positions (no position table), its one dropout rate the hidden one.
     "xlnet": {"model": {"architecture": "xlnet", "max_position_embeddings": DROP, "attention_dropout": DROP,
@@ -99,6 +122,19 @@ FINETUNE = {  # one recipe per task for every pretrained model; one evaluation, 
     "conll2003": {"data": DATA / "conll2003", "limit_train": 8000, "epochs": 2, "max_length": 128, "lr": 5e-4},
 }
 METRIC = {"sst2": "accuracy", "conll2003": "f1", "squad": "f1"}
+
+
+def finetune_recipe(recipe: dict, settings: list[str]) -> dict:
+    """``recipe`` (task -> its fine-tuning settings) with ``TASK.KEY=VALUE`` settings (VALUE read as YAML)."""
+    out = {task: dict(spec) for task, spec in recipe.items()}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        task, dot, name = key.partition(".")
+        if not sep or not dot or task not in out or name not in out[task]:
+            raise SystemExit(f"--finetune-set {setting}: expected TASK.KEY=VALUE with TASK one of {', '.join(out)} "
+                             f"and KEY one of {', '.join(next(iter(out.values())))}")
+        out[task][name] = yaml.safe_load(value)
+    return out
 
 
 def merge(base: dict, extra: dict) -> dict:
@@ -267,7 +303,7 @@ def calibrate(args: argparse.Namespace) -> None:
             # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
             pretrain(TEACHER, 1, RUNS / TEACHER)
         out = RUNS / "calibrate" / name
-        pretrain(name, args.calibration_steps, out)
+        pretrain(name, args.calibration_steps, out, args.set)
         measured[name] = seconds_per_step(out / "metrics.jsonl")
         print(f"{name}: {measured[name]:.4f} s/step", flush=True)
     if args.scale_to:
@@ -465,17 +501,28 @@ def main() -> None:
                         help="calibrate: rescale so that NAME's seconds per step are SECONDS (its idle figure)")
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="pretrain: a run-config setting for every run of this call (e.g. optim.lr=3e-3)")
+                        help="calibrate, pretrain: a run-config setting for every run of this call (e.g. "
+                             "optim.lr=3e-3, speed.threads=1)")
     parser.add_argument("--tasks", nargs="*", help="finetune: the tasks (default: the suite's)")
     parser.add_argument("--seeds", nargs="*", type=int, default=list(SEEDS), help="finetune: the seeds")
     parser.add_argument("--lr", type=float, help="finetune, table: this learning rate for every task instead of "
                                                  "the recipe's (its runs and results kept apart)")
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
+    parser.add_argument("--finetune-set", action="append", default=[], metavar="TASK.KEY=VALUE",
+                        help="finetune: change the suite's fine-tuning recipe for every model of this call (e.g. "
+                             "sst2.limit_train=4000, conll2003.epochs=1); use another --out for another recipe")
+    parser.add_argument("--threads", type=int, help="torch threads of every run (pretraining, fine-tuning) instead "
+                                                    "of the suite's")
     parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
                                       "calibrate reads and writes it too")
     args = parser.parse_args()
     SUITE = SUITES[args.suite]
+    if args.threads:
+        SUITE = dataclasses.replace(SUITE, threads=args.threads,
+                                    base=merge(SUITE.base, {"speed": {"threads": args.threads}}))
     RUNS = ROOT / (args.out or SUITE.runs)
+    if args.finetune_set:
+        SUITE = dataclasses.replace(SUITE, finetune=finetune_recipe(SUITE.finetune, args.finetune_set))
     args.tasks = args.tasks or list(SUITE.finetune)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if SUITE.threads == 1:

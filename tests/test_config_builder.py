@@ -129,3 +129,23 @@ def test_decode_text():
     assert decode_text(b"\xef\xbb\xbfa: 1", "f") == "a: 1"
     with pytest.raises(ConfigError, match=r"^f.yaml: not UTF-8 text: byte 4 \(line 2\) is 0xff"):
         decode_text(b"a:\n \xff", "f.yaml")
+
+
+@dataclass
+class Terms:
+    terms: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate(self, "terms")
+
+
+def test_a_tuple_of_any_length():
+    """``tuple[X, ...]`` (DeBERTa's pos_att_type) takes a list of any length from a config file, and one string
+    as a list of one; each entry is checked."""
+    assert from_mapping(Terms, {"terms": ["p2c", "c2p"]}, "model").terms == ("p2c", "c2p")
+    assert from_mapping(Terms, {"terms": []}, "model").terms == ()
+    assert from_mapping(Terms, {"terms": "c2p"}, "model").terms == ("c2p",)
+    with pytest.raises(ConfigError, match=r"model.terms\[1\]: expected str, got int 2"):
+        from_mapping(Terms, {"terms": ["c2p", 2]}, "model")
+    with pytest.raises(ConfigError, match=r"model.terms: expected a list, got int 3"):
+        from_mapping(Terms, {"terms": 3}, "model")

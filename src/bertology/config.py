@@ -217,6 +217,13 @@ def _convert(tp: Any, value: Any, where: str, *, from_text: bool = False, nonfin
             raise wrong
         return [_convert(args[0], v, f"{where}[{i}]", from_text=from_text, nonfinite=nonfinite)
                 for i, v in enumerate(value)]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:  # tuple[X, ...]: any length
+        if isinstance(value, str) and args[0] is str and from_text:
+            return (value,)
+        if not isinstance(value, (list, tuple)):
+            raise wrong
+        return tuple(_convert(args[0], v, f"{where}[{i}]", from_text=from_text, nonfinite=nonfinite)
+                     for i, v in enumerate(value))
     if origin is tuple:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{where}: expected a list of {len(args)} values, got {value!r}")

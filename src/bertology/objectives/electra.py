@@ -6,9 +6,20 @@ token original or replaced.
 
 * The generator is an encoder ``generator_size`` times the discriminator's width (hidden size, feed-forward size;
   ``hidden // 64`` heads, as ELECTRA's ``get_generator_config``) with the discriminator's depth unless
-  ``generator_layers`` says otherwise. It shares the discriminator's token, position and segment embeddings and
-  their LayerNorm; when its width differs from the embedding width it has its own projection (ELECTRA's
-  ``embedding_size``), as transformers' ``ElectraForMaskedLM`` does.
+  ``generator_layers`` says otherwise. When its width differs from the embedding width it has its own projection
+  (ELECTRA's ``embedding_size``), as transformers' ``ElectraForMaskedLM`` does.
+* ``embedding_sharing`` says what the two encoders share of their input embeddings:
+
+  - ``shared`` (ELECTRA): the generator's token, position and segment embeddings and their LayerNorm are the
+    discriminator's (the same modules), updated by both losses;
+  - ``gdes`` (DeBERTa-v3's gradient-disentangled embedding sharing, He et al. 2023): each embedding table of the
+    discriminator (token, position and segment, where both encoders have one) is the generator's with the
+    gradient stopped plus a residual table of its own, ``E_D = sg(E_G) + E_delta``, ``E_delta`` initialised to
+    zero and the generator's tables to the discriminator's initial ones. The MLM loss alone trains ``E_G``, the
+    RTD loss reaches only ``E_delta``; each encoder has its own embedding LayerNorm. The discriminator's state
+    dict holds ``E_G + E_delta`` folded into a plain table (``GradientDisentangledEmbedding``), so its saved
+    checkpoint is an ordinary one; ``E_delta`` itself is kept among this objective's parameters for resuming;
+  - ``none``: nothing shared; the generator has embeddings of its own.
 * Sampling is at temperature 1 from the generator's softmax, with no gradient through it: the discriminator's
   input is the original sequence with every masked position replaced by the sample. A sample equal to the original
   token counts as original (label 0), as in ELECTRA.
@@ -50,6 +61,66 @@ if TYPE_CHECKING:
 
 GENERATOR_DIR = "generator"
 _SAMPLE_TAG = np.uint64(0x656C656374726121)  # separates these streams from masking's
+
+
+EMBEDDING_SHARING = ("none", "shared", "gdes")
+_TABLES = ("word", "position", "token_type")  # the embedding tables gradient-disentangled sharing applies to
+
+
+class GradientDisentangledEmbedding(nn.Module):
+    """An embedding table ``sg(source.weight) + delta``: the lookup of another encoder's table (``source``, an
+    ``nn.Embedding`` trained by its own loss) with the gradient stopped, plus a residual table of its own
+    (``delta``, initialised to zero) that alone receives this encoder's gradient. ``weight`` is the sum (what a
+    tied head reads). In a state dict the module is one plain table: ``<prefix>weight`` = ``source.weight + delta``
+    is written, and loading one sets ``delta`` to the loaded table minus ``source``'s (the checkpoint writers and
+    converters see an ordinary embedding; the exact ``delta`` is restored from the objective's own state)."""
+
+    def __init__(self, source: nn.Embedding) -> None:
+        super().__init__()
+        self._source = (source,)  # not a submodule: the table is the other encoder's, trained and saved with it
+        self.delta = nn.Parameter(torch.zeros_like(source.weight))
+        self.padding_idx = source.padding_idx
+        self.offset = int(getattr(source, "offset", 0))  # LearnedPositions' unused rows
+
+    @property
+    def source(self) -> nn.Embedding:
+        return self._source[0]
+
+    @property
+    def weight(self) -> Tensor:
+        return self.source.weight.detach() + self.delta
+
+    def forward(self, ids: Tensor) -> Tensor:
+        if self.offset:
+            ids = ids + self.offset
+        # Two lookups of the rows read, not the whole sum: the same values (one addition per element either way).
+        return (F.embedding(ids, self.source.weight.detach(), self.padding_idx)
+                + F.embedding(ids, self.delta, self.padding_idx))
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        weight = self.weight
+        destination[prefix + "weight"] = weight if keep_vars else weight.detach()
+
+    def _load_from_state_dict(self, state_dict: Mapping[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: list[str], unexpected_keys: list[str], error_msgs: list[str]) -> None:
+        key = prefix + "weight"
+        if strict:
+            unexpected_keys.extend(k for k in state_dict if k.startswith(prefix) and k != key)
+        if key not in state_dict:
+            if strict:
+                missing_keys.append(key)
+            return
+        value = state_dict[key]
+        if tuple(value.shape) != tuple(self.delta.shape):
+            error_msgs.append(f"size mismatch for {key}: copying a param with shape {tuple(value.shape)}, the "
+                              f"shape in the current model is {tuple(self.delta.shape)}")
+            return
+        with torch.no_grad():
+            self.delta.copy_(value.to(self.delta) - self.source.weight.to(self.delta))
+
+    def extra_repr(self) -> str:
+        rows, width = self.delta.shape
+        return f"{rows}, {width}, sg(source) + delta"
 
 
 def generator_config(discriminator: TransformerConfig, size: float, layers: int | None = None) -> TransformerConfig:
@@ -162,6 +233,7 @@ class Electra(nn.Module, Objective):
     rtd_weight: float = 50.0
     weight: float = 1.0
     seed: int = 0
+    embedding_sharing: str = "shared"  # none | shared (ELECTRA) | gdes (DeBERTa-v3)
     activation: str | None = None  # of the discriminator head; None: the model's hidden_act (set by the recipe)
     name: str = "electra"
 
@@ -184,13 +256,22 @@ class Electra(nn.Module, Objective):
                 raise ConfigError(f"{where}.{key}: must be >= 0, got {getattr(self, key)}")
         if self.seed < 0:
             raise ConfigError(f"{where}.seed: must be >= 0, got {self.seed}")
+        if self.embedding_sharing not in EMBEDDING_SHARING:
+            raise ConfigError(f"{where}.embedding_sharing: must be one of {', '.join(EMBEDDING_SHARING)}, got "
+                              f"{self.embedding_sharing!r}")
         self.generator: EncoderModel | None = None
+        # gdes: the discriminator's residual tables (E_delta), by table name; the same parameters as the model's
+        # GradientDisentangledEmbedding modules, kept here so that checkpoints hold them exactly.
+        self.embedding_deltas = nn.ParameterDict()
         self._replaced: weakref.WeakKeyDictionary[Passes, Replaced] = weakref.WeakKeyDictionary()
 
     # ------------------------------------------------------------------------------------------- the generator
     def attach(self, model: EncoderModel, generator: torch.Generator | None = None) -> EncoderModel:
-        """Build the generator for ``model`` (the discriminator), initialised from ``generator``, and tie its token,
-        position and segment embeddings and their LayerNorm to the discriminator's. Returns the generator."""
+        """Build the generator for ``model`` (the discriminator), initialised from ``generator``, and share their
+        embeddings as ``embedding_sharing`` says (``shared``: the generator's token, position and segment embeddings
+        and their LayerNorm become the discriminator's; ``gdes``: the discriminator's tables become
+        ``GradientDisentangledEmbedding``s of the generator's, which start as copies of the discriminator's).
+        Returns the generator."""
         require(model, ENCODER, "ELECTRA (a generator sharing the discriminator's embeddings)")
         where = f"objectives.{self.name}"
         disc = model.config
@@ -203,9 +284,32 @@ class Electra(nn.Module, Objective):
         gen = EncoderModel(config, (HeadSpec("mlm", "masked_lm", activation="gelu"),))
         gen.init_weights(generator)
         shared, own = model.encoder.embeddings, gen.encoder.embeddings
-        own.word, own.position, own.token_type, own.norm = shared.word, shared.position, shared.token_type, shared.norm
+        if self.embedding_sharing == "shared":
+            own.word, own.position, own.token_type, own.norm = (shared.word, shared.position, shared.token_type,
+                                                                shared.norm)
         self.generator = gen.to(next(model.parameters()).device)
+        if self.embedding_sharing == "gdes":
+            self._disentangle(shared, own)
         return self.generator
+
+    def _disentangle(self, disc: nn.Module, gen: nn.Module) -> None:
+        """GDES: each table the two encoders both have (as embedding tables of the same shape) starts, in the
+        generator, as a copy of the discriminator's initial one, and the discriminator's is replaced by
+        ``sg(generator's) + delta`` with ``delta`` zero (so both start from the same table, as with ``shared``)."""
+        self.embedding_deltas = nn.ParameterDict()
+        for part in _TABLES:
+            ours, theirs = getattr(disc, part, None), getattr(gen, part, None)
+            if isinstance(ours, GradientDisentangledEmbedding):
+                raise ConfigError(f"objectives.{self.name}.embedding_sharing: the model's {part} embeddings are "
+                                  "already shared with a generator (attach once per model)")
+            if (not isinstance(ours, nn.Embedding) or type(ours) is not type(theirs)
+                    or ours.weight.shape != theirs.weight.shape):
+                continue
+            with torch.no_grad():
+                theirs.weight.copy_(ours.weight)
+            table = GradientDisentangledEmbedding(theirs)
+            setattr(disc, part, table)
+            self.embedding_deltas[part] = table.delta
 
     def _gen(self) -> EncoderModel:
         if self.generator is None:
@@ -238,7 +342,8 @@ class Electra(nn.Module, Objective):
 
     def load_with_model(self, model_dir: str | Path) -> bool:
         """Continuing from a model directory (``model.init_from``) of an ELECTRA run: the generator saved beside it
-        (``<model_dir>/../generator``), except the embeddings it shares with the model, which come from the model.
+        (``<model_dir>/../generator``), except the embeddings it shares with the model (``shared``), which come from
+        the model; with ``gdes`` the generator whole, and ``E_delta`` the model's tables minus the generator's.
         False (the fresh generator stays) when there is none."""
         directory = Path(model_dir).parent / GENERATOR_DIR
         if not directory.is_dir():
@@ -253,6 +358,17 @@ class Electra(nn.Module, Objective):
         if differ:
             raise ConfigError(f"objectives.{self.name}.generator_size: the generator saved in {directory} has "
                               f"another shape than this run's ({'; '.join(differ)})")
+        if self.embedding_sharing != "shared":  # the generator's own embeddings too
+            # gdes: the model's tables (E_G + E_delta of the earlier run) stay what they are: E_delta is what they
+            # differ by from the generator's saved E_G
+            tables = gen.encoder.embeddings
+            with torch.no_grad():
+                folded = {part: getattr(tables, part).weight + delta for part, delta in self.embedding_deltas.items()}
+            gen.load_state_dict(saved.state_dict())
+            with torch.no_grad():
+                for part, weight in folded.items():
+                    self.embedding_deltas[part].copy_(weight - getattr(gen.encoder.embeddings, part).weight)
+            return True
         shared = tuple(f"encoder.embeddings.{part}." for part in ("word", "position", "token_type", "norm"))
         own = {k: v for k, v in saved.state_dict().items() if not k.startswith(shared)}
         missing, unexpected = gen.load_state_dict(own, strict=False)

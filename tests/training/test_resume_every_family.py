@@ -151,7 +151,7 @@ def test_every_tokenizer_kind_and_every_pretraining_family_is_covered():
     assert set(TOKENIZER_KIND.values()) == {*KINDS, "word"}
     unigram_styles = {sections[1].get("style", "roberta") for sections in FAMILIES.values()
                       if sections[1]["kind"] == "unigram"}
-    assert unigram_styles == {"roberta", "t5", "xlnet", "bert"}
+    assert unigram_styles == {"roberta", "t5", "xlnet", "bert", "deberta"}
     # Every architecture a run config builds, and each of its families: DistilBERT is distilled from a teacher
     # model, not pretrained from a corpus alone.
     buildable = [name for name, entry in architectures().items() if entry.run_config is not None]

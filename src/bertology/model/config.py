@@ -88,7 +88,7 @@ class TransformerConfig:
     # position, token_type, norm, project}`); False, one token table of the model's (`embeddings`, what an
     # encoder-decoder shares between its sides: T5's and BART's encoder alone, ModernBERT), the stack adding the
     # positions and the embedding norm itself (`encoder.embedding_norm`). None: the family's layout (the BERT-family
-    # encoders of ENCODER_FAMILIES the stack's, every other family the model's). Decoders and encoder-decoders always
+    # encoders of ENCODER_FAMILIES and DeBERTa the stack's, every other family the model's). Decoders and encoder-decoders always
     # hold the table in the model.
     stack_embeddings: bool | None = None
     initializer_range: float = 0.02
@@ -165,7 +165,7 @@ class TransformerConfig:
                 f"num_layers {self.num_layers} is not divisible by num_layer_groups {self.num_layer_groups}"
             )
         if self.stack_embeddings is None:
-            self.stack_embeddings = self.family in ENCODER_FAMILIES
+            self.stack_embeddings = self.family in (*ENCODER_FAMILIES, "deberta-v2")
         elif not isinstance(self.stack_embeddings, bool):
             raise ConfigError(f"stack_embeddings: expected true, false or null, got {self.stack_embeddings!r}")
         self.pruned_heads = self.checked_pruned_heads(self.pruned_heads)
@@ -393,10 +393,10 @@ DECODER_ONLY_FIELDS: tuple[str, ...] = (
 
 def config_to_dict(config: Any) -> dict[str, Any]:
     """A model config dataclass as the native format stores it: every field but `extra` (the unused keys of a
-    published config.json, which only its own format keeps)."""
+    published config.json, which only its own format keeps). Tuples are written as the lists JSON reads back."""
     data = dataclasses.asdict(config)
     data.pop("extra", None)
-    return data
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in data.items()}
 
 
 def config_from_dict(cls: type, data: dict[str, Any], what: str) -> Any:

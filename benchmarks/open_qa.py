@@ -13,9 +13,15 @@ one system is not read again for another (the reader is deterministic), so the s
 
     python benchmarks/open_qa.py --quick                         # 10 questions, an untrained qa head: checks the script
     python benchmarks/open_qa.py --reader runs/reader/model [--model runs/dpr/model ...] [--rerank runs/rerank/model]
-        [--k 3] [--questions 200] [--index-cache runs/] [--threads 1] [--json OUT.json]
+        [--k 3] [--questions 200 | --sample 300 --seed 0] [--shard 0/2] [--index-cache runs/] [--threads 1]
+        [--json OUT.json]
+    python benchmarks/open_qa.py --combine OUT-0.json OUT-1.json     # the table of several shards' questions
 
-`--questions N` keeps the first N held-out questions (file order); `--index-cache DIR` saves each dense index there
+`--questions N` keeps the first N held-out questions (file order), `--sample N --seed S` a random N of them (Python's
+`random.Random(S).sample`, kept in file order); `--shard I/N` then keeps every N-th of those from the I-th, so N
+one-thread processes can share a run, and `--combine` merges their `--json` files into the table of all their
+questions (EM/F1 and hits summed over the shards before the percentages are taken). Recall is given at 1, k and 5
+(the reader reads the first k; the reranked rows' first 5 are the reranker's order of its depth); `--index-cache DIR` saves each dense index there
 and loads it on the next run (the paragraphs are embedded once per model); `--recall-only` measures the retrieval
 (recall@1 and recall@k, the reranker's included) without a reader.
 """
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -50,6 +57,7 @@ from bertology.tasks.metrics import squad_v1  # noqa: E402
 
 SQUAD = DATA / "squad" / "squad-v1.1-dev-part-a.json"
 FIRST = 100  # each retriever's depth under fusion
+RECALL_DEPTH = 5  # recall is reported at 1, k and 5
 
 
 class Cached:
@@ -84,13 +92,50 @@ def answers(cache: Cached, rows: list[list[int]], selection: str = "reader", sco
     return out
 
 
+def recall_ks(k: int) -> list[int]:
+    return sorted({1, k, RECALL_DEPTH})
+
+
 def score_row(name: str, questions, passages, rows: list[list[int]], predicted: list[str], k: int) -> dict:
     official = squad_v1([(q.id, [a.text for a in q.answers]) for q in questions],
                         {q.id: p for q, p in zip(questions, predicted)})
-    ks = sorted({1, k})
+    ks = [j for j in recall_ks(k) if j <= max(len(row) for row in rows)]
     recall = recall_at_k(questions, passages, rows, ks)
+    n = len(questions)
+    # the sums behind the percentages, for --combine
+    sums = {"questions": n, "em_sum": official.exact_match * n / 100, "f1_sum": official.f1 * n / 100,
+            "hits": {str(j): round(recall.recall[j] * n / 100) for j in ks}}
     return {"system": name, **{f"recall@{j}": round(recall.recall[j], 2) for j in ks},
-            "exact_match": round(official.exact_match, 2), "f1": round(official.f1, 2)}
+            "exact_match": round(official.exact_match, 2), "f1": round(official.f1, 2), "sums": sums}
+
+
+def combine(files: list[Path]) -> None:
+    runs = [json.loads(f.read_text()) for f in files]
+    ks = {r["k"] for r in runs}
+    if len(ks) != 1 or len({tuple(row["system"] for row in r["rows"]) for r in runs}) != 1:
+        raise SystemExit("--combine: the files differ in k or in their systems")
+    k = ks.pop()
+    table = []
+    for rows in zip(*(r["rows"] for r in runs)):
+        n = sum(row["sums"]["questions"] for row in rows)
+        merged = {"system": rows[0]["system"]}
+        for j in rows[0]["sums"]["hits"]:
+            merged[f"recall@{j}"] = round(100 * sum(row["sums"]["hits"][j] for row in rows) / n, 2)
+        if all(row["exact_match"] != "-" for row in rows):
+            merged["exact_match"] = round(100 * sum(row["sums"]["em_sum"] for row in rows) / n, 2)
+            merged["f1"] = round(100 * sum(row["sums"]["f1_sum"] for row in rows) / n, 2)
+        merged["questions"] = n
+        table.append(merged)
+    print(f"{len(files)} shards, {table[0]['questions']} questions, k {k}", file=sys.stderr)
+    print_table(table, k)
+
+
+def print_table(table: list[dict], k: int) -> None:
+    keys = ["system", *(f"recall@{j}" for j in recall_ks(k)), "exact_match", "f1"]
+    print("| " + " | ".join(keys) + " |")
+    print("|" + "---|" * len(keys))
+    for r in table:
+        print("| " + " | ".join(str(r.get(key, "-")) for key in keys) + " |")
 
 
 def dense_index(name: str, directory: str, passages, cache: Path | None) -> Index:
@@ -111,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rrf", action="store_true", help="the RRF hybrids too")
     parser.add_argument("--k", type=int, default=3, help="passages read per question")
     parser.add_argument("--questions", type=int, default=None, help="the first N held-out questions only")
+    parser.add_argument("--sample", type=int, default=None, help="a random N of the held-out questions")
+    parser.add_argument("--seed", type=int, default=0, help="--sample's seed")
+    parser.add_argument("--shard", default=None, help="I/N: every N-th question of the run from the I-th")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None,
+                        help="merge these --json files (shards of one run) into one table; nothing is run")
     parser.add_argument("--max-length", type=int, default=256, help="the reader's windows")
     parser.add_argument("--index-cache", type=Path, default=None)
     parser.add_argument("--quick", action="store_true",
@@ -120,6 +170,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None, help="write the rows here too")
     args = parser.parse_args(argv)
+    if args.combine is not None:
+        combine(args.combine)
+        return
+    if args.questions is not None and args.sample is not None:
+        parser.error("--questions and --sample exclude each other")
     if not SQUAD.is_file():
         raise SystemExit(f"{SQUAD} not found (../shared/data is absent)")
     torch.set_num_threads(args.threads)
@@ -127,6 +182,19 @@ def main(argv: list[str] | None = None) -> None:
     questions = squad_questions(SQUAD, "dev")
     if args.questions is not None:
         questions = questions[:args.questions]
+    if args.sample is not None:
+        if not 0 < args.sample <= len(questions):
+            parser.error(f"--sample {args.sample}: there are {len(questions)} held-out questions")
+        kept = sorted(random.Random(args.seed).sample(range(len(questions)), args.sample))
+        questions = [questions[i] for i in kept]
+    if args.shard is not None:
+        try:
+            shard, shards = (int(x) for x in args.shard.split("/"))
+        except ValueError:
+            parser.error(f"--shard {args.shard!r}: give I/N")
+        if not 0 <= shard < shards:
+            parser.error(f"--shard {args.shard}: I must be in 0..N-1")
+        questions = questions[shard::shards]
     if args.quick:
         questions = questions[:10]
         kept = {q.context for q in questions} | {p.text for p in passages[:10]}
@@ -152,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     table: list[dict] = []
 
     def add(name, rows, selection="reader", scores=None, **extra):
+        # rows: each question's first max(k, 5) passages (for recall); the reader reads the first k
         rows = [[int(r) for r in row if r >= 0] for row in rows]
         if args.recall_only:
             if selection != "reader":
@@ -159,7 +228,9 @@ def main(argv: list[str] | None = None) -> None:
             row = score_row(name, questions, passages, rows, [""] * len(rows), k)
             row.update(exact_match="-", f1="-")
         else:
-            row = score_row(name, questions, passages, rows, answers(cache, rows, selection, scores), k)
+            read = [row[:k] for row in rows]
+            row = score_row(name, questions, passages, rows,
+                            answers(cache, read, selection, None if scores is None else [s[:k] for s in scores]), k)
         table.append({**row, **extra, "pairs_read": cache.pairs, "read_s": round(cache.read_s, 1)})
         print(json.dumps(table[-1]), file=sys.stderr)
 
@@ -168,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
         add("reader on the gold paragraph (the ceiling)", [[own[q.context]] for q in questions])
     sparse = SparseIndex.build(passages)
     bm25 = sparse.rank(texts, FIRST)
-    add("BM25", bm25[1][:, :k])
+    depth = max(k, RECALL_DEPTH)
+    add("BM25", bm25[1][:, :depth])
     models = [("all-MiniLM-L6-v2, untrained", str(minilm_dir()))] + \
         [(f"trained: {directory}", directory) for directory in args.model]
     hybrid = None
@@ -176,12 +248,12 @@ def main(argv: list[str] | None = None) -> None:
         index = dense_index(f"openqa-dense-{n}" if not args.quick else f"openqa-quick-{n}", directory, passages,
                             args.index_cache)
         first = index.rank(texts, FIRST)
-        add(name, first[1][:, :k])
+        add(name, first[1][:, :depth])
         fusions = [("interpolated (weight 0.5)", Fusion("interpolate"))] + \
             ([("RRF (k 60)", Fusion("rrf", rrf_k=60))] if args.rrf else [])
         for label, fusion in fusions:
             fused = fuse(first, bm25, fusion, FIRST)
-            add(f"{name} + BM25, {label}", fused[1][:, :k])
+            add(f"{name} + BM25, {label}", fused[1][:, :depth])
             if label.startswith("interpolated"):
                 hybrid = (f"{name} + BM25, {label}", fused)
     if args.rerank is not None and hybrid is not None:
@@ -189,25 +261,20 @@ def main(argv: list[str] | None = None) -> None:
 
         name, (_, ranked) = hybrid
         reranker = Reranker.load(args.rerank)
-        depth = max(args.rerank_depth, k)
+        rerank_depth = max(args.rerank_depth, depth)
         start = time.perf_counter()
         rows, scores = [], []
         for question, ranking in zip(texts, ranked):
-            head = [int(r) for r in ranking[:depth]]
+            head = [int(r) for r in ranking[:rerank_depth]]
             relevance = reranker.score(question, [passages[r].text for r in head])
-            order = np.argsort(-relevance, kind="stable")[:k]
+            order = np.argsort(-relevance, kind="stable")[:depth]
             rows.append([head[j] for j in order.tolist()])
             scores.append([float(relevance[j]) for j in order.tolist()])
         rerank_s = round(time.perf_counter() - start, 1)
-        label = f"{name}, reranked (top {depth})"
+        label = f"{name}, reranked (top {rerank_depth})"
         add(f"{label}, reader's selection", rows, rerank_s=rerank_s)
         add(f"{label}, reranker's selection", rows, "reranker", scores)
-    keys = ["system", *sorted({f"recall@{j}" for j in (1, k)}, key=lambda s: int(s.split("@")[1])),
-            "exact_match", "f1"]
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in table:
-        print("| " + " | ".join(str(r.get(key, "-")) for key in keys) + " |")
+    print_table(table, k)
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": machine_facts(args.threads), "k": k,
                                          "questions": len(questions), "rows": table}, indent=2) + "\n")

@@ -20,7 +20,8 @@ one system is not read again for another (the reader is deterministic), so the s
 `--questions N` keeps the first N held-out questions (file order), `--sample N --seed S` a random N of them (Python's
 `random.Random(S).sample`, kept in file order); `--shard I/N` then keeps every N-th of those from the I-th, so N
 one-thread processes can share a run, and `--combine` merges their `--json` files into the table of all their
-questions (EM/F1 and hits summed over the shards before the percentages are taken). Recall is given at 1, k and 5
+questions (EM/F1 and hits summed over the shards before the percentages are taken; each system over the shards
+that ran it, with its number of questions). Recall is given at 1, k and 5
 (the reader reads the first k; the reranked rows' first 5 are the reranker's order of its depth); `--index-cache DIR` saves each dense index there
 and loads it on the next run (the paragraphs are embedded once per model); `--recall-only` measures the retrieval
 (recall@1 and recall@k, the reranker's included) without a reader.
@@ -112,26 +113,31 @@ def score_row(name: str, questions, passages, rows: list[list[int]], predicted: 
 def combine(files: list[Path]) -> None:
     runs = [json.loads(f.read_text()) for f in files]
     ks = {r["k"] for r in runs}
-    if len(ks) != 1 or len({tuple(row["system"] for row in r["rows"]) for r in runs}) != 1:
-        raise SystemExit("--combine: the files differ in k or in their systems")
+    if len(ks) != 1:
+        raise SystemExit("--combine: the files differ in k")
     k = ks.pop()
+    merged: dict[str, list[dict]] = {}  # a system's rows over the shards that ran it (a run with --rerank has more)
+    for run in runs:
+        for row in run["rows"]:
+            merged.setdefault(row["system"], []).append(row)
     table = []
-    for rows in zip(*(r["rows"] for r in runs)):
+    for system, rows in merged.items():
         n = sum(row["sums"]["questions"] for row in rows)
-        merged = {"system": rows[0]["system"]}
+        out = {"system": system}
         for j in rows[0]["sums"]["hits"]:
-            merged[f"recall@{j}"] = round(100 * sum(row["sums"]["hits"][j] for row in rows) / n, 2)
+            out[f"recall@{j}"] = round(100 * sum(row["sums"]["hits"][j] for row in rows) / n, 2)
         if all(row["exact_match"] != "-" for row in rows):
-            merged["exact_match"] = round(100 * sum(row["sums"]["em_sum"] for row in rows) / n, 2)
-            merged["f1"] = round(100 * sum(row["sums"]["f1_sum"] for row in rows) / n, 2)
-        merged["questions"] = n
-        table.append(merged)
-    print(f"{len(files)} shards, {table[0]['questions']} questions, k {k}", file=sys.stderr)
-    print_table(table, k)
+            out["exact_match"] = round(100 * sum(row["sums"]["em_sum"] for row in rows) / n, 2)
+            out["f1"] = round(100 * sum(row["sums"]["f1_sum"] for row in rows) / n, 2)
+        out["questions"] = n
+        out["shards"] = len(rows)
+        table.append(out)
+    print(f"{len(files)} shards, k {k}", file=sys.stderr)
+    print_table(table, k, extra=("questions", "shards"))
 
 
-def print_table(table: list[dict], k: int) -> None:
-    keys = ["system", *(f"recall@{j}" for j in recall_ks(k)), "exact_match", "f1"]
+def print_table(table: list[dict], k: int, extra: tuple[str, ...] = ()) -> None:
+    keys = ["system", *(f"recall@{j}" for j in recall_ks(k)), "exact_match", "f1", *extra]
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))
     for r in table:

@@ -9,17 +9,19 @@ import pytest
 import torch
 
 from bertology.model import EncoderModel, Pretrained, load, preset
+from bertology.tasks.qa import qa_head
 from bertology.tokenization import train_tokenizer
 
 WORDS = ("the cat sat on the mat . paris is the capital of france . python is a programming language . "
          "dogs chase cats in the park . rain fell over london all day . bread is baked from flour and water .").split()
 
 
-def save_model(directory: Path, seed: int) -> Path:
+def save_model(directory: Path, seed: int, reader: bool = False) -> Path:
+    """A tiny random encoder (with the SQuAD reader's head when `reader`) and its tokenizer, saved."""
     tokenizer = train_tokenizer(iter([" ".join(WORDS)] * 4), "wordpiece", 80, show_progress=False, min_frequency=1)
     config = preset("tiny", vocab_size=tokenizer.vocab_size, num_layers=2, hidden_size=32, num_heads=2,
                     intermediate_size=64, max_position_embeddings=64)
-    model = EncoderModel(config)
+    model = EncoderModel(config, [qa_head(config)] if reader else [])
     model.init_weights(torch.Generator().manual_seed(seed))
     Pretrained(model, tokenizer).save(directory)
     return directory
@@ -33,6 +35,12 @@ def tiny_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def other_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("other") / "model", seed=1)
+
+
+@pytest.fixture(scope="session")
+def reader_dir(tmp_path_factory) -> Path:
+    """A tiny random model with the SQuAD reader's head (its spans are arbitrary but deterministic)."""
+    return save_model(tmp_path_factory.mktemp("reader") / "model", seed=3, reader=True)
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "the metrics it names, of the predictions `bertology predict` wrote for it.",
     )
     parser.add_argument("--task", required=True, metavar="TASK",
-                        help=f"{', '.join(TASKS)}, conll2003-spans, retrieval, or a task file")
-    parser.add_argument("--predictions", metavar="FILE", help="the predictions file (every task but retrieval)")
+                        help=f"{', '.join(TASKS)}, conll2003-spans, retrieval, open-qa, or a task file")
+    parser.add_argument("--predictions", metavar="FILE", help="the predictions file (every task but retrieval and open-qa)")
     parser.add_argument("--gold", metavar="FILE", help="the gold file (not used by conll)")
     parser.add_argument("--allow-missing", action="store_true",
                         help="squad: score a question without a prediction 0, as the official script does, "
@@ -37,19 +37,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="GLUE: a prediction that is none of the task's labels (a text-to-text model's "
                         "generated text, as T5's fine-tuning writes it) counts as wrong instead of being an error")
     parser.add_argument("--index", metavar="INDEX",
-                        help="retrieval: an index of any kind (`bertology index build --squad FILE`); with --squad FILE, "
+                        help="retrieval, open-qa: an index of any kind (`bertology index build --squad FILE`); with --squad FILE, "
                         "prints recall@1/5/20/100 and MRR@10 (percent) of every question against all the index's "
                         "passages")
     parser.add_argument("--kind", choices=("dense", "bm25", "hybrid"), default=None,
-                        help="retrieval: the kind the index must be (default: whatever it records)")
+                        help="retrieval, open-qa: the kind the index must be (default: whatever it records)")
     parser.add_argument("--split", choices=("train", "dev"), default=None,
-                        help="retrieval: only that split's questions, as `finetune --task squad` splits --squad "
+                        help="retrieval, open-qa: only that split's questions, as `finetune --task squad` splits --squad "
                         "(by article when it is one file)")
     parser.add_argument("--rerank", metavar="DIR", default=None,
-                        help="retrieval: a cross-encoder reranker (`finetune --task rerank`) re-scoring each "
+                        help="retrieval, open-qa: a cross-encoder reranker (`finetune --task rerank`) re-scoring each "
                         "question's first --rerank-depth passages")
-    parser.add_argument("--rerank-depth", type=int, default=100, help="retrieval: see --rerank (default 100)")
-    parser.add_argument("--squad", metavar="FILE", help="retrieval: the SQuAD v1.1 file the index was built from")
+    parser.add_argument("--rerank-depth", type=int, default=100, help="retrieval, open-qa: see --rerank (default 100)")
+    parser.add_argument("--squad", metavar="FILE",
+                        help="retrieval, open-qa: the SQuAD v1.1 file the index was built from")
+    parser.add_argument("--reader", metavar="DIR", default=None,
+                        help="open-qa: an extractive reader (`finetune --task squad`: a model with the qa head) run "
+                        "over each question's --k retrieved passages; prints the official SQuAD v1.1 exact_match, f1 "
+                        "and recall@k of the retrieved passages")
+    parser.add_argument("--k", type=int, default=None,
+                        help="open-qa: passages retrieved per question (default 10, or all of a smaller index; at "
+                        "most the index's size)")
+    parser.add_argument("--selection", choices=("reader", "reranker"), default="reader",
+                        help="open-qa: the passage selection score added to the span score (docs/RETRIEVAL.md): "
+                        "reader (default: the span's start + end logit compared across passages) or reranker "
+                        "(log P(relevant) of --rerank plus the span's log-probability within its passage)")
+    parser.add_argument("--max-length", type=int, default=384,
+                        help="open-qa: the reader's windows, question and specials included (default 384, at most "
+                        "the reader's positions); a passage longer than that is read in windows 128 tokens apart")
+    parser.add_argument("--out", metavar="DIR", default=None,
+                        help="open-qa: write predictions.json (question id -> answer, the official format) and "
+                        "metrics.json into DIR (created if missing); nothing is written without it")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -70,8 +88,20 @@ def run(args: argparse.Namespace) -> int:
                                             kind=args.kind, split=args.split, rerank=args.rerank,
                                             rerank_depth=args.rerank_depth)))
         return 0
+    if name.lower() == "open-qa":
+        import sys
+
+        from bertology.device import placement_from_args
+        from bertology.retrieval.open_qa import open_qa
+
+        where = placement_from_args(args)
+        print(json.dumps(open_qa(args.index, args.squad, args.reader, k=args.k, device=where.device,
+                                 dtype=where.dtype, kind=args.kind, split=args.split, rerank=args.rerank,
+                                 rerank_depth=args.rerank_depth, selection=args.selection, out=args.out,
+                                 max_length=args.max_length, show_progress=sys.stderr.isatty())))
+        return 0
     if args.device != "auto" or args.dtype != "float32":
-        raise ConfigError(f"--device, --dtype: for --task retrieval only (it embeds the questions); "
+        raise ConfigError(f"--device, --dtype: for --task retrieval and open-qa only (they embed the questions); "
                           f"{args.task} scores files")
     if args.predictions is None:
         raise ConfigError(f"evaluate --task {args.task}: --predictions FILE is required")

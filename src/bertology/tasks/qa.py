@@ -399,10 +399,11 @@ def question_spans(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20,
             for found in question_answers(windows, logits, n_best=n_best, max_answer_length=max_answer_length)]
 
 
-def question_answers(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20,
-                     max_answer_length: int = 30) -> list[tuple[int, int, int] | None]:
-    """``question_spans`` with the window each best span was found in: ``(first token, last token, window)``."""
-    spans: list[tuple[int, int, int] | None] = []
+def question_answers(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20, max_answer_length: int = 30,
+                     with_scores: bool = False) -> list[Any]:
+    """``question_spans`` with the window each best span was found in: ``(first token, last token, window)``, and
+    with ``with_scores`` its score (start + end logit) last: ``(first, last, window, score)``."""
+    spans: list[Any] = []
     for q in range(windows.num_questions):
         ws = windows.windows_of(q)
         plan = [(int(windows.start[w]), int(windows.stop[w])) for w in ws]
@@ -418,7 +419,10 @@ def question_answers(windows: QAWindows, logits: np.ndarray, *, n_best: int = 20
                               allowed_starts=choice[start:stop] == k)
             if found is not None and (best is None or found[0] > best[0]):
                 best = (found[0], start + found[1], start + found[2], w)
-        spans.append(None if best is None else (best[1], best[2], best[3]))
+        if best is None:
+            spans.append(None)
+        else:
+            spans.append((best[1], best[2], best[3], best[0]) if with_scores else (best[1], best[2], best[3]))
     return spans
 
 

@@ -13,11 +13,12 @@ import torch
 
 from bertology.errors import ConfigError
 from bertology.model import load
-from bertology.retrieval import Index, SparseIndex, squad_passages
+from bertology.retrieval import Index, SparseIndex, recall_at_k, squad_passages
 from bertology.retrieval.kinds import IndexKindError
 from bertology.retrieval.rag import (SEPARATOR, GeneratorInputs, MarginalStepper, RagExamples, RagLoss, RagOptions,
                                      load_rag, open_retriever, rag_generate)
 from bertology.tasks.lookup import get_task
+from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.qa import write_squad_json
 from bertology.tasks.text_to_text import lm_head, start_token
 
@@ -339,18 +340,32 @@ def test_finetune_rag_end_to_end(tiny_dir, index_dir, bart_dir, squad_folder, qu
     # the saved model generates the dev answers again
     rag = load_rag(model_dir)
     again = rag.answer([q.question for q in questions])
-    assert [text for text, _ in again] == list(answers.values())
+    assert [a.text for a in again] == list(answers.values())
     metrics = json.loads((out / "dev_metrics.json").read_text())
     assert set(metrics) == {"f1", "exact_match"}
     capsys.readouterr()
     assert main(["generate", "--model", str(model_dir), *[q.question for q in questions]]) == 0
-    assert capsys.readouterr().out.splitlines() == [text for text, _ in again]
+    assert capsys.readouterr().out.splitlines() == [a.text for a in again]
     one = rag.answer([q.question for q in questions], k=1, marginalise="sequence", num_beams=2,
                      max_new_tokens=20)
     assert main(["generate", "--model", str(model_dir), "--k", "1", "--marginalise", "sequence", "--num-beams",
                  "2", *[q.question for q in questions]]) == 0
-    assert capsys.readouterr().out.splitlines() == [text for text, _ in one]
-    assert all(len(rows) == 2 for _, rows in again) and all(len(rows) == 1 for _, rows in one)
+    assert capsys.readouterr().out.splitlines() == [a.text for a in one]
+    assert all(len(a.rows) == 2 for a in again) and all(len(a.rows) == 1 for a in one)
+    # evaluate --task open-qa --generator: the official scores of these answers and the recall of their passages
+    scored = tmp_path / "scored"
+    assert main(["evaluate", "--task", "open-qa", "--generator", str(model_dir), "--squad", str(squad_folder /
+                 "dev-v1.1.json"), "--out", str(scored)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert json.loads((scored / "predictions.json").read_text()) == answers
+    expected = evaluate_files("squad", scored / "predictions.json", gold=squad_folder / "dev-v1.1.json")
+    assert (result["exact_match"], result["f1"]) == (round(expected["exact_match"], 2), round(expected["f1"], 2))
+    hits = recall_at_k(questions, rag.retriever.passages, [a.rows for a in again], ks=(2,)).recall[2]
+    assert result["recall@2"] == round(hits, 2) and result["k"] == 2 and result["marginalise"] == marginalise
+    assert sorted(p.name for p in scored.iterdir()) == ["metrics.json", "predictions.json"]
+    assert main(["evaluate", "--task", "open-qa", "--generator", str(model_dir), "--reader", str(model_dir),
+                 "--squad", str(squad_folder / "dev-v1.1.json")]) == 2
+    assert "--reader, --generator: give one" in capsys.readouterr().err
     assert main(["generate", "--model", str(model_dir), "--do-sample", "a question"]) == 2
     assert "--do-sample: a RAG model" in capsys.readouterr().err
     assert main(["generate", "--model", str(bart_dir), "--k", "2", "a question"]) == 2

@@ -100,6 +100,6 @@ def run_rag(args: argparse.Namespace, where: object) -> int:
     with where.autocast():  # type: ignore[attr-defined]
         answers = rag.answer(args.texts, k=args.k, marginalise=args.marginalise, num_beams=args.num_beams,
                              max_new_tokens=args.max_new_tokens)
-    for text, _ in answers:
-        print(text.replace("\r", "\\r").replace("\n", "\\n"))
+    for answer in answers:
+        print(answer.text.replace("\r", "\\r").replace("\n", "\\n"))
     return 0

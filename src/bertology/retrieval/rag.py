@@ -577,17 +577,19 @@ class Rag:
     max_length: int
 
     def answer(self, questions: Sequence[str], *, k: int | None = None, marginalise: str | None = None,
-               num_beams: int = 1, max_new_tokens: int = 32, batch_size: int = 16
-               ) -> list[tuple[str, list[int]]]:
-        """Each question's generated answer text and the index rows of its k passages, best first."""
+               num_beams: int = 1, max_new_tokens: int = 32, batch_size: int = 16) -> list[RagAnswer]:
+        """Each question's generated answer and its k passages (rows in the index and scores s(x, z), best
+        first)."""
         from bertology.tasks.text_to_text import start_token
 
         k = self.options.k if k is None else k
         check_k(k, self.retriever, "--k")
         marginalise = marginalise or self.options.marginalise
+        if marginalise not in MARGINALISATIONS:
+            raise ConfigError(f"--marginalise: expected token or sequence, got {marginalise!r}")
         inputs = GeneratorInputs(self.tokenizer, self.retriever.passages, self.max_length)
         device = next(self.generator.parameters()).device
-        out: list[tuple[str, list[int]]] = []
+        out: list[RagAnswer] = []
         for start in range(0, len(questions), batch_size):
             chunk = list(questions[start:start + batch_size])
             q_ids = [inputs.question_ids(q, f"question {start + i + 1}") for i, q in enumerate(chunk)]
@@ -599,9 +601,18 @@ class Rag:
                                       doc_log_prior(scores, self.options.temperature), marginalise,
                                       max_new_tokens=max_new_tokens, num_beams=num_beams,
                                       start_id=start_token(self.generator))
-            for t, row in zip(tokens, rows.tolist()):
-                out.append((self.tokenizer.decode(t, skip_special_tokens=True).strip(), row))
+            for t, row, score in zip(tokens, rows.tolist(), scores.tolist()):
+                out.append(RagAnswer(self.tokenizer.decode(t, skip_special_tokens=True).strip(), row, score))
         return out
+
+
+@dataclass(frozen=True)
+class RagAnswer:
+    """A generated answer, the index rows of the question's k passages and their scores s(x, z), best first."""
+
+    text: str
+    rows: list[int]
+    scores: list[float]
 
 
 def read_rag_file(directory: str | os.PathLike) -> dict[str, Any]:
@@ -645,3 +656,4 @@ def load_rag(directory: str | os.PathLike, index: str | os.PathLike | None = Non
         raise DataError(f"{directory / RAG_FILE}: max_length must be an integer >= 4, got {length!r}")
     return Rag(pretrained.model, pretrained.tokenizer, retriever, options,
                min(length, pretrained.model.config.max_length))
+

@@ -428,3 +428,25 @@ def test_rag_needs_the_retriever_and_the_index(bart_dir, squad_folder, tmp_path,
     assert "task.retriever: --task rag needs --retriever DIR" in refused(
         ["finetune", "--task", "rag", "--model", str(bart_dir), "--data", str(squad_folder), "--out",
          str(tmp_path / "out")], capsys)
+
+
+def test_a_question_longer_than_the_generator_reads_is_refused(tiny_dir, index_dir, bart_dir, questions):
+    from bertology.errors import DataError
+
+    retriever = open_retriever(tiny_dir, index_dir)
+    inputs = GeneratorInputs(load(bart_dir).tokenizer, retriever.passages, 8)
+    with pytest.raises(DataError, match=r"question 'q4': the question is \d+ tokens; with the separator and "
+                                        r"specials it does not fit the generator's 8"):
+        RagExamples(retriever, inputs, questions[3:], shuffle=False)
+    # a long passage is cut at its end: the question is whole in every input
+    inputs = GeneratorInputs(load(bart_dir).tokenizer, retriever.passages, 16)
+    question = inputs.question_ids(questions[0].question, "q1")
+    ids, mask = inputs.batch([question], torch.tensor([[0, 3]]))
+    assert ids.shape == (2, 16) and mask.all()
+    assert ids[0, -1 - len(question):-1].tolist() == question
+
+
+def test_predict_with_an_unconfigured_rag_task_names_the_commands(bart_dir, squad_file, tmp_path, capsys):
+    error = refused(["predict", "--model", str(bart_dir), "--task", "rag", "--input", str(squad_file), "--output",
+                     str(tmp_path / "answers.json")], capsys)
+    assert "task rag: needs its retriever and index" in error and "evaluate --task open-qa --generator" in error

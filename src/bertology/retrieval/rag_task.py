@@ -62,7 +62,9 @@ class RagTask:
 
         check_generator(model)
         if self.retriever is None:
-            raise ConfigError("task rag: configure it with the retriever and the index first (RagTask.configure)")
+            raise ConfigError("task rag: needs its retriever and index (finetune --task rag --retriever DIR --index "
+                              "DIR); a fine-tuned RAG model answers with bertology generate or evaluate --task "
+                              "open-qa --generator DIR")
         return RagTask(self.retriever, self.options, self.index_dir, start_token(model), lm_head(model.config))
 
     # ------------------------------------------------------------------------------------------ the task

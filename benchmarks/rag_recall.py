@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 
-import torch
-
-import bertology  # noqa: F401  (before torch's threads are used: bertology's OpenMP policy)
-from bertology.retrieval import recall_at_k, squad_questions
+from bertology.retrieval import recall_at_k, squad_questions  # bertology before torch: its OpenMP policy applies
 from bertology.retrieval.rag import QUERY_ENCODER_DIR, open_retriever
 
 
 def recall(encoder: str, index: str, questions, ks=(1, 5, 20), batch_size: int = 64) -> dict[str, float]:
+    import torch
+
     retriever = open_retriever(encoder, index)
     retriever.eval()
     ks = tuple(k for k in ks if k <= len(retriever)) or (len(retriever),)
@@ -40,6 +39,8 @@ def main() -> None:
     parser.add_argument("--encoder", help="the query encoder the runs started from")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    import torch
+
     torch.set_num_threads(args.threads)
     questions = squad_questions(args.squad, None if args.split == "all" else args.split)
     encoders = ([("start", args.encoder)] if args.encoder else []) + \

@@ -149,6 +149,30 @@ def test_rag_recall(script, tmp_path):
     questions = sum(len(p["qas"]) for p in small["data"][0]["paragraphs"])
     assert [(r["query_encoder"], r["questions"]) for r in rows] == [("start", questions)]
     assert 0 <= rows[0]["recall@1"] <= 100 and set(rows[0]) == {"query_encoder", "questions", "recall@1"}
+def test_open_qa(script):
+    out = script("open_qa", "--quick")
+    systems = [r[0] for r in table_rows(out)]
+    assert systems == ["reader on the gold paragraph (the ceiling)", "BM25", "all-MiniLM-L6-v2, untrained",
+                       "all-MiniLM-L6-v2, untrained + BM25, interpolated (weight 0.5)"]
+    assert all(0.0 <= float(r[3]) <= 100.0 and 0.0 <= float(r[4]) <= 100.0 for r in table_rows(out))
+
+
+def test_index_speed(script):
+    pytest.importorskip("faiss")
+    pytest.importorskip("bm25s")
+    out = script("index_speed", "--quick")
+    rows = table_rows(out)
+    assert [r[0] for r in rows[:3]] == ["exact", "hnsw", "ivf"] and rows[0][2] == "1.0"
+    assert all(0.0 <= float(r[2]) <= 1.0 for r in rows[1:3])
+    assert [r[0] for r in rows[3:]] == ["bm25 (tokenise + score matrix)",
+                                        "dense, all-MiniLM-L6-v2 (embedding + exact structure)"]
+
+
+def test_retriever_training(script):
+    out = script("retriever_training", "--quick")
+    sides = [r[0] for r in table_rows(out)]
+    assert sides[0] == "bertology"
+    assert len(sides) == 2 or "sentence-transformers not run" in out
 
 
 def test_long(script):
@@ -223,6 +247,6 @@ def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
-               "retrieval_split", "rag_recall"}
+               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

@@ -6,8 +6,9 @@ first, with their scores (`Retrieved`). It takes an index of any kind (`bertolog
 hybrid; a dense or hybrid one with its model attached) and, with ``reranker=`` (`bertology.retrieval.rerank.Reranker`),
 re-scores the first stage's `rerank_depth` best passages and keeps the reranker's `k` best (scores are then its
 log-odds of relevance). A `k` larger than the index is refused naming ``--k`` and the index's size, and so is a
-query longer than the query encoder reads (the dense index's check). A generator over the retrieved passages (RAG)
-calls this same function, so the reader and the generator are measured on the same retrieved sets; `retrieval_recall`
+query longer than the query encoder reads (the dense index's check). A RAG generator (``--generator``,
+`open_qa_generator`) retrieves with its own trained query encoder over the index's fixed vectors instead (the index
+embeds queries only with the model that built it); `retrieval_recall`, for both,
 is the recall of those sets by the rule of ``evaluate --task retrieval`` (`bertology.retrieval.evaluate`).
 """
 

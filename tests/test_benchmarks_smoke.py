@@ -132,6 +132,23 @@ def test_retrieval_split(script):
                        "all-MiniLM-L6-v2, untrained + BM25, hybrid interpolated (weight 0.5)"]
 
 
+def test_rag_recall(script, tmp_path):
+    from bertology.recipes.quickstart import minilm_dir
+    from bertology.retrieval import Index, squad_passages
+
+    model_path = minilm_dir
+
+    document = json.loads((DATA / "squad" / "squad-v1.1-dev-part-a.json").read_text(encoding="utf-8"))
+    article = document["data"][0]
+    small = {"version": "1.1", "data": [{**article, "paragraphs": article["paragraphs"][:3]}]}
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps(small), encoding="utf-8")
+    Index.build(str(model_path()), squad_passages(squad)).save(tmp_path / "index")
+    rows = json_lines(script("rag_recall", "--index", str(tmp_path / "index"), "--squad", str(squad), "--split",
+                             "all", "--encoder", str(model_path())))
+    questions = sum(len(p["qas"]) for p in small["data"][0]["paragraphs"])
+    assert [(r["query_encoder"], r["questions"]) for r in rows] == [("start", questions)]
+    assert 0 <= rows[0]["recall@1"] <= 100 and set(rows[0]) == {"query_encoder", "questions", "recall@1"}
 def test_open_qa(script):
     out = script("open_qa", "--quick")
     systems = [r[0] for r in table_rows(out)]
@@ -230,6 +247,6 @@ def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
-               "retrieval_split", "open_qa", "index_speed", "retriever_training"}
+               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

@@ -113,6 +113,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("retrieval", "bertology.retrieval.retriever_task:RETRIEVAL", {}),
         ("retrieval-dot", "bertology.retrieval.retriever_task:RETRIEVAL_DOT", {}),
         ("rerank", "bertology.retrieval.reranker_task:RERANK", {}),
+        ("rag", "bertology.retrieval.rag_task:RAG", {}),
     ),
     # bertology.retrieval.kinds.INDEX_KINDS: the kind an index.json records (register_index_kind).
     "index_kinds": (

@@ -55,6 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="open-qa: an extractive reader (`finetune --task squad`: a model with the qa head) run "
                         "over each question's --k retrieved passages; prints the official SQuAD v1.1 exact_match, f1 "
                         "and recall@k of the retrieved passages")
+    parser.add_argument("--generator", metavar="DIR", default=None,
+                        help="open-qa: a RAG model (`finetune --task rag`) instead of --reader: its query encoder "
+                        "retrieves --k passages (default: its k) from --index (default: the index it records), it "
+                        "generates the answer by its marginalisation; the same JSON object")
     parser.add_argument("--k", type=int, default=None,
                         help="open-qa: passages retrieved per question (default 10, or all of a smaller index; at "
                         "most the index's size)")
@@ -98,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(open_qa(args.index, args.squad, args.reader, k=args.k, device=where.device,
                                  dtype=where.dtype, kind=args.kind, split=args.split, rerank=args.rerank,
                                  rerank_depth=args.rerank_depth, selection=args.selection, out=args.out,
-                                 max_length=args.max_length, show_progress=sys.stderr.isatty())))
+                                 max_length=args.max_length, show_progress=sys.stderr.isatty(),
+                                 generator=args.generator)))
         return 0
     if args.device != "auto" or args.dtype != "float32":
         raise ConfigError(f"--device, --dtype: for --task retrieval and open-qa only (they embed the questions); "

@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--tagger", choices=("linear", "bilstm-crf"),
                         help="a tagging task's head: a linear layer on every token (default), or a BiLSTM and a "
                         "linear-chain CRF decoded by Viterbi (task.tagger)")
+    parser.add_argument("--retriever", metavar="DIR", help="--task rag: the query encoder (an encoder whose vectors "
+                        "have the index's width; task.retriever)")
+    parser.add_argument("--index", metavar="DIR", help="--task rag: the dense passage index (task.index)")
     parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     parser.add_argument("--overwrite", action="store_true", help="replace an earlier run's outputs in --out")
     parser.add_argument("--keep-checkpoint", action="store_true",
@@ -54,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
         settings.append(f"task.limit_train={args.limit_train}")
     if args.tagger is not None:
         settings.append(f"task.tagger={args.tagger}")
+    if args.retriever is not None:
+        settings.append(f"task.retriever={json.dumps(args.retriever)}")
+    if args.index is not None:
+        settings.append(f"task.index={json.dumps(args.index)}")
     if args.keep_checkpoint:
         settings.append("run.keep_checkpoint=true")
     config = FinetuneConfig.from_dict(apply_overrides(data, [*settings, *args.overrides]))

@@ -34,6 +34,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--seed", type=seed, default=None, help="sampling: the random seed (default: unseeded)")
     parser.add_argument("--prefix-lm", action="store_true",
                         help="a decoder trained as a prefix LM: read the prompt in both directions")
+    parser.add_argument("--index", metavar="DIR", help="a RAG model (finetune --task rag): search this dense index "
+                        "instead of the one its rag.json records; each TEXT is a question")
+    parser.add_argument("--k", type=int, metavar="N", help="a RAG model: passages per question (default: its k)")
+    parser.add_argument("--marginalise", choices=("token", "sequence"),
+                        help="a RAG model: RAG-token (the marginal next-token distribution, greedy or beam search) "
+                        "or RAG-sequence (thorough decoding: a beam search per passage, the candidates rescored by "
+                        "the marginal); default: as it was trained")
     add_device_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -47,7 +54,14 @@ def run(args: argparse.Namespace) -> int:
     from bertology.model.checkpoint import TOKENIZER_FILES
     from bertology.tokenization import load_tokenizer
 
+    from bertology.retrieval.rag import is_rag
+
     where = placement_from_args(args)
+    if is_rag(args.model):
+        return run_rag(args, where)
+    for flag, value in (("--index", args.index), ("--k", args.k), ("--marginalise", args.marginalise)):
+        if value is not None:
+            raise ConfigError(f"{flag}: for a RAG model (finetune --task rag); {args.model} has no rag.json")
     model = load_model(args.model)
     if GENERATES not in capabilities(model):  # before the tokenizer: ELMo's is a word list
         raise ConfigError(f"--model {args.model}: generation needs a decoder (GPT-2) or an encoder-decoder (T5, "
@@ -64,4 +78,28 @@ def run(args: argparse.Namespace) -> int:
                                early_stopping=args.early_stopping, seed=args.seed, prefix_lm=args.prefix_lm)
     for text in texts:
         print(text.replace("\r", "\\r").replace("\n", "\\n"))
+    return 0
+
+
+def run_rag(args: argparse.Namespace, where: object) -> int:
+    """A RAG model's answers to the questions: retrieval, then RAG-token or RAG-sequence decoding."""
+    from bertology.errors import ConfigError
+    from bertology.retrieval.rag import load_rag
+
+    unused = [flag for flag, on in (("--do-sample", args.do_sample), ("--top-k", args.top_k is not None),
+                                    ("--top-p", args.top_p is not None), ("--prefix-lm", args.prefix_lm),
+                                    ("--temperature", args.temperature != 1.0),
+                                    ("--length-penalty", args.length_penalty != 1.0),
+                                    ("--early-stopping", args.early_stopping), ("--seed", args.seed is not None)) if on]
+    if unused:
+        raise ConfigError(f"{unused[0]}: a RAG model ({args.model}) decodes by greedy or beam search only "
+                          "(--num-beams, --max-new-tokens, --k, --marginalise)")
+    rag = load_rag(args.model, args.index)
+    where.move(rag.generator)  # type: ignore[attr-defined]
+    where.move(rag.retriever)  # type: ignore[attr-defined]
+    with where.autocast():  # type: ignore[attr-defined]
+        answers = rag.answer(args.texts, k=args.k, marginalise=args.marginalise, num_beams=args.num_beams,
+                             max_new_tokens=args.max_new_tokens)
+    for answer in answers:
+        print(answer.text.replace("\r", "\\r").replace("\n", "\\n"))
     return 0

@@ -85,6 +85,13 @@ class TaskConfig:
     max_steps: int | None = None
     limit_train: int | None = None
     limit_dev: int | None = None
+    # Retrieval-augmented generation (task rag, bertology.retrieval.rag): the query encoder's directory, the dense
+    # passage index, passages per question, RAG-token or RAG-sequence, the temperature of p(z|x).
+    retriever: str | None = None
+    index: str | None = None
+    k: int = 5
+    marginalise: Literal["token", "sequence"] = "token"
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         validate(self, "task")
@@ -418,6 +425,9 @@ class DevSelection:
                 with atomic_directory(self.directory) as tmp:
                     write_model_files(trainer.model, tmp)
                     self.tokenizer.save(tmp)
+                    save_with_model = getattr(self.task, "save_with_model", None)  # rag: the query encoder
+                    if save_with_model is not None:
+                        save_with_model(tmp)
                     self.task.write(tmp / self.task.predictions_file, predictions, self.dev_examples)
                     (tmp / BEST_FILE).write_text(json.dumps(self.best, indent=2) + "\n", encoding="utf-8")
         else:
@@ -552,6 +562,9 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         torch.set_num_threads(config.speed.threads or D.default_threads(env))
         seed_everything(config.run.seed, env.rank)
         task = get_task(config.task.name)
+        configure = getattr(task, "configure", None)  # a task with options of its own (rag: retriever, index, k)
+        if configure is not None:
+            task = configure(config.task)
         data = _data(config)
         train_examples = task.read(task.path(data, "train"), config.task.limit_train)
         dev_path = task.path(data, "dev")
@@ -595,6 +608,9 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
             best = load(out / BEST_DIR)  # the final model is the best one
             model.load_state_dict(best.model.state_dict())
             Pretrained(model, tokenizer).save(model_dir)
+            keep_with_model = getattr(task, "keep_with_model", None)  # rag: the best model's query encoder
+            if keep_with_model is not None:
+                keep_with_model(out / BEST_DIR, model_dir)
             if config.strategy.kind == "lora":  # the adapter as Hugging Face peft reads it, beside our own format
                 from bertology.peft import peft_architecture, save_lora_peft
 

@@ -6,8 +6,9 @@ first, with their scores (`Retrieved`). It takes an index of any kind (`bertolog
 hybrid; a dense or hybrid one with its model attached) and, with ``reranker=`` (`bertology.retrieval.rerank.Reranker`),
 re-scores the first stage's `rerank_depth` best passages and keeps the reranker's `k` best (scores are then its
 log-odds of relevance). A `k` larger than the index is refused naming ``--k`` and the index's size, and so is a
-query longer than the query encoder reads (the dense index's check). A generator over the retrieved passages (RAG)
-calls this same function, so the reader and the generator are measured on the same retrieved sets; `retrieval_recall`
+query longer than the query encoder reads (the dense index's check). A RAG generator (``--generator``,
+`open_qa_generator`) retrieves with its own trained query encoder over the index's fixed vectors instead (the index
+embeds queries only with the model that built it); `retrieval_recall`, for both,
 is the recall of those sets by the rule of ``evaluate --task retrieval`` (`bertology.retrieval.evaluate`).
 """
 
@@ -305,15 +306,22 @@ def evaluate_open_qa(index: Any, squad: Any, reader: Reader, *, k: int = 10, spl
 def open_qa(index: Any, squad: Any, reader: Any, *, k: int | None = None, model: Any = None, device: Any = None,
             dtype: str = "float32", kind: str | None = None, split: str | None = None, rerank: Any = None,
             rerank_depth: int = 100, selection: str = "reader", out: Any = None, max_length: int = 384,
-            show_progress: bool = False) -> dict[str, Any]:
+            show_progress: bool = False, generator: Any = None) -> dict[str, Any]:
     """`bertology evaluate --task open-qa --reader DIR`: open the index directory (as `evaluate --task retrieval`
     does: `bertology.retrieval.kinds.open_index`), the reader and the reranker, and `evaluate_open_qa` (`k` None:
     10, or every passage of a smaller index, as `bertology search` takes it). The options are checked before any
-    model is loaded or any question embedded."""
+    model is loaded or any question embedded. With `generator` (``--generator DIR``, a RAG model) instead of
+    `reader`: `open_qa_generator`."""
     from bertology.retrieval.kinds import open_index
 
+    if generator is not None:
+        if reader is not None:
+            raise ConfigError("--reader, --generator: give one (an extractive reader or a RAG generator)")
+        return open_qa_generator(index, squad, generator, k=k, device=device, dtype=dtype, kind=kind, split=split,
+                                 rerank=rerank, selection=selection, out=out, model=model)
     if index is None or squad is None or reader is None:
-        raise ConfigError("evaluate --task open-qa: --index INDEX, --squad FILE and --reader DIR are required")
+        raise ConfigError("evaluate --task open-qa: --index INDEX, --squad FILE and --reader DIR (or --generator "
+                          "DIR) are required")
     if selection not in SELECTIONS:
         raise ConfigError(f"--selection: expected one of {', '.join(SELECTIONS)}, got {selection!r}")
     if selection == "reranker" and rerank is None:
@@ -330,3 +338,68 @@ def open_qa(index: Any, squad: Any, reader: Any, *, k: int | None = None, model:
         reranker = Reranker.load(rerank, device=device, dtype=dtype)
     return evaluate_open_qa(loaded, squad, the_reader, k=k, split=split, reranker=reranker,
                             rerank_depth=rerank_depth, selection=selection, out=out, show_progress=show_progress)
+
+
+def open_qa_generator(index: Any, squad: Any, generator: Any, *, k: int | None = None, device: Any = None,
+                      dtype: str = "float32", kind: str | None = None, split: str | None = None, rerank: Any = None,
+                      selection: str = "reader", out: Any = None, model: Any = None) -> dict[str, Any]:
+    """`bertology evaluate --task open-qa --generator DIR`: a RAG model (``finetune --task rag``) answering each
+    question from its k passages (`evaluate_open_qa_generator`), retrieved by its own
+    trained query encoder from `index` (default: the index its ``rag.json`` records); the same JSON object as the
+    reader's."""
+    from bertology.device import place
+    from bertology.retrieval.rag import load_rag
+
+    if squad is None:
+        raise ConfigError("evaluate --task open-qa --generator DIR: --squad FILE is required")
+    for flag, given in (("--rerank", rerank is not None), ("--selection", selection != "reader"),
+                        ("--model", model is not None)):
+        if given:
+            raise ConfigError(f"{flag}: not with --generator (a RAG model retrieves with its own query encoder and "
+                              f"weighs its passages by p(z|x))")
+    if kind is not None and kind != "dense":
+        raise ConfigError(f"--kind {kind}: a RAG model retrieves from a dense index")
+    check_out(out)
+    rag = load_rag(generator, index)
+    place(rag.generator, device, dtype)
+    place(rag.retriever, device, dtype)
+    return evaluate_open_qa_generator(rag, squad, k=k, split=split, out=out, where=str(generator))
+
+
+def evaluate_open_qa_generator(rag: Any, squad: Any, *, k: int | None = None, split: str | None = None,
+                               out: Any = None, batch_size: int = 16, max_new_tokens: int = 32,
+                               where: str | None = None) -> dict[str, Any]:
+    """``evaluate --task open-qa --generator DIR``: each question of the SQuAD v1.1 file (`split` as
+    ``evaluate --task retrieval`` takes it) answered by the RAG model (`bertology.retrieval.rag.Rag`: its own
+    query encoder retrieving its k passages, its marginalisation decoding); the official v1.1 ``exact_match`` and ``f1`` and ``recall@k`` of the
+    retrieved sets by `retrieval_recall`, as for the extractive reader; with `out`,
+    ``predictions.json`` and ``metrics.json`` written there atomically."""
+    from bertology.io import atomic_write
+    from bertology.retrieval.evaluate import squad_questions
+    from bertology.retrieval.rag import check_k
+    from bertology.tasks import metrics
+
+    out = check_out(out)
+    k = rag.options.k if k is None else k
+    check_k(k, rag.retriever, "--k")
+    questions = squad_questions(squad, split)
+    answers = rag.answer([q.question for q in questions], k=k, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    found = [Retrieved([rag.retriever.passages[r] for r in a.rows], a.rows, a.scores) for a in answers]
+    predictions = {q.id: a.text for q, a in zip(questions, answers)}
+    scores = metrics.squad_v1([(q.id, [a.text for a in q.answers]) for q in questions], predictions)
+    result: dict[str, Any] = {"exact_match": round(scores.exact_match, 2), "f1": round(scores.f1, 2),
+                              f"recall@{k}": round(retrieval_recall(questions, rag.retriever.index, found), 2),
+                              "questions": len(questions), "k": k, "kind": "dense",
+                              "marginalise": rag.options.marginalise}
+    if where is not None:
+        result["generator"] = where
+    if split is not None:
+        result["split"] = split
+    if out is not None:
+        with atomic_write(out / PREDICTIONS_FILE, "w", encoding="utf-8") as handle:
+            json.dump(predictions, handle, ensure_ascii=False, indent=1)
+            handle.write("\n")
+        with atomic_write(out / METRICS_FILE, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=1)
+            handle.write("\n")
+    return result

@@ -297,6 +297,9 @@ class CheckpointFamily:
     # (bertology.model.registry.RunContext), such as T5's d_kv or BART's decoder start; the architecture's run-config
     # builder applies them to the fields the run config does not set.
     run_defaults: Callable[[Mapping[str, Any], Any], Mapping[str, Any]] | None = None
+    # How a fresh model of this family is initialised, `init(model, generator)` (T5's: scales by fan-in); None:
+    # BERT's (bertology.model.blocks.init_parameters), as the model's own init_weights does it.
+    init: Callable[[Any, torch.Generator | None], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):
@@ -387,6 +390,13 @@ def checkpoint_family(model_type: Any, source: str = "config.json") -> Checkpoin
         raise CheckpointError(f"{source}: model_type: unknown model_type {model_type!r}; registered: "
                               f"{', '.join(known)}")
     return known[model_type]
+
+
+def family_init(family: Any) -> Callable[[Any, torch.Generator | None], None] | None:
+    """The initialisation of the models of the family `family` (a config's `family`) where the table of the
+    family gives one (`CheckpointFamily.init`), else None."""
+    return next((entry.init for entry in registry().values() if entry.family == family and entry.init is not None),
+                None)
 
 
 def family_for_config(config: TransformerConfig) -> CheckpointFamily:

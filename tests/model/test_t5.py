@@ -320,3 +320,64 @@ def test_decoding_step_by_step_with_the_cache_gives_transformers_logits(tmp_path
             cache = step.past_key_values
             steps.append(step.logits)
     torch.testing.assert_close(torch.cat(steps, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("architecture", "projection", "untied"), [
+    ("T5ForConditionalGeneration", "relu", False),  # v1.0: the head tied to N(0, 1) embeddings, scaled at its output
+    ("T5ForConditionalGeneration", "gated-gelu", True),  # v1.1: the gate's weights, an lm_head of its own
+    ("T5EncoderModel", "relu", False),
+])
+def test_a_fresh_t5_is_initialised_as_transformers_initialises_t5(tmp_path, architecture, projection, untied):
+    """Every tensor's standard deviation and mean after init_weights equal those of transformers' own T5 init
+    within sampling error: the two sample stds of n values differ by about std / sqrt(n) (each is off by
+    std / sqrt(2n)), so 6 / sqrt(n) relative is six standard errors. At this width BERT's N(0, 0.02) is off by
+    10 to 50 standard errors in every weight (the query's (d_model * d_kv) ** -0.5 = 0.011, the others'
+    fan_in ** -0.5 = 0.044 to 0.0625, the embeddings' 1). An untied lm_head is N(0, 1) in transformers' init, as
+    `shared` is (this transformers ties the two whatever the config says, so the checkpoint unties it by hand)."""
+    from bertology.model.convert import from_state_dict
+
+    config = t5_config(projection, vocab_size=600, d_model=256, d_kv=32, num_heads=8, d_ff=512, num_layers=1,
+                       num_decoder_layers=1, relative_attention_num_buckets=32)
+    hf = getattr(transformers, architecture)(config)
+    theirs = {key: value.clone() for key, value in hf.state_dict().items()  # less the copies of `shared`
+              if "embed_tokens" not in key and key != "lm_head.weight"}
+    if untied:
+        untie(hf)
+        theirs["lm_head.weight"] = theirs["shared.weight"]
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    assert [spec.kind for spec in ours.head_specs] == (["lm"] if untied else ["tied_lm"] if ours.head_specs else [])
+    ours.init_weights(torch.Generator().manual_seed(1))
+    mine = from_state_dict(ours)
+    assert set(mine) == set(theirs)
+    for key, expected in theirs.items():
+        got, n = mine[key].double(), expected.numel()
+        if key.endswith("layer_norm.weight"):
+            assert torch.equal(got, torch.ones_like(got)), key
+            continue
+        std = expected.double().std().item()
+        assert got.std().item() == pytest.approx(std, rel=6 / n ** 0.5), key
+        assert abs(got.mean().item()) < 6 * std / n ** 0.5, key
+        assert abs(expected.double().mean().item()) < 6 * std / n ** 0.5, key
+
+
+def test_the_t5_init_draws_from_the_generator_alone_and_other_families_keep_bert_s(tmp_path):
+    """The same seed gives the same T5 weights, whatever torch's global generator holds; a BART-shaped
+    encoder-decoder (no family init of its own) is still BERT's N(0, initializer_range)."""
+    from bertology.model import TransformerConfig
+
+    hf = transformers.T5ForConditionalGeneration(t5_config())
+    hf.save_pretrained(tmp_path / "hf")
+    first, second = load_model(tmp_path / "hf"), load_model(tmp_path / "hf")
+    first.init_weights(torch.Generator().manual_seed(3))
+    torch.manual_seed(123)
+    second.init_weights(torch.Generator().manual_seed(3))
+    for (name, a), b in zip(first.state_dict().items(), second.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert first.embeddings.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    bart = Seq2SeqModel(TransformerConfig.decoder(family="bart", vocab_size=600, hidden_size=64, num_heads=4,
+                                                  intermediate_size=128, num_layers=1, initializer_range=0.02),
+                        [HeadSpec("lm", "tied_lm")])
+    bart.init_weights(torch.Generator().manual_seed(3))
+    assert bart.embeddings.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert bart.encoder.layers[0].query.weight.std().item() == pytest.approx(0.02, rel=0.05)

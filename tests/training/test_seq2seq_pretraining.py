@@ -1,6 +1,6 @@
 """T5 pretraining from a run config: span corruption on the shared pipeline, the denoise objective, the model
-saved as transformers' T5ForConditionalGeneration, held-out perplexity, an interrupted run resumed bitwise, and
-bad configurations named by their key."""
+saved as transformers' T5ForConditionalGeneration, held-out perplexity, an interrupted run resumed bitwise, the
+training step's loss and gradients equal to transformers', and bad configurations named by their key."""
 
 from __future__ import annotations
 
@@ -234,3 +234,82 @@ def test_model_configs_follow_the_preset_the_family_and_the_tokenizer(t5_assets,
     assert (config.num_layers, config.hidden_size, config.num_heads, config.intermediate_size) == (2, 128, 2, 512)
     assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (
         wordpiece.cls_id, wordpiece.sep_id, wordpiece.pad_id)
+
+
+def _float64_t5_norm(self, hidden):
+    """transformers' T5LayerNorm with its variance in the input's dtype (theirs is float32 whatever the input's)."""
+    return self.weight * (hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("layouts", [False, True], ids=["cpu-batch", "device-layouts"])
+def test_denoise_training_step_has_transformers_t5_gradients(t5_assets, tmp_path, monkeypatch, dtype, layouts):
+    """One batch of the pretraining pipeline (span corruption, the decoder inputs behind the start token) through
+    the training loss as the trainer calls it (the packed forward, the denoise objective's summed loss over the
+    units) has transformers' T5ForConditionalGeneration loss and gradients on the same weights (T5's init, saved and
+    loaded): every encoder and cross-attention parameter gets its gradient. float64: equal to rounding (1e-10 of
+    each gradient's largest entry; transformers' norm made float64 too); float32, the training dtype (the in-place
+    summed cross-entropy): 1e-5. `layouts`: the packings the trainer builds for a batch on a GPU."""
+    import transformers
+    from transformers.models.t5 import modeling_t5
+
+    from bertology.model.checkpoint import save_model
+    from bertology.model.packing import Layout
+    from bertology.objectives.compose import TrainingLoss
+    from bertology.recipes import pretrain as recipe
+    from transformer_helpers import t5_state_dict
+
+    if dtype == torch.float64:
+        monkeypatch.setattr(modeling_t5.T5LayerNorm, "forward", _float64_t5_norm)
+    config = build(raw_config(t5_assets, tmp_path / "run"))
+    torch.manual_seed(0)
+    objectives = config.build_objectives()
+    tokenizer = recipe.build_tokenizer(config)
+    train, heldout = recipe.build_corpus(config, tokenizer)
+    model = recipe.build_model(config, tokenizer, objectives)
+    data, _ = recipe.build_datasets(config, tokenizer, train, heldout, objectives, model.config)
+    batch = next(iter(data.batches(0, 4, 0, 0, 1)))
+    # The decoder reads the targets behind T5's start token (the padding id); the labels are the targets, whose
+    # sentinels are the ones in the same row's source, in the same order.
+    assert model.config.decoder_start_token_id == tokenizer.pad_id == 0
+    assert (batch.decoder_input_ids[:, 0] == 0).all()
+    targets = batch.labels.masked_fill(batch.labels == -100, tokenizer.pad_id)
+    assert torch.equal(batch.decoder_input_ids[:, 1:], targets[:, :-1])
+    sentinels = set(tokenizer.framing.sentinels)
+    for source, mask, labels in zip(batch.input_ids, batch.attention_mask, batch.labels):
+        in_source = [i for i in source[mask.bool()].tolist() if i in sentinels]
+        in_target = [i for i in labels.tolist() if i in sentinels]
+        assert in_source == in_target and in_source
+    if layouts:
+        batch.layout, batch.decoder_layout = Layout(batch.attention_mask), Layout(batch.decoder_attention_mask)
+    model = model.to(dtype).eval()
+    save_model(model, tmp_path / "model")
+    hf = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path / "model", dtype=dtype).eval()
+
+    loss_module = TrainingLoss(model, objectives)
+    # The unit counts as the trainer divides by them (float32 there; in the weights' dtype here, so that 1 / units
+    # is not rounded to float32 in the float64 check)
+    units = {name: unit.to(dtype) for name, unit in loss_module.units(batch).items()}
+    ours, _ = loss_module(batch, units)
+    ours.backward()
+    theirs = hf(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                decoder_input_ids=batch.decoder_input_ids, decoder_attention_mask=batch.decoder_attention_mask,
+                labels=batch.labels).loss
+    theirs.backward()
+    tolerance = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=0)
+
+    class Gradients:  # transformers' gradients under the model's names
+        config = hf.config
+
+        def state_dict(self):
+            return {name: p.grad for name, p in hf.named_parameters()}
+
+    expected = t5_state_dict(Gradients())
+    gradients = {name: p.grad for name, p in model.named_parameters()}
+    assert set(gradients) == set(expected)
+    assert any(name.startswith("encoder.") for name in gradients) and any("cross_" in name for name in gradients)
+    for name, grad in gradients.items():
+        scale = expected[name].abs().max().item()
+        assert grad is not None and scale > 0, name
+        torch.testing.assert_close(grad, expected[name], rtol=0, atol=tolerance * scale, msg=name)

@@ -377,7 +377,8 @@ def compile_blocks(blocks: Sequence[nn.Module], **options: Any) -> None:
 
 @torch.no_grad()
 def init_parameters(model: nn.Module, std: float, generator: torch.Generator | None = None) -> None:
-    """BERT's initialisation, which every model here uses: N(0, std) linear weights and embeddings (the padding row
+    """BERT's initialisation, which every model here uses but T5 (a family's own, `CheckpointFamily.init`:
+    bertology.model.families.t5.init_weights): N(0, std) linear weights and embeddings (the padding row
     of an embedding that has one zeroed), zero linear biases, unit norms with zero biases. Modules are visited in
     registration order, so the same seed gives the same weights however the model was built (on the meta device or
     not). Parameters of other kinds (a head's vocabulary bias) are their owner's to set."""

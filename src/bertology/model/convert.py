@@ -305,6 +305,9 @@ class CheckpointFamily:
     # weights; source) -> None, raising a ConfigError that names the key (one the weights disagree with, a value the
     # config keys keep unread in `extra`).
     check_checkpoint: Callable[[Any, Mapping[str, Tensor], str], None] | None = None
+    # How a fresh model of this family is initialised, `init(model, generator)` (T5's: scales by fan-in); None:
+    # BERT's (bertology.model.blocks.init_parameters), as the model's own init_weights does it.
+    init: Callable[[Any, torch.Generator | None], None] | None = None
 
     def __post_init__(self) -> None:
         for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):
@@ -399,6 +402,13 @@ def checkpoint_family(model_type: Any, source: str = "config.json") -> Checkpoin
         raise CheckpointError(f"{source}: model_type: unknown model_type {model_type!r}; registered: "
                               f"{', '.join(known)}")
     return known[model_type]
+
+
+def family_init(family: Any) -> Callable[[Any, torch.Generator | None], None] | None:
+    """The initialisation of the models of the family `family` (a config's `family`) where the table of the
+    family gives one (`CheckpointFamily.init`), else None."""
+    return next((entry.init for entry in registry().values() if entry.family == family and entry.init is not None),
+                None)
 
 
 def family_for_config(config: TransformerConfig) -> CheckpointFamily:

@@ -38,8 +38,8 @@ def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy of ``logits [N, V]`` (only at selected positions) against the original ids ``labels [N]``;
     a label ``IGNORE`` (a padded target) takes no loss.
 
-    Computed in float32 whatever the autocast dtype, since a bf16 log-softmax over a large vocabulary loses
-    precision. An empty selection gives 0 (sum) rather than NaN.
+    Computed in float32 at least whatever the autocast dtype, since a bf16 log-softmax over a large vocabulary loses
+    precision (float64 logits stay float64). An empty selection gives 0 (sum) rather than NaN.
     """
     if logits.shape[0] == 0:
         return logits.sum() * 0.0
@@ -49,7 +49,8 @@ def mlm_loss(logits: Tensor, labels: Tensor, reduction: str = "mean") -> Tensor:
         # would see them change.
         in_place = logits.device.type == "cpu" and logits.grad_fn is not None and logits._base is None
         return _SummedCrossEntropy.apply(logits, labels, in_place)[0]
-    return F.cross_entropy(logits.float(), labels, reduction=reduction)
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    return F.cross_entropy(logits, labels, reduction=reduction)
 
 
 class _SummedCrossEntropy(torch.autograd.Function):

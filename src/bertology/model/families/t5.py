@@ -7,16 +7,24 @@ d_model ** -0.5 unless config.json says otherwise (`scale_decoder_outputs`, or b
 false, as v1.1 checkpoints say); a checkpoint whose `lm_head.weight` differs from `shared.weight` builds an untied
 head of kind "lm" (transformers unties them then too). Every block stores the relative-position table in block 0
 only (one table per stack, shared by its layers); `encoder.embed_tokens` and `decoder.embed_tokens` are copies of
-`shared`, accepted on reading and not written."""
+`shared`, accepted on reading and not written.
+
+A fresh T5 is initialised as T5's own code initialises it (`init_weights`), not as BERT: every weight is drawn with
+a standard deviation set by its fan-in, so that unit-scale inputs give unit-scale outputs, and the token embeddings
+are N(0, 1) (the tied head's d_model ** -0.5 output scale then gives unit-scale logits)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+from torch import nn
+
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Tie, WeightEntry, linear, renamed_keys
 from bertology.model.config import DECODER_DEFAULTS, TransformerConfig
+from bertology.model.heads import LMHead
 
 # Activations a feed_forward_proj may name ("ACT" or "gated-ACT"), as transformers' T5 reads them.
 ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
@@ -139,6 +147,46 @@ def run_defaults(values: Mapping[str, Any], run: Any) -> dict[str, Any]:
             "classifier_dropout": 0.0, "decoder_start_token_id": run.fill_id}
 
 
+QUERIES = ("query", "cross_query")
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, generator: torch.Generator | None = None) -> None:
+    """T5's initialisation (Mesh TensorFlow's, as transformers' T5PreTrainedModel draws it): token embeddings
+    N(0, 1); in every block the query N(0, (d_model * d_kv) ** -0.5), key and value N(0, d_model ** -0.5), the
+    attention output N(0, (heads * d_kv) ** -0.5), the feed-forward's input (and gate) N(0, d_model ** -0.5) and
+    output N(0, d_ff ** -0.5), cross-attention as self-attention; the relative-position tables
+    N(0, d_model ** -0.5); norms 1; any other layer of the body N(0, fan_in ** -0.5). An untied language-model
+    head is N(0, 1) (kind "lm", as transformers' lm_head), any other head's linear layers N(0, d_model ** -0.5) with
+    zero biases (T5's classification and question-answering heads). Modules are drawn in registration order from
+    `generator`."""
+    config = model.config
+    d = config.hidden_size
+    for name, module in model.named_modules():
+        if isinstance(module, LMHead):
+            std = 1.0
+        elif isinstance(module, nn.Linear) and name.startswith("heads."):
+            std = d ** -0.5
+        elif isinstance(module, nn.Linear):  # the query's std also carries attention's missing d_kv ** -0.5
+            std = (d * config.head_dim) ** -0.5 if name.rsplit(".", 1)[-1] in QUERIES else module.in_features ** -0.5
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std, generator=generator)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            std = 1.0 if name == "embeddings" else d ** -0.5
+            module.weight.normal_(0.0, std, generator=generator)
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            if module.weight is not None:
+                module.weight.fill_(1.0)
+            if getattr(module, "bias", None) is not None:
+                module.bias.zero_()
+    for head in getattr(model, "heads", {}).values():
+        bias = getattr(head, "bias", None)
+        if isinstance(bias, torch.Tensor) and not isinstance(head, nn.Linear):
+            bias.zero_()
+
+
 FAMILY = CheckpointFamily(
     model_type="t5",
     class_stem="T5",
@@ -154,4 +202,5 @@ FAMILY = CheckpointFamily(
     models={"EncoderModel": "encoder"},
     word_embeddings="embeddings.weight",
     run_defaults=run_defaults,
+    init=init_weights,
 )

@@ -102,7 +102,8 @@ def main() -> None:
         ours, theirs = (next(r["peak_growth_mib"] for r in results if r["side"] == s and r["mode"] == mode)
                         for s in ("bertology", "transformers"))
         what = "forward (inference mode)" if mode == "forward" else "MLM training step (forward + backward)"
-        print(f"| {what}: peak resident growth | {ours:,.0f} MiB | {theirs:,.0f} MiB | {ours / theirs:.2f} |")
+        ratio = f"{ours / theirs:.2f}" if theirs > 0 else "n/a"  # a tiny batch may not grow the resident set
+        print(f"| {what}: peak resident growth | {ours:,.0f} MiB | {theirs:,.0f} MiB | {ratio} |")
 
 
 if __name__ == "__main__":

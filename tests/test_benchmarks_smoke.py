@@ -116,6 +116,13 @@ def test_xlnet_step(script):
     assert "bertology" in out and "transformers" in out and "speed-up" in out
 
 
+def test_deberta_memory(script):
+    out = script("deberta_memory", "--shape", "tiny", "--rows", "2", "--length", "16")
+    rows = table_rows(out)
+    assert [r[0].split(":")[0] for r in rows] == ["forward (inference mode)", "MLM training step (forward + backward)"]
+    assert all(r[1].endswith("MiB") and r[2].endswith("MiB") for r in rows)
+
+
 def test_retrieval(script):
     out = script("retrieval", "--quick")
     systems = [r[0] for r in table_rows(out)]
@@ -247,6 +254,6 @@ def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
-               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training"}
+               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training", "deberta_memory"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

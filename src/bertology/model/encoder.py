@@ -321,7 +321,15 @@ class EncoderModel(BaseModel):
 
     @torch.no_grad()
     def init_weights(self, generator: torch.Generator | None = None) -> None:
-        """BERT's initialisation (bertology.model.blocks.init_parameters) and zero vocabulary biases."""
+        """The family's initialisation where its checkpoint table has one (T5's encoder alone:
+        bertology.model.families.t5), else BERT's (bertology.model.blocks.init_parameters) and zero vocabulary
+        biases."""
+        from bertology.model.convert import family_init  # the tables import the model classes
+
+        init = family_init(self.config.family)
+        if init is not None:
+            init(self, generator)
+            return
         init_parameters(self, self.config.initializer_range, generator)
         for head in self.heads.values():
             if isinstance(head, (MaskedLMHead, TiedLMBiasHead)):

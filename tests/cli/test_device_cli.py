@@ -206,8 +206,8 @@ def test_evaluate_takes_the_device_for_retrieval_only(files, tmp_path, capsys):
     assert run("evaluate", "--task", "sst2", "--gold", files / "dev.tsv", "--predictions", predictions) == 0
     assert run("evaluate", "--task", "sst2", "--gold", files / "dev.tsv", "--predictions", predictions,
                "--device", "cpu") == 2
-    assert capsys.readouterr().err.endswith("error: --device, --dtype: for --task retrieval only (it embeds the "
-                                            "questions); sst2 scores files\n")
+    assert capsys.readouterr().err.endswith("error: --device, --dtype: for --task retrieval and open-qa only (they "
+                                            "embed the questions); sst2 scores files\n")
 
 
 def test_int8_keeps_working_and_is_the_cpus(files, tmp_path, capsys):

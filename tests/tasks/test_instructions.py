@@ -372,3 +372,12 @@ def test_a_decoder_without_an_eos_id_ends_its_responses_with_the_tokenizers_end_
     for row, example in enumerate(examples):
         response = [t for t in batch.labels[row].tolist() if t != -100]
         assert response == tokenizer.encode(" " + example.target, add_special_tokens=False).ids + [end]
+
+
+def test_the_shipped_instructions_file_and_its_templates_load():
+    from bertology.tasks.instructions import load_instructions
+
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    task = load_instructions(configs / "instructions-example.yaml")
+    assert task.mixture == ["cola", "mrpc", "rte"] and task.heldout == ["sst2"]
+    assert all(len(task.templates[name]) >= 2 for name in [*task.mixture, *task.heldout])  # several templates each

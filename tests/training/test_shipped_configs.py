@@ -9,9 +9,11 @@ import pytest
 
 from bertology.training.config import PretrainConfig, load_config
 
-# task-*.yaml are fine-tuning task files (bertology.tasks.user), checked by tests/tasks/test_user_task.py.
+# task-*.yaml are fine-tuning task files (bertology.tasks.user), checked by tests/tasks/test_user_task.py;
+# instruction*.yaml an instructions file and its templates (bertology.tasks.instructions), checked by
+# tests/tasks/test_instructions.py.
 CONFIGS = sorted(p for p in (Path(__file__).resolve().parents[2] / "configs").glob("*.yaml")
-                 if not p.name.startswith("task-"))
+                 if not p.name.startswith(("task-", "instruction")))
 
 
 def test_there_are_shipped_configs():

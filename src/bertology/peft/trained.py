@@ -94,8 +94,8 @@ def load_trained(base: str | os.PathLike | Model | Pretrained, directory: str | 
     except (BertologyError, KeyError, TypeError, AttributeError, ValueError) as error:
         what = f"missing key {error}" if isinstance(error, KeyError) else str(error)
         raise CheckpointError(f"{recipe_path}: {what}") from None
-    differ = [key for key, value in config.to_dict().items()
-              if key not in EVAL_IRRELEVANT and getattr(base_model.config, key) != value]
+    differ = [key for key in config.to_dict()
+              if key not in EVAL_IRRELEVANT and getattr(base_model.config, key) != getattr(config, key)]
     if differ:
         raise CheckpointError(f"{recipe_path}: the base model differs from the one trained in "
                               f"{', '.join(f'{k} ({getattr(base_model.config, k)!r} vs {getattr(config, k)!r})' for k in differ)}")

@@ -118,3 +118,45 @@ def test_rerank_needs_negatives(tmp_path):
     task = get_task("rerank")
     with pytest.raises(DataError, match="train.jsonl: no negative passages"):
         task.read(task.path(str(tmp_path), "train"))
+
+
+def test_rerank_batches_hold_both_labels_as_framed_pairs(tiny, tmp_path):
+    """Each training batch of the task's own encoding mixes relevant and irrelevant pairs, each read as
+    [CLS] query [SEP] passage [SEP] with the passage's token type 1, and the label is the pair's own."""
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps({"query": q, "positive": p, "negatives": n}) + "\n"
+                                                  for q, p, n in ROWS), encoding="utf-8")
+    task = get_task("rerank")
+    pairs = task.read(tmp_path / "train.jsonl")
+    encoded = task.encode(tiny.tokenizer, pairs, 64, train=True, seed=0)
+    batches = list(encoded.batches(0, 4, drop_last=False))
+    assert all(set(batch.labels.tolist()) == {0, 1} for batch in batches)
+    cls, sep = tiny.tokenizer.token_to_id("[CLS]"), tiny.tokenizer.token_to_id("[SEP]")
+    for batch in batches:
+        for row in range(len(batch)):
+            pair = pairs[int(batch.example_ids[row])]
+            assert int(batch.labels[row]) == (pair.label == "relevant")
+            real = batch.attention_mask[row].bool()
+            ids, types = batch.input_ids[row][real].tolist(), batch.token_type_ids[row][real].tolist()
+            assert ids[0] == cls and ids[-1] == sep and ids.count(sep) == 2
+            first = ids.index(sep)
+            assert types == [0] * (first + 1) + [1] * (len(ids) - first - 1)
+
+
+def test_the_rerank_task_overfits_eight_pairs(tiny_dir, tmp_path):
+    """On 8 pairs (4 relevant, 4 irrelevant; two passages are one query's positive and another's negative, so
+    the passage alone does not tell the label) 60 steps of the task's own loop (the tiny random model, lr 5e-3)
+    drive the loss from ln 2 to well below it and the pairs' accuracy to 100: the labels, the pair framing, the
+    classifier's gradient into the encoder and the dev metric's reading of the logits together can learn."""
+    data = tmp_path / "pairs"
+    data.mkdir()
+    for name in ("train.jsonl", "dev.jsonl"):
+        (data / name).write_text("".join(json.dumps({"query": q, "positive": p, "negatives": n}) + "\n"
+                                         for q, p, n in ROWS), encoding="utf-8")
+    torch.set_num_threads(1)
+    assert run("finetune", "--task", "rerank", "--model", tiny_dir, "--data", data, "--out", tmp_path / "run",
+               "--set", "optim.batch_size=8", "--set", "optim.lr=5e-3", "--set", "task.epochs=60",
+               "--set", "run.log_every=1", "--set", "run.seed=0", "--max-steps", "60") == 0
+    train = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert train[0]["loss"] > 0.6 and train[-1]["loss"] < 0.3
+    assert json.loads((tmp_path / "run" / "dev_metrics.json").read_text())["accuracy"] == 100.0

@@ -443,9 +443,15 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, context: AttentionContext,
                          "or buckets")
     outs, probs_by_group = [], []
     heads, head_dim = q.shape[1], q.shape[2]
-    for start, count, length in layout.groups:  # `count` sequences of `length` tokens, contiguous in the stream
-        rows = slice(start, start + count * length)
-        q_g, k_g, v_g = (t[rows].view(count, length, heads, head_dim).transpose(1, 2) for t in (q, k, v))
+    if not layout.groups:  # no tokens
+        return q[:0], probs_by_group
+    # One split of each stream, its backward one concatenation; a slice a group would give each slice's backward a
+    # zero gradient of the whole stream, summed over the groups (about a tenth of a retriever's training step on CPU:
+    # benchmarks/RESULTS.md, "Retrieval speed").
+    sizes = [count * length for _, count, length in layout.groups]
+    for (start, count, length), *qkv in zip(layout.groups, q.split(sizes), k.split(sizes), v.split(sizes)):
+        rows = slice(start, start + count * length)  # `count` sequences of `length` tokens, contiguous in the stream
+        q_g, k_g, v_g = (t.view(count, length, heads, head_dim).transpose(1, 2) for t in qkv)
         g_g = global_tokens[rows].view(count, length) if global_tokens is not None else None
         p_g = lm_prefix[rows].view(count, length) if lm_prefix is not None else None
         qkv_g: GlobalQKV | None = None
@@ -459,7 +465,7 @@ def packed_attention(q: Tensor, k: Tensor, v: Tensor, context: AttentionContext,
                                     prefix, head_scale, 0, qkv_g, p_g)
         outs.append(o.transpose(1, 2).reshape(count * length, heads, head_dim))
         probs_by_group.append(probs)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs or [q[:0]])  # one group: no copy; none: no tokens
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # one group: no copy
     return out, probs_by_group
 
 

@@ -24,7 +24,7 @@ from torch import Tensor
 from bertology.builtins import Registry
 from bertology.errors import CheckpointError, ConfigError
 from bertology.model.config import TransformerConfig
-from bertology.model.encoder import HeadSpec
+from bertology.model.heads import HeadSpec
 from bertology.model.protocol import PRUNES_HEADS
 from bertology.model.registry import model_class, model_name
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +47,7 @@ from bertology.io import atomic_directory, atomic_write
 from bertology.model import Pretrained
 from bertology.model.protocol import ENCODER_DECODER, GENERATES, capabilities, model_kind, require
 from bertology.objectives.base import Objective, ObjectiveOutput, Passes, count, ratio
+from bertology.retrieval.retriever_task import ShuffledBatches
 
 RAG_FILE = "rag.json"
 RAG_FORMAT = "bertology-rag"
@@ -377,10 +378,9 @@ class RagBatch:
         return [row[:n] for row, n in zip(self.question_ids.tolist(), self.question_lengths.tolist())]
 
 
-class RagExamples:
+class RagExamples(ShuffledBatches):
     """SQuAD questions tokenised once (for the query encoder and for the generator) with their first answer as
-    the target, as a ``BatchSource``: training order a permutation seeded by ``(seed, epoch)``, dealt round-robin
-    to ranks; without ``shuffle`` the questions in order."""
+    the target, as a ``BatchSource`` (the plan: the retriever task's ``ShuffledBatches``)."""
 
     def __init__(self, retriever: Retriever, inputs: GeneratorInputs, examples: Sequence[Any], *, shuffle: bool,
                  seed: int = 0) -> None:
@@ -399,25 +399,6 @@ class RagExamples:
     def __len__(self) -> int:
         return len(self.examples)
 
-    def _order(self, epoch: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[np.ndarray]:
-        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"batch_size {batch_size}, rank {rank} of {world_size}: invalid")
-        n = len(self)
-        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
-        if drop_last and self.shuffle:
-            order = order[: n // (batch_size * world_size) * batch_size * world_size]
-        order = order[rank::world_size]
-        chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        return [c for c in chunks if len(c) == batch_size] if drop_last and self.shuffle else chunks
-
-    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                    drop_last: bool = True) -> int:
-        return len(self._order(epoch, batch_size, rank, world_size, drop_last))
-
-    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
-                drop_last: bool = True) -> Iterator[RagBatch]:
-        plan = self._order(epoch, batch_size, rank, world_size, drop_last)
-        return (self.collate(rows) for rows in plan[start_batch:])
 
     def collate(self, rows: np.ndarray) -> RagBatch:
         assert self.encoder_inputs is not None

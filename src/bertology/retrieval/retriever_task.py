@@ -151,10 +151,44 @@ class RetrievalBatch:
         return self.queries
 
 
-class RetrievalBatches:
-    """Examples tokenised once as a ``BatchSource``: training order a permutation seeded by ``(seed, epoch)``, dealt
-    round-robin to ranks (each batch a pure function of epoch, index, rank and world size, so runs resume exactly);
-    without ``shuffle`` the examples in order."""
+class ShuffledBatches:
+    """The batch plan of a ``BatchSource`` whose examples are tokenised once: training order a permutation seeded by
+    ``(seed, epoch)`` (whole batches only with ``drop_last``), dealt round-robin to ranks, so each batch is a pure
+    function of epoch, index, rank and world size and runs resume exactly; without ``shuffle`` the examples in
+    order. A subclass holds ``shuffle`` and ``seed`` and gives ``__len__`` and ``collate(rows)``."""
+
+    shuffle: bool
+    seed: int
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def collate(self, rows: np.ndarray) -> Any:
+        raise NotImplementedError
+
+    def _order(self, epoch: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[np.ndarray]:
+        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigError(f"batch_size {batch_size}, rank {rank} of {world_size}: invalid")
+        n = len(self)
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        if drop_last and self.shuffle:
+            order = order[: n // (batch_size * world_size) * batch_size * world_size]
+        order = order[rank::world_size]
+        chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        return [c for c in chunks if len(c) == batch_size] if drop_last and self.shuffle else chunks
+
+    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
+                    drop_last: bool = True) -> int:
+        return len(self._order(epoch, batch_size, rank, world_size, drop_last))
+
+    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
+                drop_last: bool = True) -> Iterator[Any]:
+        plan = self._order(epoch, batch_size, rank, world_size, drop_last)
+        return (self.collate(rows) for rows in plan[start_batch:])
+
+
+class RetrievalBatches(ShuffledBatches):
+    """Retrieval examples tokenised once, as a ``BatchSource`` (the plan: ``ShuffledBatches``)."""
 
     def __init__(self, tokenizer: Any, examples: Sequence[RetrievalExample], max_length: int, *,
                  shuffle: bool, seed: int = 0) -> None:
@@ -173,25 +207,6 @@ class RetrievalBatches:
     def __len__(self) -> int:
         return len(self.examples)
 
-    def _order(self, epoch: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[np.ndarray]:
-        if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"batch_size {batch_size}, rank {rank} of {world_size}: invalid")
-        n = len(self)
-        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
-        if drop_last and self.shuffle:
-            order = order[: n // (batch_size * world_size) * batch_size * world_size]
-        order = order[rank::world_size]
-        chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-        return [c for c in chunks if len(c) == batch_size] if drop_last and self.shuffle else chunks
-
-    def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
-                    drop_last: bool = True) -> int:
-        return len(self._order(epoch, batch_size, rank, world_size, drop_last))
-
-    def batches(self, epoch: int, batch_size: int, start_batch: int = 0, rank: int = 0, world_size: int = 1,
-                drop_last: bool = True) -> Iterator[RetrievalBatch]:
-        plan = self._order(epoch, batch_size, rank, world_size, drop_last)
-        return (self.collate(rows) for rows in plan[start_batch:])
 
     def collate(self, rows: np.ndarray) -> RetrievalBatch:
         examples = [self.examples[int(r)] for r in rows]

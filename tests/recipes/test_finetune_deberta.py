@@ -17,7 +17,7 @@ from bertology.cli.main import main
 from bertology.model import Pretrained, load, load_model
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tokenization import train_tokenizer
-from finetune_helpers import BAD, FILL, GOOD, cue_sentence, key_squad
+from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, strategy_trains_saves_and_predicts
 
 transformers = pytest.importorskip("transformers")
 
@@ -41,16 +41,6 @@ def model_dir(tmp_path_factory):
     transformers.DebertaV2ForMaskedLM(config).save_pretrained(root / "hf")
     Pretrained(load_model(root / "hf"), tokenizer).save(root / "model")
     return root / "model"
-
-
-def sst2(root, seed=0):
-    rng = np.random.default_rng(seed)
-    (root / "SST-2").mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 160), ("dev", 32)):
-        rows = [(cue_sentence(rng, label), label) for label in rng.integers(0, 2, n)]
-        (root / "SST-2" / f"{split}.tsv").write_text(
-            "sentence\tlabel\n" + "".join(f"{s} \t{label}\n" for s, label in rows), encoding="utf-8")
-    return root
 
 
 def config(data, model, out, task="sst2", epochs=6, lr=3e-3, max_length=None, strategy="full"):
@@ -80,7 +70,7 @@ def same_logits_in_transformers(model_dir, hf_class, texts, pairs=None):
 
 
 def test_sst2_learns_through_the_context_pooler(model_dir, tmp_path):
-    data = sst2(tmp_path)
+    data = cue_sst2(tmp_path)
     out = tmp_path / "run"
     result = finetune(config(data, model_dir, out))
     assert result.best["value"] > 80, result.best  # the cue word decides the label
@@ -127,13 +117,9 @@ def test_squad_learns_and_transformers_gives_the_same_logits(model_dir, tmp_path
 
 @pytest.mark.parametrize("kind", ["frozen", "lora", "adapters", "prefix", "scalar-mix"])
 def test_every_strategy_trains_saves_and_predicts(model_dir, tmp_path, kind):
-    data = sst2(tmp_path, seed=2)
+    data = cue_sst2(tmp_path, seed=2)
     out = tmp_path / kind
-    result = finetune(config(data, model_dir, out, epochs=2, strategy=kind))
-    assert 0 < result.trainable.trainable < result.trainable.total
-    assert main(["predict", "--model", str(out / "model"), "--task", "sst2", "--input",
-                 str(data / "SST-2" / "dev.tsv"), "--output", str(tmp_path / "p.tsv")]) == 0
-    assert (tmp_path / "p.tsv").read_text() == (out / "dev_predictions.tsv").read_text()
+    strategy_trains_saves_and_predicts(config(data, model_dir, out, epochs=2, strategy=kind), data, tmp_path)
     if kind == "lora":  # peft's format, on transformers' names of the projections
         adapter = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
         assert adapter["target_modules"] == ["query_proj", "value_proj"]

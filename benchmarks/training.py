@@ -950,30 +950,32 @@ def without_token_types(step: Callable[[dict[str, torch.Tensor]], Any]) -> Calla
     return run
 
 
-def measure_modernbert(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
-                       workdir: Path) -> list[Row]:
-    directory = modernbert_directory(name, tokenizer, workdir)
+def measure_encoder_mlm(family: str, name: str, label: str, directory: Path, hf_class: str,
+                        workload: list[Batches], warmup: int, repeats: int, workdir: Path) -> list[Row]:
+    """The MLM step of an encoder family without token types (ModernBERT, DeBERTa-v3) from `directory` against
+    transformers' `hf_class` on the same weights: a check of a few steps, then the interleaved timing per workload.
+    `label` names the rows; `name` (the size) and `family` the log lines, `family` the run directories too."""
     run_config = {"objectives": {"mlm": {}}}
     rows = []
     for batches in workload:
         model = load_model(directory)
         check = check_steps(pretrain_step(load_model(directory), [MaskedLM()], run_config, workdir,
-                                          "bertology-modernbert-check", dropout=False, with_loss=True),
-                            without_token_types(transformers_step(directory, "ModernBertForMaskedLM",
-                                                                  dropout=False)), batches)
+                                          f"bertology-{family.lower()}-check", dropout=False, with_loss=True),
+                            without_token_types(transformers_step(directory, hf_class, dropout=False)), batches)
         sides = {"bertology": functools.partial(run_pass, pretrain_step(model, [MaskedLM()], run_config, workdir,
-                                                                        "bertology-modernbert-run"), batches.ours),
+                                                                        f"bertology-{family.lower()}-run"),
+                                                batches.ours),
                  "transformers": functools.partial(run_pass, without_token_types(
-                     transformers_step(directory, "ModernBertForMaskedLM")), batches.hf)}
+                     transformers_step(directory, hf_class)), batches.hf)}
         seconds = common.interleaved(sides, warmup, repeats)
         config = model.config
         flops = train_flops(config, batches)
         tokens = batches.real_tokens
         ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
-        rows.append(Row(f"{name if name == MODERNBERT_BASE else f'modernbert-{name}'} MLM", batches.name, batches.padding_share, ours, theirs,
+        rows.append(Row(f"{label} MLM", batches.name, batches.padding_share, ours, theirs,
                         flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
                         executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap, check.optimizer))
-        print(f"  {name:6s} ModernBERT {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
+        print(f"  {name:6s} {family} {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
               f"tok/s  x{ours / theirs:.2f}  ({check})", file=sys.stderr, flush=True)
     return rows
 
@@ -1225,34 +1227,6 @@ def deberta_directory(name: str, tokenizer, workdir: Path) -> Path:
     return directory
 
 
-def measure_deberta(name: str, workload: list[Batches], tokenizer, warmup: int, repeats: int,
-                    workdir: Path) -> list[Row]:
-    directory = deberta_directory(name, tokenizer, workdir)
-    run_config = {"objectives": {"mlm": {}}}
-    rows = []
-    for batches in workload:
-        model = load_model(directory)
-        check = check_steps(pretrain_step(load_model(directory), [MaskedLM()], run_config, workdir,
-                                          "bertology-deberta-check", dropout=False, with_loss=True),
-                            without_token_types(transformers_step(directory, "DebertaV2ForMaskedLM",
-                                                                  dropout=False)), batches)
-        sides = {"bertology": functools.partial(run_pass, pretrain_step(model, [MaskedLM()], run_config, workdir,
-                                                                        "bertology-deberta-run"), batches.ours),
-                 "transformers": functools.partial(run_pass, without_token_types(
-                     transformers_step(directory, "DebertaV2ForMaskedLM")), batches.hf)}
-        seconds = common.interleaved(sides, warmup, repeats)
-        config = model.config
-        flops = train_flops(config, batches)
-        tokens = batches.real_tokens
-        ours, theirs = tokens / seconds["bertology"], tokens / seconds["transformers"]
-        rows.append(Row(f"deberta-{name} MLM", batches.name, batches.padding_share, ours, theirs,
-                        flops / seconds["bertology"] / 1e9, flops / seconds["transformers"] / 1e9,
-                        executed_flops(config, batches) / flops, check.loss_gap, check.norm_gap, check.optimizer))
-        print(f"  {name:6s} DeBERTa {batches.name:18s} bertology {ours:8.0f} tok/s  transformers {theirs:8.0f} "
-              f"tok/s  x{ours / theirs:.2f}  ({check})", file=sys.stderr, flush=True)
-    return rows
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=(*MODELS, MODERNBERT_BASE), default=list(MODELS),
@@ -1353,9 +1327,14 @@ def main() -> int:
                     rows += measure_generative(name, objective, workload, tokenizer, args.warmup, args.repeats,
                                                Path(tmp), args.seed)
             if "modernbert-mlm" in args.objectives:
-                rows += measure_modernbert(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+                label = name if name == MODERNBERT_BASE else f"modernbert-{name}"
+                directory = modernbert_directory(name, tokenizer, Path(tmp))
+                rows += measure_encoder_mlm("ModernBERT", name, label, directory, "ModernBertForMaskedLM",
+                                            workload, args.warmup, args.repeats, Path(tmp))
             if "deberta-mlm" in args.objectives:
-                rows += measure_deberta(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp))
+                directory = deberta_directory(name, tokenizer, Path(tmp))
+                rows += measure_encoder_mlm("DeBERTa", name, f"deberta-{name}", directory, "DebertaV2ForMaskedLM",
+                                            workload, args.warmup, args.repeats, Path(tmp))
             if "xlnet-plm" in args.objectives:
                 rows += measure_xlnet(name, workload, tokenizer, args.warmup, args.repeats, Path(tmp), args.seed)
     after = load_average()

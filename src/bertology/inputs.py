@@ -74,20 +74,30 @@ def json_object(line: str, where: str, error: type[BertologyError] = DataError) 
     return record
 
 
-def json_file(path: str | os.PathLike, error: type[BertologyError] = DataError) -> dict[str, Any]:
-    """The JSON object a whole file holds; anything else (bad UTF-8, bad JSON, nesting too deep, a list) is an
-    `error` naming the file."""
+def json_value(path: str | os.PathLike, error: type[BertologyError] = DataError) -> Any:
+    """The JSON value a whole file holds; a missing or unreadable file, bad UTF-8, bad JSON or nesting too deep is an
+    `error` naming the file (and the byte offset, or the line and column)."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except OSError as problem:
+        raise error(f"{path}: cannot read it: {problem.strerror or problem}") from None
     except UnicodeDecodeError as problem:
-        raise error(f"{path}: not UTF-8 text ({problem})") from None
+        raise error(f"{path}: not UTF-8 text at byte offset {problem.start}") from None
     except json.JSONDecodeError as problem:
-        raise error(f"{path}: not valid JSON: {problem}") from None
+        raise error(f"{path}: not valid JSON at line {problem.lineno}, column {problem.colno}: {problem.msg}") from None
     except RecursionError:
         raise error(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
+
+
+def json_file(path: str | os.PathLike, error: type[BertologyError] = DataError) -> dict[str, Any]:
+    """The JSON object a whole file holds (`json_value`'s errors), or an `error` naming the file when it holds
+    anything else (a list, a number)."""
+    data = json_value(path, error)
     if not isinstance(data, dict):
-        raise error(f"{path}: expected a JSON object, got a {type(data).__name__}")
+        raise error(f"{Path(path)}: expected a JSON object, got a {type(data).__name__}")
     return data
 
 

@@ -11,7 +11,6 @@ not reproduce (a Dense projection, say) are refused, naming the file and the mod
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bertology.errors import ConfigError
+from bertology.inputs import json_file, json_value
 
 MODULES_FILE = "modules.json"
 SETTINGS_FILE = "sentence_bert_config.json"
@@ -71,7 +71,7 @@ def read_sentence_config(directory: str | os.PathLike | None) -> SentenceConfig 
     modules_file = directory / MODULES_FILE
     if not modules_file.is_file():
         return None
-    modules = _json_file(modules_file)
+    modules = json_value(modules_file, ConfigError)
     if not isinstance(modules, list) or not all(isinstance(m, Mapping) for m in modules):
         raise ConfigError(f"{modules_file}: expected a list of modules (objects with a type and a path)")
     kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
@@ -88,9 +88,7 @@ def read_sentence_config(directory: str | os.PathLike | None) -> SentenceConfig 
     if "Normalize" in kinds and kinds.index("Normalize") < kinds.index("Pooling"):
         raise ConfigError(f"{modules_file}: the Normalize module comes before the Pooling module")
     pooling_file = directory / str(pooling.get("path", "")) / "config.json"
-    pooling_config = _json_file(pooling_file)
-    if not isinstance(pooling_config, Mapping):
-        raise ConfigError(f"{pooling_file}: expected a JSON object")
+    pooling_config = json_file(pooling_file, ConfigError)
     sentence = _pooling_mode(pooling_config, pooling_file)
     include_prompt = pooling_config.get("include_prompt", True)
     if not isinstance(include_prompt, bool):
@@ -99,9 +97,7 @@ def read_sentence_config(directory: str | os.PathLike | None) -> SentenceConfig 
     max_length, lower_case = None, False
     settings_file = directory / SETTINGS_FILE
     if settings_file.is_file():
-        settings = _json_file(settings_file)
-        if not isinstance(settings, Mapping):
-            raise ConfigError(f"{settings_file}: expected a JSON object")
+        settings = json_file(settings_file, ConfigError)
         max_length = settings.get("max_seq_length")
         if max_length is not None and (isinstance(max_length, bool) or not isinstance(max_length, int)
                                        or max_length < 3):
@@ -115,9 +111,7 @@ def read_sentence_config(directory: str | os.PathLike | None) -> SentenceConfig 
     default_prompt = None
     prompts_file = directory / PROMPTS_FILE
     if prompts_file.is_file():
-        extra = _json_file(prompts_file)
-        if not isinstance(extra, Mapping):
-            raise ConfigError(f"{prompts_file}: expected a JSON object")
+        extra = json_file(prompts_file, ConfigError)
         found = extra.get("prompts") or {}
         if not isinstance(found, Mapping) or not all(isinstance(k, str) and isinstance(v, str)
                                                      for k, v in found.items()):
@@ -143,12 +137,3 @@ def _pooling_mode(config: Mapping[str, Any], path: Path) -> str:
         raise ConfigError(f"{path}: pooling {' + '.join(map(str, modes))} is not supported ({', '.join(SUPPORTED_MODES)} "
                           "only); pass the embedding options explicitly")
     return modes[0]
-
-
-def _json_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise ConfigError(f"{path}: cannot read it as JSON: {error}") from None

@@ -80,7 +80,7 @@ from bertology.model.protocol import DECODER_ONLY, ENCODER_DECODER, GENERATES, M
 from bertology.tasks import metrics
 from bertology.tasks.base import TASKS
 from bertology.tasks.examples import TaggedSentence, TextExample
-from bertology.tasks.sequence import EncodedExamples
+from bertology.tasks.sequence import EncodedExamples, bucketed_plan
 from bertology.tasks.text_to_text import (MAX_TARGET_TOKENS, GlueTextToText, TargetCrossEntropy, TextPairs,
                                           lm_head, score_text, start_token)
 from bertology.tokenization import Tokenizer
@@ -588,21 +588,9 @@ class Mixture:
     def _order(self, epoch: int, batch_size: int, rank: int, world_size: int, drop_last: bool) -> list[np.ndarray]:
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"batch_size {batch_size}, rank {rank} of {world_size}: invalid")
-        order = self.draw(epoch)
         rng = np.random.default_rng([self.seed, epoch, 0x42415443])
-        if drop_last:
-            order = order[: len(order) // (batch_size * world_size) * batch_size * world_size]
-        order = order[rank::world_size]
-        batches: list[np.ndarray] = []
-        span = max(1, self.bucket_window) * batch_size
-        for begin in range(0, len(order), span):
-            window = order[begin:begin + span]
-            window = window[np.argsort(self.inner.lengths[window], kind="stable")]
-            chunks = [window[i:i + batch_size] for i in range(0, len(window), batch_size)]
-            if drop_last:
-                chunks = [c for c in chunks if len(c) == batch_size]
-            batches.extend(chunks[k] for k in rng.permutation(len(chunks)))
-        return batches
+        return bucketed_plan(self.draw(epoch), self.inner.lengths, rng, batch_size, rank, world_size, drop_last,
+                             self.bucket_window)
 
     def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
                     drop_last: bool = True) -> int:

@@ -84,6 +84,26 @@ class TaskBatch:
         return self.input_ids.shape[0]
 
 
+def bucketed_plan(order: np.ndarray, lengths: np.ndarray, rng: np.random.Generator, batch_size: int, rank: int,
+                  world_size: int, drop_last: bool, bucket_window: int) -> list[np.ndarray]:
+    """The training batches of one epoch from its shuffled ``order`` of examples: whole batches only with
+    ``drop_last``, dealt round-robin to ranks, then sorted by ``lengths`` within windows of ``bucket_window``
+    batches whose order ``rng`` shuffles, so batches pad little and stay random."""
+    if drop_last:
+        order = order[: len(order) // (batch_size * world_size) * batch_size * world_size]
+    order = order[rank::world_size]
+    batches: list[np.ndarray] = []
+    span = max(1, bucket_window) * batch_size
+    for begin in range(0, len(order), span):
+        window = order[begin:begin + span]
+        window = window[np.argsort(lengths[window], kind="stable")]
+        chunks = [window[i:i + batch_size] for i in range(0, len(window), batch_size)]
+        if drop_last:
+            chunks = [c for c in chunks if len(c) == batch_size]
+        batches.extend(chunks[k] for k in rng.permutation(len(chunks)))
+    return batches
+
+
 class EncodedExamples:
     """Examples tokenised once, as a ``BatchSource``.
 
@@ -141,20 +161,8 @@ class EncodedExamples:
             order = np.argsort(self.lengths, kind="stable")[rank::world_size]
             return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(count)
-        if drop_last:
-            order = order[: count // (batch_size * world_size) * batch_size * world_size]
-        order = order[rank::world_size]
-        batches: list[np.ndarray] = []
-        span = max(1, self.bucket_window) * batch_size
-        for begin in range(0, len(order), span):
-            window = order[begin:begin + span]
-            window = window[np.argsort(self.lengths[window], kind="stable")]
-            chunks = [window[i:i + batch_size] for i in range(0, len(window), batch_size)]
-            if drop_last:
-                chunks = [c for c in chunks if len(c) == batch_size]
-            batches.extend(chunks[k] for k in rng.permutation(len(chunks)))
-        return batches
+        return bucketed_plan(rng.permutation(count), self.lengths, rng, batch_size, rank, world_size, drop_last,
+                             self.bucket_window)
 
     def num_batches(self, epoch: int, batch_size: int, rank: int = 0, world_size: int = 1,
                     drop_last: bool = True) -> int:

@@ -12,6 +12,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from bertology.errors import TokenizerError
+from bertology.inputs import json_file
 from bertology.tokenization._pipeline import (
     CLASS_STYLE,
     MODEL_TYPE_STYLE,
@@ -101,19 +102,7 @@ def load_tokenizer(directory: str | os.PathLike, model_type: str | None = None) 
 
 def _read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``, {} when the file does not exist."""
-    if not path.is_file():
-        return {}
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as error:
-        raise TokenizerError(f"{path}: not UTF-8 at byte offset {error.start}") from None
-    except json.JSONDecodeError as error:
-        raise TokenizerError(f"{path}: invalid JSON at line {error.lineno}, column {error.colno}: {error.msg}") from None
-    except RecursionError:
-        raise TokenizerError(f"{path}: invalid JSON: arrays or objects nested too deeply") from None
-    if not isinstance(value, dict):
-        raise TokenizerError(f"{path}: expected a JSON object, got {type(value).__name__}")
-    return value
+    return json_file(path, TokenizerError) if path.is_file() else {}
 
 
 def _read_tokenizer_json(path: Path) -> tokenizers.Tokenizer:

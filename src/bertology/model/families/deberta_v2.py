@@ -33,20 +33,8 @@ DEFAULTS = {
 FIXED = {"pooler": False, "embedding_size": None}
 
 KEYS = {
-    "vocab_size": "vocab_size",
-    "hidden_size": "hidden_size",
-    "num_layers": "num_hidden_layers",
-    "num_heads": "num_attention_heads",
-    "intermediate_size": "intermediate_size",
-    "hidden_act": "hidden_act",
-    "max_position_embeddings": "max_position_embeddings",
-    "type_vocab_size": "type_vocab_size",
-    "layer_norm_eps": "layer_norm_eps",
-    "pad_token_id": "pad_token_id",
-    "hidden_dropout": "hidden_dropout_prob",
-    "attention_dropout": "attention_probs_dropout_prob",
+    **bert.KEYS,
     "classifier_dropout": "cls_dropout",
-    "initializer_range": "initializer_range",
     "relative_attention": "relative_attention",
     "max_relative_positions": "max_relative_positions",
     "position_buckets": "position_buckets",

@@ -151,6 +151,24 @@ def toy_conll(root, seed=0, sizes=(("eng.train", 160), ("eng.testa", 40))):
     return root
 
 
+def name_conll(root, seed=1, words=(2, 8), sizes=(("eng.train", 160), ("eng.testa", 24))):
+    """CoNLL-2003-style files of filler words with one lower-cased name each: john and mary are I-PER, paris and
+    london I-LOC. `words`: the filler count, a fixed int or a (low, high) range drawn per sentence."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in sizes:
+        lines = ["-DOCSTART- -X- -X- O", ""]
+        for _ in range(n):
+            count = words if isinstance(words, int) else int(rng.integers(*words))
+            sentence = list(rng.choice(["the", "film", "was", "met", "went", "to", "in", "a"], count))
+            name = str(rng.choice(["john", "mary", "paris", "london"]))
+            sentence.insert(int(rng.integers(len(sentence) + 1)), name)
+            tag = "I-PER" if name in ("john", "mary") else "I-LOC"
+            lines += [f"{w} NN I-NP {tag if w == name else 'O'}" for w in sentence] + [""]
+        (root / split).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
 def key_squad(path: Path, fill: list[str], cities: list[str], words: tuple[int, int], articles: int,
               paragraphs: int, seed: int = 0) -> Path:
     """A SQuAD v1.1 file whose answer is the city after 'key is' in a paragraph of `words` (low, high) filler words

@@ -19,7 +19,7 @@ from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import TextExample
 from bertology.tasks.metrics import evaluate_files
 from bertology.tasks.text_to_text import GlueTextToText, score_text, read_score
-from finetune_helpers import BAD, FILL, GOOD, cue_sentence, save_family_model
+from finetune_helpers import BAD, FILL, GOOD, cue_sentence, name_conll, save_family_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -46,18 +46,7 @@ def glue(tmp_path_factory):
 @pytest.fixture(scope="module")
 def conll(tmp_path_factory):
     """Sentences of filler words with one name: john and mary are people, paris and london places."""
-    root = tmp_path_factory.mktemp("conll")
-    rng = np.random.default_rng(1)
-    for split, n in (("eng.train", 160), ("eng.testa", 24)):
-        lines = ["-DOCSTART- -X- -X- O", ""]
-        for _ in range(n):
-            words = list(rng.choice(["the", "film", "was", "met", "went", "to", "in", "a"], 4))
-            name = str(rng.choice(["john", "mary", "paris", "london"]))
-            words.insert(int(rng.integers(5)), name)
-            tag = "I-PER" if name in ("john", "mary") else "I-LOC"
-            lines += [f"{w} NN I-NP {tag if w == name else 'O'}" for w in words] + [""]
-        (root / split).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
+    return name_conll(tmp_path_factory.mktemp("conll"), words=4)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
@@ -16,7 +15,7 @@ from bertology.cli.main import main
 from bertology.model import Pretrained, load, load_model
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tokenization import train_tokenizer
-from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, strategy_trains_saves_and_predicts
+from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, name_conll, strategy_trains_saves_and_predicts
 
 transformers = pytest.importorskip("transformers")
 
@@ -87,16 +86,7 @@ def test_sst2_learns_with_cls_and_mean_pooling(model_dir, tmp_path):
 
 
 def test_ner_tags_the_names_and_transformers_gives_the_same_logits(model_dir, tmp_path):
-    rng = np.random.default_rng(1)
-    for split, n in (("eng.train", 160), ("eng.testa", 24)):
-        lines = ["-DOCSTART- -X- -X- O", ""]
-        for _ in range(n):
-            words = list(rng.choice(["the", "film", "was", "met", "went", "to", "in", "a"], int(rng.integers(2, 8))))
-            name = str(rng.choice(["john", "mary", "paris", "london"]))
-            words.insert(int(rng.integers(len(words) + 1)), name)
-            tag = "I-PER" if name in ("john", "mary") else "I-LOC"
-            lines += [f"{w} NN I-NP {tag if w == name else 'O'}" for w in words] + [""]
-        (tmp_path / split).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    name_conll(tmp_path, words=(2, 8))
     out = tmp_path / "run"
     result = finetune(config(tmp_path, model_dir, out, task="conll2003", epochs=10, lr=1e-2))
     assert result.best["value"] > 50, result.best  # the name decides its tag

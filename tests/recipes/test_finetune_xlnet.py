@@ -18,7 +18,7 @@ from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import Answer, QAExample
 from bertology.tasks.qa import PairFrame, QAWindows
 from bertology.tasks.sequence import EncodedExamples
-from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, save_family_model, strategy_trains_saves_and_predicts
+from finetune_helpers import BAD, FILL, GOOD, cue_sst2, key_squad, name_conll, save_family_model, strategy_trains_saves_and_predicts
 
 transformers = pytest.importorskip("transformers")
 
@@ -84,16 +84,7 @@ def test_sst2_reads_the_last_token_and_transformers_gives_the_same_logits(model_
 
 
 def test_ner_tags_the_names_and_transformers_gives_the_same_logits(model_dir, tmp_path):
-    rng = np.random.default_rng(1)
-    for split, n in (("eng.train", 160), ("eng.testa", 24)):
-        lines = ["-DOCSTART- -X- -X- O", ""]
-        for _ in range(n):
-            words = list(rng.choice(["the", "film", "was", "met", "went", "to", "in", "a"], int(rng.integers(2, 6))))
-            name = str(rng.choice(["john", "mary", "paris", "london"]))
-            words.insert(int(rng.integers(len(words) + 1)), name)
-            tag = "I-PER" if name in ("john", "mary") else "I-LOC"
-            lines += [f"{w} NN I-NP {tag if w == name else 'O'}" for w in words] + [""]
-        (tmp_path / split).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    name_conll(tmp_path, words=(2, 6))
     out = tmp_path / "run"
     result = finetune(config(tmp_path, model_dir, out, task="conll2003", epochs=10, lr=1e-2))
     assert result.best["value"] > 50, result.best  # the name decides its tag

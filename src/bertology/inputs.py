@@ -60,6 +60,18 @@ def check_unicode(value: Any, where: str, error: type[BertologyError] = DataErro
     return value
 
 
+def json_kind(value: Any) -> str:
+    """How an error names a JSON value it did not expect: its kind, and the value itself when it is short
+    ("a list [1, 2]", "boolean true", "null")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {json.dumps(value)}"
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
+    shown = json.dumps(value, ensure_ascii=False, default=str)
+    return names.get(type(value), type(value).__name__) + ("" if len(shown) > 40 else f" {shown}")
+
+
 def json_object(line: str, where: str, error: type[BertologyError] = DataError) -> dict[str, Any]:
     """One JSON-lines record: the object on `line`, or an error naming `where` (file and line) and what is wrong:
     invalid JSON (with its column), nesting too deep for the parser, or a value that is not an object."""
@@ -70,7 +82,7 @@ def json_object(line: str, where: str, error: type[BertologyError] = DataError) 
     except RecursionError:
         raise error(f"{where}: invalid JSON: arrays or objects nested too deeply") from None
     if not isinstance(record, dict):
-        raise error(f"{where}: expected a JSON object, got {type(record).__name__}")
+        raise error(f"{where}: expected a JSON object, got {json_kind(record)}")
     return record
 
 
@@ -97,7 +109,7 @@ def json_file(path: str | os.PathLike, error: type[BertologyError] = DataError) 
     anything else (a list, a number)."""
     data = json_value(path, error)
     if not isinstance(data, dict):
-        raise error(f"{Path(path)}: expected a JSON object, got a {type(data).__name__}")
+        raise error(f"{Path(path)}: expected a JSON object, got {json_kind(data)}")
     return data
 
 

@@ -81,7 +81,7 @@ def test_token_level_with_explicit_layers(minilm_path, minilm, tmp_path):
         (b"good line\n\xff\xfe bad\n", [], r"in\.txt: line 2: cannot decode as utf-8 at byte offset 10 \(byte 0xff\)"),
         (b"", [], r"in\.txt: no texts"),
         (b'{"text": "a"}\n{"text": \n', ["--format", "jsonl"], r"in\.txt: line 2: invalid JSON: .* \(column 10\)"),
-        (b'{"text": "a"}\n["a"]\n', ["--format", "jsonl"], r"in\.txt: line 2: expected a JSON object, got list"),
+        (b'{"text": "a"}\n["a"]\n', ["--format", "jsonl"], r"in\.txt: line 2: expected a JSON object, got a list"),
         (b'{"body": "a"}\n', ["--format", "jsonl"], r"in\.txt: line 1: missing field 'text' \(fields: 'body'\)"),
         (b'{"text": 3}\n', ["--format", "jsonl"], r"in\.txt: line 1: field 'text' is int, not a string"),
         (b"\n \n", ["--format", "jsonl"], r"in\.txt: no texts"),

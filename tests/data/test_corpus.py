@@ -156,7 +156,7 @@ def test_invalid_json_line(tmp_path: Path) -> None:
 
 def test_json_line_not_an_object(tmp_path: Path) -> None:
     path = write(tmp_path / "x.jsonl", '["text"]\n')
-    with pytest.raises(DataError, match=r"line 1: expected a JSON object, got list"):
+    with pytest.raises(DataError, match=r"line 1: expected a JSON object, got a list"):
         list(read_documents(path, format="jsonl"))
 
 

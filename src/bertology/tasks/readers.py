@@ -37,7 +37,7 @@ from bertology.text.corpus import existing_file as _existing
 from bertology.text.corpus import read_score as _score
 from bertology.text.corpus import split_rows as _split_rows
 from bertology.errors import ConfigError, DataError
-from bertology.inputs import check_unicode
+from bertology.inputs import check_unicode, json_kind, json_object
 from bertology.text.examples import Answer, LabelSet, QAExample, TaggedSentence, TextExample
 
 __all__ = [
@@ -266,12 +266,12 @@ def read_squad(path: PathLike) -> list[QAExample]:
             raise DataError(f"{path}: {where}: missing key {key!r}")
         value = record[key]
         if not isinstance(value, kind) or isinstance(value, bool):
-            raise DataError(f"{path}: {where}.{key}: expected {_json_type(kind)}, got {_json_name(value)}")
+            raise DataError(f"{path}: {where}.{key}: expected {_json_type(kind)}, got {json_kind(value)}")
         return value
 
     def mapping(value: Any, where: str) -> Mapping[str, Any]:
         if not isinstance(value, dict):
-            raise DataError(f"{path}: {where}: expected an object, got {_json_name(value)}")
+            raise DataError(f"{path}: {where}: expected an object, got {json_kind(value)}")
         return value
 
     examples: list[QAExample] = []
@@ -322,16 +322,6 @@ def read_squad(path: PathLike) -> list[QAExample]:
 
 def _json_type(kind: type) -> str:
     return {list: "a list", str: "a string", int: "an integer", dict: "an object"}.get(kind, kind.__name__)
-
-
-def _json_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"boolean {json.dumps(value)}"
-    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
-    shown = json.dumps(value)
-    return names.get(type(value), type(value).__name__) + ("" if len(shown) > 40 else f" {shown}")
 
 
 def split_squad_by_article(examples: Iterable[QAExample] | PathLike, *, dev_fraction: float | None = None,
@@ -519,10 +509,10 @@ def _task_label(config: TaskFileConfig, labels: LabelSet | None, value: Any, pat
         if isinstance(value, str):
             return _score(value, path, number)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise DataError(f"{where}: label {name!r} must be a number for regression, got {_json_name(value)}")
+            raise DataError(f"{where}: label {name!r} must be a number for regression, got {json_kind(value)}")
         return _score(str(value), path, number)
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise DataError(f"{where}: label {name!r} must be a string or an integer, got {_json_name(value)}")
+        raise DataError(f"{where}: label {name!r} must be a string or an integer, got {json_kind(value)}")
     label = str(value)
     if labels is not None:
         labels.index(label, where)
@@ -575,14 +565,7 @@ def _task_jsonl(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> 
     for number, line in read_lines(path, "utf-8"):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise DataError(f"{path}: line {number}: invalid JSON: {error.msg} (column {error.colno})") from None
-        except RecursionError:
-            raise DataError(f"{path}: line {number}: invalid JSON: arrays or objects nested too deeply") from None
-        if not isinstance(record, dict):
-            raise DataError(f"{path}: line {number}: expected a JSON object, got {_json_name(record)}")
+        record = json_object(line, f"{path}: line {number}")
         check_unicode(record, f"{path}: line {number}")
         values: dict[str, Any] = {}
         for key in ("text", "text_pair", "label"):
@@ -596,7 +579,7 @@ def _task_jsonl(config: TaskFileConfig, path: Path, labels: LabelSet | None) -> 
             values[key] = record[name]
             if key != "label" and not isinstance(values[key], str):
                 raise DataError(f"{path}: line {number}: field {name!r} must be a string, got "
-                                f"{_json_name(values[key])}")
+                                f"{json_kind(values[key])}")
         label = None
         if config.label is not None:
             label = _task_label(config, labels, values["label"], path, number, str(config.label))

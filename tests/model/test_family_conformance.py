@@ -64,9 +64,14 @@ LOGIT_FIELDS = ("logits", "prediction_logits", "seq_relationship_logits", "sop_l
 CASES = [(model_type, suffix) for model_type, family in registry().items() for suffix in family.architectures]
 
 
-def padded_batch(model_type: str, config) -> SimpleNamespace:
+# T5's classes whose decoder reads the input shifted right when given no decoder inputs (as BART's do)
+T5_SHIFTED = ("ForSequenceClassification", "ForQuestionAnswering")
+
+
+def padded_batch(model_type: str, config, suffix: str = "") -> SimpleNamespace:
     """Rows of LENGTHS real tokens (ids 5..98), padded on the family's side with its pad id; segment ids where the
-    family has them; T5's decoder its own inputs (BART's, like transformers', shift the encoder's)."""
+    family has them; T5's decoder its own inputs, except in T5_SHIFTED (BART's, like transformers', shift the
+    encoder's)."""
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 99, (len(LENGTHS), max(LENGTHS)), generator=generator)
     mask = torch.zeros_like(ids)
@@ -78,7 +83,7 @@ def padded_batch(model_type: str, config) -> SimpleNamespace:
             mask[row, :n] = 1
     last = mask.cumsum(1).argmax(1)  # each row's last real position
     rows = torch.arange(len(LENGTHS))
-    if model_type == "bart":  # every row ends in one </s> (what transformers' sequence classifier reads)
+    if model_type in ("bart", "t5"):  # every row ends in one </s> (what transformers' sequence classifier reads)
         ids[rows, last] = config.eos_token_id
     if model_type == "longformer":  # a question, </s></s>, a context, </s>: where transformers' QA puts global tokens
         ids[rows, 1] = ids[rows, 2] = ids[rows, last] = config.sep_token_id
@@ -86,7 +91,7 @@ def padded_batch(model_type: str, config) -> SimpleNamespace:
     batch = SimpleNamespace(input_ids=ids, attention_mask=mask)
     if getattr(config, "type_vocab_size", 1) > 1:
         batch.token_type_ids = (torch.arange(ids.shape[1]) >= 5).long().expand_as(ids) * mask
-    if model_type == "t5":
+    if model_type == "t5" and suffix not in T5_SHIFTED:
         batch.decoder_input_ids = torch.randint(5, 99, (len(LENGTHS), 6), generator=generator)
     return batch
 
@@ -140,8 +145,9 @@ def compare(ours: list[torch.Tensor], reference: list[torch.Tensor], real: torch
 
 def real_positions(model_type: str, suffix: str, batch: SimpleNamespace, reference_output) -> torch.Tensor:
     first = reference_outputs(reference_output)[0]
-    if model_type == "t5" and suffix != "EncoderModel":  # the decoder's positions: all real
-        return torch.ones(batch.decoder_input_ids.shape, dtype=torch.bool)
+    if model_type == "t5" and suffix != "EncoderModel":  # the decoder's positions, the shifted pads too: all real
+        decoder = getattr(batch, "decoder_input_ids", batch.input_ids)
+        return torch.ones(decoder.shape, dtype=torch.bool)
     if first.dim() >= 2 and first.shape[:2] == batch.attention_mask.shape:
         return batch.attention_mask.bool()
     return torch.ones(first.shape[:2], dtype=torch.bool)
@@ -152,7 +158,7 @@ def test_a_registered_family_loads_saves_and_reloads_with_transformers_outputs(t
                                                                                suffix):
     reference = reference_model(model_type, suffix)
     reference.save_pretrained(tmp_path / "hf")
-    batch = padded_batch(model_type, reference.config)
+    batch = padded_batch(model_type, reference.config, suffix)
     ours = load_model(tmp_path / "hf")
     with torch.no_grad():
         expected = reference(**reference_inputs(batch))

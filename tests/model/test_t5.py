@@ -232,10 +232,11 @@ def test_an_encoder_checkpoint_is_not_a_seq2seq_one_and_back(tmp_path):
 def test_an_unsupported_architecture_is_named(tmp_path):
     transformers.T5Model(t5_config()).save_pretrained(tmp_path / "hf")
     path = tmp_path / "hf" / "config.json"
-    path.write_text(json.dumps({**json.loads(path.read_text()), "architectures": ["T5ForQuestionAnswering"]}))
+    path.write_text(json.dumps({**json.loads(path.read_text()), "architectures": ["T5ForTokenClassification"]}))
     with pytest.raises(CheckpointError, match=r"config\.json: architectures: unsupported architecture "
-                                              r"'T5ForQuestionAnswering'; supported: T5Model, "
-                                              r"T5ForConditionalGeneration, T5EncoderModel"):
+                                              r"'T5ForTokenClassification'; supported: T5Model, "
+                                              r"T5ForConditionalGeneration, T5EncoderModel, "
+                                              r"T5ForSequenceClassification, T5ForQuestionAnswering"):
         load_model(tmp_path / "hf")
 
 

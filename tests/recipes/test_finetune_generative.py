@@ -1,7 +1,7 @@
 """Fine-tuning GPT-2, BART and T5 through the existing tasks on tiny random models built by transformers: SST-2
-with GPT-2's last-token and BART's EOS classifiers (transformers loads the result and gives the same logits on a
-padded batch), SST-2 as text-to-text on T5 (generated labels; an unknown generated text counts as wrong), NER on
-GPT-2 and on BART's encoder."""
+with GPT-2's last-token and BART's and T5's EOS classifiers (transformers loads the result and gives the same logits
+on a padded batch), SST-2 as text-to-text on T5 (generated labels; an unknown generated text counts as wrong) and,
+with `task.text_to_text`, on BART; NER on GPT-2 and on BART's encoder."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from bertology.cli.main import main
 from bertology.errors import ConfigError, DataError
 from bertology.model import load
+from bertology.model.heads import HeadSpec
 from bertology.recipes.finetune import FinetuneConfig, finetune
 from bertology.tasks.lookup import get_task
 from bertology.tasks.examples import TextExample
@@ -54,9 +55,10 @@ def models(tmp_path_factory):
     return {style: save_family_model(tmp_path_factory.mktemp(style), style, TEXTS) for style in ("gpt2", "bart", "t5")}
 
 
-def config(data, model, out, task="sst2", epochs=6, lr=3e-3, strategy="full"):
+def config(data, model, out, task="sst2", epochs=6, lr=3e-3, strategy="full", text_to_text=None):
     return FinetuneConfig.from_dict({
-        "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs},
+        "model": str(model), "task": {"name": task, "data": str(data), "epochs": epochs,
+                                      "text_to_text": text_to_text},
         "strategy": {"kind": strategy},
         "optim": {"batch_size": 16, "lr": lr, "warmup_ratio": 0.1},
         "run": {"output_dir": str(out), "log_every": 10, "progress": False},
@@ -64,10 +66,12 @@ def config(data, model, out, task="sst2", epochs=6, lr=3e-3, strategy="full"):
 
 
 @pytest.mark.parametrize("style, architecture", [("gpt2", "GPT2ForSequenceClassification"),
-                                                 ("bart", "BartForSequenceClassification")])
+                                                 ("bart", "BartForSequenceClassification"),
+                                                 ("t5", "T5ForSequenceClassification")])
 def test_classifier_learns_and_transformers_gives_the_same_logits(glue, models, tmp_path, style, architecture):
     out = tmp_path / "run"
-    result = finetune(config(glue, models[style], out))
+    # T5 fine-tunes GLUE as text-to-text unless told otherwise; its classifier is BART's, on the decoder
+    result = finetune(config(glue, models[style], out, text_to_text=False if style == "t5" else None))
     assert result.best["value"] > 80  # the cue word decides the label
     assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv")
     saved = json.loads((out / "model" / "config.json").read_text())
@@ -155,6 +159,42 @@ def test_text_to_text_formats_and_unknown_generations_count_as_wrong(models, tmp
     assert batch.lm_labels.numel() == batch.decoder_attention_mask.sum()
     # A decoder (GPT-2) keeps its own classifier: the GLUE task itself.
     assert get_task("sst2").for_model(load(models["gpt2"]).model) is get_task("sst2")
+
+
+def test_text_to_text_or_the_classifier_is_chosen(models, tmp_path):
+    """`task.text_to_text` picks the form on an encoder-decoder; unset, T5 is text-to-text (its recipe) unless the
+    model is a fine-tuned classifier already, BART a classifier; a task or a model without the other form says so."""
+    from bertology.recipes.finetune import for_model
+
+    sst2 = get_task("sst2")
+    t5, bart, gpt2 = (load(models[style]).model for style in ("t5", "bart", "gpt2"))
+    assert isinstance(for_model(sst2, t5), GlueTextToText) and for_model(sst2, t5, False) is sst2
+    assert for_model(sst2, bart) is sst2 and isinstance(for_model(sst2, bart, True), GlueTextToText)
+    classifier = type(t5)(t5.config, [HeadSpec("classifier", "eos_token", 2, "tanh")])
+    assert for_model(sst2, classifier) is sst2  # predicting with a fine-tuned T5ForSequenceClassification
+    assert isinstance(for_model(sst2, classifier, True), GlueTextToText)
+    with pytest.raises(ConfigError, match=r"task.text_to_text: true generates the labels with an encoder-decoder "
+                                          r"\(T5, BART\); this is a DecoderModel of the gpt2 family"):
+        for_model(sst2, gpt2, True)
+    assert for_model(sst2, gpt2, False) is sst2
+    with pytest.raises(ConfigError, match="task.text_to_text: squad has one form only; the setting applies to the "
+                                          "GLUE tasks"):
+        for_model(get_task("squad"), t5, False)
+    with pytest.raises(ConfigError, match=r"task.text_to_text: expected bool or null, got str 'yes'"):
+        config(tmp_path, models["t5"], tmp_path / "run", text_to_text="yes")
+
+
+def test_bart_sst2_as_text_to_text(glue, models, tmp_path):
+    """BART generates the label words too when asked (`task.text_to_text: true`), written as its conditional
+    generation model."""
+    out = tmp_path / "run"
+    result = finetune(config(glue, models["bart"], out, epochs=2, text_to_text=True))
+    predictions = (out / "dev_predictions.tsv").read_text().splitlines()
+    assert predictions[0] == "index\tprediction\tgenerated" and len(predictions) == 33
+    assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv",
+                                                open_labels=True)
+    assert json.loads((out / "model" / "config.json").read_text())["architectures"] == \
+        ["BartForConditionalGeneration"]
 
 
 @pytest.mark.parametrize("style", ["gpt2", "bart"])

@@ -47,8 +47,8 @@ from bertology.model.protocol import Model
 from bertology.model.registry import model_class, model_name, registered
 
 __all__ = [  # what other modules import from here, the engine's names included
-    "FAMILY_FIXED", "HEADS", "NATIVE_FILE", "TOKENIZER_FILES", "CheckpointFamily", "Pretrained", "architecture_name",
-    "check_keys", "config_from_hf", "config_to_hf", "from_state_dict", "load", "load_model", "name_map",
+    "FAMILY_FIXED", "HEADS", "NATIVE_FILE", "TEXT_TO_TEXT", "TOKENIZER_FILES", "CheckpointFamily", "Pretrained",
+    "architecture_name", "check_keys", "config_from_hf", "config_to_hf", "from_state_dict", "load", "load_model", "name_map",
     "read_json_object", "read_safetensors", "read_state_dict", "read_weights", "save_model", "to_state_dict",
     "write_model_files",
 ]
@@ -75,6 +75,8 @@ class FamilyView(Mapping[str, Any]):
 FAMILY_FIXED: Mapping[str, dict[str, Any]] = FamilyView(lambda family: dict(family.fixed))
 HEADS: Mapping[str, dict[str, tuple[str, str | None, dict[str, str]]]] = FamilyView(
     lambda family: {name: head.as_tuple() for name, head in family.heads.items()})
+# model_type -> whether sentence tasks fine-tune it as text-to-text by default (CheckpointFamily.text_to_text).
+TEXT_TO_TEXT: Mapping[str, bool] = FamilyView(lambda family: family.text_to_text)
 
 # Buffers some checkpoints carry that are not weights.
 IGNORED_SUFFIXES = ("position_ids", "embeddings.token_type_ids")
@@ -268,7 +270,6 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     check_depth(declared_depths(family, hf), len(weights), str(config_path), weight_file_name(directory))
     if family.check_checkpoint is not None:
         family.check_checkpoint(config, weights, str(config_path))
-    prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
     architectures = hf.get("architectures") or [family.class_stem + "Model"]
     if not isinstance(architectures, list):
         raise CheckpointError(f"{config_path}: architectures: expected a list of class names, got {architectures!r}")
@@ -277,8 +278,10 @@ def load_model(directory: str | os.PathLike, heads: tuple[str, ...] | None = Non
     # The registered class the architecture builds (T5EncoderModel: an encoder stack), chosen heads or not.
     built = family.model_for(architectures[0][len(family.class_stem):]) if isinstance(architectures[0], str) \
         else family.model
+    prefix = family.base_prefix(tuple(heads))
+    prefixed = bool(prefix) and any(k.startswith(prefix + ".") for k in weights)
     if getattr(config, "pooler", False):  # a BERT-style checkpoint without pooler weights (a masked-LM one) has none
-        base = family.prefix + "." if prefixed else ""
+        base = prefix + "." if prefixed else ""
         config.pooler = any(base + key in weights for entry in family.weights if entry.when == "pooler"
                             for key in entry.theirs)
     specs = head_specs(family, config, tuple(heads), weights, str(config_path))
@@ -357,7 +360,8 @@ def read_state_dict(directory: str | os.PathLike, model: Model) -> dict[str, Ten
     if not (directory / NATIVE_FILE).is_file():
         weights = read_weights(directory)
         family = family_for_config(model.config)
-        prefixed = bool(family.prefix) and any(k.startswith(family.prefix + ".") for k in weights)
+        prefix = family.base_prefix(tuple(spec.name for spec in model.head_specs))
+        prefixed = bool(prefix) and any(k.startswith(prefix + ".") for k in weights)
         return to_state_dict(model, weights, prefixed, str(directory), family)
     weights = read_weights(directory, renamed=False)
     check_native_keys(str(directory), model, weights)

@@ -308,9 +308,16 @@ class CheckpointFamily:
     # How a fresh model of this family is initialised, `init(model, generator)` (T5's: scales by fan-in); None:
     # BERT's (bertology.model.blocks.init_parameters), as the model's own init_weights does it.
     init: Callable[[Any, torch.Generator | None], None] | None = None
+    # Architecture suffixes whose transformers class keeps the base model under another prefix than `prefix`
+    # (T5ForSequenceClassification's T5Model under `transformer.`, where T5's other classes hold it at the top).
+    prefixes: Mapping[str, str] = field(default_factory=dict)
+    # Whether a sentence task (GLUE) fine-tunes the family's models as text-to-text, the label generated as a word,
+    # unless `task.text_to_text` says otherwise, though the family has a sequence classifier (T5's recipe, as its
+    # paper fine-tunes it); false: the classifier (BART's), or text-to-text where the family has none.
+    text_to_text: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("heads", "architectures", "fixed", "required", "models", "defaults"):
+        for name in ("heads", "architectures", "fixed", "required", "models", "defaults", "prefixes"):
             object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if not self.family:
             object.__setattr__(self, "family", self.model_type)
@@ -331,11 +338,21 @@ class CheckpointFamily:
                 if head not in self.heads:
                     raise ConfigError(f"{where}: architectures[{suffix!r}] names head {head!r}, which the family does "
                                       f"not declare (heads: {', '.join(self.heads) or 'none'})")
-        for suffix in self.models:
-            if suffix not in self.architectures:
-                raise ConfigError(f"{where}: models names architecture suffix {suffix!r}, which architectures lacks")
+        for field_name in ("models", "prefixes"):
+            for suffix in getattr(self, field_name):
+                if suffix not in self.architectures:
+                    raise ConfigError(f"{where}: {field_name} names architecture suffix {suffix!r}, which "
+                                      "architectures lacks")
         if "Model" not in self.architectures:
             raise ConfigError(f"{where}: architectures has no 'Model' entry (the base model without heads)")
+
+    def base_prefix(self, heads: tuple[str, ...]) -> str:
+        """The prefix of the base-model keys in a checkpoint of the class with exactly these heads (`prefixes`,
+        else `prefix`; keys carry it only where the checkpoint has heads)."""
+        for suffix, names in self.architectures.items():
+            if suffix in self.prefixes and tuple(names) == tuple(heads):
+                return self.prefixes[suffix]
+        return self.prefix
 
     def heads_of(self, config: Any) -> Mapping[str, Head]:
         """The heads as `config`'s checkpoints store them (`config_heads`, else `heads`)."""
@@ -566,7 +583,8 @@ def bound_entries(config: TransformerConfig, heads: tuple[HeadSpec, ...], prefix
                   family: CheckpointFamily | None = None) -> list[Bound]:
     """Every entry of the family for this config and these heads, names filled in."""
     family = family or family_for_config(config)
-    base = f"{family.prefix}." if prefixed and family.prefix else ""
+    prefix = family.base_prefix(tuple(spec.name for spec in heads))
+    base = f"{prefix}." if prefixed and prefix else ""
     out: list[Bound] = []
     group = getattr(config, "inner_group_size", 1)
     decoder_layers = getattr(config, "num_decoder_layers", None) or config.num_layers

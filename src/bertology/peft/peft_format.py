@@ -342,9 +342,9 @@ def load_lora_peft(base: str | os.PathLike | Model | Pretrained, directory: str 
     else:
         model = base
     family = family_for_config(model.config)
-    family_prefix = family.prefix + "."
+    base_prefix = family.base_prefix(tuple(spec.name for spec in model.head_specs))
     stripped = {k.removeprefix(PREFIX): v for k, v in weights.items()}
-    prefixed = bool(family.prefix) and any(k.startswith(family_prefix) for k in stripped)
+    prefixed = bool(base_prefix) and any(k.startswith(base_prefix + ".") for k in stripped)
     entry_of, base_state = hf_state(model, prefixed)
     tied = {t for e in model_entries(model, prefixed, family) if isinstance(e.transform, Tie) for t in e.theirs}
     ours_of = {theirs: ours for ours, entry in entry_of.items() for theirs in entry.theirs

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -81,6 +82,10 @@ class TaskConfig:
     # Tagging tasks: a linear layer on every token ("linear": the family's *ForTokenClassification), or a 2-layer
     # BiLSTM and a linear-chain CRF decoded by Viterbi ("bilstm-crf", bertology.model.crf; saved in the native format).
     tagger: Literal["linear", "bilstm-crf"] = "linear"
+    # Sentence tasks on an encoder-decoder: true, text-to-text (the label generated as a word: T5's recipe,
+    # bertology.tasks.text_to_text); false, the family's sequence classifier on the decoder (BART's and T5's
+    # *ForSequenceClassification); null, the family's way (T5 text-to-text, BART the classifier).
+    text_to_text: bool | None = None
     epochs: float = 3.0
     max_steps: int | None = None
     limit_train: int | None = None
@@ -309,11 +314,17 @@ def task_heads(task: FinetuneTask, config: TransformerConfig, pooling: str = "cl
     return heads
 
 
-def for_model(task: FinetuneTask, model: Model) -> FinetuneTask:
-    """The task as it runs on ``model``: its ``for_model(model)`` when it has one (GLUE on an encoder-decoder
-    without a classifier of its own is text-to-text), else the task itself."""
+def for_model(task: FinetuneTask, model: Model, text_to_text: bool | None = None) -> FinetuneTask:
+    """The task as it runs on ``model``: its ``for_model(model)`` when it has one (GLUE on T5, or on an
+    encoder-decoder without a classifier of its own, is text-to-text; ``text_to_text``, ``task.text_to_text``,
+    chooses for the tasks that offer both), else the task itself."""
     adapt = getattr(task, "for_model", None)
-    return adapt(model) if adapt is not None else task
+    if text_to_text is None:
+        return adapt(model) if adapt is not None else task
+    if adapt is None or "text_to_text" not in inspect.signature(adapt).parameters:
+        raise ConfigError(f"task.text_to_text: {task.name} has one form only; the setting applies to the GLUE "
+                          "tasks (sst2, cola, mrpc, rte, stsb)")
+    return adapt(model, text_to_text=text_to_text)
 
 
 def model_class(pretrained: Model, task: FinetuneTask) -> type:
@@ -571,7 +582,7 @@ def finetune(config: FinetuneConfig, resume: bool = False, overwrite: bool = Fal
         dev_examples = task.read(dev_path, config.task.limit_dev)
         pretrained = load(config.model)
         tokenizer = task_tokenizer(pretrained, f"model: {config.model}")
-        task = for_model(task, pretrained.model)
+        task = for_model(task, pretrained.model, config.task.text_to_text)
         wanted = config.task.max_length or getattr(task, "max_length", DEFAULT_MAX_LENGTH)
         max_length = min(wanted, pretrained.model.config.max_length)
         train = model_inputs(task.encode(tokenizer, train_examples, max_length, train=True, seed=config.run.seed),

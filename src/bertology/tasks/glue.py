@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bertology.errors import ConfigError
 from bertology.io import atomic_write
-from bertology.model.checkpoint import HEADS
+from bertology.model.checkpoint import HEADS, TEXT_TO_TEXT
 from bertology.model.config import TransformerConfig
 from bertology.model.heads import HeadSpec
 from bertology.model.protocol import Model
@@ -81,14 +82,29 @@ class GlueFinetuneTask:
         return EncodedExamples.from_texts(tokenizer, [e.text for e in examples], pairs, self.labels(examples),
                                           max_length=max_length, shuffle=train, seed=seed)
 
-    def for_model(self, model: Model) -> Any:
-        """On an encoder-decoder whose family has no sequence classifier (T5), the task as text-to-text
-        (``bertology.tasks.text_to_text``); else the task itself."""
+    def for_model(self, model: Model, text_to_text: bool | None = None) -> Any:
+        """The task as text-to-text (``bertology.tasks.text_to_text``) or through the family's sequence classifier
+        (the task itself). ``text_to_text`` (``task.text_to_text``) chooses on an encoder-decoder; None: the
+        classifier where the model has one already (a fine-tuned classifier), else text-to-text where the family
+        has no classifier or fine-tunes as text-to-text (``TEXT_TO_TEXT``: T5), else the classifier (BART)."""
         from bertology.model.protocol import ENCODER_DECODER, capabilities
         from bertology.tasks.text_to_text import GlueTextToText, start_token
 
-        if ENCODER_DECODER in capabilities(model) and CLASSIFIER not in HEADS.get(model.config.family, {}):
+        family = model.config.family
+        has_classifier = CLASSIFIER in HEADS.get(family, {})
+        if ENCODER_DECODER not in capabilities(model):
+            if text_to_text:
+                raise ConfigError(f"task.text_to_text: true generates the labels with an encoder-decoder (T5, "
+                                  f"BART); this is a {type(model).__name__} of the {family} family")
+            return self
+        if text_to_text is None:
+            fine_tuned = any(spec.name == CLASSIFIER for spec in model.head_specs)
+            text_to_text = not has_classifier or (TEXT_TO_TEXT.get(family, False) and not fine_tuned)
+        if text_to_text:
             return GlueTextToText(self, start_token(model))
+        if not has_classifier:
+            raise ConfigError(f"task.text_to_text: false needs a sequence classifier, which the {family} family "
+                              "does not have; it runs GLUE as text-to-text")
         return self
 
     def predict(self, model: Model, encoded: EncodedExamples, examples: Sequence[TextExample],

@@ -18,6 +18,7 @@ from bertology.errors import ConfigError
 from bertology.model.config import ACTIVATIONS, DECODER_DEFAULTS, TransformerConfig
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Reshape, Tie, WeightEntry, linear, \
     renamed_keys
+from bertology.model.families.bert import QA
 
 
 def same_as(other: str) -> Any:
@@ -95,6 +96,12 @@ LAYER_PARTS = {
 }
 
 
+# transformers' BartClassificationHead and T5ClassificationHead, stored alike: dense -> tanh -> out_proj on the
+# decoder's state at the input's last EOS (T5's table takes it from here).
+EOS_CLASSIFIER = Head("eos_token", "tanh", {"dense": "classification_head.dense",
+                                            "out": "classification_head.out_proj"})
+
+
 def stack(name: str, count: str, cross: bool) -> tuple[WeightEntry, ...]:
     return (*linear(f"{name}.positions", f"{name}.embed_positions", ("weight",)),
             *linear(f"{name}.embedding_norm", f"{name}.layernorm_embedding"),
@@ -143,9 +150,8 @@ FAMILY = CheckpointFamily(
             WeightEntry(("heads.{name}.bias",), ("final_logits_bias",), Reshape((1, "vocab_size"))),
             WeightEntry(("embeddings.weight",), ("lm_head.weight",), Tie(check=True)),
         )),
-        "classifier": Head("eos_token", "tanh", {"dense": "classification_head.dense",
-                                                 "out": "classification_head.out_proj"}),
-        "qa": Head("token", None, {"out": "qa_outputs"}),
+        "classifier": EOS_CLASSIFIER,
+        "qa": QA,
     },
     architectures={
         "Model": (),

@@ -1,5 +1,13 @@
-"""T5: transformers' T5Model, T5ForConditionalGeneration (a Seq2SeqModel) and T5EncoderModel (an EncoderModel holding
-the token table, as the Seq2SeqModel does: `stack_embeddings` false).
+"""T5: transformers' T5Model, T5ForConditionalGeneration, T5ForSequenceClassification, T5ForQuestionAnswering (each a
+Seq2SeqModel) and T5EncoderModel (an EncoderModel holding the token table, as the Seq2SeqModel does:
+`stack_embeddings` false).
+
+The sequence classifier is BART's head (`families.bart.EOS_CLASSIFIER`: dense -> tanh -> out_proj on the decoder's
+state at the input's last EOS), stored beside a T5Model under `transformer.` (`prefixes`); the question-answering
+head puts `qa_outputs` on every decoder token, the base model at the top as in T5ForConditionalGeneration. Both read
+the decoder over the input shifted right behind the start token when no decoder inputs are given
+(`shifted_decoder_inputs`, as transformers' two classes do; its T5Model and T5ForConditionalGeneration ask for them
+instead).
 
 v1.0 has a ReLU feed-forward (`DenseReluDense.wi`), v1.1 a gated-GELU one (`wi_0` the gated branch, our `ffn_gate`;
 `wi_1` our `ffn_in`). The language-model head is tied to `shared` and reads the decoder output scaled by
@@ -24,6 +32,8 @@ from torch import nn
 from bertology.errors import ConfigError
 from bertology.model.convert import CheckpointFamily, ConfigKey, Head, Tie, WeightEntry, linear, renamed_keys
 from bertology.model.config import DECODER_DEFAULTS, TransformerConfig
+from bertology.model.families.bart import EOS_CLASSIFIER
+from bertology.model.families.bert import QA
 from bertology.model.heads import LMHead
 
 # Activations a feed_forward_proj may name ("ACT" or "gated-ACT"), as transformers' T5 reads them.
@@ -100,7 +110,7 @@ DEFAULTS = {
 }
 # What every T5 is and config.json does not say.
 FIXED = {"positions": "relative", "norm": "rmsnorm", "pre_norm": True, "bias": False, "attention_scale": 1.0,
-         "final_norm": True, "embedding_norm": False, "embedding_scale": 1.0}
+         "final_norm": True, "embedding_norm": False, "embedding_scale": 1.0, "shifted_decoder_inputs": True}
 
 
 def stack(side: str, layers: str, cross: bool) -> tuple[WeightEntry, ...]:
@@ -193,8 +203,12 @@ FAMILY = CheckpointFamily(
     prefix="",
     config_keys=CONFIG_KEYS,
     weights=WEIGHTS,
-    heads={"lm": Head("tied_lm", parts={"tied": "lm_head"}, untied=Head("lm", parts={"weight": "lm_head.weight"}))},
-    architectures={"Model": (), "ForConditionalGeneration": ("lm",), "EncoderModel": ()},
+    heads={"lm": Head("tied_lm", parts={"tied": "lm_head"}, untied=Head("lm", parts={"weight": "lm_head.weight"})),
+           "classifier": EOS_CLASSIFIER, "qa": QA},
+    architectures={"Model": (), "ForConditionalGeneration": ("lm",), "EncoderModel": (),
+                   "ForSequenceClassification": ("classifier",), "ForQuestionAnswering": ("qa",)},
+    prefixes={"ForSequenceClassification": "transformer"},
+    text_to_text=True,  # GLUE as T5 fine-tunes it; `task.text_to_text: false` trains the classifier instead
     fixed={**DEFAULTS, **FIXED},
     model="seq2seq",
     config_class=TransformerConfig,

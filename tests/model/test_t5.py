@@ -382,3 +382,58 @@ def test_the_t5_init_draws_from_the_generator_alone_and_other_families_keep_bert
     bart.init_weights(torch.Generator().manual_seed(3))
     assert bart.embeddings.weight.std().item() == pytest.approx(0.02, rel=0.05)
     assert bart.encoder.layers[0].query.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def _fixed_dropout(x, p=0.5, training=False, inplace=False):
+    """A dropout that drops nothing at random: each feature j scaled by 1 + p cos(j), in training mode only, so that
+    two models agree in training mode exactly where their dropouts sit at the same places with the same p."""
+    if not training or p == 0.0:
+        return x
+    return x * (1.0 + p * torch.cos(torch.arange(x.shape[-1], dtype=x.dtype)))
+
+
+@pytest.mark.parametrize("projection", ["relu", "gated-gelu"])
+def test_training_mode_dropouts_sit_where_transformers_puts_them(tmp_path, monkeypatch, projection):
+    """T5 drops out the embeddings, every sublayer's output, the feed-forward's activation (wi -> act -> dropout
+    -> wo; gated: act(wi_0) * wi_1, then dropout) and each stack's output after its final norm, all at
+    dropout_rate. Every dropout but the attention probabilities' (off on both sides: their layouts differ) is made
+    a fixed feature-wise scaling on both sides; training-mode logits, loss and gradients then equal transformers'."""
+    import bertology.model.blocks as blocks
+    import bertology.model.stack as stack
+
+    hf = transformers.T5ForConditionalGeneration(t5_config(projection, dropout_rate=0.3))
+    hf.save_pretrained(tmp_path / "hf")
+    ours = load_model(tmp_path / "hf")
+    assert ours.config.activation_dropout == 0.3 and ours.config.hidden_dropout == 0.3
+    ours.config.attention_dropout = 0.0
+    for module in ours.modules():
+        if isinstance(module, blocks.Block):
+            module.attention_dropout = 0.0
+    for module in hf.modules():
+        if isinstance(module, transformers.models.t5.modeling_t5.T5Attention):
+            module.dropout = 0.0
+    monkeypatch.setattr(torch.nn.functional, "dropout", _fixed_dropout)
+    monkeypatch.setattr(blocks, "fast_dropout", _fixed_dropout)
+    monkeypatch.setattr(stack, "fast_dropout", _fixed_dropout)
+    src, src_mask, labels = batch()
+    expected = hf.train()(input_ids=src, attention_mask=src_mask, labels=labels)
+    got = ours.train()(src, src_mask, labels=labels)
+    torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+    expected.loss.backward()
+    got.loss.backward()
+    assert got.loss.item() == pytest.approx(expected.loss.item(), rel=1e-6)
+    theirs = dict(hf.named_parameters())
+    for ours_name, their_name in (("decoder.layers.0.ffn_out.weight", "decoder.block.0.layer.2.DenseReluDense.wo"),
+                                  ("encoder.layers.1.ffn_in.weight", "encoder.block.1.layer.1.DenseReluDense.wi" +
+                                   ("_1" if projection == "gated-gelu" else ""))):
+        grad = dict(ours.named_parameters())[ours_name].grad
+        torch.testing.assert_close(grad, theirs[their_name + ".weight"].grad, atol=1e-6, rtol=1e-5)
+    # Without the fixed scaling the dropouts are random: training mode differs from evaluation mode.
+    monkeypatch.undo()
+    with torch.no_grad():
+        assert not torch.allclose(ours.train()(src, src_mask, labels=labels).logits,
+                                  ours.eval()(src, src_mask, labels=labels).logits)
+    save_model(ours.eval(), tmp_path / "ours")
+    assert json.loads((tmp_path / "ours" / "config.json").read_text())["dropout_rate"] == 0.3
+    assert set(load_file(tmp_path / "ours" / "model.safetensors")) == set(load_file(tmp_path / "hf" /
+                                                                                    "model.safetensors"))

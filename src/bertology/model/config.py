@@ -63,6 +63,7 @@ class TransformerConfig:
     pre_norm: bool = False
     embedding_norm: bool = True  # a norm right after the embeddings (BERT's, BART's layernorm_embedding)
     final_norm: bool = False  # a norm after the last block (GPT-2's ln_f, T5's final_layer_norm)
+    final_dropout: bool = False  # hidden_dropout after the final norm (T5's stacks drop out their output)
     gated_ffn: bool = False
     bias: bool = True
     attention_scale: float | None = None  # None: 1 / sqrt(head_dim)
@@ -385,8 +386,8 @@ ENCODER_ONLY_FIELDS: tuple[str, ...] = (
 )
 DECODER_ONLY_FIELDS: tuple[str, ...] = (
     "num_decoder_layers", "attention_head_size", "positions", "position_offset", "relative_attention_num_buckets",
-    "relative_attention_max_distance", "norm", "pre_norm", "embedding_norm", "final_norm", "gated_ffn", "bias",
-    "attention_scale", "embedding_scale", "logit_scale", "embedding_dropout", "activation_dropout", "bos_token_id",
+    "relative_attention_max_distance", "norm", "pre_norm", "embedding_norm", "final_norm", "final_dropout",
+    "gated_ffn", "bias", "attention_scale", "embedding_scale", "logit_scale", "embedding_dropout", "activation_dropout", "bos_token_id",
     "eos_token_id", "decoder_start_token_id", "shifted_decoder_inputs", "prefix_lm",
 )
 

@@ -2,7 +2,7 @@
 
     x_0 = Norm(s * E_word[w] + E_pos[p] + E_type[t])   (the norm if embedding_norm; a projection if embedding_size)
     x_l = Block_{plan[l]}(x_{l-1})                      (shared blocks under a layer plan: ALBERT)
-    h   = Norm(x_N) if final_norm
+    h   = Norm(x_N) if final_norm, then dropout if final_dropout (T5)
 
 A `Stack` holds the positions (learned, sinusoidal, T5's relative buckets, or none), a layer plan (the unique layers
 and, per layer call, the one it runs and its mask policy: bidirectional, causal, a sliding window), the final norm,
@@ -214,6 +214,12 @@ class Stack(nn.Module):
         self.final_norm = (norm_layer(config.norm, hidden, config.layer_norm_eps, config.norm_bias) if config.final_norm
                            else None)
 
+    def output(self, x: Tensor) -> Tensor:
+        """The last layer's output through the final norm, then dropped out where the config says so (T5)."""
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        return fast_dropout(x, self.config.hidden_dropout, self.training) if self.config.final_dropout else x
+
     @property
     def policy(self) -> MaskPolicy:
         """The mask policy of the first layer call (every call's, but in a windowed stack)."""
@@ -394,15 +400,13 @@ class Stack(nn.Module):
             packed_of_flat[layout.flat_index] = torch.arange(layout.num_tokens, device=x.device)
             real = last_layer_at[attention_mask.flatten()[last_layer_at].bool()]  # padding has no packed token
             queries = torch.unique(packed_of_flat[real])  # sorted, each once
-            rows = self.layers[self.plan[-1]](x, context.at(len(self.plan) - 1, queries=queries))[0]
-            if self.final_norm is not None:
-                rows = self.final_norm(rows)
+            rows = self.output(self.layers[self.plan[-1]](x, context.at(len(self.plan) - 1, queries=queries))[0])
             out = x.new_zeros(layout.batch_size * layout.seq_len, x.shape[-1])
             out[layout.flat_index[queries]] = rows
             last = out.view(layout.batch_size, layout.seq_len, -1)
         else:
-            if self.final_norm is not None:
-                x = self.final_norm(x)
+            if self.final_norm is not None or self.config.final_dropout:
+                x = self.output(x)
                 if hidden_states is not None:
                     hidden_states[-1] = to_padded(x)
             last = hidden_states[-1] if hidden_states is not None else to_padded(x)

@@ -90,6 +90,9 @@ KEYS = {
 CONFIG_KEYS = (
     *renamed_keys(KEYS),
     ConfigKey("attention_dropout", "dropout_rate", write=keep),
+    # T5's one dropout_rate is also the feed-forward's, after its activation (DenseReluDense: wi -> act -> dropout
+    # -> wo; the gated one after act(wi_0) * wi_1).
+    ConfigKey("activation_dropout", "dropout_rate", write=keep),
     ConfigKey("hidden_act", "feed_forward_proj", read=lambda v, hf: parse_projection(v)[0],
               write=lambda v, config: projection(config)),
     ConfigKey("gated_ffn", "feed_forward_proj", read=lambda v, hf: parse_projection(v)[1], write=keep),
@@ -104,13 +107,14 @@ CONFIG_KEYS = (
 DEFAULTS = {
     "vocab_size": 32128, "hidden_size": 512, "attention_head_size": 64, "intermediate_size": 2048, "num_layers": 6,
     "num_heads": 8, "relative_attention_num_buckets": 32, "relative_attention_max_distance": 128,
-    "hidden_dropout": 0.1, "attention_dropout": 0.1, "layer_norm_eps": 1e-6, "hidden_act": "relu",
-    "gated_ffn": False, "logit_scale": 512 ** -0.5, "pad_token_id": 0, "eos_token_id": 1,
+    "hidden_dropout": 0.1, "attention_dropout": 0.1, "activation_dropout": 0.1, "layer_norm_eps": 1e-6,
+    "hidden_act": "relu", "gated_ffn": False, "logit_scale": 512 ** -0.5, "pad_token_id": 0, "eos_token_id": 1,
     "decoder_start_token_id": 0,
 }
 # What every T5 is and config.json does not say.
 FIXED = {"positions": "relative", "norm": "rmsnorm", "pre_norm": True, "bias": False, "attention_scale": 1.0,
-         "final_norm": True, "embedding_norm": False, "embedding_scale": 1.0, "shifted_decoder_inputs": True}
+         "final_norm": True, "final_dropout": True, "embedding_norm": False, "embedding_scale": 1.0,
+         "shifted_decoder_inputs": True}
 
 
 def stack(side: str, layers: str, cross: bool) -> tuple[WeightEntry, ...]:
@@ -151,8 +155,10 @@ WEIGHTS = (
 
 def run_defaults(values: Mapping[str, Any], run: Any) -> dict[str, Any]:
     """A T5 pretrained from scratch: d_kv and the tied head's output scale follow the width, the decoder is as deep
-    as the encoder and starts from the padding token (T5Config's rules)."""
+    as the encoder and starts from the padding token, and the feed-forward's activation is dropped out at
+    ``model.hidden_dropout`` (T5Config's rules: one dropout_rate)."""
     return {"attention_head_size": values["hidden_size"] // values["num_heads"],
+            "activation_dropout": values["hidden_dropout"],
             "logit_scale": values["hidden_size"] ** -0.5, "num_decoder_layers": values["num_layers"],
             "classifier_dropout": 0.0, "decoder_start_token_id": run.fill_id}
 

@@ -271,9 +271,9 @@ def test_adaptation_dapt_end_to_end(script, tmp_path):
     table = {r[0]: r for r in table_rows(script("adaptation", "table", *common))}
     assert list(table) == ["base", "dapt", "dapt-extend", "scratch"]
     for name in ("dapt", "dapt-extend", "scratch"):  # held-out MLM loss on the news text, before and after
-        assert table[name][1] == "2" and float(table[name][4]) > 0 and float(table[name][5]) > 0
-    assert table["base"][4] == table["dapt"][4]  # the base's news loss is DAPT's step 0
-    assert all(len(r[7].split(", ")) == 2 for r in table.values())  # the per-seed values
+        assert table[name][1] == "2" and float(table[name][5]) > 0 and float(table[name][6]) > 0
+    assert table["base"][5] == table["dapt"][5]  # the base's news loss is DAPT's step 0
+    assert all(len(r[8].split(", ")) == 2 for r in table.values())  # the per-seed values
     script("adaptation", "figure", *common, "--figure", str(png))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -355,24 +355,31 @@ def results_tag(lr: float | None) -> str:
 
 
 def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
+    out = RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
+    return finetune_model(RUNS / name / "model", name, task, SUITE.finetune[task], seed, out, SUITE.threads, lr)
+
+
+def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: int, out: Path, threads: int,
+                   lr: float | None = None) -> dict:
+    """Fine-tune ``model`` (a directory or an installed model's name) on ``task`` by ``spec`` (a FINETUNE entry:
+    data, limit_train, epochs, max_length, lr) with ``seed``, evaluated once on dev at the end; its result row
+    (named ``name``), with the run's wall and CPU seconds."""
     from bertology.recipes.finetune import FinetuneConfig, finetune
 
-    spec = SUITE.finetune[task]
-    out = RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
     config = FinetuneConfig.from_dict({
-        "model": str(RUNS / name / "model"),
+        "model": str(model),
         "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
                  "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"]},
         "optim": {"batch_size": 32, "lr": lr or spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
         "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
                 "keep_last": 1},
-        "speed": {"threads": SUITE.threads, "prefetch": 2},
+        "speed": {"threads": threads, "prefetch": 2},
     })
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     result = finetune(config, overwrite=True)
     return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],
             "value": result.dev_metrics[METRIC[task]], "dev": result.dev_metrics,
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu}
 
 
 def finetune_all(args: argparse.Namespace) -> None:

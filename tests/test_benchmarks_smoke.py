@@ -238,6 +238,7 @@ def test_serve_generation(script):
 
 @pytest.mark.parametrize("name, phases", [
     ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table"]),
+    ("adaptation", ["prepare", "calibrate", "pretrain", "finetune", "table", "figure"]),
     ("long_quality", ["prepare", "short", "convert", "squad", "table"]),
     ("finetune_quality", ["--task", "--limit-train"]),
 ])
@@ -251,9 +252,37 @@ def test_pipelines_import_and_parse_their_arguments(script, capsys, name, phases
     assert all(phase in usage for phase in phases)
 
 
+@pytest.mark.slow
+def test_adaptation_dapt_end_to_end(script, tmp_path):
+    """benchmarks/adaptation.py's domain-adaptive part at its --quick size: every phase, in order, on real text (a
+    book and 10 Brown files as the base corpus, 10 news files and 60 Lee articles as the news text), 2 pretraining
+    steps a row (DAPT's control, base-more, too), two fine-tuning seeds on 32 CoNLL-2003 sentences."""
+    runs, png = tmp_path / "runs", tmp_path / "adaptation.png"
+    common = ["--part", "dapt", "--quick", "--out", str(runs)]
+    script("adaptation", "prepare", *common)
+    script("adaptation", "calibrate", *common, "--calibration-steps", "2", "--only", "base")
+    script("adaptation", "pretrain", *common, "--steps", "2")
+    rows = json_lines(script("adaptation", "finetune", *common, "--seeds", "0", "1"))
+    assert sorted((r["model"], r["seed"]) for r in rows) == [(m, s) for m in sorted(
+        ["base", "dapt", "dapt-extend", "scratch", "base-more"]) for s in (0, 1)]
+    assert all(r["task"] == "conll2003" and 0 <= r["value"] <= 100 for r in rows)
+    calibration = [json.loads(line) for line in (runs / "calibrate.jsonl").read_text().splitlines()]
+    assert [r["name"] for r in calibration] == ["base"] and calibration[0]["cpu_seconds_per_step"] > 0
+    table = {r[0]: r for r in table_rows(script("adaptation", "table", *common))}
+    assert list(table) == ["base", "dapt", "dapt-extend", "scratch", "base-more"]
+    for name in ("dapt", "dapt-extend", "scratch"):  # held-out MLM loss on the news text, before and after
+        assert table[name][1] == "2" and float(table[name][5]) > 0 and float(table[name][6]) > 0
+    assert table["base-more"][5].endswith("(general text)")  # the control's held-out text is the base corpus's
+    assert table["base"][5] == table["dapt"][5]  # the base's news loss is DAPT's step 0
+    assert all(len(r[8].split(", ")) == 2 for r in table.values())  # the per-seed values
+    script("adaptation", "figure", *common, "--figure", str(png))
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
-               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training", "deberta_memory"}
+               "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training", "deberta_memory",
+               "adaptation"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

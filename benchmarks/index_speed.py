@@ -9,7 +9,10 @@ build throughput of real-ish passages.
   exact one (the share of exact search's top 10 they return). Build and search are timed twice: wall clock and the
   thread's CPU time (`time.thread_time`; faiss runs on the calling thread at one OpenMP thread), which a loaded
   machine inflates far less than the wall clock (a query waiting for a core counts in the wall time only). Random vectors in 384 dimensions have no cluster
-  structure, the hard case for HNSW and IVF; real sentence vectors are easier.
+  structure, the hard case for HNSW and IVF; real sentence vectors are easier. `--data clustered`: synthetic vectors
+  around N / 100 random centres instead (`clustered_vectors`), an easy case. `--hnsw-m`, `--ef-construction`,
+  `--nlist` change the build parameters; `--ef-sweep` / `--nprobe-sweep` add a row per search setting of the built
+  HNSW / IVF structure.
 - `passages`: passages of `--words` words cut from the Gutenberg books of ../shared/data (real text) indexed as
   `index build` does: the bm25 kind (bm25s's tokenising and scoring matrix) over `--bm25-passages`, and the dense
   kind (all-MiniLM-L6-v2's embedding plus the exact structure) over `--dense-passages`; passages/s of each.

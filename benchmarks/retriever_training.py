@@ -1,27 +1,28 @@
 """Dense retriever training throughput on CPU: `bertology finetune --task retrieval` against sentence-transformers'
-training (SentenceTransformerTrainer, which `fit` runs, with MultipleNegativesRankingLoss), the same model
-(all-MiniLM-L6-v2), batch, data, maximum length and threads.
+own `fit` (MultipleNegativesRankingLoss), the same model (all-MiniLM-L6-v2), batch, data, maximum length and threads.
 
 The data: the train split of SQuAD v1.1 dev part A as `finetune --task retrieval` reads it (each question, its
 paragraph, and one BM25 hard negative: `bertology.retrieval.retriever_task`), the first `--batch` x `--steps`
 examples, written as the task's JSONL (`train.jsonl`, and a 4-line `dev.jsonl` so that bertology's closing dev pass
-is short) and given to sentence-transformers as (anchor, positive, negative) triplets. Both sides: AdamW, lr 5e-5,
-no warm-up, `--max-length` tokens (128), fp32, `--threads` threads (1). A step's time is its optimizer step as each
-side runs it, in wall time and in the process's CPU time (`time.process_time`, which a loaded machine inflates far
-less): bertology's `Trainer._step` (forward, backward, clipping, AdamW, the scheduler) wrapped, and a transformers
-TrainerCallback around sentence-transformers' steps (on_step_begin to on_step_end; without `datasets`, which its
-trainer needs, the same work in a plain loop: tokenise, the loss, backward, clipping, AdamW); the first
-`--warmup` steps of each are left out and the median of the rest is taken; examples/s = batch / that median. The two sides run one
-after the other, so a busy neighbour can favour either: rerun to see the spread.
+is short) and given to `fit` as (anchor, positive, negative) InputExamples. Both sides: AdamW, lr 5e-5, no warm-up,
+clipping at 1.0, `--max-length` tokens (128), fp32, `--threads` threads (1). A step's time is its optimizer step as
+each side runs it, in wall time and in the process's CPU time (`time.process_time`, which a loaded machine inflates
+far less): bertology's `Trainer._step` (forward, backward, clipping, AdamW, the scheduler) wrapped, and a
+transformers TrainerCallback handed to the trainer `fit` builds (on_step_begin to on_step_end; without `datasets`,
+which `fit` needs, the same work in a plain loop: tokenise, the loss, backward, clipping, AdamW); the first
+`--warmup` steps of each are left out and the median of the rest is taken; examples/s = batch / that median. The two
+sides run one after the other (`--order` says which first), so a busy neighbour can favour either: rerun, in both
+orders, to see the spread.
 
     python benchmarks/retriever_training.py --quick                 # 2 steps of 4: checks the script
-    python benchmarks/retriever_training.py [--batch 16] [--steps 12] [--threads 1] [--json OUT.json]
+    python benchmarks/retriever_training.py [--batch 16] [--steps 12] [--threads 1] [--order st-first] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -79,11 +80,15 @@ def bertology_steps(data: Path, out: Path, batch: int, steps: int, max_length: i
     return wall, cpu
 
 
-def sentence_transformers_steps(rows: list[dict], out: Path, batch: int, steps: int,
-                                max_length: int) -> tuple[list[float], list[float]]:
-    from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer, losses
-    from sentence_transformers.training_args import SentenceTransformerTrainingArguments
+def sentence_transformers_fit(rows: list[dict], out: Path, batch: int, steps: int,
+                              max_length: int) -> tuple[list[float], list[float]]:
+    """The wall and the process CPU seconds of each step of sentence-transformers' own `fit` (its
+    SentenceTransformerTrainer inside: the collator's tokenising, MultipleNegativesRankingLoss, backward, clipping at
+    1.0, AdamW at lr 5e-5 without warm-up, zero_grad), timed by a TrainerCallback from on_step_begin to on_step_end.
+    `fit` builds its trainer itself, so the callback is handed to that trainer's constructor."""
+    from sentence_transformers import InputExample, SentenceTransformer, losses
+    from sentence_transformers.sentence_transformer.trainer import SentenceTransformerTrainer
+    from torch.utils.data import DataLoader
     from transformers import TrainerCallback
 
     class Clock(TrainerCallback):
@@ -100,15 +105,28 @@ def sentence_transformers_steps(rows: list[dict], out: Path, batch: int, steps: 
 
     model = SentenceTransformer(str(minilm_dir()), device="cpu")
     model.max_seq_length = max_length
-    dataset = Dataset.from_dict({"anchor": [r["query"] for r in rows], "positive": [r["positive"] for r in rows],
-                                 "negative": [r["negatives"][0] for r in rows]})
-    arguments = SentenceTransformerTrainingArguments(
-        output_dir=str(out), per_device_train_batch_size=batch, max_steps=steps, learning_rate=5e-5, warmup_ratio=0.0,
-        save_strategy="no", report_to=[], logging_steps=steps, use_cpu=True, dataloader_num_workers=0, seed=0)
+    examples = [InputExample(texts=[r["query"], r["positive"], r["negatives"][0]]) for r in rows]
     clock = Clock()
-    trainer = SentenceTransformerTrainer(model=model, args=arguments, train_dataset=dataset,
-                                         loss=losses.MultipleNegativesRankingLoss(model), callbacks=[clock])
-    trainer.train()
+    constructor = SentenceTransformerTrainer.__init__
+
+    def with_clock(self, *args, **kwargs):
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), clock]
+        constructor(self, *args, **kwargs)
+
+    here = Path.cwd()
+    out.mkdir(parents=True, exist_ok=True)
+    SentenceTransformerTrainer.__init__ = with_clock
+    os.chdir(out)  # fit's trainer takes a default output directory under the working directory
+    try:
+        model.fit(train_objectives=[(DataLoader(examples, batch_size=batch, shuffle=True),
+                                     losses.MultipleNegativesRankingLoss(model))],
+                  epochs=1, steps_per_epoch=steps, scheduler="constantlr", warmup_steps=0,
+                  optimizer_params={"lr": 5e-5}, max_grad_norm=1.0, show_progress_bar=False)
+    finally:
+        os.chdir(here)
+        SentenceTransformerTrainer.__init__ = constructor
+    if len(clock.cpu) != steps:
+        raise SystemExit(f"sentence-transformers' fit ran {len(clock.cpu)} steps, not {steps}")
     return clock.seconds, clock.cpu
 
 
@@ -147,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--order", choices=("bertology-first", "st-first"), default="bertology-first")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -159,27 +178,38 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(rows)} triplets, batch {args.batch}, {args.steps} steps; {machine_facts(args.threads)}",
           file=sys.stderr)
     result: dict = {"machine": machine_facts(args.threads), "batch": args.batch, "steps": args.steps,
-                    "max_length": args.max_length}
+                    "max_length": args.max_length, "order": args.order, "load_average": list(os.getloadavg())}
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "pairs"
         data.mkdir()
         (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         (data / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]), encoding="utf-8")
-        sides = {"bertology": bertology_steps(data, Path(scratch) / "bertology", args.batch, args.steps,
-                                              args.max_length, args.threads)}
-        try:
-            import datasets  # noqa: F401  (SentenceTransformerTrainer's data)
+        sides: dict[str, tuple[list[float], list[float]]] = {}
 
-            sides["sentence-transformers"] = sentence_transformers_steps(rows, Path(scratch) / "st", args.batch,
-                                                                         args.steps, args.max_length)
-        except ImportError as error:
+        def ours() -> None:
+            sides["bertology"] = bertology_steps(data, Path(scratch) / "bertology", args.batch, args.steps,
+                                                 args.max_length, args.threads)
+            torch.set_num_threads(args.threads)
+
+        def theirs() -> None:
             try:
-                sides["sentence-transformers (its loss, a plain loop)"] = sentence_transformers_loop(
-                    rows, args.batch, args.steps, args.max_length)
-                print(f"sentence-transformers' trainer not run ({error}); its model and loss in a plain AdamW loop "
-                      "instead")
-            except ImportError as missing:
-                print(f"sentence-transformers not run: {missing}")
+                import datasets  # noqa: F401  (fit's trainer reads a datasets.Dataset)
+            except ImportError as error:
+                try:
+                    sides["sentence-transformers (its loss, a plain loop)"] = sentence_transformers_loop(
+                        rows, args.batch, args.steps, args.max_length)
+                    print(f"sentence-transformers' fit not run ({error}); its model and loss in a plain AdamW loop "
+                          "instead")
+                except ImportError as missing:
+                    print(f"sentence-transformers not run: {missing}")
+            else:
+                sides["sentence-transformers (fit)"] = sentence_transformers_fit(
+                    rows, Path(scratch) / "st", args.batch, args.steps, args.max_length)
+            torch.set_num_threads(args.threads)
+
+        for side in ((ours, theirs) if args.order == "bertology-first" else (theirs, ours)):
+            side()
+        sides = dict(sorted(sides.items(), key=lambda item: item[0] != "bertology"))  # bertology's row first
         torch.set_num_threads(args.threads)
     print("| side | steps timed | median step CPU s | examples per CPU s | median step wall s | examples/s (wall) |")
     print("|---|---|---|---|---|---|")
@@ -198,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         result["speed_up_wall"] = round(result["bertology"]["examples_per_s"] / result[other]["examples_per_s"], 2)
         print(f"speed-up (bertology / sentence-transformers): {result['speed_up_cpu']:.2f}x by CPU time, "
               f"{result['speed_up_wall']:.2f}x by wall time")
+    result["load_average_after"] = list(os.getloadavg())
+    print(f"load average {result['load_average']} before, {result['load_average_after']} after")
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 

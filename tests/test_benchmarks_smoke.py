@@ -169,9 +169,11 @@ def test_index_speed(script):
     pytest.importorskip("bm25s")
     out = script("index_speed", "--quick")
     rows = table_rows(out)
-    assert [r[0] for r in rows[:3]] == ["exact", "hnsw", "ivf"] and rows[0][2] == "1.0"
-    assert all(0.0 <= float(r[2]) <= 1.0 for r in rows[1:3])
-    assert [r[0] for r in rows[3:]] == ["bm25 (tokenise + score matrix)",
+    # each structure's row, then (--quick) one sweep row of HNSW's efSearch and one of IVF's nprobe
+    assert [r[0] for r in rows[:5]] == ["exact", "hnsw", "hnsw", "ivf", "ivf"] and rows[0][4] == "1.0"
+    assert rows[2][3].endswith("ef_search 16") and rows[4][3].endswith("nprobe 4")
+    assert all(0.0 <= float(r[4]) <= 1.0 for r in rows[1:5])
+    assert [r[0] for r in rows[5:]] == ["bm25 (tokenise + score matrix)",
                                         "dense, all-MiniLM-L6-v2 (embedding + exact structure)"]
 
 

@@ -54,3 +54,25 @@ def test_identity_when_not_training_or_p_zero_and_zeros_at_p_one():
     assert fast_dropout(x, 0.5, False) is x
     assert fast_dropout(x, 0.0, True) is x
     assert torch.equal(fast_dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_float_product_equals_where_on_the_byte_mask(dtype):
+    # The float32/float64 path multiplies by a mask holding 0 or the scale; it must give where()'s floats exactly
+    # (a dropped element may be a negative zero: equal as a value), forward and backward.
+    from bertology.model.dropout import masked
+
+    torch.manual_seed(4)
+    x = torch.randn(257, 129, dtype=dtype)
+    keep = keep_mask(x.shape, 0.1)
+    scale = 1.0 / (1.0 - 0.1)
+    assert torch.equal(masked(x, keep, scale), torch.where(keep, x, 0).mul_(scale))
+    x.requires_grad_(True)
+    torch.manual_seed(5)
+    y = fast_dropout(x, 0.1, True)
+    upstream = torch.randn_like(y)
+    y.backward(upstream)
+    torch.manual_seed(5)
+    keep = keep_mask(x.shape, 0.1)
+    assert torch.equal(y.detach(), torch.where(keep, x.detach(), 0).mul_(scale))
+    assert torch.equal(x.grad, torch.where(keep, upstream, 0).mul_(scale))

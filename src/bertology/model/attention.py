@@ -365,11 +365,18 @@ def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float,
     if not need_weights and not (dropout > 0 and q.device.type == "cpu"):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale), None
     scale = scale if scale is not None else 1 / math.sqrt(q.shape[-1])
+    # The scores are the product's own fresh tensor: scaled and masked in place (the product's backward reads q and
+    # k, not its output), with the same values as out of place and one [.., Lq, Lk] tensor fewer to allocate (on
+    # CPU a fresh one of a few MB costs more in first-touch page faults than the multiplication itself).
     scores = q @ k.transpose(-1, -2)
     if scale != 1.0:  # T5 folds it into its weights
-        scores = scores * scale
+        scores = scores.mul_(scale)
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        if torch.broadcast_shapes(scores.shape, mask.shape) != scores.shape or (
+                mask.dtype != torch.bool and mask.dtype != scores.dtype):
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        else:
+            scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
     probs = scores.softmax(-1)
     out = fast_dropout(probs, dropout, dropout > 0) @ v
     return out, (probs[..., num_prefix:] if need_weights else None)

@@ -281,10 +281,35 @@ def test_adaptation_dapt_end_to_end(script, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_t5_fillings(script, tmp_path):
+    """A fresh tiny T5 with a T5-style tokenizer trained on a slice of a held-out book: every table prints."""
+    import transformers
+
+    from bertology.model import load_model, save_model
+    from bertology.tokenization import train_tokenizer
+
+    book = DATA / "gutenberg-nltk" / "shakespeare-macbeth.txt"
+    if not book.is_file():
+        pytest.skip(f"{book} not found")
+    text = tmp_path / "macbeth.txt"
+    text.write_text(book.read_text(encoding="latin-1")[:40_000], encoding="utf-8")
+    tokenizer = train_tokenizer([str(text)], "unigram", 300, style="t5", sentinels=100, show_progress=False)
+    torch.manual_seed(0)
+    config = transformers.T5Config(vocab_size=tokenizer.vocab_size, d_model=16, d_kv=4, d_ff=24, num_layers=1,
+                                   num_heads=2, decoder_start_token_id=tokenizer.pad_id, pad_token_id=tokenizer.pad_id,
+                                   eos_token_id=tokenizer.sep_id)
+    transformers.T5ForConditionalGeneration(config).save_pretrained(tmp_path / "hf")
+    save_model(load_model(tmp_path / "hf"), tmp_path / "model")
+    tokenizer.save(tmp_path / "model")
+    out = script("t5_fillings", "--model", str(tmp_path / "model"), "--heldout", str(text), "--encoding", "utf-8",
+                 "--sentences", "3", "--rows", "8", "--max-new-tokens", "4")
+    assert len(table_rows(out)) == 5 and "Source sensitivity" in out and "of 3 at rank 1" in out
+
+
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
                "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training", "deberta_memory",
-               "adaptation"}
+               "adaptation", "t5_fillings"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

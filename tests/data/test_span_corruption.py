@@ -179,3 +179,37 @@ def test_a_density_that_leaves_too_few_kept_tokens_is_refused():
     with pytest.raises(ConfigError, match=r"data\.span_corruption\.noise_density: 0\.9 leaves 2 kept tokens"):
         SpanCorruption(SpanCorruptionConfig(noise_density=0.9, mean_noise_span_length=2), FRAMING, seed=0,
                        max_text_length=20)
+
+
+def test_a_rolled_mask_keeps_the_counts_and_ends_anywhere():
+    """random_roll (T5's random_roll=True): the same noise count; the spans one more where a span wraps round the
+    end; a row ends with noise as often as any token is noise (15 %, not always), so targets often close with a
+    sentinel after their last span, as fill-mask's do; source and target still give back the text; and the mask is
+    the unrolled one (the same cuts from the same stream) rotated."""
+    rolled = SpanCorruptionConfig(random_roll=True)
+    ends_noisy = starts_noisy = trials = 0
+    for trial in range(3000):
+        length = int(np.random.default_rng(trial).integers(8, 120))
+        mask = noise_mask(length, rolled, row_key_generator(trial))
+        noise, spans = CONFIG.counts(length)
+        assert int(mask.sum()) == noise
+        assert sum(1 for is_noise, _ in runs(mask) if is_noise) in (spans, spans + 1)
+        unrolled = noise_mask(length, CONFIG, row_key_generator(trial))  # the same cuts, then the roll
+        assert any(np.array_equal(np.roll(unrolled, k), mask) for k in range(length))
+        ends_noisy += bool(mask[-1])
+        starts_noisy += bool(mask[0])
+        trials += 1
+        text = np.arange(1000, 1000 + length)
+        source, target = corrupt(text, rolled, SENTINELS, row_key_generator(trial))
+        assert restore(source, target, SENTINELS).tolist() == text.tolist()
+        assert int(np.isin(target, SENTINELS).sum()) <= spans + 1
+    for count in (ends_noisy, starts_noisy):  # binomial(3000, about 0.15): within 5 standard deviations
+        assert abs(count / trials - 0.15) < 5 * math.sqrt(0.15 * 0.85 / trials) + 0.01
+    few = Framing(cls_id=None, sep_id=1, pad_id=0, mask_id=None, style="t5", sentinels=(299, 298, 297))
+    SpanCorruption(CONFIG, few, seed=0, max_text_length=60)  # 3 spans: fits unrolled
+    with pytest.raises(ConfigError, match=r"in 3 spans .*, and one sentinel more with random_roll, more than the "
+                                          r"tokenizer's 3 sentinels"):
+        SpanCorruption(rolled, few, seed=0, max_text_length=60)
+    with pytest.raises(ConfigError, match=r"data\.span_corruption\.random_roll: rolls random-spans' mask; objective "
+                                          r"is mass"):
+        SpanCorruptionConfig(objective="mass", random_roll=True)

@@ -152,6 +152,9 @@ def test_shipped_t5_config_runs_on_brown(tmp_path):
     assert run_shipped_config_briefly(ROOT / "configs" / "t5-tiny.yaml", tmp_path / "run", corpus) == 0
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["kind"] == "eval" and rows[-1]["denoise_loss"] > 0
+    recorded = json.loads((tmp_path / "run" / "run_config.json").read_text())
+    assert recorded["data"]["span_corruption"]["random_roll"] is True  # the recipe the config's table measured
+    assert recorded["optim"]["embedding_lr_scale"] == pytest.approx(11.3)
     tokenizer = load_tokenizer(tmp_path / "run" / "model")  # config.json says t5: the sentinels are found
     assert tokenizer.style == "t5" and len(tokenizer.framing.sentinels) == 100
 

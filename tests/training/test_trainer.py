@@ -226,3 +226,35 @@ def test_layer_wise_learning_rate_decay_groups():
     assert decay_of[id(params["encoder.layers.1.query.weight"])] == 0.01
     with pytest.raises(Exception, match="optim.layer_decay: must be in \\(0, 1\\]"):
         OptimConfig(layer_decay=0.0)
+
+
+def test_the_token_table_learns_at_its_own_rate():
+    """optim.embedding_lr_scale: the model's token table (tied to a T5's head) in a group of its own at lr x scale,
+    with layer decay on top; every other parameter at its rate; 1 leaves the groups as they were."""
+    from bertology.model import EncoderModel, preset
+    from bertology.model.encoder import HeadSpec
+    from bertology.training.config import OptimConfig
+    from bertology.training.optim import build_optimizer
+
+    model = EncoderModel(preset("tiny", vocab_size=30, num_layers=3, hidden_size=16, num_heads=2,
+                                intermediate_size=32), [HeadSpec("classifier", "pooled")])
+    table = model.word_embeddings.weight
+    scaled = build_optimizer(model, OptimConfig(lr=1e-3, embedding_lr_scale=8.0), fused=False, table=table)
+    lr_of = {id(p): g["lr"] for g in scaled.param_groups for p in g["params"]}
+    params = dict(model.named_parameters())
+    assert lr_of[id(table)] == pytest.approx(8e-3)
+    assert [g["params"] for g in scaled.param_groups if g["lr"] != 1e-3] == [[table]]
+    assert lr_of[id(params["encoder.embeddings.position.weight"])] == pytest.approx(1e-3)
+    assert len(lr_of) == len(params)
+    both = build_optimizer(model, OptimConfig(lr=1e-3, layer_decay=0.5, embedding_lr_scale=8.0), fused=False,
+                           table=table)
+    lr_of = {id(p): g["lr"] for g in both.param_groups for p in g["params"]}
+    assert lr_of[id(table)] == pytest.approx(8 * 6.25e-5) and lr_of[id(params["encoder.embeddings.position.weight"])] \
+        == pytest.approx(6.25e-5)
+    plain = build_optimizer(model, OptimConfig(lr=1e-3), fused=False, table=table)
+    assert [len(g["params"]) for g in plain.param_groups] == [
+        len(g["params"]) for g in build_optimizer(model, OptimConfig(lr=1e-3), fused=False).param_groups]
+    with pytest.raises(Exception, match="optim.embedding_lr_scale: must be > 0"):
+        OptimConfig(embedding_lr_scale=0.0)
+    with pytest.raises(Exception, match="optim.embedding_lr_scale: this model has no token table"):
+        build_optimizer(model, OptimConfig(embedding_lr_scale=2.0), fused=False)

@@ -3,8 +3,9 @@
 For a text of n tokens (an instance less its framing), as T5's ``random_spans_noise_mask`` does:
 ``round(n x noise_density)`` noise tokens (at least 1, at most n - 1) in ``round(noise / mean_noise_span_length)``
 spans (at least 1); the noise tokens and the kept tokens are each cut into that many non-empty runs, every way of
-cutting equally likely, and the runs alternate, a kept run first. The source replaces each noise span by one
-sentinel, in order (``<extra_id_0>``, ``<extra_id_1>``, ... as the tokenizer defines them); the target replaces
+cutting equally likely, and the runs alternate, a kept run first (so the text ends with a noise span; with
+``random_roll`` the mask is then rolled by a uniform offset, as T5's ``random_roll=True``). The source replaces
+each noise span by one sentinel, in order (``<extra_id_0>``, ``<extra_id_1>``, ... as the tokenizer defines them); the target replaces
 each kept run by the same sentinel, so it reads ``<extra_id_0> span_0 <extra_id_1> span_1 ...``. Both are then
 framed as the instance was (T5: ``... </s>``). The paper's example: "Thank you <X> me to your party <Y> week." ->
 "<X> for inviting <Y> last <Z>".
@@ -79,6 +80,12 @@ class SpanCorruptionConfig:
     objective: Objective | None = None
     # bert only: the share of noise tokens that become a random token rather than the mask sentinel (None: 10 %).
     random_token_rate: float | None = None
+    # random-spans only: the mask rolled by an offset drawn uniformly from 0 .. n - 1, so that a text no longer always
+    # ends with a noise span (T5's random_spans_noise_mask(random_roll=True)). Without it a row that ends a sentence
+    # always has its last span end with the sentence's full stop, and no target ever closes with a sentinel after its
+    # last span, which is what fill-mask asks for where text follows the sentinel. None: off (as runs before the
+    # option recorded it).
+    random_roll: bool | None = None
 
     def __post_init__(self) -> None:
         validate(self, WHERE)
@@ -93,6 +100,8 @@ class SpanCorruptionConfig:
                                   f"objective is {self.variant}")
             if not 0.0 <= self.random_token_rate <= 1.0:
                 raise ConfigError(f"{WHERE}.random_token_rate: must be in [0, 1], got {self.random_token_rate}")
+        if self.random_roll and self.variant != "random-spans":
+            raise ConfigError(f"{WHERE}.random_roll: rolls random-spans' mask; objective is {self.variant}")
 
     @property
     def variant(self) -> str:
@@ -124,11 +133,15 @@ def random_segmentation(items: int, segments: int, rng: np.random.Generator) -> 
 
 
 def noise_mask(length: int, config: SpanCorruptionConfig, rng: np.random.Generator) -> np.ndarray:
-    """[length] bool, True at noise tokens (T5's random_spans_noise_mask; a text of one token gets none)."""
+    """[length] bool, True at noise tokens (T5's random_spans_noise_mask; a text of one token gets none); with
+    ``random_roll`` rolled by a uniform offset, drawn after the cuts (a span that wraps round becomes two)."""
     noise, spans = config.counts(length)
     kept = max(length, 2) - noise
     runs = np.stack([random_segmentation(kept, spans, rng), random_segmentation(noise, spans, rng)], 1).reshape(-1)
-    return np.repeat(np.arange(len(runs)) % 2 == 1, runs)[:length]
+    mask = np.repeat(np.arange(len(runs)) % 2 == 1, runs)[:length]
+    if config.random_roll and length > 1:
+        mask = np.roll(mask, int(rng.integers(0, length)))
+    return mask
 
 
 def spans_to_sentinels(tokens: np.ndarray, mask: np.ndarray, sentinels: np.ndarray) -> np.ndarray:
@@ -325,14 +338,18 @@ class SpanCorruption:
         if self.config.variant != "random-spans":
             return
         noise, spans = self.config.counts(length)
+        # A rolled mask can cut a span in two at the text's end, or end with kept tokens: one sentinel more.
+        needed = spans + int(bool(self.config.random_roll))
         if max(length, 2) - noise < spans:
             raise ConfigError(f"{WHERE}.noise_density: {self.config.noise_density} leaves {max(length, 2) - noise} "
                               f"kept tokens of {length} to separate {spans} noise spans; lower it")
-        if spans > len(self.sentinels):
+        if needed > len(self.sentinels):
+            rolled = ", and one sentinel more with random_roll" if self.config.random_roll else ""
             raise ConfigError(
                 f"{WHERE}.mean_noise_span_length: a text of {length} tokens gets {noise} noise tokens in {spans} "
                 f"spans (noise_density {self.config.noise_density}, mean_noise_span_length "
-                f"{self.config.mean_noise_span_length}), more than the tokenizer's {len(self.sentinels)} sentinels; "
+                f"{self.config.mean_noise_span_length}){rolled}, more than the tokenizer's {len(self.sentinels)} "
+                f"sentinels; "
                 f"raise mean_noise_span_length, lower noise_density or data.instances.max_seq_length, or use a "
                 f"tokenizer with more sentinels")
 

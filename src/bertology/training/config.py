@@ -270,6 +270,11 @@ class OptimConfig:
     clip_norm: float | None = 1.0
     # Layer-wise learning-rate decay: layer i of L learns at lr x layer_decay ** (L - i), heads at lr (1: off).
     layer_decay: float = 1.0
+    # The model's token table learns at lr x embedding_lr_scale (1: at lr, as every other parameter). T5's table is
+    # N(0, 1) beside matrices of std fan_in ** -0.5: under one AdamW lr it moves about sqrt(hidden) times slower
+    # for its scale than they do; Adafactor's relative steps (T5's optimizer) move both alike. None: 1 (as runs
+    # before the option recorded it).
+    embedding_lr_scale: float | None = None
 
     def __post_init__(self) -> None:
         validate(self, "optim")
@@ -294,6 +299,8 @@ class OptimConfig:
             raise ConfigError(f"optim.clip_norm: must be > 0 or null, got {self.clip_norm}")
         if not 0 < self.layer_decay <= 1:
             raise ConfigError(f"optim.layer_decay: must be in (0, 1], got {self.layer_decay}")
+        if self.embedding_lr_scale is not None and self.embedding_lr_scale <= 0:
+            raise ConfigError(f"optim.embedding_lr_scale: must be > 0, got {self.embedding_lr_scale}")
 
     @property
     def warmup(self) -> int:

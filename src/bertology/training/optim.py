@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from bertology.errors import ConfigError
 from bertology.training.config import OptimConfig
 
 
@@ -24,16 +25,18 @@ def layer_depth(name: str, num_layers: int) -> int:
     return int(match.group(1)) + 1 if match else num_layers + 1
 
 
-def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float = 1.0,
+                     table: nn.Parameter | None = None, table_scale: float = 1.0) -> list[dict]:
     """AdamW groups: matrices and embeddings decay; biases, LayerNorm weights (1-D tensors) do not, as in BERT.
 
     With ``layer_decay`` < 1 (layer-wise learning-rate decay, as ELECTRA fine-tunes) a parameter at depth d of D + 1
     (see ``layer_depth``) learns at ``lr * layer_decay ** (D + 1 - d)``: the heads at the full rate, each layer
-    below at a fraction of the one above. Frozen parameters are left out."""
+    below at a fraction of the one above. ``table`` (the model's token embeddings) learns at ``table_scale`` times
+    its rate (``optim.embedding_lr_scale``). Frozen parameters are left out."""
     named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
     layers = [int(m.group(1)) for n, _ in named if (m := _LAYER.search(n))]
     top = (max(layers) + 1 if layers else 0) + 1
-    groups: dict[tuple[bool, int], list[nn.Parameter]] = {}
+    groups: dict[tuple[bool, int, bool], list[nn.Parameter]] = {}
     seen: set[int] = set()
     for name, parameter in named:
         if id(parameter) in seen:
@@ -42,18 +45,26 @@ def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float 
         is_norm = isinstance(module.get_submodule(name.rpartition(".")[0]), nn.LayerNorm)
         decays = not (parameter.ndim < 2 or is_norm)
         depth = layer_depth(name, top - 1) if layer_decay != 1.0 else top
-        groups.setdefault((decays, depth), []).append(parameter)
+        scaled = table_scale != 1.0 and parameter is table
+        groups.setdefault((decays, depth, scaled), []).append(parameter)
     out = []
-    for (decays, depth), params in sorted(groups.items(), key=lambda item: (not item[0][0], item[0][1])):
+    for (decays, depth, scaled), params in sorted(groups.items(), key=lambda item: (not item[0][0], *item[0][1:])):
         group: dict = {"params": params, "weight_decay": weight_decay if decays else 0.0}
-        if layer_decay != 1.0:
-            group["lr_scale"] = layer_decay ** (top - depth)
+        scale = (layer_decay ** (top - depth) if layer_decay != 1.0 else 1.0) * (table_scale if scaled else 1.0)
+        if scale != 1.0:
+            group["lr_scale"] = scale
         out.append(group)
     return out
 
 
-def build_optimizer(module: nn.Module, config: OptimConfig, fused: bool) -> torch.optim.AdamW:
-    groups = parameter_groups(module, config.weight_decay, config.layer_decay)
+def build_optimizer(module: nn.Module, config: OptimConfig, fused: bool,
+                    table: nn.Parameter | None = None) -> torch.optim.AdamW:
+    """AdamW over ``module``'s parameter groups (``parameter_groups``); ``table``: the model's token embeddings,
+    which learn at ``config.embedding_lr_scale`` times the rate."""
+    scale = 1.0 if config.embedding_lr_scale is None else config.embedding_lr_scale
+    if scale != 1.0 and table is None:
+        raise ConfigError("optim.embedding_lr_scale: this model has no token table to scale the rate of")
+    groups = parameter_groups(module, config.weight_decay, config.layer_decay, table, scale)
     for group in groups:
         group["lr"] = config.lr * group.pop("lr_scale", 1.0)
     device = next(module.parameters()).device

@@ -196,7 +196,9 @@ class Trainer:
             compile_blocks(model.blocks())
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)
         self.fsdp = speed.fsdp
-        self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer)
+        # The token table as the wrapped module holds it (FSDP2 puts sharded parameters in the modules' place).
+        table = model.word_embeddings.weight if config.optim.embedding_lr_scale not in (None, 1.0) else None
+        self.optimizer = build_optimizer(self.wrapped, config.optim, speed.fused_optimizer, table)
         self.graphs = self._captured_steps(speed)
         # With the fused AdamW a step whose loss or gradient is not finite is skipped on the device (the kernel's
         # found_inf), and the host reads that flag only at the next log, evaluation or checkpoint (see _guard):

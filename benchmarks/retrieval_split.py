@@ -12,7 +12,9 @@ is scored by `bertology.retrieval.recall_at_k` (DPR's answer match or the own pa
     python benchmarks/retrieval_split.py [--model DIR ...] [--no-minilm] [--rerank DIR --rerank-depth 5]
                                          [--threads 1] [--json OUT.json]
 
---rerank re-scores the best first stage's (by MRR@10) top --rerank-depth with a `finetune --task rerank` model.
+--rerank re-scores the best first stage's (by MRR@10) top --rerank-depth with a `finetune --task rerank` model: by
+its score alone (monoBERT), and by its score interpolated with the first stage's (each min-max normalised over the
+reranked passages, weight 0.5, the interpolated hybrid's rule; not tuned).
 """
 
 from __future__ import annotations
@@ -125,19 +127,30 @@ def main(argv: list[str] | None = None) -> None:
 
 def finish(args, questions, passages, texts, rows, rankings) -> None:
     if args.rerank is not None:
+        from bertology.retrieval.hybrid import _normalised as minmax  # the interpolated hybrid's own rule
         from bertology.retrieval.rerank import Reranker
 
         best = max(rows, key=lambda r: r["mrr@10"])["system"]
         reranker = Reranker.load(args.rerank)
         start = time.perf_counter()
-        ranked = rankings[best][1].copy()
+        first_scores, first_rows = rankings[best]
+        ranked, mixed = first_rows.copy(), first_rows.copy()
         for i, question in enumerate(texts):
-            head = [int(r) for r in ranked[i, :args.rerank_depth]]
-            order = np.argsort(-reranker.score(question, [passages[r].text for r in head]), kind="stable")
+            head = [int(r) for r in first_rows[i, :args.rerank_depth]]
+            scores = reranker.score(question, [passages[r].text for r in head])
+            order = np.argsort(-scores, kind="stable")
             ranked[i, :len(head)] = [head[j] for j in order.tolist()]
+            if first_scores is not None:  # the reranker's and the first stage's scores, each min-max normalised
+                both = 0.5 * minmax(scores) + 0.5 * minmax(np.asarray(first_scores[i, :len(head)], dtype=np.float64))
+                mixed[i, :len(head)] = [head[j] for j in np.argsort(-both, kind="stable").tolist()]
+        seconds = {"rerank_s": time.perf_counter() - start}
         rows.append(row(f"{best}, reranked (top {args.rerank_depth}) by {args.rerank}", questions, passages, ranked,
-                        {"rerank_s": time.perf_counter() - start}))
+                        seconds))
         print(json.dumps(rows[-1]), file=sys.stderr)
+        if first_scores is not None:
+            rows.append(row(f"{best}, reranked (top {args.rerank_depth}) by {args.rerank}, interpolated with the "
+                            f"first stage (weight 0.5)", questions, passages, mixed, {}))
+            print(json.dumps(rows[-1]), file=sys.stderr)
     keys = ["system", *(f"recall@{k}" for k in KS), "mrr@10", *(f"paragraph@{k}" for k in KS)]
     print("| " + " | ".join(keys) + " |")
     print("|" + "---|" * len(keys))

@@ -48,6 +48,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("first_token", "bertology.model.heads:FirstTokenHead", {"reads": "first_token"}),
         ("mean_pooled", "bertology.model.heads:MeanPooledHead", {}),
         ("max_pooled", "bertology.model.heads:MaxPooledHead", {}),
+        ("segment_cosine", "bertology.model.heads:SegmentCosineHead", {}),
         ("token", "bertology.model.heads:TokenLinearHead", {}),
         ("token_mlp", "bertology.model.heads:TokenMLPHead", {}),
         ("span", "bertology.model.heads:SpanHead", {}),
@@ -113,6 +114,7 @@ BUILT_IN: dict[str, tuple[tuple[str, str, dict[str, Any]], ...]] = {
         ("retrieval", "bertology.retrieval.retriever_task:RETRIEVAL", {}),
         ("retrieval-dot", "bertology.retrieval.retriever_task:RETRIEVAL_DOT", {}),
         ("rerank", "bertology.retrieval.reranker_task:RERANK", {}),
+        ("rerank-cls", "bertology.retrieval.reranker_task:RERANK_CLS", {}),
         ("rag", "bertology.retrieval.rag_task:RAG", {}),
     ),
     # bertology.retrieval.kinds.INDEX_KINDS: the kind an index.json records (register_index_kind).

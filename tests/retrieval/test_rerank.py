@@ -28,16 +28,27 @@ def run(*argv) -> int:
     return main([str(a) for a in argv])
 
 
+@pytest.fixture(scope="module", params=["rerank", "rerank-cls"])
+def any_reranker_dir(request, tiny_dir, tmp_path_factory):
+    """A reranker of each task: the default segment_cosine head (native format, no id2label) and monoBERT's
+    [CLS] classifier (transformers' layout with its id2label)."""
+    return train_reranker(request.param, tiny_dir, tmp_path_factory)
+
+
 @pytest.fixture(scope="module")
 def reranker_dir(tiny_dir, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rerank")
+    return train_reranker("rerank", tiny_dir, tmp_path_factory)
+
+
+def train_reranker(task, tiny_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp(task)
     data = root / "pairs"
     data.mkdir()
     for name, rows in (("train.jsonl", ROWS), ("dev.jsonl", ROWS[:2])):
         (data / name).write_text("".join(json.dumps({"query": q, "positive": p, "negatives": n}) + "\n"
                                          for q, p, n in rows), encoding="utf-8")
     torch.set_num_threads(1)
-    assert run("finetune", "--task", "rerank", "--model", tiny_dir, "--data", data, "--out", root / "run",
+    assert run("finetune", "--task", task, "--model", tiny_dir, "--data", data, "--out", root / "run",
                "--set", "optim.batch_size=2", "--set", "run.seed=0", "--max-steps", "4") == 0
     return root / "run" / "model"
 
@@ -53,8 +64,8 @@ def test_rerank_task_pairs_and_scores(reranker_dir):
     assert metrics["accuracy"] in (0.0, 25.0, 50.0, 75.0, 100.0)
 
 
-def test_reranker_scores_are_the_log_odds_of_relevance(reranker_dir):
-    reranker = Reranker.load(reranker_dir)
+def test_reranker_scores_are_the_log_odds_of_relevance(any_reranker_dir):
+    reranker = Reranker.load(any_reranker_dir)
     model, tokenizer = reranker.pretrained.model.eval(), reranker.pretrained.tokenizer
     passages = ["paris is the capital of france .", "the cat sat on the mat .", "bread is baked ."]
     scores = reranker.score("capital of france", passages)
@@ -62,7 +73,7 @@ def test_reranker_scores_are_the_log_odds_of_relevance(reranker_dir):
         batch = tokenizer.encode_batch(["capital of france"], [passage])
         with torch.no_grad():
             logits = model(batch.input_ids, batch.attention_mask, batch.token_type_ids).head_logits["classifier"]
-        labels = model.config.extra["id2label"]
+        labels = model.config.extra.get("id2label") or {"0": "irrelevant", "1": "relevant"}  # segment_cosine's
         relevant = [int(i) for i, name in labels.items() if name == "relevant"][0]
         expected = float(logits[0, relevant] - logits[0, 1 - relevant])
         assert score == pytest.approx(expected, abs=1e-5)  # batched and packed against one padded row
@@ -160,3 +171,36 @@ def test_the_rerank_task_overfits_eight_pairs(tiny_dir, tmp_path):
              if json.loads(line)["kind"] == "train"]
     assert train[0]["loss"] > 0.6 and train[-1]["loss"] < 0.3
     assert json.loads((tmp_path / "run" / "dev_metrics.json").read_text())["accuracy"] == 100.0
+
+
+def test_the_segment_cosine_head_is_the_scaled_cosine_of_the_segments_means(tiny):
+    """The reranker's default head: the log-odds of `relevant` is scale x cos(mean of segment 0, mean of segment
+    1) + bias over the last layer's real tokens, given as the logits (-s/2, s/2); rerank-cls keeps monoBERT's
+    [CLS] classifier."""
+    from bertology.model import EncoderModel
+    from bertology.model.heads import HeadSpec
+
+    assert get_task("rerank").heads(tiny.model.config) == [HeadSpec("classifier", "segment_cosine", 2)]
+    assert get_task("rerank-cls").heads(tiny.model.config)[0].kind == "pooled"
+    torch.manual_seed(0)
+    model = EncoderModel(tiny.model.config, get_task("rerank").heads(tiny.model.config))
+    model.load_state_dict(tiny.model.state_dict(), strict=False)
+    with torch.no_grad():
+        model.heads["classifier"].scale.fill_(7.0)
+        model.heads["classifier"].bias.fill_(-2.5)
+    model.eval()
+    batch = tiny.tokenizer.encode_batch(["capital of france", "rain"], ["paris is the capital of france .",
+                                                                      "the cat sat on the mat . dogs chase cats ."])
+    with torch.no_grad():
+        out = model(batch.input_ids, batch.attention_mask, batch.token_type_ids)
+    logits = out.head_logits["classifier"]
+    for row in range(2):
+        real = batch.attention_mask[row].bool()
+        types = batch.token_type_ids[row][real]
+        h = out.last_hidden_state[row][real].double()
+        query, passage = h[types == 0].mean(0), h[types == 1].mean(0)
+        s = 7.0 * float(torch.nn.functional.cosine_similarity(query, passage, dim=0)) - 2.5
+        assert logits[row].tolist() == pytest.approx([-s / 2, s / 2], abs=1e-5)
+    with pytest.raises(Exception, match="segment_cosine reads a pair's two segments by their token types"):
+        single = tiny.tokenizer.encode_batch(["capital of france"])
+        model(single.input_ids, single.attention_mask, single.token_type_ids)

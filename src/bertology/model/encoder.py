@@ -38,6 +38,7 @@ from bertology.model.heads import (
     HeadInputs,
     HeadSpec,
     MaskedLMHead,
+    SegmentCosineHead,
     TiedLMBiasHead,
     activation,
     head_reads,
@@ -227,7 +228,7 @@ class EncoderModel(BaseModel):
                 hidden=h, word_embeddings=self.word_embeddings.weight,
                 attention_mask=attention_mask if attention_mask is not None else torch.ones_like(input_ids),
                 pooled=out.pooler_output, masked_positions=masked_positions, input_ids=input_ids,
-                logit_scale=self.config.logit_scale))
+                token_type_ids=token_type_ids, logit_scale=self.config.logit_scale))
         return out
 
     def forward_inputs(self, batch: Any) -> dict[str, Any]:
@@ -334,6 +335,8 @@ class EncoderModel(BaseModel):
         for head in self.heads.values():
             if isinstance(head, (MaskedLMHead, TiedLMBiasHead)):
                 head.bias.zero_()
+            if isinstance(head, SegmentCosineHead):
+                head.reset_parameters()
 
 
 class StackStates(nn.Module):

@@ -1,7 +1,8 @@
 """Re-scoring a first stage's passages with a cross-encoder (`finetune --task rerank`, `bertology.retrieval.reranker_task`).
 
 `Reranker.load(directory)` takes a model with a two-label sequence classifier whose labels are ``irrelevant`` and
-``relevant`` (what ``finetune --task rerank`` writes); anything else is refused naming the directory and the heads
+``relevant`` (what ``finetune --task rerank-cls`` writes; the ``segment_cosine`` head of ``finetune --task rerank``
+gives them in that order); anything else is refused naming the directory and the heads
 it has. A (query, passage) pair's score is logit(relevant) - logit(irrelevant); `rerank_hits` re-sorts each query's
 first-stage hits by it (equal scores keep the first stage's order) and keeps the best k.
 """
@@ -20,6 +21,7 @@ from bertology.retrieval.index import Hit, check_query_lengths
 
 CLASSIFIER = "classifier"
 RELEVANT, IRRELEVANT = "relevant", "irrelevant"
+SEGMENT_COSINE = "segment_cosine"  # the head kind of `finetune --task rerank`: logits (irrelevant, relevant)
 
 
 class Reranker:
@@ -29,6 +31,8 @@ class Reranker:
         spec = next((s for s in pretrained.model.head_specs if s.name == CLASSIFIER), None)
         labels = pretrained.model.config.extra.get("id2label") if hasattr(pretrained.model.config, "extra") else None
         names = [labels.get(str(i)) for i in range(2)] if isinstance(labels, dict) else []
+        if spec is not None and spec.kind == SEGMENT_COSINE and not names:  # its labels are the head's own order
+            names = [IRRELEVANT, RELEVANT]  # (the native format it is saved in keeps no id2label)
         if spec is None or spec.num_labels != 2 or sorted(names) != [IRRELEVANT, RELEVANT]:
             heads = ", ".join(f"{s.name} ({s.kind}, {s.num_labels} labels)" for s in pretrained.model.head_specs)
             raise ConfigError(f"--rerank {where}: not a reranker: it needs a two-label sequence classifier "

@@ -306,10 +306,22 @@ def test_t5_fillings(script, tmp_path):
     assert len(table_rows(out)) == 5 and "Source sensitivity" in out and "of 3 at rank 1" in out
 
 
+def test_rerank_heads_trains_each_head_and_scores_dev(script):
+    """benchmarks/rerank_heads.py: one step of the segment-cosine head and of monoBERT's [CLS] head on SQuAD's
+    rerank pairs, each scored on 4 dev questions."""
+    runs = [{"head": "segments", "steps": 1, "questions": 2, "n_dev": 4, "bias": -10.0},
+            {"head": "cls", "steps": 1, "questions": 2, "n_dev": 4}]
+    rows = json_lines(script("rerank_heads", *[a for r in runs for a in ("--run", json.dumps(r))]))
+    assert [r["head"] for r in rows] == ["segments", "cls"]
+    assert all(r["steps"] == 1 and 0 <= r["pairwise"] <= 100 and 0 <= r["pair_accuracy"] <= 100 for r in rows)
+    assert all(r["pairwise"] % 25 == 0 for r in rows)  # 4 dev questions: a share in quarters
+    assert all(r["train_loss_last_10"] > 0 for r in rows)
+
+
 def test_every_script_is_covered():
     covered = {"inference", "int8", "generate", "training", "xlnet_step", "retrieval", "long", "elmo", "gpu",
                "gpu_families", "finetune", "serve", "objectives", "long_quality", "finetune_quality",
                "retrieval_split", "rag_recall", "open_qa", "index_speed", "retriever_training", "deberta_memory",
-               "adaptation", "t5_fillings"}
+               "adaptation", "t5_fillings", "rerank_heads"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"

@@ -13,10 +13,12 @@ fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md.
     python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps
     python benchmarks/objectives.py finetune    # every pretrained model x {sst2, conll2003} x seeds 0, 1, 2
     python benchmarks/objectives.py table       # the Markdown table of docs/OBJECTIVES.md
+    python benchmarks/objectives.py diagnostics # held-out RTD against its base rate, embedding-table geometry
 
 Equal wall clock is enforced as equal step time x steps: `calibrate` measures each objective's seconds per optimizer
 step on this machine, and `pretrain` gives each objective `--budget-minutes * 60 / seconds-per-step` steps, so that a
-busy machine during `pretrain` slows every run without changing its share of compute. The distillation teacher
+busy machine during `pretrain` slows every run without changing its share of compute. On a machine that is busy
+during `calibrate` too, `--cpu-time` measures each step's process CPU seconds (one thread) instead of its wall clock. The distillation teacher
 (the same width, 4 layers, MLM) is trained first for twice the budget; its cost is not charged to the student, as in
 DistilBERT, whose teacher was BERT-base.
 
@@ -270,6 +272,25 @@ def seconds_per_step(metrics: Path) -> float:
     return statistics.median(windows)
 
 
+def cpu_seconds_per_step(name: str, steps: int, out: Path, overrides: list[str]) -> float:
+    """Median process CPU seconds per optimizer step of ``name``'s run for ``steps`` steps (after the first 5, which
+    hold start-up and the data pipeline's warm-up), measured in this process. Unlike the wall-clock figure of
+    `seconds_per_step`, it does not grow with what else the machine runs (one thread: the run's CPU time is the
+    time it computed)."""
+    from bertology.recipes.pretrain import pretrain as run
+    from bertology.training.config import load_config
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = out.parent / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(run_config(name, steps, out), sort_keys=False))
+    marks = []
+    run(load_config(path, overrides), hooks=[lambda trainer, report: marks.append(time.process_time())],
+        overwrite=True)
+    if len(marks) < 7:
+        raise SystemExit(f"--cpu-time: {name} ran {len(marks)} steps, at least 7 are needed (--calibration-steps)")
+    return statistics.median(after - before for before, after in zip(marks[5:], marks[6:]))
+
+
 def pretrained_names() -> list[str]:
     """What `calibrate` and `pretrain` run by default: the suite's entries (and the distillation teacher, first)."""
     return [TEACHER, *SUITE.entries] if "distill" in SUITE.entries else list(SUITE.entries)
@@ -303,9 +324,12 @@ def calibrate(args: argparse.Namespace) -> None:
             # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
             pretrain(TEACHER, 1, RUNS / TEACHER)
         out = RUNS / "calibrate" / name
-        pretrain(name, args.calibration_steps, out, args.set)
-        measured[name] = seconds_per_step(out / "metrics.jsonl")
-        print(f"{name}: {measured[name]:.4f} s/step", flush=True)
+        if args.cpu_time:
+            measured[name] = cpu_seconds_per_step(name, args.calibration_steps, out, args.set)
+        else:
+            pretrain(name, args.calibration_steps, out, args.set)
+            measured[name] = seconds_per_step(out / "metrics.jsonl")
+        print(f"{name}: {measured[name]:.4f} {'CPU ' if args.cpu_time else ''}s/step", flush=True)
     if args.scale_to:
         reference, seconds = args.scale_to.split("=")
         factor = float(seconds) / measured[reference]
@@ -414,6 +438,64 @@ def heldout(name: str) -> dict:
     return evals[-1] if evals else {}
 
 
+# The token-embedding rows whose geometry `diagnostics` reports: frequent WordPieces (ids 1,000 to 2,999 of the 8k
+# vocabulary; the ids below are specials, single characters and the most frequent words).
+EMBEDDING_ROWS = range(1000, 3000)
+
+
+def mean_pairwise_cosine(table) -> float:
+    """The mean cosine similarity over the distinct pairs of rows of ``table`` [n, d] (n >= 2): with u the unit rows,
+    (||sum u||^2 - n) / (n (n - 1)), exactly, in float64."""
+    import torch
+
+    units = torch.nn.functional.normalize(table.detach().to(torch.float64), dim=1)
+    n = units.shape[0]
+    if n < 2:
+        raise ValueError(f"mean_pairwise_cosine: {n} row(s), need at least 2")
+    return float((units.sum(0).square().sum() - n) / (n * (n - 1)))
+
+
+def replaced_rate(accuracy: float, precision: float, recall: float) -> float:
+    """The share of real tokens that were replaced, from the discriminator's accuracy and its precision and recall
+    of "replaced" (the logged metrics): with p that share, accuracy = 1 - p + p r (2 - 1 / q), so
+    p = (1 - accuracy) / (1 - r (2 - 1 / q)); with recall 0 (nothing flagged correctly), p = 1 - accuracy."""
+    if recall == 0:
+        return 1.0 - accuracy
+    return (1.0 - accuracy) / (1.0 - recall * (2.0 - 1.0 / precision))
+
+
+def binary_entropy(p: float) -> float:
+    """The RTD loss (nats per token) of predicting the base rate p at every token."""
+    return 0.0 if p in (0.0, 1.0) else -(p * math.log(p) + (1 - p) * math.log(1 - p))
+
+
+def diagnostics(args: argparse.Namespace) -> None:
+    """Each pretrained row's held-out discriminator (RTD loss against the base rate's entropy, precision and recall
+    of "replaced") and its token embeddings: the mean pairwise cosine of EMBEDDING_ROWS of the model's table and,
+    for ELECTRA-style rows, of the generator's table E_G, and ||E_D - E_G|| / ||E_G|| over the whole tables (0 with
+    `shared`; with `gdes`, E_D - E_G is the residual E_delta). One JSON line per row."""
+    from bertology.model import load
+
+    names = args.only or [RANDOM, *SUITE.entries]
+    if RANDOM in names and not (RUNS / RANDOM / "model").exists():
+        random_encoder(RUNS / RANDOM)
+    for name in names:
+        if not (RUNS / name / "model").exists():
+            continue
+        table = load(RUNS / name / "model").model.word_embeddings.weight.detach()
+        row = {"model": name, "cosine": mean_pairwise_cosine(table[EMBEDDING_ROWS.start:EMBEDDING_ROWS.stop])}
+        if (RUNS / name / "generator").exists():
+            generator = load(RUNS / name / "generator").model.word_embeddings.weight.detach()
+            row["generator_cosine"] = mean_pairwise_cosine(generator[EMBEDDING_ROWS.start:EMBEDDING_ROWS.stop])
+            row["delta_ratio"] = float((table - generator).norm() / generator.norm())
+        last = heldout(name) if name != RANDOM else {}
+        if "rtd_loss" in last:
+            p = replaced_rate(last["rtd_accuracy"], last["rtd_precision"], last["rtd_recall"])
+            row.update({key: last[key] for key in ("rtd_loss", "rtd_accuracy", "rtd_precision", "rtd_recall")})
+            row.update(replaced=p, base_rate_loss=binary_entropy(p))
+        print(json.dumps(row), flush=True)
+
+
 PROMPT = "{text} it was [MASK] ."  # SST-2 prompted: the label word the language model finds likelier at [MASK]
 VERBALIZER = {"bad": "0", "good": "1"}  # SST-2's labels 0 and 1, one token each (with their space) in the BPE
 SHOTS = 4  # labelled training phrases before each dev phrase, one set drawn per seed
@@ -499,11 +581,14 @@ def main() -> None:
     global RUNS, SUITE
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["prepare", "prepare-xlnet", "calibrate", "pretrain", "finetune", "prompt",
-                                          "table"])
+                                          "table", "diagnostics"])
     parser.add_argument("--suite", choices=list(SUITES), default="objectives",
                         help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="calibrate: measure process CPU seconds per step (median, in this process) instead of "
+                             "wall-clock ones, so that other work on the machine does not change the ratios")
     parser.add_argument("--scale-to", metavar="NAME=SECONDS",
                         help="calibrate: rescale so that NAME's seconds per step are SECONDS (its idle figure)")
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
@@ -547,7 +632,8 @@ def main() -> None:
                                  f"architectures`")
     RUNS.mkdir(parents=True, exist_ok=True)
     phases = {"prepare": prepare, "prepare-xlnet": prepare_xlnet, "calibrate": calibrate, "pretrain": pretrain_all,
-              "finetune": finetune_all, "prompt": prompt_all, "table": table}
+              "finetune": finetune_all, "prompt": prompt_all, "table": table,
+              "diagnostics": diagnostics}
     phases[args.phase](args)
 
 

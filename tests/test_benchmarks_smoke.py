@@ -239,7 +239,7 @@ def test_serve_generation(script):
 
 
 @pytest.mark.parametrize("name, phases", [
-    ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table"]),
+    ("objectives", ["prepare", "calibrate", "pretrain", "finetune", "table", "diagnostics", "--cpu-time"]),
     ("adaptation", ["prepare", "calibrate", "pretrain", "finetune", "table", "figure"]),
     ("long_quality", ["prepare", "short", "convert", "squad", "table"]),
     ("finetune_quality", ["--task", "--limit-train"]),

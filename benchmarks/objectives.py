@@ -7,7 +7,9 @@ recipes are entries too: `electra-gdes` (ELECTRA with gradient-disentangled embe
 DeBERTa as ELECTRA's discriminator with GDES). With
 `--suite architectures` the same phases compare an MLM encoder, a GPT-2 causal LM, a prefix LM, T5's span
 corruption and BART's denoising (about 1.5 M parameters each; `prepare` first makes their tokenizers and shards),
-fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md.
+fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md. With `--suite t5-objectives` they compare T5's seven
+pretraining objectives (`data.span_corruption.objective`) on that suite's tiny T5, fine-tuned on SST-2 through
+T5ForSequenceClassification's head (docs/ARCHITECTURES.md, "T5's objectives on one budget").
 
     python benchmarks/objectives.py calibrate   # seconds per step of each objective (run it on an idle machine)
     python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps
@@ -32,14 +34,19 @@ import dataclasses
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
+
+if TYPE_CHECKING:
+    from bertology.recipes.finetune import FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -201,6 +208,20 @@ ARCHITECTURE_FINETUNE = {  # sized for a shared 2-core machine: the first questi
 }
 
 
+# --- T5's table of objectives (docs/ARCHITECTURES.md, "T5's objectives on one budget"; Raffel et al. 2020, Tables
+# 3 to 5): the architectures suite's tiny T5 (one encoder and one decoder layer, its Unigram tokenizer and shards),
+# one run per `data.span_corruption.objective`, each with 15 % noise (random spans of mean length 3), on the same
+# calibrated budget; fine-tuned on SST-2 through T5ForSequenceClassification's head (the decoder at the input's last
+# </s>, `task.text_to_text: false`) on a fixed subset of the training phrases.
+T5_OBJECTIVES = ("random-spans", "iid-spans", "bert", "mass", "drop", "deshuffle", "prefix-lm")
+T5_TABLE = {name: merge(ARCHITECTURES["t5"], {"data": {"span_corruption": {"objective": name}}})
+            for name in T5_OBJECTIVES}
+T5_TABLE_FINETUNE = {  # lr 1e-3: the better of the two rates docs/ARCHITECTURES.md tried on SST-2's dev set
+    "sst2": {"data": DATA / "glue", "limit_train": 4000, "epochs": 1, "max_length": 64, "lr": 1e-3,
+             "text_to_text": False},
+}
+
+
 @dataclass(frozen=True)
 class Suite:
     runs: str  # the default output directory
@@ -209,12 +230,16 @@ class Suite:
     references: list
     finetune: dict
     threads: int
+    random_from: str = "mlm"  # the entry whose fresh model is the "no pretraining" reference
 
 
 SUITES = {
     "objectives": Suite("runs/objectives", BASE, OBJECTIVES, REFERENCES, FINETUNE, 2),
     "architectures": Suite("runs/architectures", merge(BASE, ARCHITECTURE_BASE), ARCHITECTURES, [RANDOM],
                            ARCHITECTURE_FINETUNE, 1),
+    # the held-out evaluation at the end on 10 batches (320 rows of the 10 held-out documents)
+    "t5-objectives": Suite("runs/t5-objectives", merge(BASE, {**ARCHITECTURE_BASE, "run": {"eval_batches": 10}}),
+                           T5_TABLE, [RANDOM], T5_TABLE_FINETUNE, 1, random_from="random-spans"),
 }
 SUITE = SUITES["objectives"]
 
@@ -229,8 +254,16 @@ def run_config(name: str, steps: int, out: Path) -> dict:
     return config
 
 
-def pretrain(name: str, steps: int, out: Path, overrides: list[str] | None = None) -> None:
-    """``overrides``: ``KEY=VALUE`` settings passed to ``bertology pretrain --set`` (e.g. ``optim.lr=3e-3``)."""
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process (its threads included), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def pretrain(name: str, steps: int, out: Path, overrides: list[str] | None = None) -> list[tuple[int, float]]:
+    """``overrides``: ``KEY=VALUE`` settings passed to ``bertology pretrain --set`` (e.g. ``optim.lr=3e-3``).
+    Returns (step, CPU seconds of the run so far) at each logged training row: the run's metrics file is watched
+    while it runs, so that a step's CPU cost is known whatever else the machine runs (`--clock cpu`)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     path = out.parent / f"{out.name}.yaml"
     path.write_text(yaml.safe_dump(run_config(name, steps, out), sort_keys=False))
@@ -238,7 +271,45 @@ def pretrain(name: str, steps: int, out: Path, overrides: list[str] | None = Non
     for setting in overrides or ():
         command += ["--set", setting]
     print(" ".join(command), flush=True)
-    subprocess.run(command, check=True, cwd=ROOT)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    metrics, trace, seen = out / "metrics.jsonl", [], 0
+
+    def stamp() -> tuple[int, int] | None:
+        info = metrics.stat() if metrics.exists() else None
+        return (info.st_ino, info.st_mtime_ns) if info is not None else None
+
+    earlier = stamp()  # an earlier run's file, which --overwrite replaces: not this run's rows
+    process = subprocess.Popen(command, cwd=ROOT)
+    while process.poll() is None:
+        time.sleep(0.1)
+        try:
+            cpu = process_cpu_seconds(process.pid)
+            text = metrics.read_text() if earlier is None or stamp() != earlier else ""
+        except (FileNotFoundError, ProcessLookupError):  # it has just ended, or the file is being replaced
+            continue
+        earlier = None if text else earlier
+        rows = text[:text.rfind("\n") + 1].splitlines()  # whole rows only: the last may be being written
+        if len(rows) < seen:  # replaced after it was read
+            trace, seen = [], 0
+        for line in rows[seen:]:
+            row = json.loads(line)
+            if row.get("kind") == "train":
+                trace.append((row["step"], cpu))
+        seen = max(seen, len(rows))
+    if process.wait() != 0:
+        raise subprocess.CalledProcessError(process.returncode, command)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    print(f"{out.name}: {cpu:.1f} CPU s (load average {os.getloadavg()[0]:.2f})", flush=True)
+    return trace
+
+
+def cpu_seconds_per_step(trace: list[tuple[int, float]]) -> float:
+    """Median CPU seconds per optimizer step over the logged windows after the first (which holds start-up)."""
+    windows = [(c2 - c1) / (s2 - s1) for (s1, c1), (s2, c2) in zip(trace[1:], trace[2:]) if s2 > s1]
+    if not windows:
+        raise SystemExit("too few logged rows to time a step: calibrate with more --calibration-steps")
+    return statistics.median(windows)
 
 
 def prepare_xlnet(args: argparse.Namespace) -> None:
@@ -278,8 +349,11 @@ def pretrained_names() -> list[str]:
 def prepare(args: argparse.Namespace) -> None:
     """The architectures suite's tokenizers (one of each kind, 8,000 tokens, lowercased, trained on the corpus) and
     their shards, with the same 10 documents held out (docs/PRETRAINING.md's split)."""
+    used = {entry["tokenizer"]["path"] for entry in SUITE.entries.values() if "tokenizer" in entry}
     for name, (kind, style) in TOKENIZERS.items():
         tokenizer, shards = PREPARED / f"tokenizer-{name}", PREPARED / f"shards-{name}"
+        if str(tokenizer) not in used:  # the suite's entries do not read it (t5-objectives: T5's alone)
+            continue
         bertology = [sys.executable, "-m", "bertology"]
         read = ["--format", "text", "--encoding", "latin-1"]
         if not tokenizer.exists():
@@ -303,9 +377,9 @@ def calibrate(args: argparse.Namespace) -> None:
             # the student's step does not depend on what the teacher has learnt: a 1-step teacher will do
             pretrain(TEACHER, 1, RUNS / TEACHER)
         out = RUNS / "calibrate" / name
-        pretrain(name, args.calibration_steps, out, args.set)
-        measured[name] = seconds_per_step(out / "metrics.jsonl")
-        print(f"{name}: {measured[name]:.4f} s/step", flush=True)
+        trace = pretrain(name, args.calibration_steps, out, args.set)
+        measured[name] = cpu_seconds_per_step(trace) if args.clock == "cpu" else seconds_per_step(out / "metrics.jsonl")
+        print(f"{name}: {measured[name]:.4f} {args.clock} s/step", flush=True)
     if args.scale_to:
         reference, seconds = args.scale_to.split("=")
         factor = float(seconds) / measured[reference]
@@ -337,42 +411,56 @@ def pretrain_all(args: argparse.Namespace) -> None:
 
 
 def random_encoder(out: Path) -> None:
-    """The "no pretraining" reference: the MLM run's model as initialised (seed 0), saved without a step."""
+    """The "no pretraining" reference: the model of the suite's `random_from` run (MLM's; T5's for the T5 table) as
+    initialised (seed 0), saved without a step."""
     from bertology.model import Pretrained
     from bertology.objectives import build_objectives
     from bertology.recipes.pretrain import build_model, build_tokenizer, seed_everything
     from bertology.training import PretrainConfig
 
-    config = PretrainConfig.from_dict(run_config("mlm", 1, out))
+    config = PretrainConfig.from_dict(run_config(SUITE.random_from, 1, out))
     seed_everything(config.run.seed)
     tokenizer = build_tokenizer(config)
     Pretrained(build_model(config, tokenizer, build_objectives(config.objectives)), tokenizer).save(out / "model")
 
 
+RECIPE_TAG = ""  # `--recipe-tag`: the suffix of runs made with a changed recipe (`--finetune-set`)
+
+
 def results_tag(lr: float | None) -> str:
-    """The suffix of the runs made with another fine-tuning learning rate than the recipe's (`--lr`)."""
-    return f"-lr{lr:g}" if lr is not None else ""
+    """The suffix of the runs made with another fine-tuning learning rate than the recipe's (`--lr`) or with another
+    recipe (`--recipe-tag`)."""
+    return (f"-lr{lr:g}" if lr is not None else "") + (f"-{RECIPE_TAG}" if RECIPE_TAG else "")
 
 
-def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
-    from bertology.recipes.finetune import FinetuneConfig, finetune
+def finetune_config(name: str, task: str, seed: int, lr: float | None = None) -> FinetuneConfig:
+    """The suite's fine-tuning run of the model `name` on `task` with `seed`."""
+    from bertology.recipes.finetune import FinetuneConfig
 
     spec = SUITE.finetune[task]
     out = RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
-    config = FinetuneConfig.from_dict({
+    return FinetuneConfig.from_dict({
         "model": str(RUNS / name / "model"),
         "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
-                 "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"]},
+                 "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"],
+                 **({"text_to_text": spec["text_to_text"]} if "text_to_text" in spec else {})},
         "optim": {"batch_size": 32, "lr": lr or spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
         "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
                 "keep_last": 1},
         "speed": {"threads": SUITE.threads, "prefetch": 2},
     })
-    started = time.perf_counter()
+
+
+def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
+    from bertology.recipes.finetune import finetune
+
+    config = finetune_config(name, task, seed, lr)
+    started, cpu = time.perf_counter(), time.process_time()
     result = finetune(config, overwrite=True)
     return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],
             "value": result.dev_metrics[METRIC[task]], "dev": result.dev_metrics,
-            "seconds": time.perf_counter() - started}
+            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
+            "load": os.getloadavg()[0]}
 
 
 def finetune_all(args: argparse.Namespace) -> None:
@@ -489,14 +577,18 @@ def table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    global RUNS, SUITE
+    global RUNS, SUITE, RECIPE_TAG
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["prepare", "prepare-xlnet", "calibrate", "pretrain", "finetune", "prompt",
                                           "table"])
     parser.add_argument("--suite", choices=list(SUITES), default="objectives",
-                        help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
+                        help="objectives (docs/OBJECTIVES.md), architectures or t5-objectives (T5's table of "
+                             "objectives; both docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="calibrate: time a step by the wall clock (the metrics' tokens per second) or by the "
+                             "run's CPU seconds (a machine shared with other work)")
     parser.add_argument("--scale-to", metavar="NAME=SECONDS",
                         help="calibrate: rescale so that NAME's seconds per step are SECONDS (its idle figure)")
     parser.add_argument("--only", nargs="*", help="objectives to run (default: all)")
@@ -511,12 +603,15 @@ def main() -> None:
     parser.add_argument("--finetune-set", action="append", default=[], metavar="TASK.KEY=VALUE",
                         help="finetune: change the suite's fine-tuning recipe for every model of this call (e.g. "
                              "sst2.limit_train=4000, conll2003.epochs=1); use another --out for another recipe")
+    parser.add_argument("--recipe-tag", default="", help="finetune, table: a name for the recipe of this call's "
+                                                         "--finetune-set, its runs and results kept apart")
     parser.add_argument("--threads", type=int, help="torch threads of every run (pretraining, fine-tuning) instead "
                                                     "of the suite's")
     parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
                                       "calibrate reads and writes it too")
     args = parser.parse_args()
     SUITE = SUITES[args.suite]
+    RECIPE_TAG = args.recipe_tag
     if args.threads:
         SUITE = dataclasses.replace(SUITE, threads=args.threads,
                                     base=merge(SUITE.base, {"speed": {"threads": args.threads}}))
@@ -530,7 +625,7 @@ def main() -> None:
     if args.phase not in ("prepare", "prepare-xlnet"):
         # pretraining reads the named systems' tokenizers and shards; the other phases the MLM run's (the
         # no-pretraining reference is built from its config)
-        names = (args.only or list(SUITE.entries)) if args.phase in ("calibrate", "pretrain") else ["mlm"]
+        names = (args.only or list(SUITE.entries)) if args.phase in ("calibrate", "pretrain") else [SUITE.random_from]
         configs = [merge(SUITE.base, SUITE.entries[name]) for name in names if name in SUITE.entries]
         needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
         for path in needed:

@@ -7,7 +7,9 @@ recipes are entries too: `electra-gdes` (ELECTRA with gradient-disentangled embe
 DeBERTa as ELECTRA's discriminator with GDES). With
 `--suite architectures` the same phases compare an MLM encoder, a GPT-2 causal LM, a prefix LM, T5's span
 corruption and BART's denoising (about 1.5 M parameters each; `prepare` first makes their tokenizers and shards),
-fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md.
+fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md. With `--suite t5-objectives` they compare T5's seven
+pretraining objectives (`data.span_corruption.objective`) on that suite's tiny T5, fine-tuned on SST-2 through
+T5ForSequenceClassification's head (docs/ARCHITECTURES.md, "T5's objectives on one budget").
 
     python benchmarks/objectives.py calibrate   # seconds per step of each objective (run it on an idle machine)
     python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps
@@ -40,7 +42,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,6 +204,20 @@ ARCHITECTURE_FINETUNE = {  # sized for a shared 2-core machine: the first questi
 }
 
 
+# --- T5's table of objectives (docs/ARCHITECTURES.md, "T5's objectives on one budget"; Raffel et al. 2020, Tables
+# 3 to 5): the architectures suite's tiny T5 (one encoder and one decoder layer, its Unigram tokenizer and shards),
+# one run per `data.span_corruption.objective`, each with 15 % noise (random spans of mean length 3), on the same
+# calibrated budget; fine-tuned on SST-2 through T5ForSequenceClassification's head (the decoder at the input's last
+# </s>, `task.text_to_text: false`) on a fixed subset of the training phrases.
+T5_OBJECTIVES = ("random-spans", "iid-spans", "bert", "mass", "drop", "deshuffle", "prefix-lm")
+T5_TABLE = {name: merge(ARCHITECTURES["t5"], {"data": {"span_corruption": {"objective": name}}})
+            for name in T5_OBJECTIVES}
+T5_TABLE_FINETUNE = {  # lr 1e-3: the better of the two rates docs/ARCHITECTURES.md tried on SST-2's dev set
+    "sst2": {"data": DATA / "glue", "limit_train": 4000, "epochs": 1, "max_length": 64, "lr": 1e-3,
+             "text_to_text": False},
+}
+
+
 @dataclass(frozen=True)
 class Suite:
     runs: str  # the default output directory
@@ -211,12 +226,16 @@ class Suite:
     references: list
     finetune: dict
     threads: int
+    random_from: str = "mlm"  # the entry whose fresh model is the "no pretraining" reference
 
 
 SUITES = {
     "objectives": Suite("runs/objectives", BASE, OBJECTIVES, REFERENCES, FINETUNE, 2),
     "architectures": Suite("runs/architectures", merge(BASE, ARCHITECTURE_BASE), ARCHITECTURES, [RANDOM],
                            ARCHITECTURE_FINETUNE, 1),
+    # the held-out evaluation at the end on 10 batches (320 rows of the 10 held-out documents)
+    "t5-objectives": Suite("runs/t5-objectives", merge(BASE, {**ARCHITECTURE_BASE, "run": {"eval_batches": 10}}),
+                           T5_TABLE, [RANDOM], T5_TABLE_FINETUNE, 1, random_from="random-spans"),
 }
 SUITE = SUITES["objectives"]
 
@@ -299,8 +318,11 @@ def pretrained_names() -> list[str]:
 def prepare(args: argparse.Namespace) -> None:
     """The architectures suite's tokenizers (one of each kind, 8,000 tokens, lowercased, trained on the corpus) and
     their shards, with the same 10 documents held out (docs/PRETRAINING.md's split)."""
+    used = {entry["tokenizer"]["path"] for entry in SUITE.entries.values() if "tokenizer" in entry}
     for name, (kind, style) in TOKENIZERS.items():
         tokenizer, shards = PREPARED / f"tokenizer-{name}", PREPARED / f"shards-{name}"
+        if str(tokenizer) not in used:  # the suite's entries do not read it (t5-objectives: T5's alone)
+            continue
         bertology = [sys.executable, "-m", "bertology"]
         read = ["--format", "text", "--encoding", "latin-1"]
         if not tokenizer.exists():
@@ -361,21 +383,26 @@ def pretrain_all(args: argparse.Namespace) -> None:
 
 
 def random_encoder(out: Path) -> None:
-    """The "no pretraining" reference: the MLM run's model as initialised (seed 0), saved without a step."""
+    """The "no pretraining" reference: the model of the suite's `random_from` run (MLM's; T5's for the T5 table) as
+    initialised (seed 0), saved without a step."""
     from bertology.model import Pretrained
     from bertology.objectives import build_objectives
     from bertology.recipes.pretrain import build_model, build_tokenizer, seed_everything
     from bertology.training import PretrainConfig
 
-    config = PretrainConfig.from_dict(run_config("mlm", 1, out))
+    config = PretrainConfig.from_dict(run_config(SUITE.random_from, 1, out))
     seed_everything(config.run.seed)
     tokenizer = build_tokenizer(config)
     Pretrained(build_model(config, tokenizer, build_objectives(config.objectives)), tokenizer).save(out / "model")
 
 
+RECIPE_TAG = ""  # `--recipe-tag`: the suffix of runs made with a changed recipe (`--finetune-set`)
+
+
 def results_tag(lr: float | None) -> str:
-    """The suffix of the runs made with another fine-tuning learning rate than the recipe's (`--lr`)."""
-    return f"-lr{lr:g}" if lr is not None else ""
+    """The suffix of the runs made with another fine-tuning learning rate than the recipe's (`--lr`) or with another
+    recipe (`--recipe-tag`)."""
+    return (f"-lr{lr:g}" if lr is not None else "") + (f"-{RECIPE_TAG}" if RECIPE_TAG else "")
 
 
 def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
@@ -393,7 +420,8 @@ def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: in
     config = FinetuneConfig.from_dict({
         "model": str(model),
         "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
-                 "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"]},
+                 "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"],
+                 **({"text_to_text": spec["text_to_text"]} if "text_to_text" in spec else {})},
         "optim": {"batch_size": 32, "lr": lr or spec["lr"], "warmup_ratio": 0.1, "weight_decay": 0.01, "clip_norm": 1.0},
         "run": {"output_dir": str(out), "progress": False, "seed": seed, "eval_every": 10**9, "log_every": 100,
                 "keep_last": 1},
@@ -403,7 +431,8 @@ def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: in
     result = finetune(config, overwrite=True)
     return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],
             "value": result.dev_metrics[METRIC[task]], "dev": result.dev_metrics,
-            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu}
+            "seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - cpu,
+            "load": os.getloadavg()[0]}
 
 
 def finetune_all(args: argparse.Namespace) -> None:
@@ -578,12 +607,13 @@ def table(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    global RUNS, SUITE
+    global RUNS, SUITE, RECIPE_TAG
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("phase", choices=["prepare", "prepare-xlnet", "calibrate", "pretrain", "finetune", "prompt",
                                           "table", "diagnostics"])
     parser.add_argument("--suite", choices=list(SUITES), default="objectives",
-                        help="objectives (docs/OBJECTIVES.md) or architectures (docs/ARCHITECTURES.md)")
+                        help="objectives (docs/OBJECTIVES.md), architectures or t5-objectives (T5's table of "
+                             "objectives; both docs/ARCHITECTURES.md)")
     parser.add_argument("--budget-minutes", type=float, default=5.0)
     parser.add_argument("--calibration-steps", type=int, default=60)
     parser.add_argument("--cpu-time", action="store_true",
@@ -603,12 +633,15 @@ def main() -> None:
     parser.add_argument("--finetune-set", action="append", default=[], metavar="TASK.KEY=VALUE",
                         help="finetune: change the suite's fine-tuning recipe for every model of this call (e.g. "
                              "sst2.limit_train=4000, conll2003.epochs=1); use another --out for another recipe")
+    parser.add_argument("--recipe-tag", default="", help="finetune, table: a name for the recipe of this call's "
+                                                         "--finetune-set, its runs and results kept apart")
     parser.add_argument("--threads", type=int, help="torch threads of every run (pretraining, fine-tuning) instead "
                                                     "of the suite's")
     parser.add_argument("--out", help="the runs' directory (default runs/objectives or runs/architectures); "
                                       "calibrate reads and writes it too")
     args = parser.parse_args()
     SUITE = SUITES[args.suite]
+    RECIPE_TAG = args.recipe_tag
     if args.threads:
         SUITE = dataclasses.replace(SUITE, threads=args.threads,
                                     base=merge(SUITE.base, {"speed": {"threads": args.threads}}))
@@ -622,7 +655,7 @@ def main() -> None:
     if args.phase not in ("prepare", "prepare-xlnet"):
         # pretraining reads the named systems' tokenizers and shards; the other phases the MLM run's (the
         # no-pretraining reference is built from its config)
-        names = (args.only or list(SUITE.entries)) if args.phase in ("calibrate", "pretrain") else ["mlm"]
+        names = (args.only or list(SUITE.entries)) if args.phase in ("calibrate", "pretrain") else [SUITE.random_from]
         configs = [merge(SUITE.base, SUITE.entries[name]) for name in names if name in SUITE.entries]
         needed = sorted({Path(c["tokenizer"]["path"]) for c in configs} | {Path(c["data"]["shards"]) for c in configs})
         for path in needed:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -325,3 +326,37 @@ def test_every_script_is_covered():
                "adaptation", "t5_fillings", "rerank_heads"}
     scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"common"}
     assert scripts == covered, f"benchmarks without a smoke run: {sorted(scripts - covered)}"
+
+
+def test_t5_objectives_suite_runs_each_objective_and_fine_tunes_through_the_classifier(tmp_path, monkeypatch):
+    """`objectives.py --suite t5-objectives` (docs/ARCHITECTURES.md, T5's objectives): a valid pretraining config
+    for each of the seven objectives on the same tiny T5 and recipe, its no-pretraining reference built from the
+    random-spans run, SST-2 fine-tuned through T5's classifier (`task.text_to_text: false`) on the stated subset,
+    and a step's CPU seconds read from a run's trace as the median of its windows after the first."""
+    from bertology.training import PretrainConfig
+
+    spec = importlib.util.spec_from_file_location("benchmark_objectives_t5", BENCHMARKS / "objectives.py")
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "SUITE", module.SUITES["t5-objectives"])
+    monkeypatch.setattr(module, "RUNS", tmp_path)
+    suite = module.SUITE
+    assert list(suite.entries) == ["random-spans", "iid-spans", "bert", "mass", "drop", "deshuffle", "prefix-lm"]
+    assert suite.random_from == "random-spans" and suite.references == ["random"]
+    shapes = set()
+    for name in suite.entries:
+        config = PretrainConfig.from_dict(module.run_config(name, 7, tmp_path / name))
+        assert config.data.span_corruption.objective == name and config.optim.total_steps == 7
+        assert list(config.objectives) == ["denoise"] and config.speed.threads == 1
+        model = config.model.settings
+        shapes.add((config.model.architecture, model["family"], model["num_layers"], model["num_decoder_layers"],
+                    config.data.span_corruption.noise_density, config.optim.lr, config.optim.batch_size,
+                    config.tokenizer.path, config.data.shards))
+    assert len(shapes) == 1 and next(iter(shapes))[:5] == ("seq2seq", "t5", 1, 1, 0.15)  # one model, data, recipe
+    finetune = module.finetune_config("bert", "sst2", 2)
+    assert finetune.task.text_to_text is False and finetune.task.limit_train == 4000
+    assert finetune.run.seed == 2 and finetune.model == str(tmp_path / "bert" / "model")
+    trace = [(2, 5.0), (4, 6.0), (6, 6.4), (8, 6.9), (10, 7.2)]  # start-up in the first window
+    assert module.cpu_seconds_per_step(trace) == pytest.approx(0.2)
+    assert module.process_cpu_seconds(os.getpid()) > 0

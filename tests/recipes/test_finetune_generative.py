@@ -213,14 +213,16 @@ LORA_TARGETS = {"gpt2": "[query, value, ffn_in]", "t5": "[query, value, cross_qu
 
 
 @pytest.mark.parametrize("style, architecture", [("gpt2", "GPT2ForSequenceClassification"),
-                                                 ("t5", "T5ForConditionalGeneration")])
+                                                 ("t5", "T5ForConditionalGeneration"),
+                                                 ("t5", "T5ForSequenceClassification")])
 def test_lora_through_the_cli_and_peft_reads_the_adapter(glue, models, tmp_path, capsys, style, architecture):
     out = tmp_path / "run"
+    classifier = architecture.endswith("ForSequenceClassification")  # T5's: its base model under `transformer.`
     assert main(["finetune", "--task", "sst2", "--model", str(models[style]), "--out", str(out), "--data", str(glue),
                  "--set", "strategy.kind=lora", "--set", "strategy.rank=4", "--set",
                  f"strategy.targets={LORA_TARGETS[style]}", "--set", "task.epochs=4", "--set", "optim.lr=1e-2",
                  "--set", "optim.batch_size=16", "--set", "run.progress=false", "--set", "speed.threads=1",
-                 "--set", "speed.prefetch=0"]) == 0
+                 "--set", "speed.prefetch=0", "--set", f"task.text_to_text={'false' if classifier else 'null'}"]) == 0
     assert "fine-tuned 40 steps (trainable parameters: " in capsys.readouterr().err
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in evals if r["kind"] == "eval"]
@@ -233,7 +235,7 @@ def test_lora_through_the_cli_and_peft_reads_the_adapter(glue, models, tmp_path,
     # The peft adapter written beside the model gives our logits on transformers' model.
     peft = pytest.importorskip("peft")
     adapter = json.loads((out / "peft_adapter" / "adapter_config.json").read_text())
-    assert adapter["task_type"] == ("SEQ_CLS" if style == "gpt2" else "SEQ_2_SEQ_LM")
+    assert adapter["task_type"] == ("SEQ_CLS" if classifier else "SEQ_2_SEQ_LM")
     hf = peft.PeftModel.from_pretrained(getattr(transformers, architecture).from_pretrained(models[style]),
                                         out / "peft_adapter").eval()
     ours = load(out / "model")
@@ -242,7 +244,7 @@ def test_lora_through_the_cli_and_peft_reads_the_adapter(glue, models, tmp_path,
     ids = torch.tensor([row + [ours.tokenizer.pad_id] * (width - len(row)) for row in rows])
     mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in rows])
     args = {"input_ids": ids, "attention_mask": mask}
-    if style == "t5":
+    if style == "t5" and not classifier:
         args["decoder_input_ids"] = torch.tensor([[0, 5, 7], [0, 9, 3], [0, 4, 4]])
     with torch.no_grad():
         torch.testing.assert_close(ours.model.eval()(**args).logits, hf(**args).logits, atol=1e-5, rtol=1e-5)

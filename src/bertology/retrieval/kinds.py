@@ -11,13 +11,13 @@ A kind's class has `load(directory, model=None, device=, dtype=)`, `search(queri
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 from bertology.builtins import Registry
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import json_value
 from bertology.io import recover
 
 META_FILE = "index.json"
@@ -63,10 +63,7 @@ def read_meta(directory: str | os.PathLike, kind: str | None = None) -> dict[str
         raise DataError(f"{directory}: no such index directory")
     if not meta_file.is_file():
         raise DataError(f"{directory}: not an index ({META_FILE} is missing)")
-    try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise DataError(f"{meta_file}: cannot read it as JSON: {error}") from None
+    meta = json_value(meta_file)
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else None
         raise DataError(f"{meta_file}: not a bertology index (format {found!r}, expected {FORMAT!r})")

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from bertology.config import to_mapping, validate
 from bertology.errors import ConfigError, DataError
+from bertology.inputs import json_value
 from bertology.io import atomic_directory, atomic_write
 from bertology.model import Pretrained
 from bertology.model.protocol import ENCODER_DECODER, GENERATES, capabilities, model_kind, require
@@ -598,13 +599,10 @@ class RagAnswer:
 
 def read_rag_file(directory: str | os.PathLike) -> dict[str, Any]:
     path = Path(directory) / RAG_FILE
-    try:
-        record = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    if not path.is_file():
         raise ConfigError(f"{directory}: not a RAG model ({RAG_FILE} is missing): fine-tune one with "
-                          f"bertology finetune --task rag") from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        raise DataError(f"{path}: cannot read it as JSON: {error}") from None
+                          f"bertology finetune --task rag")
+    record = json_value(path)
     if not isinstance(record, dict) or record.get("format") != RAG_FORMAT or record.get("version") != RAG_VERSION:
         raise DataError(f"{path}: not a {RAG_FORMAT} file of version {RAG_VERSION}")
     for key in ("index", "k", "marginalise", "temperature", "max_length"):

@@ -24,7 +24,7 @@ import numpy as np
 
 from bertology.config import from_mapping, to_mapping, validate
 from bertology.errors import ConfigError, DataError
-from bertology.inputs import read_npz
+from bertology.inputs import json_value, read_npz
 from bertology.io import atomic_directory, atomic_write
 from bertology.retrieval.index import FORMAT, VERSION, Hit, check_k, check_output
 from bertology.retrieval.kinds import read_meta
@@ -128,12 +128,9 @@ class SparseIndex:
         except ConfigError as error:
             raise DataError(f"{meta_file}: {error}") from None
         arrays = read_npz(directory / BM25_FILE, ("data", "indices", "indptr"))
-        try:
-            terms = json.loads((directory / VOCABULARY_FILE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"{directory}: {VOCABULARY_FILE} is missing") from None
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-            raise DataError(f"{directory / VOCABULARY_FILE}: cannot read it as JSON: {error}") from None
+        if not (directory / VOCABULARY_FILE).is_file():
+            raise DataError(f"{directory}: {VOCABULARY_FILE} is missing")
+        terms = json_value(directory / VOCABULARY_FILE)
         if not isinstance(terms, list) or not all(isinstance(t, str) for t in terms):
             raise DataError(f"{directory / VOCABULARY_FILE}: expected a list of strings (the terms)")
         passages = read_passages(directory / "passages.jsonl")

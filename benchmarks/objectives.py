@@ -42,7 +42,11 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 import yaml
+
+if TYPE_CHECKING:
+    from bertology.recipes.finetune import FinetuneConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -405,19 +409,29 @@ def results_tag(lr: float | None) -> str:
     return (f"-lr{lr:g}" if lr is not None else "") + (f"-{RECIPE_TAG}" if RECIPE_TAG else "")
 
 
+def finetune_output(name: str, task: str, seed: int, lr: float | None = None) -> Path:
+    return RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
+
+
+def finetune_config(name: str, task: str, seed: int, lr: float | None = None) -> FinetuneConfig:
+    """The suite's fine-tuning run of the model ``name`` on ``task`` with ``seed``."""
+    return finetune_run_config(RUNS / name / "model", task, SUITE.finetune[task], seed,
+                               finetune_output(name, task, seed, lr), SUITE.threads, lr)
+
+
 def finetune_one(name: str, task: str, seed: int, lr: float | None = None) -> dict:
-    out = RUNS / "finetune" / f"{name}-{task}-s{seed}{results_tag(lr)}"
-    return finetune_model(RUNS / name / "model", name, task, SUITE.finetune[task], seed, out, SUITE.threads, lr)
+    return finetune_model(RUNS / name / "model", name, task, SUITE.finetune[task], seed,
+                          finetune_output(name, task, seed, lr), SUITE.threads, lr)
 
 
-def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: int, out: Path, threads: int,
-                   lr: float | None = None) -> dict:
-    """Fine-tune ``model`` (a directory or an installed model's name) on ``task`` by ``spec`` (a FINETUNE entry:
-    data, limit_train, epochs, max_length, lr) with ``seed``, evaluated once on dev at the end; its result row
-    (named ``name``), with the run's wall and CPU seconds."""
-    from bertology.recipes.finetune import FinetuneConfig, finetune
+def finetune_run_config(model: Path | str, task: str, spec: dict, seed: int, out: Path, threads: int,
+                        lr: float | None = None) -> FinetuneConfig:
+    """The fine-tuning run of ``model`` (a directory or an installed model's name) on ``task`` by ``spec`` (a
+    FINETUNE entry: data, limit_train, epochs, max_length, lr, text_to_text) with ``seed``, evaluated once on dev at
+    the end, into ``out``."""
+    from bertology.recipes.finetune import FinetuneConfig
 
-    config = FinetuneConfig.from_dict({
+    return FinetuneConfig.from_dict({
         "model": str(model),
         "task": {"name": task, "data": str(spec["data"]), "epochs": spec["epochs"], "limit_train": spec["limit_train"],
                  "limit_dev": spec.get("limit_dev"), "max_length": spec["max_length"],
@@ -427,6 +441,15 @@ def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: in
                 "keep_last": 1},
         "speed": {"threads": threads, "prefetch": 2},
     })
+
+
+def finetune_model(model: Path | str, name: str, task: str, spec: dict, seed: int, out: Path, threads: int,
+                   lr: float | None = None) -> dict:
+    """Run ``finetune_run_config``'s fine-tuning; its result row (named ``name``), with the run's wall and CPU seconds
+    and the load average at its end."""
+    from bertology.recipes.finetune import finetune
+
+    config = finetune_run_config(model, task, spec, seed, out, threads, lr)
     started, cpu = time.perf_counter(), time.process_time()
     result = finetune(config, overwrite=True)
     return {"model": name, "task": task, "seed": seed, "metric": METRIC[task],

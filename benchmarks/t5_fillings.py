@@ -35,6 +35,8 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from common import to_batch  # noqa: E402
+
 from bertology.data.shards import select_heldout  # noqa: E402
 from bertology.data.span_corruption import SpanCorruptionConfig, corrupt  # noqa: E402
 from bertology.data.span_masking import row_key_generator  # noqa: E402
@@ -97,17 +99,10 @@ def source_sensitivity(model, tokenizer, sentences: list[str], rows: int, seed: 
         sources.append(np.append(source, tokenizer.sep_id))
         targets.append(np.append(target, tokenizer.sep_id))
 
-    def pad(seqs: list[np.ndarray], fill: int) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(s) for s in seqs)
-        ids = torch.full((len(seqs), width), fill, dtype=torch.long)
-        mask = torch.zeros((len(seqs), width), dtype=torch.long)
-        for row, seq in enumerate(seqs):
-            ids[row, :len(seq)] = torch.from_numpy(seq)
-            mask[row, :len(seq)] = 1
-        return ids, mask
-
-    src, src_mask = pad(sources, tokenizer.pad_id)
-    tgt, tgt_mask = pad(targets, tokenizer.pad_id)
+    source_batch = to_batch([s.tolist() for s in sources], tokenizer.pad_id)
+    target_batch = to_batch([s.tolist() for s in targets], tokenizer.pad_id)
+    src, src_mask = source_batch.input_ids, source_batch.attention_mask
+    tgt, tgt_mask = target_batch.input_ids, target_batch.attention_mask
     labels = tgt.masked_fill(tgt_mask == 0, -100)
     scored = (tgt_mask == 1) & ~torch.isin(tgt, torch.tensor(sorted(special)))
 

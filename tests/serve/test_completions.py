@@ -157,38 +157,68 @@ def wait_for(condition, seconds=30.0):
         time.sleep(0.01)
 
 
-def slowed(app, seconds=0.005):
-    """`app` whose decoding steps each wait `seconds` first, so that a test's client acts while a request runs."""
-    batch = app.state.decoder.batch
-    step = batch.step
+class Gated:
+    """`app`'s decoding steps run only when the test lets them: `let(k)` lets k more steps run, `free()` lets every
+    step run from then on. So what a test's client sees between two steps does not depend on the machine's speed
+    or load (a fixed sleep per step did: a loaded machine ran out a 240-step request before the client asked)."""
 
-    def slow_step():
-        time.sleep(seconds)
-        return step()
+    def __init__(self, app):
+        self.app = app
+        self.decoder = app.state.decoder
+        self._permits = threading.Semaphore(0)
+        self._free = threading.Event()
+        step = self.decoder.batch.step
 
-    batch.step = slow_step
-    return app
+        def gated_step():
+            while not self._free.is_set() and not self._permits.acquire(timeout=0.01):
+                pass
+            return step()
+
+        self.decoder.batch.step = gated_step
+
+    def let(self, steps: int) -> None:
+        self._permits.release(steps)
+
+    def free(self) -> None:
+        self._free.set()
+
+    def jobs(self) -> list:
+        return list(self.decoder.running.values())
+
+    def decoding(self) -> bool:
+        """A job runs and has made a token."""
+        return any(job.group.made for job in self.jobs())
+
+    def cancelled(self) -> bool:
+        """Every running job has been cancelled (its client went away) or has left already."""
+        return all(job.group.cancelled for job in self.jobs())
 
 
 def test_requests_sent_at_different_times_share_steps_and_equal_their_solo_results(models):
     pretrained = models["gpt2"]
-    app = slowed(create_app(pretrained, model_name="tiny"))  # the first request is still running when the next comes
-    with running(app) as url:
-        body = {"model": "tiny", "prompt": "the cat sat on the mat", "max_tokens": 200, "temperature": 0,
-                "stream": True}
-        late = {}
-        with httpx.Client(base_url=url, timeout=60) as http:
-            with http.stream("POST", "/v1/completions", json=body) as first:
-                chunks = first.iter_lines()
-                head = [next(chunks) for _ in range(2)]  # the first request is decoding
-                late_thread = threading.Thread(target=lambda: late.update(http.post("/v1/completions", json={
-                    "model": "tiny", "prompt": ["a dog ran", "the old book by"], "max_tokens": 20,
-                    "temperature": 0}).json()))
-                late_thread.start()
-                rest = list(chunks)
-                late_thread.join(60)
-            metrics = http.get("/metrics").text
-    events = [json.loads(line[6:]) for line in head + rest if line.startswith("data: {")]
+    gate = Gated(create_app(pretrained, model_name="tiny"))
+    try:
+        with running(gate.app) as url:
+            body = {"model": "tiny", "prompt": "the cat sat on the mat", "max_tokens": 200, "temperature": 0,
+                    "stream": True}
+            late = {}
+            with httpx.Client(base_url=url, timeout=60) as http:
+                with http.stream("POST", "/v1/completions", json=body) as first:
+                    gate.let(2)
+                    wait_for(gate.decoding)  # the first request has decoded 1 or 2 of its 200 steps
+                    late_thread = threading.Thread(target=lambda: late.update(http.post("/v1/completions", json={
+                        "model": "tiny", "prompt": ["a dog ran", "the old book by"], "max_tokens": 20,
+                        "temperature": 0}).json()))
+                    late_thread.start()
+                    # its two prompts have been submitted (they join the running batch at the next step)
+                    wait_for(lambda: len(gate.decoder.waiting) + len(gate.jobs()) == 3)
+                    gate.free()
+                    lines = list(first.iter_lines())
+                    late_thread.join(60)
+                metrics = http.get("/metrics").text
+    finally:
+        gate.free()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     text = "".join(c["text"] for e in events for c in e["choices"])
     assert text == expected(pretrained, body["prompt"], max_new_tokens=200)[0][0]
     assert [c["text"] for c in late["choices"]] == [expected(pretrained, p, max_new_tokens=20)[0][0]
@@ -203,30 +233,42 @@ def test_a_client_that_disconnects_frees_its_row(models):
     pretrained = models["gpt2"]
     endless = load(pretrained.directory)
     endless.model.config.eos_token_id = None  # no EOS: a request runs its max_tokens unless it leaves
-    app = slowed(create_app(endless, model_name="tiny"))  # the client closes long before 240 steps could end
-    with running(app) as url:
-        body = {"model": "tiny", "prompt": "the cat", "max_tokens": 240, "temperature": 0.9, "seed": 1,
-                "stream": True}
-        with httpx.Client(base_url=url, timeout=60) as http:
-            with http.stream("POST", "/v1/completions", json=body) as response:
-                next(response.iter_lines())
-                assert http.get("/health").json()["generation"]["rows"] == 1
-            # the connection is closed: the row leaves at the next step
-            wait_for(lambda: http.get("/health").json()["generation"] == {"running": 0, "rows": 0, "waiting": 0})
-            made = metric_value(http.get("/metrics").text, "bertology_generated_tokens_total")
-            assert made < 240
-            # a non-streamed request whose client goes away leaves too
-            payload = json.dumps({**body, "stream": False}).encode()
-            port = int(url.rsplit(":", 1)[1])
-            with socket.create_connection(("127.0.0.1", port)) as raw:
-                raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
-                wait_for(lambda: http.get("/health").json()["generation"]["rows"] > 0)
-            wait_for(lambda: http.get("/health").json()["generation"]["rows"] == 0)
-            assert metric_value(http.get("/metrics").text, "bertology_generated_tokens_total") < made + 240
-            # the service goes on: a whole request is answered in full
-            whole = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 30}).json()
-            assert whole["usage"]["completion_tokens"] == 30 and whole["choices"][0]["finish_reason"] == "length"
+    gate = Gated(create_app(endless, model_name="tiny"))
+    try:
+        with running(gate.app) as url:
+            body = {"model": "tiny", "prompt": "the cat", "max_tokens": 240, "temperature": 0.9, "seed": 1,
+                    "stream": True}
+            with httpx.Client(base_url=url, timeout=60) as http:
+                with http.stream("POST", "/v1/completions", json=body) as response:
+                    assert response.status_code == 200
+                    gate.let(3)  # at most 3 of its 240 steps
+                    wait_for(gate.decoding)
+                    assert http.get("/health").json()["generation"]["rows"] == 1
+                # the connection is closed: the request is cancelled, and its row leaves at the next step
+                wait_for(gate.cancelled)
+                gate.let(1)
+                wait_for(lambda: http.get("/health").json()["generation"] == {"running": 0, "rows": 0, "waiting": 0})
+                made = metric_value(http.get("/metrics").text, "bertology_generated_tokens_total")
+                assert 1 <= made <= 3
+                # a non-streamed request whose client goes away leaves too
+                payload = json.dumps({**body, "stream": False}).encode()
+                port = int(url.rsplit(":", 1)[1])
+                with socket.create_connection(("127.0.0.1", port)) as raw:
+                    raw.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                b"Content-Length: %d\r\n\r\n%s" % (len(payload), payload))
+                    gate.let(2)
+                    wait_for(gate.decoding)
+                wait_for(gate.cancelled)
+                gate.let(1)
+                wait_for(lambda: http.get("/health").json()["generation"]["rows"] == 0)
+                # at most the 7 steps let run so far made tokens, of the 480 asked for
+                assert metric_value(http.get("/metrics").text, "bertology_generated_tokens_total") <= 7
+                # the service goes on: a whole request is answered in full
+                gate.free()
+                whole = http.post("/v1/completions", json={**body, "stream": False, "max_tokens": 30}).json()
+                assert whole["usage"]["completion_tokens"] == 30 and whole["choices"][0]["finish_reason"] == "length"
+    finally:
+        gate.free()
 
 
 BAD = [

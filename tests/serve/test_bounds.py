@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -114,35 +113,57 @@ def test_limits_must_be_positive_integers(tiny_dir, option, value):
 
 def test_a_small_request_is_answered_between_the_texts_of_a_large_fill_mask(mlm_dir, monkeypatch):
     """The encoder thread takes one fill-mask text at a time, so an embedding request sent meanwhile waits for one
-    text, not for all of them: it is answered long before the fill-mask request is."""
+    text, not for all of them: its forward runs right after the first text, and it is answered while the fill-mask
+    request still has texts to run. The first text runs only once the embedding is batched, and the others only
+    once it is answered, so what is checked does not depend on the machine's speed or load (a 50 ms sleep per
+    text and a 0.5 s bound did)."""
     import bertology.serve.app as app_module
 
-    started = threading.Event()
+    started, batched, answered = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []  # the work of the encoder's thread, in the order it ran
     real = app_module.fill_mask
 
-    def slow_fill_mask(*args, **kwargs):
+    def gated_fill_mask(*args, **kwargs):
+        first = not started.is_set()
         started.set()
-        time.sleep(0.05)  # each text takes a while: 20 of them take a second
+        gate = batched if first else answered
+        assert gate.wait(60), "the embedding request was never " + ("batched" if first else "answered")
+        order.append("fill")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(app_module, "fill_mask", slow_fill_mask)
-    finished: dict[str, float] = {}
+    monkeypatch.setattr(app_module, "fill_mask", gated_fill_mask)
+    finished: dict[str, int] = {}
     with TestClient(create_app(mlm_dir, max_wait_ms=1)) as c:
+        batcher = c.app.state.batcher
+        take, forward = batcher._take, batcher._forward
+
+        def taken():  # on the event loop: the batch is handed to the encoder's thread right after this
+            batch = take()
+            batched.set()
+            return batch
+
+        def forwarded(batch):
+            order.append("embed")
+            return forward(batch)
+
+        monkeypatch.setattr(batcher, "_take", taken)
+        monkeypatch.setattr(batcher, "_forward", forwarded)
+
         def large():
             response = c.post("/v1/fill-mask", json={"texts": ["the [MASK] sat"] * 20, "top_k": 1})
-            finished["fill"] = time.perf_counter()
             finished["fill_status"] = response.status_code
 
         thread = threading.Thread(target=large)
         thread.start()
-        assert started.wait(10)
-        sent = time.perf_counter()
+        assert started.wait(60)
         response = c.post("/v1/embed", json={"texts": ["a"]})
-        finished["embed"] = time.perf_counter()
-        thread.join()
+        finished["fills_before_the_answer"] = order.count("fill")
+        answered.set()
+        thread.join(120)
+        assert not thread.is_alive(), "the fill-mask request was not answered"
     assert response.status_code == 200 and np.asarray(response.json()["vectors"]).shape == (1, 32)
     assert finished["fill_status"] == 200
-    assert finished["embed"] < finished["fill"] and finished["embed"] - sent < 0.5
+    assert order == ["fill", "embed"] + ["fill"] * 19 and finished["fills_before_the_answer"] == 1
 
 
 def test_json_nested_too_deeply_is_400_naming_it(tiny_dir):

@@ -96,7 +96,9 @@ def test_control_zero_width_and_emoji_are_embedded_as_the_tokenizer_reads_them(c
 
 def test_requests_arriving_together_share_a_forward_and_get_their_own_vectors(pretrained):
     """Eight concurrent requests (two option sets) within max_wait: one batch, one embed call per option set,
-    each request's vectors equal to embed on its texts alone."""
+    each request's vectors equal to embed on its texts alone. Their costs are counted beforehand, so that all
+    eight are queued in one turn of the event loop (counted by embed, each on a thread of its own, they arrived
+    as the threads were scheduled: on a loaded machine, later than max_wait)."""
     metrics = ServiceMetrics()
     batcher = Batcher(pretrained, max_batch_tokens=8192, max_wait_ms=300, observe=metrics)
     requests = [(TEXTS[i % 5: i % 5 + 2], EmbedOptions(level="word" if i % 2 else "sentence")) for i in range(8)]
@@ -104,7 +106,8 @@ def test_requests_arriving_together_share_a_forward_and_get_their_own_vectors(pr
     async def scenario():
         await batcher.start()
         try:
-            return await asyncio.gather(*(batcher.embed(texts, options) for texts, options in requests))
+            return await asyncio.gather(*(batcher.embed(texts, options, batcher.cost(texts))
+                                          for texts, options in requests))
         finally:
             await batcher.stop()
 
@@ -125,7 +128,8 @@ def test_requests_arriving_together_share_a_forward_and_get_their_own_vectors(pr
 
 def test_token_budget_splits_batches_and_bounds_each_forward(pretrained):
     """With a budget of one 64-token window, waiting requests are packed up to the budget: several batches, none
-    over it except a lone request larger than the budget, which runs alone in forwards within it."""
+    over it except a lone request larger than the budget, which runs alone in forwards within it. The costs are
+    counted beforehand, so that the four are queued at once whatever the machine's load."""
     metrics = ServiceMetrics()
     batcher = Batcher(pretrained, max_batch_tokens=64, max_wait_ms=200, observe=metrics)
     short = ["the cat sat on the mat ."] * 3
@@ -136,7 +140,8 @@ def test_token_budget_splits_batches_and_bounds_each_forward(pretrained):
     async def scenario():
         await batcher.start()
         try:
-            return await asyncio.gather(*(batcher.embed(t, EmbedOptions()) for t in [short, short, short, [LONG]]))
+            return await asyncio.gather(*(batcher.embed(t, EmbedOptions(), batcher.cost(t))
+                                          for t in [short, short, short, [LONG]]))
         finally:
             await batcher.stop()
 

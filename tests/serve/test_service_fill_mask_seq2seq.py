@@ -73,22 +73,18 @@ def test_a_decoder_only_model_has_no_fill_mask(served):
 
 
 def test_generation_work_per_request_is_bounded_as_embed_work_is(served, monkeypatch):
-    import time
-
     import bertology.serve.app as app_module
 
     calls = []
     real = app_module.fill_mask
     monkeypatch.setattr(app_module, "fill_mask", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
     with TestClient(create_app(served["t5"])) as client:  # the default bound: 4096 decoder steps a request
-        start = time.perf_counter()
         huge = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"], "top_k": 100, "max_new_tokens": 512})
-        elapsed = time.perf_counter() - start
         assert huge.status_code == 413 and huge.json()["field"] == "max_new_tokens"
         assert huge.json()["detail"] == ("max_new_tokens: the generation asked for (1 texts x 700 beams (top_k 100: "
                                          "100 + 200 + 400, the searches for distinct fillings) x max_new_tokens "
                                          "512) is 358400; the limit is 4096 (--max-generated)")
-        assert calls == [] and elapsed < 10  # answered before any generation (it took 17 s to run)
+        assert calls == []  # answered before any generation (it took 17 s to run)
         many = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 6, "max_new_tokens": 20})
         assert many.status_code == 413 and "(6 texts x 35 beams" in many.json()["detail"]  # 6 x 35 x 20 = 4200
         within = client.post("/v1/fill-mask", json={"texts": ["a <extra_id_0>"] * 2, "top_k": 2,

@@ -24,6 +24,7 @@ from pretrain_helpers import build, tiny_config
 
 HERE = Path(__file__).resolve().parent
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
+FLOAT32_EPS = torch.finfo(torch.float32).eps  # one ulp of 1.0
 
 
 def _free_port() -> int:
@@ -46,8 +47,9 @@ def _train_rows(run: Path) -> list[dict]:
 
 def test_two_fsdp_processes_match_one_process_with_double_batch(assets, tmp_path):
     """2 x b under FSDP2 (gloo, each block its own unit, activations checkpointed, two accumulated micro-batches
-    per step) == 1 x 2b without any of it: the same losses at every step and the same weights after the last one,
-    within 1e-6 (float32)."""
+    per step) == 1 x 2b without any of it: the same losses at every step, within 8 x float32 epsilon of each,
+    relative (the two sum their rows in different orders and shapes; measured on AVX2: at most 3.1e-7 on losses
+    of 0.69-5.5, under one ulp of 5.5), and the same weights after the last one, within 1e-6 (measured: 8.4e-8)."""
     settings = dict(model=NO_DROPOUT, run={"eval_every": 0, "checkpoint_every": 2, "log_every": 1})
     single = tiny_config(assets, tmp_path / "single", optim={"batch_size": 8, "grad_accumulation": 2,
                                                              "total_steps": 4}, **settings)
@@ -61,7 +63,7 @@ def test_two_fsdp_processes_match_one_process_with_double_batch(assets, tmp_path
     assert [r["step"] for r in ours] == [1, 2, 3, 4]
     for mine, theirs in zip(ours, reference):
         for key in ("loss", "mlm_loss", "nsp_loss"):
-            assert mine[key] == pytest.approx(theirs[key], rel=0, abs=1e-6), (mine["step"], key)
+            assert mine[key] == pytest.approx(theirs[key], rel=8 * FLOAT32_EPS, abs=0), (mine["step"], key)
     weights = load_file(tmp_path / "double" / "model" / "model.safetensors")
     expected = load_file(tmp_path / "single" / "model" / "model.safetensors")
     assert weights.keys() == expected.keys()

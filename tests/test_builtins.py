@@ -98,12 +98,37 @@ def test_a_registry_registers_its_built_ins_before_anything_else():
 
 
 def test_threads_that_use_a_registry_first_at_once_all_see_every_built_in():
+    """Four threads use a registry first at once. The first built-in is registered only once all four have come
+    to the registry's lock, so that the others always look while the built-ins are being registered (a 10 ms sleep
+    per entry made that likely, not certain), and each of them sees every built-in."""
     import threading
-    import time
+
+    class Arrivals:
+        """The registry's lock, counting the threads that come to it."""
+
+        def __init__(self, lock) -> None:
+            self.lock, self.came = lock, threading.Semaphore(0)
+
+        def __enter__(self):
+            self.came.release()
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
 
     names = [name for name, _, _ in BUILT_IN["framings"]]
-    registry: Registry = Registry("framings", lambda name, value: time.sleep(0.01) or registry._entries.update(
-        {name: value}))
+    registered: list[str] = []
+
+    def register(name, value) -> None:
+        if not registered:
+            for _ in range(4):
+                assert arrivals.came.acquire(timeout=60), "the other threads never came to the registry's lock"
+        registered.append(name)
+        registry._entries[name] = value
+
+    registry: Registry = Registry("framings", register)
+    arrivals = Arrivals(registry._lock)
+    registry._lock = arrivals
     seen, start = [], threading.Barrier(4)
 
     def look() -> None:
@@ -114,5 +139,6 @@ def test_threads_that_use_a_registry_first_at_once_all_see_every_built_in():
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join()
-    assert seen == [names] * 4
+        thread.join(120)
+    assert not any(thread.is_alive() for thread in threads)
+    assert seen == [names] * 4 and registered == names  # each built-in registered once

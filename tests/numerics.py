@@ -31,11 +31,12 @@ def assert_within_scale(actual: torch.Tensor, expected: torch.Tensor, rel: float
 
 
 def assert_as_accurate(got: torch.Tensor, same: torch.Tensor, reference: torch.Tensor, factor: float = 4.0,
-                       what: str = "") -> None:
+                       what: str = "", gain: float = 16.0) -> None:
     """`got` (float32, one kernel path) is as close to the float64 `reference` as `same` (float32, the reference's
-    own path) is: within `factor` times the latter's error, floored at 16 float32 ulps of the reference's scale (a
-    path that happens to round well does not make the bound zero)."""
+    own path) is: within `factor` times the latter's error, floored at `gain` float32 ulps of the reference's scale (a
+    path that happens to round well does not make the bound zero; `gain` is how much the computation amplifies one
+    rounding, 16 unless its conditioning says more)."""
     scale = reference.detach().double().abs().max().item() if reference.numel() else 0.0
-    bound = factor * max(max_error(same, reference), 16 * EPS32 * scale)
+    bound = factor * max(max_error(same, reference), gain * EPS32 * scale)
     error = max_error(got, reference)
     assert error <= bound, f"{what}: max error {error:.3g} against float64 > {bound:.3g} (the reference path's)"

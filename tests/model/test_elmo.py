@@ -324,8 +324,10 @@ def test_backward_window_read_with_the_forward_one_equals_each_alone():
     together64, alone64, first64 = reads(float64(model(std=0.5)))
     torch.testing.assert_close(together64.forward_top, first64.forward_top, atol=1e-9, rtol=0)
     torch.testing.assert_close(together64.backward_top, alone64.backward_top, atol=1e-9, rtol=0)
-    assert_as_accurate(together.forward_top, first.forward_top, first64.forward_top, what="forward")
-    assert_as_accurate(together.backward_top, alone.backward_top, alone64.backward_top, what="backward")
+    # floored at the weights' ~10^3 gain: a read alone that happens to round well (1.2e-4 off float64 once in CI,
+    # against 6.2e-4 for the read together) does not make the bound tighter than float32 allows here
+    assert_as_accurate(together.forward_top, first.forward_top, first64.forward_top, what="forward", gain=1e3)
+    assert_as_accurate(together.backward_top, alone.backward_top, alone64.backward_top, what="backward", gain=1e3)
 
 
 @pytest.mark.usefixtures("one_thread")

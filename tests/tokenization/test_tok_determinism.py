@@ -79,3 +79,35 @@ def test_limit_alphabet_keeps_the_most_frequent_characters_ties_by_code_point() 
     assert sorted(t for t in vocab if len(t) == 1) == list("abcdefghijklmno")
     counts = Counter("".join(texts))
     assert counts["o"] == counts["p"]  # a tie at the cut, broken by code point
+
+
+def test_unigram_scores_do_not_depend_on_the_order_the_trainer_lists_its_pieces() -> None:
+    """The Unigram trainer lists its pieces in an order that changes between processes; scored in that order, pieces
+    of equal counts (here letters and word starts that occur equally often) came out a unit in the last place apart
+    and so in another order in one process of five, and with them the ids of every model built on the vocabulary.
+    The pieces are scored in sorted order, so any listing gives the same tokenizer."""
+    import random
+
+    from bertology.tokenization.training import _batches, _rescore_unigram
+
+    words = ["good", "great", "fine", "bad", "awful", "poor", "the", "a", "movie", "was", "john", "mary", "paris",
+             "london", "met", "went", "to", "in"]
+    texts = [" ".join(words)] * 5 + [" ".join(words[i:] + words[:i]) for i in range(len(words))]
+    specials = ["<pad>", "</s>", "<unk>"]
+    backend, trainer = _pipeline("unigram", "t5", False, 200, 2, False, specials, None)
+    counts: Counter[str] = Counter()
+    backend.train_from_iterator(_batches(iter(texts), backend.normalizer, lambda *_: "texts", words=counts,
+                                         pre_tokenizer=backend.pre_tokenizer), trainer)
+    state = json.loads(backend.to_str())
+    listed = state["model"]["vocab"]
+    saved = set()
+    for seed in range(6):
+        pieces = listed[len(specials):]
+        random.Random(seed).shuffle(pieces)
+        state["model"]["vocab"] = listed[:len(specials)] + pieces
+        shuffled = tokenizers.Tokenizer.from_str(json.dumps(state))
+        saved.add(_rescore_unigram(shuffled, specials, counts).to_str())
+    assert len(saved) == 1
+    vocab = json.loads(saved.pop())["model"]["vocab"][len(specials):]
+    assert vocab == sorted(vocab, key=lambda item: (-item[1], item[0]))  # by score, ties by piece
+    assert len({score for _, score in vocab}) < len(vocab)  # the corpus has ties, so the test can see them

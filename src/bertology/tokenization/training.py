@@ -232,8 +232,14 @@ def _rescore_unigram(backend: tokenizers.Tokenizer, special_list: list[str], wor
     if [piece for piece, _ in specials] != special_list:
         raise TokenizerError(f"the Unigram trainer did not put the special tokens {special_list} first "
                              f"(found {[piece for piece, _ in specials]})")
-    pieces = [piece for piece, _ in vocab[len(special_list):]]
-    scored = sorted(zip(pieces, unigram_scores(pieces, words)), key=lambda item: (-item[1], item[0]))
+    # The trainer lists its pieces in an order that changes between processes, and the EM's sums follow that order:
+    # scored as listed, ties such as three letters of equal counts came out a unit in the last place apart, in
+    # another order in one process of five. Sorted first, the inputs and so the scores are the same in every process;
+    # scores rounded to 12 decimals (far above float64's rounding, far below any real difference) keep such ties
+    # ties on CPUs whose exp and log round differently, and ties go by piece.
+    pieces = sorted(piece for piece, _ in vocab[len(special_list):])
+    scored = sorted(((piece, round(score, 12)) for piece, score in zip(pieces, unigram_scores(pieces, words))),
+                    key=lambda item: (-item[1], item[0]))
     state["model"]["vocab"] = specials + [[piece, score] for piece, score in scored]
     return as_saved(tokenizers.Tokenizer.from_str(json.dumps(state, ensure_ascii=False)))
 

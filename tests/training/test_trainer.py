@@ -258,3 +258,43 @@ def test_the_token_table_learns_at_its_own_rate():
         OptimConfig(embedding_lr_scale=0.0)
     with pytest.raises(Exception, match="optim.embedding_lr_scale: this model has no token table"):
         build_optimizer(model, OptimConfig(embedding_lr_scale=2.0), fused=False)
+
+
+def test_train_only_freezes_every_other_parameter_bit_for_bit(assets, tmp_path):
+    """optim.train_only: ["heads.mlm.*"] from a pretrained model trains its MLM head alone; the encoder (the head's
+    tied decoder with it) and the NSP head stay bit-identical at every step, the head's tensors move."""
+    from bertology.model.checkpoint import load_model
+
+    pretrain(build(tiny_config(assets, tmp_path / "first", optim={"total_steps": 1})))
+    start = {n: p.detach().clone() for n, p in load_model(tmp_path / "first" / "model").named_parameters()}
+    moved: dict[str, bool] = {}
+
+    def check(trainer, report):
+        for name, parameter in trainer.model.named_parameters():
+            if name.startswith("heads.mlm."):
+                moved[name] = moved.get(name, False) or not torch.equal(parameter, start[name])
+            else:
+                assert torch.equal(parameter, start[name]), (report.step, name)
+                assert not parameter.requires_grad
+
+    raw = tiny_config(assets, tmp_path / "head", model={"init_from": str(tmp_path / "first" / "model")},
+                      optim={"train_only": ["heads.mlm.*"], "total_steps": 4})
+    assert pretrain(build(raw), hooks=[check]).steps == 4
+    final = dict(load_model(tmp_path / "head" / "model").named_parameters())
+    assert moved and all(moved.values()), moved
+    assert all(torch.equal(p, start[n]) for n, p in final.items() if not n.startswith("heads.mlm."))
+    assert all(not torch.equal(p, start[n]) for n, p in final.items() if n.startswith("heads.mlm."))
+
+
+def test_train_only_errors_name_the_key(assets, tmp_path):
+    from bertology.errors import ConfigError
+    from bertology.training.config import OptimConfig
+
+    raw = tiny_config(assets, tmp_path / "run", optim={"train_only": ["heads.mlm.*", "head.mlm.*"]})
+    with pytest.raises(ConfigError, match=r"optim.train_only\[1\]: 'head.mlm.\*' matches no parameter of the model "
+                                          r"\(its parameters are named encoder.embeddings.\*, encoder.layers.\*, .*heads.mlm.\*"):
+        pretrain(build(raw))
+    with pytest.raises(ConfigError, match="optim.train_only: give at least one parameter-name pattern"):
+        OptimConfig(train_only=[])
+    with pytest.raises(ConfigError, match="optim.trian_only: unknown key"):
+        build(tiny_config(assets, tmp_path / "run", optim={"trian_only": ["heads.*"]}))

@@ -275,9 +275,21 @@ class OptimConfig:
     # for its scale than they do; Adafactor's relative steps (T5's optimizer) move both alike. None: 1 (as runs
     # before the option recorded it).
     embedding_lr_scale: float | None = None
+    # Train only the parameters whose names match one of these fnmatch patterns (the model's own names, as in
+    # its state dict: "heads.mlm.*" trains a fresh MLM head over a frozen encoder; an objective's own modules are
+    # "objective_modules.NAME.*"); every other parameter is frozen, bit for bit. A parameter shared under several
+    # names (a tied decoder) trains only if every one of its names matches. None: everything trains.
+    train_only: list[str] | None = None
 
     def __post_init__(self) -> None:
         validate(self, "optim")
+        if self.train_only is not None:
+            if not self.train_only:
+                raise ConfigError("optim.train_only: give at least one parameter-name pattern, or null to train "
+                                  "every parameter")
+            for index, pattern in enumerate(self.train_only):
+                if not pattern.strip():
+                    raise ConfigError(f"optim.train_only[{index}]: must not be empty")
         for key in ("batch_size", "grad_accumulation", "total_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"optim.{key}: must be >= 1, got {getattr(self, key)}")

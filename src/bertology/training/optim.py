@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import math
 import re
 from collections.abc import Callable
@@ -55,6 +56,36 @@ def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float 
             group["lr_scale"] = scale
         out.append(group)
     return out
+
+
+def restrict_training(module: nn.Module, patterns: list[str] | None, prefix: str = "model.") -> list[str]:
+    """Freeze (``requires_grad_(False)``) every parameter of ``module`` whose names do not all match one of the
+    fnmatch ``patterns`` (``optim.train_only``; names with ``prefix`` stripped, so that a TrainingLoss's model is
+    named as the model names itself); a parameter frozen already stays frozen. Returns the names that still train.
+    A pattern that matches no parameter, or patterns that leave nothing to train, are errors naming the key."""
+    named = list(module.named_parameters(remove_duplicate=False))
+    if patterns is None:
+        return [name for name, p in named if p.requires_grad]
+    names: dict[int, list[str]] = {}
+    for name, parameter in named:
+        names.setdefault(id(parameter), []).append(name.removeprefix(prefix))
+    every = [name for group in names.values() for name in group]
+    for index, pattern in enumerate(patterns):
+        if not fnmatch.filter(every, pattern):
+            shown = ", ".join(sorted({".".join(n.split(".")[:2]) + ".*" for n in every}))
+            raise ConfigError(f"optim.train_only[{index}]: {pattern!r} matches no parameter of the model (its "
+                              f"parameters are named {shown})")
+    trained = []
+    for name, parameter in named:
+        group = names[id(parameter)]
+        if not all(any(fnmatch.fnmatchcase(n, pattern) for pattern in patterns) for n in group):
+            parameter.requires_grad_(False)
+        elif parameter.requires_grad and name.removeprefix(prefix) == group[0]:
+            trained.append(group[0])
+    if not trained:
+        raise ConfigError(f"optim.train_only: {patterns} leaves no parameter to train (a parameter shared under "
+                          "several names trains only if every name matches)")
+    return trained
 
 
 def build_optimizer(module: nn.Module, config: OptimConfig, fused: bool,

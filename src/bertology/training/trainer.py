@@ -49,7 +49,7 @@ from bertology.training.checkpoint import (
 )
 from bertology.training.config import OptimConfig, RunConfig, SpeedConfig
 from bertology.training.graphs import CapturedSteps, check_static_objectives, static_batch
-from bertology.training.optim import build_optimizer, build_scheduler
+from bertology.training.optim import build_optimizer, build_scheduler, restrict_training
 
 if TYPE_CHECKING:
     from bertology.tokenization import Tokenizer
@@ -192,6 +192,8 @@ class Trainer:
         self.device = self.env.device
         self.loss_module = TrainingLoss(model, objectives).to(self.device)
         self.model = model
+        # optim.train_only: freeze the rest before the module is wrapped and the optimizer built
+        restrict_training(self.loss_module, config.optim.train_only)
         if speed.compile:
             compile_blocks(model.blocks())
         self.wrapped = D.wrap(self.loss_module, self.env, speed.fsdp, speed.activation_checkpointing)

@@ -357,3 +357,11 @@ def test_t5_objectives_suite_runs_each_objective_and_fine_tunes_through_the_clas
     assert finetune.task.text_to_text is False and finetune.task.limit_train == 4000
     assert finetune.run.seed == 2 and finetune.model == str(tmp_path / "bert" / "model")
     assert finetune.run.output_dir == str(tmp_path / "finetune" / "bert-sst2-s2")
+    # SQuAD generated: no `task.text_to_text` (GLUE's setting); on the seq2seq model the task generates its answer
+    squad = module.finetune_config("random", "squad", 1)
+    assert squad.task.text_to_text is None and squad.task.limit_train is None and squad.task.limit_dev == 300
+    assert suite.tasks == ("sst2",)  # `finetune` without --tasks runs SST-2 only
+    # `pretrain --steps`: an earlier plan's step counts without its calibration file
+    assert module.fixed_steps(["random-spans=391", "drop=480"]) == [("random-spans", 391), ("drop", 480)]
+    with pytest.raises(SystemExit):
+        module.fixed_steps(["mlm=10"])

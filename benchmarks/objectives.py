@@ -621,6 +621,21 @@ def parameters(name: str) -> int:
     return total
 
 
+ANSWER_LOSS = "answer_loss"  # the table's column of a generated task's dev loss
+
+
+def answer_loss(name: str, task: str, seed: int, lr: float | None) -> float | None:
+    """The dev loss (nats per target token, teacher-forced) of a fine-tuning run whose answers are generated (its
+    `lm_loss`, logged at the end): None for other runs. It separates rows whose generated answers all score 0."""
+    from bertology.training import read_metrics
+
+    path = finetune_output(name, task, seed, lr) / "metrics.jsonl"
+    if task != "squad" or not path.exists():
+        return None
+    evals = [r for r in read_metrics(path) if r["kind"] == "eval" and "lm_loss" in r]
+    return evals[-1]["lm_loss"] if evals else None
+
+
 def table(args: argparse.Namespace) -> None:
     plan = json.loads((RUNS / "plan.json").read_text())
     timings_path = RUNS / "seconds_per_step.json"  # absent where `pretrain --steps` set the steps
@@ -628,6 +643,8 @@ def table(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in (RUNS / f"finetune{results_tag(args.lr)}.jsonl").read_text().splitlines()]
     tasks = [task for task in SUITE.finetune if any(r["task"] == task for r in rows)]  # those the file holds
     columns = [(task, metric, title) for task in tasks for metric, title in COLUMNS[task]]
+    if any(answer_loss(r["model"], r["task"], r["seed"], args.lr) is not None for r in rows):
+        columns.append(("squad", ANSWER_LOSS, "SQuAD dev answer loss (generated answers' targets)"))
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
     print(f"| model | parameters | s / step | steps | tokens read | held-out acc. % | "
           f"{' | '.join(c[2] for c in columns)} |")
@@ -637,8 +654,11 @@ def table(args: argparse.Namespace) -> None:
             continue
         cells = []
         for task, metric, _ in columns:
-            values = [r["dev"][metric] if "dev" in r else r["value"] for r in rows
-                      if r["model"] == name and r["task"] == task]
+            mine = [r for r in rows if r["model"] == name and r["task"] == task]
+            if metric == ANSWER_LOSS:
+                values = [loss for r in mine if (loss := answer_loss(name, task, r["seed"], args.lr)) is not None]
+            else:
+                values = [r["dev"][metric] if "dev" in r else r["value"] for r in mine]
             if not values:
                 cells.append("-")
                 continue

@@ -365,3 +365,12 @@ def test_t5_objectives_suite_runs_each_objective_and_fine_tunes_through_the_clas
     assert module.fixed_steps(["random-spans=391", "drop=480"]) == [("random-spans", 391), ("drop", 480)]
     with pytest.raises(SystemExit):
         module.fixed_steps(["mlm=10"])
+    # the table's answer-loss column: the run's last dev evaluation's lm_loss, none for a run without one
+    assert module.answer_loss("random", "squad", 0, None) is None
+    run = tmp_path / "finetune" / "random-squad-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "eval", "step": 5, "lm_loss": 7.5}, {"kind": "train", "step": 9, "lm_loss": 6.0},
+        {"kind": "eval", "step": 9, "lm_loss": 6.25}]) + "\n")
+    assert module.answer_loss("random", "squad", 0, None) == 6.25
+    assert module.answer_loss("random", "sst2", 0, None) is None

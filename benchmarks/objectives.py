@@ -9,7 +9,9 @@ DeBERTa as ELECTRA's discriminator with GDES). With
 corruption and BART's denoising (about 1.5 M parameters each; `prepare` first makes their tokenizers and shards),
 fine-tuned on SST-2 and SQuAD: docs/ARCHITECTURES.md. With `--suite t5-objectives` they compare T5's seven
 pretraining objectives (`data.span_corruption.objective`) on that suite's tiny T5, fine-tuned on SST-2 through
-T5ForSequenceClassification's head (docs/ARCHITECTURES.md, "T5's objectives on one budget").
+T5ForSequenceClassification's head, and with `finetune --tasks squad` on SQuAD with generated answers
+(docs/ARCHITECTURES.md, "T5's objectives on one budget"). `pretrain --steps NAME=STEPS ...` redoes an earlier plan's
+runs at its step counts where its calibration file is gone.
 
     python benchmarks/objectives.py calibrate   # seconds per step of each objective (run it on an idle machine)
     python benchmarks/objectives.py pretrain    # each objective for budget / its seconds per step steps
@@ -219,6 +221,12 @@ T5_TABLE = {name: merge(ARCHITECTURES["t5"], {"data": {"span_corruption": {"obje
 T5_TABLE_FINETUNE = {  # lr 1e-3: the better of the two rates docs/ARCHITECTURES.md tried on SST-2's dev set
     "sst2": {"data": DATA / "glue", "limit_train": 4000, "epochs": 1, "max_length": 64, "lr": 1e-3,
              "text_to_text": False},
+    # SQuAD generated (`--tasks squad`, not run by default): on a seq2seq model `squad` is text-to-text already
+    # (SquadTextToText; `task.text_to_text` is for the GLUE tasks only). All 4,376 training questions of the split,
+    # two epochs (272 steps), scored on the first 300 dev questions; lr 3e-3, whose dev loss was the lower of the
+    # two rates probed (every probe's EM and F1 were 0: docs/ARCHITECTURES.md).
+    "squad": {"data": DATA / "squad", "limit_train": None, "limit_dev": 300, "epochs": 2, "max_length": 192,
+              "lr": 3e-3},
 }
 
 
@@ -231,6 +239,7 @@ class Suite:
     finetune: dict
     threads: int
     random_from: str = "mlm"  # the entry whose fresh model is the "no pretraining" reference
+    tasks: tuple | None = None  # the tasks `finetune` runs without `--tasks` (None: every task of `finetune`)
 
 
 SUITES = {
@@ -239,7 +248,7 @@ SUITES = {
                            ARCHITECTURE_FINETUNE, 1),
     # the held-out evaluation at the end on 10 batches (320 rows of the 10 held-out documents)
     "t5-objectives": Suite("runs/t5-objectives", merge(BASE, {**ARCHITECTURE_BASE, "run": {"eval_batches": 10}}),
-                           T5_TABLE, [RANDOM], T5_TABLE_FINETUNE, 1, random_from="random-spans"),
+                           T5_TABLE, [RANDOM], T5_TABLE_FINETUNE, 1, random_from="random-spans", tasks=("sst2",)),
 }
 SUITE = SUITES["objectives"]
 
@@ -369,10 +378,12 @@ def pretrain_all(args: argparse.Namespace) -> None:
     timings_path = RUNS / "seconds_per_step.json"
     if not timings_path.exists() and args.timings:
         timings_path.write_text(Path(args.timings).read_text())
-    timings = json.loads(timings_path.read_text())
+    steps = dict(fixed_steps(args.steps))
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() or not steps else {}
     budget = args.budget_minutes * 60
-    names = args.only or pretrained_names()
-    plan = {name: int(budget * (2 if name == TEACHER else 1) / timings[name]) for name in names}
+    names = args.only or (list(steps) if steps else pretrained_names())
+    plan = {name: steps[name] if name in steps else int(budget * (2 if name == TEACHER else 1) / timings[name])
+            for name in names}
     plan_path = RUNS / "plan.json"
     earlier = json.loads(plan_path.read_text()) if plan_path.exists() else {}
     if earlier and earlier["budget_minutes"] != args.budget_minutes:
@@ -384,6 +395,18 @@ def pretrain_all(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         pretrain(name, plan[name], RUNS / name, args.set)
         print(f"{name}: {plan[name]} steps in {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def fixed_steps(settings: list[str]) -> list[tuple[str, int]]:
+    """`pretrain --steps NAME=STEPS ...`: these step counts instead of the budget's (an earlier plan's, to redo its
+    runs where its calibration file is gone)."""
+    out = []
+    for setting in settings:
+        name, sep, steps = setting.partition("=")
+        if not sep or name not in [*SUITE.entries, TEACHER] or not steps.isdigit():
+            raise SystemExit(f"--steps {setting}: expected NAME=STEPS with NAME one of {', '.join(SUITE.entries)}")
+        out.append((name, int(steps)))
+    return out
 
 
 def random_encoder(out: Path) -> None:
@@ -598,11 +621,30 @@ def parameters(name: str) -> int:
     return total
 
 
+ANSWER_LOSS = "answer_loss"  # the table's column of a generated task's dev loss
+
+
+def answer_loss(name: str, task: str, seed: int, lr: float | None) -> float | None:
+    """The dev loss (nats per target token, teacher-forced) of a fine-tuning run whose answers are generated (its
+    `lm_loss`, logged at the end): None for other runs. It separates rows whose generated answers all score 0."""
+    from bertology.training import read_metrics
+
+    path = finetune_output(name, task, seed, lr) / "metrics.jsonl"
+    if task != "squad" or not path.exists():
+        return None
+    evals = [r for r in read_metrics(path) if r["kind"] == "eval" and "lm_loss" in r]
+    return evals[-1]["lm_loss"] if evals else None
+
+
 def table(args: argparse.Namespace) -> None:
     plan = json.loads((RUNS / "plan.json").read_text())
-    timings = json.loads((RUNS / "seconds_per_step.json").read_text())
+    timings_path = RUNS / "seconds_per_step.json"  # absent where `pretrain --steps` set the steps
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
     rows = [json.loads(line) for line in (RUNS / f"finetune{results_tag(args.lr)}.jsonl").read_text().splitlines()]
-    columns = [(task, metric, title) for task in SUITE.finetune for metric, title in COLUMNS[task]]
+    tasks = [task for task in SUITE.finetune if any(r["task"] == task for r in rows)]  # those the file holds
+    columns = [(task, metric, title) for task in tasks for metric, title in COLUMNS[task]]
+    if any(answer_loss(r["model"], r["task"], r["seed"], args.lr) is not None for r in rows):
+        columns.append(("squad", ANSWER_LOSS, "SQuAD dev answer loss (generated answers' targets)"))
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
     print(f"| model | parameters | s / step | steps | tokens read | held-out acc. % | "
           f"{' | '.join(c[2] for c in columns)} |")
@@ -612,8 +654,11 @@ def table(args: argparse.Namespace) -> None:
             continue
         cells = []
         for task, metric, _ in columns:
-            values = [r["dev"][metric] if "dev" in r else r["value"] for r in rows
-                      if r["model"] == name and r["task"] == task]
+            mine = [r for r in rows if r["model"] == name and r["task"] == task]
+            if metric == ANSWER_LOSS:
+                values = [loss for r in mine if (loss := answer_loss(name, task, r["seed"], args.lr)) is not None]
+            else:
+                values = [r["dev"][metric] if "dev" in r else r["value"] for r in mine]
             if not values:
                 cells.append("-")
                 continue
@@ -653,6 +698,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, help="finetune, table: this learning rate for every task instead of "
                                                  "the recipe's (its runs and results kept apart)")
     parser.add_argument("--timings", help="pretrain: seconds per step from an earlier calibrate (its JSON file)")
+    parser.add_argument("--steps", nargs="*", default=[], metavar="NAME=STEPS",
+                        help="pretrain: these step counts (an earlier plan's) instead of the budget's; with no "
+                             "--only, the objectives named here")
     parser.add_argument("--finetune-set", action="append", default=[], metavar="TASK.KEY=VALUE",
                         help="finetune: change the suite's fine-tuning recipe for every model of this call (e.g. "
                              "sst2.limit_train=4000, conll2003.epochs=1); use another --out for another recipe")
@@ -671,7 +719,7 @@ def main() -> None:
     RUNS = ROOT / (args.out or SUITE.runs)
     if args.finetune_set:
         SUITE = dataclasses.replace(SUITE, finetune=finetune_recipe(SUITE.finetune, args.finetune_set))
-    args.tasks = args.tasks or list(SUITE.finetune)
+    args.tasks = args.tasks or list(SUITE.tasks or SUITE.finetune)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if SUITE.threads == 1:
         os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -357,3 +357,20 @@ def test_t5_objectives_suite_runs_each_objective_and_fine_tunes_through_the_clas
     assert finetune.task.text_to_text is False and finetune.task.limit_train == 4000
     assert finetune.run.seed == 2 and finetune.model == str(tmp_path / "bert" / "model")
     assert finetune.run.output_dir == str(tmp_path / "finetune" / "bert-sst2-s2")
+    # SQuAD generated: no `task.text_to_text` (GLUE's setting); on the seq2seq model the task generates its answer
+    squad = module.finetune_config("random", "squad", 1)
+    assert squad.task.text_to_text is None and squad.task.limit_train is None and squad.task.limit_dev == 300
+    assert suite.tasks == ("sst2",)  # `finetune` without --tasks runs SST-2 only
+    # `pretrain --steps`: an earlier plan's step counts without its calibration file
+    assert module.fixed_steps(["random-spans=391", "drop=480"]) == [("random-spans", 391), ("drop", 480)]
+    with pytest.raises(SystemExit):
+        module.fixed_steps(["mlm=10"])
+    # the table's answer-loss column: the run's last dev evaluation's lm_loss, none for a run without one
+    assert module.answer_loss("random", "squad", 0, None) is None
+    run = tmp_path / "finetune" / "random-squad-s0"
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "eval", "step": 5, "lm_loss": 7.5}, {"kind": "train", "step": 9, "lm_loss": 6.0},
+        {"kind": "eval", "step": 9, "lm_loss": 6.25}]) + "\n")
+    assert module.answer_loss("random", "squad", 0, None) == 6.25
+    assert module.answer_loss("random", "sst2", 0, None) is None

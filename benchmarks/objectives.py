@@ -643,7 +643,10 @@ def table(args: argparse.Namespace) -> None:
     rows = [json.loads(line) for line in (RUNS / f"finetune{results_tag(args.lr)}.jsonl").read_text().splitlines()]
     tasks = [task for task in SUITE.finetune if any(r["task"] == task for r in rows)]  # those the file holds
     columns = [(task, metric, title) for task in tasks for metric, title in COLUMNS[task]]
-    if any(answer_loss(r["model"], r["task"], r["seed"], args.lr) is not None for r in rows):
+    # each generated run's answer loss, read from its metrics once: (model, seed) -> nats per target token
+    answers = {(r["model"], r["seed"]): loss for r in rows
+               if (loss := answer_loss(r["model"], r["task"], r["seed"], args.lr)) is not None}
+    if answers:
         columns.append(("squad", ANSWER_LOSS, "SQuAD dev answer loss (generated answers' targets)"))
     print(f"Budget: {plan['budget_minutes']} minutes of pretraining each.\n")
     print(f"| model | parameters | s / step | steps | tokens read | held-out acc. % | "
@@ -656,7 +659,7 @@ def table(args: argparse.Namespace) -> None:
         for task, metric, _ in columns:
             mine = [r for r in rows if r["model"] == name and r["task"] == task]
             if metric == ANSWER_LOSS:
-                values = [loss for r in mine if (loss := answer_loss(name, task, r["seed"], args.lr)) is not None]
+                values = [answers[name, r["seed"]] for r in mine if (name, r["seed"]) in answers]
             else:
                 values = [r["dev"][metric] if "dev" in r else r["value"] for r in mine]
             if not values:

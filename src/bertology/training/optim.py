@@ -58,34 +58,28 @@ def parameter_groups(module: nn.Module, weight_decay: float, layer_decay: float 
     return out
 
 
-def restrict_training(module: nn.Module, patterns: list[str] | None, prefix: str = "model.") -> list[str]:
+def restrict_training(module: nn.Module, patterns: list[str] | None, prefix: str = "model.") -> None:
     """Freeze (``requires_grad_(False)``) every parameter of ``module`` whose names do not all match one of the
     fnmatch ``patterns`` (``optim.train_only``; names with ``prefix`` stripped, so that a TrainingLoss's model is
-    named as the model names itself); a parameter frozen already stays frozen. Returns the names that still train.
-    A pattern that matches no parameter, or patterns that leave nothing to train, are errors naming the key."""
-    named = list(module.named_parameters(remove_duplicate=False))
+    named as the model names itself); a parameter frozen already stays frozen; None changes nothing. A pattern that
+    matches no parameter, or patterns that leave nothing to train, are errors naming the key."""
     if patterns is None:
-        return [name for name, p in named if p.requires_grad]
-    names: dict[int, list[str]] = {}
-    for name, parameter in named:
-        names.setdefault(id(parameter), []).append(name.removeprefix(prefix))
-    every = [name for group in names.values() for name in group]
+        return
+    names: dict[int, tuple[nn.Parameter, list[str]]] = {}  # a tied parameter once, with every name it has
+    for name, parameter in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), (parameter, []))[1].append(name.removeprefix(prefix))
+    every = [name for _, group in names.values() for name in group]
     for index, pattern in enumerate(patterns):
-        if not fnmatch.filter(every, pattern):
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in every):
             shown = ", ".join(sorted({".".join(n.split(".")[:2]) + ".*" for n in every}))
             raise ConfigError(f"optim.train_only[{index}]: {pattern!r} matches no parameter of the model (its "
                               f"parameters are named {shown})")
-    trained = []
-    for name, parameter in named:
-        group = names[id(parameter)]
-        if not all(any(fnmatch.fnmatchcase(n, pattern) for pattern in patterns) for n in group):
+    for parameter, group in names.values():
+        if not all(any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns) for name in group):
             parameter.requires_grad_(False)
-        elif parameter.requires_grad and name.removeprefix(prefix) == group[0]:
-            trained.append(group[0])
-    if not trained:
+    if not any(parameter.requires_grad for parameter, _ in names.values()):
         raise ConfigError(f"optim.train_only: {patterns} leaves no parameter to train (a parameter shared under "
                           "several names trains only if every name matches)")
-    return trained
 
 
 def build_optimizer(module: nn.Module, config: OptimConfig, fused: bool,
